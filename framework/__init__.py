@@ -1,0 +1,76 @@
+"""framework: fetch research data safely and feed it to PyTorch fast.
+
+Names are imported on first use (PEP 562), so ``import framework`` stays cheap and
+does not import torch until something needs it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BatchSampler",
+    "DataCollator",
+    "DataLoader",
+    "DatasetReader",
+    "DefaultDataCollator",
+    "DistributedInfo",
+    "DownloadBackend",
+    "DownloadManager",
+    "Lazy",
+    "MultiProcessDataLoader",
+    "Registrable",
+    "WorkerError",
+    "WorkerInfo",
+    "cached_path",
+    "hookimpl",
+    "hookspec",
+]
+
+_LOCATIONS = {
+    "BatchSampler": "framework.data.sampler",
+    "DataCollator": "framework.data.collate",
+    "DataLoader": "framework.data.loader",
+    "DatasetReader": "framework.data.reader",
+    "DefaultDataCollator": "framework.data.collate",
+    "DistributedInfo": "framework.data.reader",
+    "DownloadBackend": "framework.download.backend",
+    "DownloadManager": "framework.download.manager",
+    "Lazy": "framework.config",
+    "MultiProcessDataLoader": "framework.data.multiprocess",
+    "Registrable": "framework.registry",
+    "WorkerError": "framework.errors",
+    "WorkerInfo": "framework.data.reader",
+    "cached_path": "framework.download.manager",
+    "hookimpl": "framework.hookspecs",
+    "hookspec": "framework.hookspecs",
+}
+
+if TYPE_CHECKING:
+    from framework.config import Lazy
+    from framework.data.collate import DataCollator, DefaultDataCollator
+    from framework.data.loader import DataLoader
+    from framework.data.multiprocess import MultiProcessDataLoader
+    from framework.data.reader import DatasetReader, DistributedInfo, WorkerInfo
+    from framework.data.sampler import BatchSampler
+    from framework.download.backend import DownloadBackend
+    from framework.download.manager import DownloadManager, cached_path
+    from framework.errors import WorkerError
+    from framework.hookspecs import hookimpl, hookspec
+    from framework.registry import Registrable
+
+
+def __getattr__(name: str) -> Any:
+    module = _LOCATIONS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'framework' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

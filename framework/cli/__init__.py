@@ -1,0 +1,53 @@
+"""The ``framework`` command: ``plugins``, ``download`` and ``run``.
+
+Each subcommand lives in its own module with ``add_parser(subparsers)``; heavy
+imports happen inside the handlers, so ``--help`` and ``plugins`` start fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from collections.abc import Sequence
+from typing import Optional
+
+from framework import __version__
+
+__all__ = ["build_parser", "main"]
+
+_COMMANDS = ("framework.cli.plugins", "framework.cli.download", "framework.cli.run")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="framework",
+        description="Fetch research data safely and feed it to PyTorch fast.",
+    )
+    parser.add_argument("--version", action="version", version=f"framework {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for module_name in _COMMANDS:
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as error:
+            if error.name != module_name:
+                raise
+            continue
+        module.add_parser(subparsers)
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING,
+        format="%(levelname)s %(name)s: %(message)s",
+    )
+    if not getattr(args, "handler", None):
+        parser.print_help(sys.stderr)
+        return 2
+    code: int = args.handler(args)
+    return code

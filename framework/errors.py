@@ -1,0 +1,215 @@
+"""Every exception the framework raises, in one tree.
+
+```
+FrameworkError
+ ├── RegistryError
+ │    ├── UnknownNameError      (also a LookupError)
+ │    ├── DuplicateNameError
+ │    └── PluginError           a plugin or a lazy target failed to load
+ ├── ConfigError                (also a ValueError)
+ ├── WorkerError                a loader worker raised, died or was killed
+ └── DownloadError              names the URL; nothing is published
+      ├── HTTPStatusError       a status that is final, or still bad after retries
+      ├── NetworkError          connection failures after retries
+      ├── ChecksumError         size or sha256 did not match
+      ├── UnsafeArchiveError    an archive member would escape or explode
+      ├── OfflineError          FRAMEWORK_OFFLINE=1 and the file is not cached
+      └── LockTimeoutError      another process held the lock for too long
+```
+
+Each exception keeps its context in fields; the message is made from them, so
+callers can branch on the fields and people can read the message.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Optional
+
+__all__ = [
+    "ChecksumError",
+    "ConfigError",
+    "DownloadError",
+    "DuplicateNameError",
+    "FrameworkError",
+    "HTTPStatusError",
+    "LockTimeoutError",
+    "NetworkError",
+    "OfflineError",
+    "PluginError",
+    "RegistryError",
+    "UnknownNameError",
+    "UnsafeArchiveError",
+    "WorkerError",
+]
+
+
+class FrameworkError(Exception):
+    """The root of every error raised by the framework."""
+
+
+class RegistryError(FrameworkError):
+    """Something went wrong looking up or registering a component."""
+
+
+class UnknownNameError(RegistryError, LookupError):
+    """A name that no component of `base` is registered under."""
+
+    def __init__(
+        self,
+        base: str,
+        name: str,
+        available: Sequence[str],
+        suggestions: Sequence[str] = (),
+        note: str = "",
+    ) -> None:
+        self.base = base
+        self.name = name
+        self.available = list(available)
+        self.suggestions = list(suggestions)
+        message = f"{name!r} is not a registered name for {base}."
+        if self.suggestions:
+            message += " Did you mean " + " or ".join(repr(s) for s in self.suggestions) + "?"
+        listed = ", ".join(repr(a) for a in self.available) or "none"
+        message += f" Available: {listed}."
+        message += " A dotted path such as 'package.module:ClassName' also works."
+        if note:
+            message += " " + note
+        super().__init__(message)
+
+
+class DuplicateNameError(RegistryError):
+    """Two components claim the same name on the same base."""
+
+    def __init__(
+        self, base: str, name: str, existing: str, new: str, existing_provider: str, new_provider: str
+    ) -> None:
+        self.base = base
+        self.name = name
+        self.existing = existing
+        self.new = new
+        self.existing_provider = existing_provider
+        self.new_provider = new_provider
+        super().__init__(
+            f"Cannot register {new} (from {new_provider}) as {name!r} for {base}: "
+            f"{existing} (from {existing_provider}) already has that name. "
+            "Pick another name, or pass exist_ok=True to replace it on purpose."
+        )
+
+
+class PluginError(RegistryError):
+    """A plugin, or the import target of one of its components, failed to load."""
+
+    def __init__(self, plugin: str, message: str) -> None:
+        self.plugin = plugin
+        super().__init__(message)
+
+
+class ConfigError(FrameworkError, ValueError):
+    """A config value that does not fit; `path` is the dotted path of the bad key."""
+
+    def __init__(self, path: str, message: str, expected: str = "", got: Any = None) -> None:
+        self.path = path
+        self.expected = expected
+        self.got = got
+        self.reason = message
+        super().__init__(f"{path or '<root>'}: {message}")
+
+
+class WorkerError(FrameworkError):
+    """A loader worker failed; `str()` shows the message and the worker's traceback."""
+
+    def __init__(
+        self,
+        message: str,
+        worker_id: Optional[int] = None,
+        traceback: str = "",
+        signal: Optional[str] = None,
+        exitcode: Optional[int] = None,
+    ) -> None:
+        self.message = message
+        self.worker_id = worker_id
+        self.traceback = traceback
+        self.signal = signal
+        self.exitcode = exitcode
+        super().__init__(message)
+
+    def __str__(self) -> str:
+        if not self.traceback:
+            return self.message
+        return f"{self.message}\n\nTraceback from the worker:\n{self.traceback.rstrip()}"
+
+    def __reduce__(self) -> Any:
+        return (
+            type(self),
+            (self.message, self.worker_id, self.traceback, self.signal, self.exitcode),
+        )
+
+
+class DownloadError(FrameworkError):
+    """Fetching `url` failed; nothing was published at the destination."""
+
+    def __init__(self, url: str, message: str) -> None:
+        self.url = url
+        self.reason = message
+        super().__init__(f"{message} ({url})")
+
+    def __reduce__(self) -> Any:
+        return (_rebuild, (type(self), self.__dict__, self.args))
+
+
+def _rebuild(cls: type[Exception], state: dict[str, Any], args: tuple[Any, ...]) -> Exception:
+    error = cls.__new__(cls)
+    Exception.__init__(error, *args)
+    error.__dict__.update(state)
+    return error
+
+
+class HTTPStatusError(DownloadError):
+    """The server answered with a status that is final, or still failing after retries."""
+
+    def __init__(self, url: str, status: int, message: str = "") -> None:
+        self.status = status
+        super().__init__(url, message or f"HTTP {status}")
+
+
+class NetworkError(DownloadError):
+    """The connection failed (refused, reset, timed out, cut short) after retries."""
+
+
+class ChecksumError(DownloadError):
+    """The bytes did not match the expected size or sha256."""
+
+    def __init__(self, url: str, expected: str, actual: str, what: str = "sha256") -> None:
+        self.expected = expected
+        self.actual = actual
+        self.what = what
+        super().__init__(url, f"{what} mismatch: expected {expected}, got {actual}")
+
+
+class UnsafeArchiveError(DownloadError):
+    """An archive member that would land outside the target or exceed the size caps."""
+
+    def __init__(self, url: str, member: str, why: str) -> None:
+        self.member = member
+        self.why = why
+        super().__init__(url, f"refusing to extract archive member {member!r}: {why}")
+
+
+class OfflineError(DownloadError):
+    """Offline mode is on and the file is not in the cache."""
+
+
+class LockTimeoutError(DownloadError):
+    """Another process held the download lock for longer than the timeout."""
+
+    def __init__(self, url: str, lock_path: str, timeout: float, holder: str = "") -> None:
+        self.lock_path = lock_path
+        self.timeout = timeout
+        self.holder = holder
+        who = f" (held by {holder})" if holder else ""
+        super().__init__(
+            url,
+            f"timed out after {timeout:g}s waiting for the lock {lock_path}{who}. If no process "
+            "is downloading, the lock is stale: delete it, or raise the lock timeout",
+        )

@@ -239,7 +239,14 @@ class Registrable:
                     f"{name!r} is registered for several bases ({bases}); "
                     f"ask one of them, e.g. {owners[0].base.__name__}.by_name({name!r})"
                 )
-        return entries.get(name)
+        if name in entries:
+            return entries[name]
+        # A subclass finds the names registered on the base it derives from.
+        for ancestor in cls.__mro__[1:]:
+            entry = _REGISTRY.get(ancestor, {}).get(name)  # type: ignore[call-overload]
+            if entry is not None and issubclass(entry.load(), cls):
+                return entry
+        return None
 
     @classmethod
     def _unknown(cls, name: str) -> UnknownNameError:
@@ -261,9 +268,7 @@ class Registrable:
         return error
 
     @classmethod
-    def from_config(
-        cls: type[_R], config: Union[Mapping[str, Any], str, PathLike[str]], **extras: Any
-    ) -> _R:
+    def from_config(cls: type[_R], config: Union[Mapping[str, Any], str, PathLike[str]], **extras: Any) -> _R:
         """Build an instance from a config mapping (or a JSON/YAML file).
 
         A ``"type"`` key picks the registered subclass (else `default_implementation`);

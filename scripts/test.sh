@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Set up, then run every check CI runs: lint, types, tests, docs.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh test,s3,docs
+export PATH="$PWD/.venv/bin:$PATH"
+
+echo "== ruff"
+ruff check .
+echo "== mypy (strict on framework/)"
+mypy
+echo "== pytest"
+status=0
+pytest -q "$@" || status=$?
+if [ "$status" -eq 5 ]; then
+  echo "pytest collected no tests: that is a failure here" >&2
+  exit 1
+elif [ "$status" -ne 0 ]; then
+  exit "$status"
+fi
+echo "== docs (mkdocs build --strict)"
+if [ -f mkdocs.yml ]; then
+  mkdocs build --strict --quiet --site-dir "$(mktemp -d)"
+else
+  echo "mkdocs.yml is missing" >&2
+  exit 1
+fi

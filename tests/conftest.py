@@ -1,0 +1,46 @@
+"""Shared fixtures: every test gets a registry that it cannot leak into the next."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from framework import registry
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True)
+def fresh_registry() -> Iterator[None]:
+    """Snapshot the registry before each test and put it back after, like pluggy's
+    fresh PluginManager per test."""
+    snapshot = registry._snapshot()
+    try:
+        yield
+    finally:
+        registry._restore(snapshot)
+
+
+@pytest.fixture(autouse=True)
+def isolated_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Point FRAMEWORK_CACHE at a fresh folder, so no test touches ~/.cache."""
+    cache = tmp_path_factory.mktemp("cache")
+    monkeypatch.setenv("FRAMEWORK_CACHE", str(cache))
+    monkeypatch.delenv("FRAMEWORK_OFFLINE", raising=False)
+    return cache
+
+
+@pytest.fixture
+def cli_env() -> dict[str, str]:
+    """Environment for running the CLI in a subprocess with this interpreter."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
+    return env
+
+
+def framework_command() -> list[str]:
+    return [sys.executable, "-m", "framework"]

@@ -1,0 +1,60 @@
+"""The top-level `__all__` is exactly the public surface, sorted (as httpx checks)."""
+
+from __future__ import annotations
+
+import framework
+import framework.errors
+
+CONTRACT = {
+    "BatchSampler", "DataCollator", "DataLoader", "DatasetReader", "DefaultDataCollator",
+    "DistributedInfo", "DownloadBackend", "DownloadManager", "Lazy", "MultiProcessDataLoader",
+    "Registrable", "WorkerError", "WorkerInfo", "cached_path", "hookimpl", "hookspec",
+}  # fmt: skip
+
+
+def test_all_is_the_contract_and_sorted() -> None:
+    assert set(framework.__all__) == CONTRACT
+    assert framework.__all__ == sorted(framework.__all__)
+
+
+def test_every_name_in_all_resolves() -> None:
+    for name in framework.__all__:
+        assert getattr(framework, name) is not None, name
+
+
+def test_public_names_are_exactly_all() -> None:
+    public = {
+        name
+        for name in dir(framework)
+        if not name.startswith("_")
+        and not isinstance(getattr(framework, name), type(framework))  # submodules
+    }
+    assert public == set(framework.__all__)
+
+
+def test_unknown_attribute_is_an_attribute_error() -> None:
+    try:
+        framework.NoSuchThing  # type: ignore[attr-defined]  # noqa: B018
+    except AttributeError as error:
+        assert "NoSuchThing" in str(error)
+    else:
+        raise AssertionError("expected AttributeError")
+
+
+def test_errors_module_all_is_sorted_and_complete() -> None:
+    errors = framework.errors
+    assert errors.__all__ == sorted(errors.__all__)
+    defined = {
+        name
+        for name, value in vars(errors).items()
+        if isinstance(value, type) and issubclass(value, Exception) and value.__module__ == errors.__name__
+    }
+    assert defined == set(errors.__all__)
+    for name in errors.__all__:
+        assert issubclass(getattr(errors, name), errors.FrameworkError)
+
+
+def test_error_tree_is_drawn_in_the_docstring() -> None:
+    doc = framework.errors.__doc__ or ""
+    for name in framework.errors.__all__:
+        assert name in doc, f"{name} missing from the tree in framework/errors.py's docstring"

@@ -262,15 +262,12 @@ def _construct_object(
 
     signature_owner, parameters = _parameters(factory)
     kwargs: dict[str, Any] = dict(explicit)
-    takes_var_kwargs = False
     for name, (annotation, default) in parameters.items():
-        if name == "**":
-            takes_var_kwargs = True
-            continue
-        if name in kwargs:
+        if name == "**" or name in kwargs:
             continue
         if name in params:
-            kwargs[name] = construct(annotation, params.pop(name), path=_join(path, name), extras=extras)
+            value = params.pop(name)
+            kwargs[name] = construct(annotation, value, path=_join(path, name), extras=extras)
         elif name in extras:
             kwargs[name] = extras[name]
         elif default is _EMPTY:
@@ -279,16 +276,6 @@ def _construct_object(
                 f"missing required key for {signature_owner}",
                 expected=_describe(annotation),
             )
-    if params and takes_var_kwargs:
-        # **kwargs are forwarded to the parent class; resolve them against its signature.
-        parent = _parent_parameters(factory)
-        for name in list(params):
-            if name in parent:
-                kwargs[name] = construct(
-                    parent[name][0], params.pop(name), path=_join(path, name), extras=extras
-                )
-            else:
-                kwargs[name] = params.pop(name)
     if params:
         key = sorted(params)[0]
         known = [n for n in parameters if n != "**"]
@@ -344,16 +331,14 @@ def _parameters(factory: Callable[..., Any]) -> tuple[str, _Parameters]:
             if isinstance(annotation, str):
                 annotation = Any
             result[parameter.name] = (annotation, parameter.default)
+    if "**" in result and isinstance(factory, type):
+        # **kwargs are forwarded to a parent class: take its parameters as ours.
+        del result["**"]
+        parent = next((k for k in factory.__mro__[1:] if "__init__" in vars(k)), object)
+        if parent is not object:
+            for name, spec in _parameters(parent)[1].items():
+                result.setdefault(name, spec)
     return owner, result
-
-
-def _parent_parameters(factory: Callable[..., Any]) -> _Parameters:
-    if not isinstance(factory, type):
-        return {}
-    for parent in factory.__mro__[1:]:
-        if "__init__" in vars(parent) and parent is not object:
-            return _parameters(parent)[1]
-    return {}
 
 
 def _is_class(value: Any) -> bool:

@@ -190,7 +190,7 @@ def test_already_built_objects_pass_through() -> None:
 
 
 def test_missing_type_on_a_base_without_default() -> None:
-    with pytest.raises(ConfigError, match="^type: missing 'type' for Loader; one of: 'basic', 'forwarding'"):
+    with pytest.raises(ConfigError, match=r"^type: missing 'type' for Loader; one of: 'basic', 'forwarding'"):
         Loader.from_config({"sampler": {"batch_size": 1}}, reader=None)
 
 
@@ -225,5 +225,5 @@ def test_constructor_errors_become_config_errors_at_the_right_path() -> None:
             if size <= 0:
                 raise ValueError("size must be positive; pass a size of at least 1")
 
-    with pytest.raises(ConfigError, match="^sampler: Picky: size must be positive"):
+    with pytest.raises(ConfigError, match=r"^sampler: Picky: size must be positive"):
         Loader.from_config({"type": "basic", "sampler": {"type": "picky", "size": 0}}, reader=None)

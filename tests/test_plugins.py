@@ -190,7 +190,8 @@ def test_builtin_plugins_use_the_entry_point_path() -> None:
 
     from framework import _plugins
 
-    ours = {ep.name for ep in entry_points(group=_plugins.ENTRY_POINT_GROUP) if ep.dist and ep.dist.name == "framework"}
+    group = entry_points(group=_plugins.ENTRY_POINT_GROUP)
+    ours = {ep.name for ep in group if ep.dist and ep.dist.name == "framework"}
     assert {"core", "samplers", "readers", "http", "s3", "local"} <= ours
     manager = _plugins.plugin_manager()
     registered = {manager.get_name(p) for p in manager.get_plugins()}

@@ -228,7 +228,7 @@ def test_registrar_rejects_bad_arguments() -> None:
     registrar = Registrar(provider="x")
     with pytest.raises(RegistryError, match="not a Registrable base"):
         registrar.add(int, "n", "x:y")  # type: ignore[arg-type]
-    with pytest.raises(RegistryError, match="must be 'package.module:ClassName'"):
+    with pytest.raises(RegistryError, match=r"must be 'package\.module:ClassName'"):
         registrar.add(Animal, "n", 42)  # type: ignore[arg-type]
 
 

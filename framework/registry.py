@@ -12,7 +12,7 @@ import attrs
 
 from framework.errors import DuplicateNameError, PluginError, RegistryError, UnknownNameError
 
-__all__ = ["Registrable", "Registrar", "RegistryEntry", "import_target"]
+__all__ = ["Registrable", "Registrar", "RegistryEntry", "all_entries", "import_target"]
 
 _T = TypeVar("_T")
 _R = TypeVar("_R", bound="Registrable")
@@ -282,6 +282,16 @@ class Registrable:
             config = load_config(config)
         built: _R = construct(cls, config, extras=extras)
         return built
+
+
+def all_entries() -> list[RegistryEntry]:
+    """Every registered entry, by base name, each base's default first; imports nothing."""
+    _ensure_plugins()
+    return [
+        _REGISTRY[base][name]
+        for base in sorted(_REGISTRY, key=lambda b: (b.__name__, b.__module__))
+        for name in base.list_available()
+    ]
 
 
 def _snapshot() -> dict[type[Registrable], dict[str, RegistryEntry]]:

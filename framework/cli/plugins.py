@@ -20,18 +20,16 @@ def add_parser(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from framework import _plugins
-    from framework.registry import _REGISTRY
+    from framework.registry import all_entries
 
-    _plugins.ensure_loaded()
     rows = [
         {
-            "base": base.__name__,
+            "base": entry.base.__name__,
             "name": entry.name,
             "target": entry.target_path,
             "provider": entry.provider,
         }
-        for base in sorted(_REGISTRY, key=lambda b: b.__name__)
-        for entry in (_REGISTRY[base][name] for name in base.list_available())
+        for entry in all_entries()
     ]
     failures = {name: f"{type(e).__name__}: {e}" for name, e in _plugins.failures().items()}
     if args.json:

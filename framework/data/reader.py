@@ -1,0 +1,248 @@
+"""`DatasetReader`: turns a data path into instances, sharded across workers and ranks.
+
+A reader implements `_read(file_path)`; `read(file_path)` wraps it so that, in a
+multi-process loader or under torch.distributed, every worker of every rank sees a
+disjoint share of the data. Readers that can shard faster themselves (by file, by
+byte offset) set `manual_multiprocess_sharding` / `manual_distributed_sharding` and
+use `shard_iterable` or `get_worker_info()` / `get_distributed_info()`.
+
+This module must not import torch at import time: plugin listing imports it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import sys
+import warnings
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, TypeVar, Union
+
+from framework.registry import Registrable
+
+__all__ = ["DatasetReader", "DatasetReaderInput", "DistributedInfo", "Instance", "WorkerInfo"]
+
+_T = TypeVar("_T")
+
+Instance = Any
+"""An instance is any picklable object; dicts of tensors, numbers and strings batch by default."""
+
+PathOrStr = Union[str, "os.PathLike[str]"]
+DatasetReaderInput = Union[str, "os.PathLike[str]", List[Any], Dict[str, Any]]
+"""What `read()` accepts: a path, or a list or dict of them when a reader supports it."""
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    """Where a reader runs inside a multi-process loader: `id` of `num_workers` workers."""
+
+    num_workers: int
+    id: int
+
+
+@dataclass(frozen=True)
+class DistributedInfo:
+    """Where a reader runs under torch.distributed: `global_rank` of `world_size` ranks."""
+
+    world_size: int
+    global_rank: int
+
+
+def shard_quota(total: int, num_shards: int, shard: int) -> int:
+    """How many of the first `total` items fall to `shard` when dealt round-robin."""
+    return total // num_shards + (1 if shard < total % num_shards else 0)
+
+
+class DatasetReader(Registrable):
+    """Reads instances from a data path; subclasses implement `_read(file_path)`.
+
+    Args:
+        max_instances: stop after this many instances in total, across every worker
+            and rank (each shard reads its exact share of the first `max_instances`).
+        manual_distributed_sharding: `_read` shards by rank itself (with
+            `shard_iterable` or `get_distributed_info()`), so `read` does not.
+        manual_multiprocess_sharding: `_read` shards by loader worker itself (with
+            `shard_iterable` or `get_worker_info()`), so `read` does not.
+        serialization_dir: where a run keeps its outputs, for readers that need it.
+
+    `apply_token_indexers(instance)` is a hook that runs in the main process on every
+    instance, after it has crossed from a worker: attach unpicklable or heavy
+    objects (vocabularies, tokenizer handles) there, not in `_read`.
+    """
+
+    # Class-level defaults keep a subclass that forgets super().__init__() working.
+    max_instances: Optional[int] = None
+    manual_distributed_sharding: bool = False
+    manual_multiprocess_sharding: bool = False
+    serialization_dir: Optional[str] = None
+    _worker_info: Optional[WorkerInfo] = None
+    _distributed_info: Optional[DistributedInfo] = None
+    _distributed_info_set: bool = False
+    _shard_helper_used: bool = False
+    _info_queried: bool = False
+
+    def __init__(
+        self,
+        max_instances: Optional[int] = None,
+        manual_distributed_sharding: bool = False,
+        manual_multiprocess_sharding: bool = False,
+        serialization_dir: Optional[str] = None,
+    ) -> None:
+        if max_instances is not None and max_instances < 0:
+            raise ValueError(f"max_instances must be None or >= 0, got {max_instances}")
+        self.max_instances = max_instances
+        self.manual_distributed_sharding = manual_distributed_sharding
+        self.manual_multiprocess_sharding = manual_multiprocess_sharding
+        self.serialization_dir = serialization_dir
+        self._worker_info = None
+        self._distributed_info = None
+
+    def read(self, file_path: DatasetReaderInput) -> Iterator[Instance]:
+        """Yield this worker's and rank's share of the instances in `file_path`.
+
+        In the main process (no worker info set) `apply_token_indexers` runs on each
+        instance here; inside a loader worker the loader runs it in the main process
+        after the instance arrives.
+        """
+        in_worker = self._worker_info is not None
+        for instance in self._multi_worker_islice(self._read(file_path)):
+            if not in_worker:
+                self.apply_token_indexers(instance)
+            yield instance
+
+    def _read(self, file_path: DatasetReaderInput) -> Iterable[Instance]:
+        """Yield instances from `file_path`; a generator keeps lazy loading lazy."""
+        raise NotImplementedError(f"{type(self).__name__} must implement _read(file_path)")
+
+    def text_to_instance(self, *inputs: Any) -> Instance:
+        """Build one instance from raw inputs (for prediction); optional."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement text_to_instance")
+
+    def apply_token_indexers(self, instance: Instance) -> None:
+        """Main-process hook run on each instance before batching; may change it in place.
+
+        Readers that override it get their instances batched in the main process
+        (after this hook) rather than in the workers.
+        """
+        return None
+
+    def get_worker_info(self) -> Optional[WorkerInfo]:
+        """The loader worker this reader runs in, or None in the main process."""
+        self._info_queried = True  # a manual-sharding reader that asks shards by itself
+        return self._worker_info
+
+    def get_distributed_info(self) -> Optional[DistributedInfo]:
+        """This process's rank and the world size under torch.distributed, else None."""
+        self._info_queried = True
+        return self._dist_info()
+
+    def _dist_info(self) -> Optional[DistributedInfo]:
+        if self._distributed_info_set:
+            return self._distributed_info
+        return current_distributed_info()
+
+    def _set_worker_info(self, info: Optional[WorkerInfo]) -> None:
+        """Set by the loader inside a worker; not for users."""
+        self._worker_info = info
+
+    def _set_distributed_info(self, info: Optional[DistributedInfo]) -> None:
+        """Set by the loader (workers may not see the process group); not for users."""
+        self._distributed_info = info
+        self._distributed_info_set = True
+
+    def shard_iterable(self, iterable: Iterable[_T]) -> Iterator[_T]:
+        """This worker's and rank's share of `iterable`, dealt round-robin.
+
+        For readers with both manual sharding flags set: call it inside `_read` on
+        something cheap (lines, file names) before the expensive work. The share
+        respects `max_instances` exactly.
+        """
+        if not (self.manual_distributed_sharding and self.manual_multiprocess_sharding):
+            raise ValueError(
+                f"{type(self).__name__}.shard_iterable() was called but "
+                "manual_distributed_sharding and manual_multiprocess_sharding are not both "
+                "True. Pass manual_distributed_sharding=True, manual_multiprocess_sharding=True "
+                "to super().__init__() in the reader's constructor."
+            )
+        self._shard_helper_used = True
+        iterator: Iterator[_T] = iter(iterable)
+        if self.max_instances is not None:
+            iterator = itertools.islice(iterator, self.max_instances)
+        return self._deal(iterator, distributed=True, multiprocess=True)
+
+    def _deal(self, iterator: Iterator[_T], *, distributed: bool, multiprocess: bool) -> Iterator[_T]:
+        dist_info = self._dist_info()
+        worker_info = self._worker_info
+        if distributed and dist_info is not None and dist_info.world_size > 1:
+            iterator = itertools.islice(
+                iterator, dist_info.global_rank, None, dist_info.world_size
+            )
+        if multiprocess and worker_info is not None and worker_info.num_workers > 1:
+            iterator = itertools.islice(iterator, worker_info.id, None, worker_info.num_workers)
+        return iterator
+
+    def _shard_position(self) -> tuple[int, int]:
+        """(this shard's index, number of shards), ranks outer and workers inner."""
+        dist_info = self._dist_info()
+        worker_info = self._worker_info
+        world, rank = (dist_info.world_size, dist_info.global_rank) if dist_info else (1, 0)
+        workers, wid = (worker_info.num_workers, worker_info.id) if worker_info else (1, 0)
+        # Item i of the full stream goes to rank i % world, then worker (i // world) % workers,
+        # so shard p = rank + world * worker owns the items with i % (world * workers) == p.
+        return rank + world * wid, world * workers
+
+    def _multi_worker_islice(self, iterable: Iterable[_T]) -> Iterator[_T]:
+        """Apply automatic sharding and the `max_instances` limit to `_read`'s output."""
+        auto_dist = not self.manual_distributed_sharding
+        auto_workers = not self.manual_multiprocess_sharding
+        iterator: Iterator[_T] = iter(iterable)
+        if auto_dist and auto_workers:
+            # Fully automatic: taking the first max_instances before dealing makes the
+            # shards together hold exactly the first max_instances items.
+            if self.max_instances is not None:
+                iterator = itertools.islice(iterator, self.max_instances)
+            yield from self._deal(iterator, distributed=True, multiprocess=True)
+            return
+        iterator = self._deal(iterator, distributed=auto_dist, multiprocess=auto_workers)
+        if self.max_instances is not None:
+            shard, num_shards = self._shard_position()
+            iterator = itertools.islice(
+                iterator, shard_quota(self.max_instances, num_shards, shard)
+            )
+        self._shard_helper_used = False
+        self._info_queried = False
+        yield from iterator
+        self._warn_if_unsharded()
+
+    def _warn_if_unsharded(self) -> None:
+        if self._shard_helper_used or self._info_queried:
+            return
+        dist_info = self._dist_info()
+        worker_info = self._worker_info
+        unsharded = []
+        if self.manual_multiprocess_sharding and worker_info and worker_info.num_workers > 1:
+            unsharded.append("manual_multiprocess_sharding")
+        if self.manual_distributed_sharding and dist_info and dist_info.world_size > 1:
+            unsharded.append("manual_distributed_sharding")
+        if unsharded:
+            warnings.warn(
+                f"{type(self).__name__} sets {' and '.join(unsharded)}=True but its _read() "
+                "never called shard_iterable(), so every shard may have read the same "
+                "instances (duplicates). Call self.shard_iterable(...) inside _read(), or "
+                "leave the flag False to let read() shard for you.",
+                UserWarning,
+                stacklevel=3,
+            )
+
+
+
+def current_distributed_info() -> Optional[DistributedInfo]:
+    """Rank and world size from torch.distributed, without importing torch."""
+    if "torch.distributed" not in sys.modules:
+        return None  # torch.distributed was never imported, so no group is initialized
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    return DistributedInfo(world_size=dist.get_world_size(), global_rank=dist.get_rank())

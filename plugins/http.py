@@ -1,0 +1,143 @@
+"""`HttpBackend`: ``http://`` and ``https://`` through one pooled `requests` session.
+
+Retries (connection errors, 5xx, 408, 429, with exponential backoff and
+``Retry-After``) are urllib3's `Retry`; other 4xx answers are final. Redirects to
+another scheme, or from https down to http, are refused.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import Any, Final, Optional
+from urllib.parse import urljoin, urlsplit
+
+import requests
+from requests.adapters import HTTPAdapter
+from urllib3.util.retry import Retry
+
+from framework.download.backend import ByteStream, DownloadBackend, RemoteInfo
+from framework.errors import DownloadError, HTTPStatusError, NetworkError
+
+__all__ = ["HttpBackend"]
+
+CHUNK_SIZE: Final = 1 << 20
+RETRY_STATUSES: Final = frozenset({408, 429, *range(500, 600)})
+_CONTENT_RANGE: Final = re.compile(r"bytes\s+(?:(\d+)-\d+|\*)/(\d+|\*)")
+
+
+class _RedirectRefused(requests.exceptions.RequestException):
+    pass
+
+
+class _Session(requests.Session):
+    """A session that refuses redirects to other schemes and https -> http downgrades."""
+
+    def get_redirect_target(self, resp: requests.Response) -> Optional[str]:
+        location = super().get_redirect_target(resp)
+        if location:
+            source = urlsplit(resp.url).scheme.lower()
+            target = urlsplit(urljoin(resp.url, location)).scheme.lower()
+            if target not in ("http", "https") or (source == "https" and target == "http"):
+                raise _RedirectRefused(f"refusing a redirect from {resp.url} to {location}")
+        return location
+
+
+def _network_errors() -> tuple[type[BaseException], ...]:
+    import urllib3.exceptions
+
+    return (
+        requests.exceptions.ConnectionError,
+        requests.exceptions.ChunkedEncodingError,
+        requests.exceptions.Timeout,
+        urllib3.exceptions.HTTPError,
+        OSError,
+    )
+
+
+class HttpBackend(DownloadBackend):
+    """HTTP(S) with connection pooling, urllib3 retries and 1 MiB streamed chunks."""
+
+    def __init__(
+        self, *, retries: int = 5, backoff_factor: float = 0.5, timeout: float = 60.0
+    ) -> None:
+        super().__init__(retries=retries, backoff_factor=backoff_factor, timeout=timeout)
+        retry = Retry(
+            total=retries,
+            connect=retries,
+            read=retries,
+            status=retries,
+            other=0,
+            redirect=10,
+            allowed_methods=frozenset({"GET", "HEAD"}),
+            status_forcelist=RETRY_STATUSES,
+            backoff_factor=backoff_factor,
+            respect_retry_after_header=True,
+            raise_on_status=False,  # hand back the last answer: its status goes in the error
+        )
+        self.session = _Session()
+        adapter = HTTPAdapter(max_retries=retry, pool_connections=4, pool_maxsize=16)
+        self.session.mount("http://", adapter)
+        self.session.mount("https://", adapter)
+
+    def _request(self, method: str, url: str, headers: dict[str, str]) -> requests.Response:
+        try:
+            response = self.session.request(
+                method, url, headers=headers, stream=True, timeout=(self.timeout, self.timeout)
+            )
+        except _RedirectRefused as error:
+            raise DownloadError(url, str(error)) from error
+        except requests.exceptions.RetryError as error:
+            raise NetworkError(url, f"still failing after {self.retries} retries: {error}") from error
+        except _network_errors() as error:
+            raise NetworkError(url, f"{type(error).__name__}: {error}") from error
+        if response.status_code >= 400 and response.status_code != 416:
+            response.close()
+            where = f" (redirected to {response.url})" if response.url != url else ""
+            raise HTTPStatusError(
+                url, response.status_code, f"HTTP {response.status_code} {response.reason}{where}"
+            )
+        return response
+
+    def open(self, url: str, offset: int = 0) -> ByteStream:
+        # Byte offsets must count stored bytes, so ask for no content encoding.
+        headers = {"Accept-Encoding": "identity"}
+        if offset:
+            headers["Range"] = f"bytes={offset}-"
+        response = self._request("GET", url, headers)
+        etag = response.headers.get("ETag")
+        start, size = 0, _int(response.headers.get("Content-Length"))
+        if response.status_code in (206, 416):
+            match = _CONTENT_RANGE.match(response.headers.get("Content-Range", ""))
+            total = _int(match.group(2)) if match else None
+            if response.status_code == 416:
+                response.close()
+                # The offset is at or past the end: nothing to read; the manager checks size.
+                return ByteStream(iter(()), start=offset, size=total, etag=etag)
+            start = int(match.group(1)) if match and match.group(1) else offset
+            size = total
+        return ByteStream(
+            self._chunks(response, url), start=start, size=size, etag=etag,
+            close_callback=response.close,
+        )
+
+    def _chunks(self, response: requests.Response, url: str) -> Iterator[bytes]:
+        try:
+            yield from response.iter_content(CHUNK_SIZE)
+        except _network_errors() as error:
+            raise NetworkError(url, f"connection broke off: {type(error).__name__}") from error
+
+    def stat(self, url: str) -> RemoteInfo:
+        response = self._request("HEAD", url, {"Accept-Encoding": "identity"})
+        response.close()
+        return RemoteInfo(_int(response.headers.get("Content-Length")), response.headers.get("ETag"))
+
+    def close(self) -> None:
+        self.session.close()
+
+
+def _int(value: Any) -> Optional[int]:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None

@@ -1,0 +1,114 @@
+"""`S3Backend`: ``s3://bucket/key`` through boto3 (``pip install framework[s3]``).
+
+Credentials come from boto3's usual chain (environment, profiles, instance roles);
+``AWS_ENDPOINT_URL`` points it at any S3-speaking server.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator
+from typing import Any, Final, Optional
+from urllib.parse import unquote, urlsplit
+
+from framework.download.backend import ByteStream, DownloadBackend, RemoteInfo
+from framework.errors import DownloadError, HTTPStatusError, NetworkError
+
+__all__ = ["S3Backend"]
+
+CHUNK_SIZE: Final = 1 << 20
+_CONTENT_RANGE: Final = re.compile(r"bytes\s+(\d+)-\d+/(\d+)")
+
+
+def _split(url: str) -> tuple[str, str]:
+    parts = urlsplit(url)
+    key = unquote(parts.path.lstrip("/"))
+    if not parts.netloc or not key:
+        raise DownloadError(url, "an S3 URL looks like s3://bucket/key")
+    return parts.netloc, key
+
+
+class S3Backend(DownloadBackend):
+    """S3 objects, read with ranged ``GetObject`` calls."""
+
+    def __init__(
+        self, *, retries: int = 5, backoff_factor: float = 0.5, timeout: float = 60.0
+    ) -> None:
+        super().__init__(retries=retries, backoff_factor=backoff_factor, timeout=timeout)
+        self._client: Any = None
+
+    @property
+    def client(self) -> Any:
+        if self._client is None:
+            try:
+                import boto3
+                from botocore.config import Config
+            except ImportError as error:
+                raise ImportError(
+                    "s3:// URLs need boto3: pip install 'framework[s3]'"
+                ) from error
+            config = Config(
+                retries={"max_attempts": self.retries, "mode": "standard"},
+                connect_timeout=self.timeout,
+                read_timeout=self.timeout,
+            )
+            self._client = boto3.session.Session().client(
+                "s3", endpoint_url=os.environ.get("AWS_ENDPOINT_URL") or None, config=config
+            )
+        return self._client
+
+    def _call(self, url: str, method: str, **kwargs: Any) -> Any:
+        from botocore import exceptions as bce
+
+        try:
+            return getattr(self.client, method)(**kwargs)
+        except bce.ClientError as error:
+            status = int(error.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0))
+            code = error.response.get("Error", {}).get("Code", "")
+            if status == 416 or code == "InvalidRange":
+                raise
+            raise HTTPStatusError(url, status, f"S3 {code or status}: {error}") from error
+        except bce.NoCredentialsError as error:
+            raise DownloadError(
+                url, "no AWS credentials found: set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY "
+                "or a profile"
+            ) from error
+        except (bce.EndpointConnectionError, bce.ConnectionError, bce.ReadTimeoutError) as error:
+            raise NetworkError(url, str(error)) from error
+
+    def open(self, url: str, offset: int = 0) -> ByteStream:
+        from botocore.exceptions import ClientError
+
+        bucket, key = _split(url)
+        kwargs: dict[str, Any] = {"Bucket": bucket, "Key": key}
+        if offset:
+            kwargs["Range"] = f"bytes={offset}-"
+        try:
+            response = self._call(url, "get_object", **kwargs)
+        except ClientError:  # InvalidRange: the offset is at or past the end
+            info = self.stat(url)
+            return ByteStream(iter(()), start=offset, size=info.size, etag=info.etag)
+        start, size = 0, response.get("ContentLength")
+        match = _CONTENT_RANGE.match(response.get("ContentRange") or "")
+        if match:
+            start, size = int(match.group(1)), int(match.group(2))
+        body = response["Body"]
+        return ByteStream(
+            self._chunks(body, url), start=start, size=size, etag=response.get("ETag"),
+            close_callback=body.close,
+        )
+
+    def _chunks(self, body: Any, url: str) -> Iterator[bytes]:
+        from botocore import exceptions as bce
+
+        try:
+            yield from body.iter_chunks(CHUNK_SIZE)
+        except (bce.BotoCoreError, OSError) as error:
+            raise NetworkError(url, f"S3 stream broke off: {error}") from error
+
+    def stat(self, url: str) -> RemoteInfo:
+        bucket, key = _split(url)
+        response = self._call(url, "head_object", Bucket=bucket, Key=key)
+        size: Optional[int] = response.get("ContentLength")
+        return RemoteInfo(size, response.get("ETag"))

@@ -1,0 +1,52 @@
+"""``framework download URL``: fetch into the cache (once, verified) and print the path."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+
+def add_parser(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "download",
+        help="fetch a URL or path into the cache and print the local path",
+        description="Fetch URL (http, https, s3, file, a plain path, or a plugin's scheme) "
+        "into the cache, verify it, and print the path of the cached file (or of the "
+        "extracted folder with --extract). Racing processes fetch it once.",
+    )
+    parser.add_argument("url", metavar="URL", help="what to fetch")
+    parser.add_argument("--sha256", help="expected sha256 hex digest of the file")
+    parser.add_argument(
+        "--extract", action="store_true", help="unpack a tar/zip archive; print the folder"
+    )
+    parser.add_argument(
+        "--cache-dir", help="cache folder (default: $FRAMEWORK_CACHE or ~/.cache/framework)"
+    )
+    parser.add_argument("--force", action="store_true", help="fetch (and extract) again")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from framework.download import cached_path
+    from framework.errors import FrameworkError
+
+    try:
+        path = cached_path(
+            args.url,
+            cache_dir=args.cache_dir,
+            sha256=args.sha256,
+            extract=args.extract,
+            force=args.force,
+            progress=not args.no_progress,
+        )
+    except (FrameworkError, OSError, ImportError) as error:
+        message = " ".join(str(error).split())
+        print(f"framework download: error: {type(error).__name__}: {message}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("framework download: interrupted", file=sys.stderr)
+        return 130
+    print(path)
+    return 0

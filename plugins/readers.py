@@ -1,0 +1,292 @@
+"""First-party readers: ``"jsonl"``, ``"text"`` and ``"csv"``.
+
+Each reader shards the raw records (lines or rows) *before* the costly part of
+reading them (JSON parsing, tokenizing, type conversion), so each worker process and
+each distributed rank does only its own share of the work; that is why they set
+both ``manual_*_sharding`` flags and call `shard_iterable` themselves.
+
+Every instance is a dict that the default collator batches as it is: strings and
+lists of strings stay lists, numbers become tensors, and token ids (``"text"`` with
+``num_buckets`` or ``vocabulary``) are 1-D ``long`` tensors padded with 0.
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import io
+import json
+import zlib
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any, Optional, TextIO, Union
+
+from framework.data.reader import DatasetReader
+
+__all__ = ["CsvReader", "JsonlReader", "TextReader"]
+
+PathLike = Union[str, Path]
+Tokenizer = Callable[[str], Sequence[str]]
+
+PADDING_ID = 0
+UNKNOWN_ID = 1
+
+
+def open_text(path: PathLike) -> TextIO:
+    """Open `path` for reading text (UTF-8); ``.gz`` files are decompressed on the fly."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"data file not found: {path}")
+    if path.is_dir():
+        raise IsADirectoryError(f"data path {path} is a folder; give the reader a file")
+    if path.suffix == ".gz":
+        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8", newline="")
+    return open(path, encoding="utf-8", newline="")
+
+
+def _numbered_lines(handle: Iterable[str]) -> Iterator[tuple[int, str]]:
+    """(line number, line without its newline) for every non-blank line."""
+    for number, line in enumerate(handle, 1):
+        line = line.rstrip("\r\n")
+        if line.strip():
+            yield number, line
+
+
+def _resolve_tokenizer(tokenizer: Optional[str]) -> Optional[Tokenizer]:
+    if tokenizer is None:
+        return None
+    from framework.registry import import_target
+
+    try:
+        target = import_target(tokenizer)
+    except (ImportError, AttributeError) as error:
+        raise ValueError(
+            f"tokenizer {tokenizer!r} could not be imported ({error}); give a dotted path "
+            "to a callable like 'package.module:tokenize' taking a string and returning "
+            "a list of strings"
+        ) from error
+    if isinstance(target, type):
+        target = target()  # a class: its instances are the callables
+    if not callable(target):
+        raise ValueError(f"tokenizer {tokenizer!r} is {target!r}, which is not callable")
+    function: Tokenizer = target
+    return function
+
+
+class _ShardedReader(DatasetReader):
+    """Shards raw records itself, before parsing them."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        for flag in ("manual_multiprocess_sharding", "manual_distributed_sharding"):
+            if kwargs.get(flag, True) is not True:
+                raise ValueError(f"{flag} cannot be turned off: this reader shards its own lines")
+            kwargs[flag] = True
+        super().__init__(**kwargs)
+
+
+class JsonlReader(_ShardedReader):
+    """One JSON object a line; blank lines are skipped.
+
+    Args:
+        fields: keep only these keys of each object (a missing key is an error
+            naming the file and line); all keys when not given.
+    """
+
+    def __init__(self, fields: Optional[list[str]] = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.fields = list(fields) if fields is not None else None
+
+    def _read(self, file_path: str) -> Iterator[dict[str, Any]]:
+        with open_text(file_path) as handle:
+            for number, line in self.shard_iterable(_numbered_lines(handle)):
+                yield self.parse_line(line, f"{file_path}:{number}")
+
+    def parse_line(self, line: str, where: str = "<line>") -> dict[str, Any]:
+        """One line to one instance; errors name `where` (``file:line``)."""
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{where}: not valid JSON ({error.msg} at column {error.colno})") from error
+        if not isinstance(record, dict):
+            raise ValueError(f"{where}: expected a JSON object, got {type(record).__name__}")
+        if self.fields is None:
+            return record
+        missing = [name for name in self.fields if name not in record]
+        if missing:
+            raise ValueError(
+                f"{where}: missing field(s) {', '.join(map(repr, missing))}; "
+                f"the object has {', '.join(map(repr, record)) or 'no keys'}"
+            )
+        return {name: record[name] for name in self.fields}
+
+
+class TextReader(_ShardedReader):
+    """Lines of text; each becomes ``{"text": line, "tokens": [...]}``.
+
+    Args:
+        tokenizer: dotted path (``"pkg.mod:function"``) to a callable taking a string
+            and returning a list of strings (a class is instantiated first); splits
+            on whitespace when not given.
+        lowercase: lowercase each line before tokenizing.
+        max_tokens: keep at most this many tokens of each line.
+        num_buckets: also produce ``"token_ids"``, a ``long`` tensor of token ids by
+            a stable hash (crc32) into ``[2, num_buckets)``; 0 is padding.
+        vocabulary: also produce ``"token_ids"`` from a vocabulary file (one token a
+            line; a line's number from 2 up is the token's id, 1 is for unknown
+            tokens, 0 is padding). A URL is fetched through `framework.cached_path`.
+        keep_text: include the ``"text"`` field.
+    """
+
+    def __init__(
+        self,
+        tokenizer: Optional[str] = None,
+        lowercase: bool = False,
+        max_tokens: Optional[int] = None,
+        num_buckets: Optional[int] = None,
+        vocabulary: Optional[str] = None,
+        keep_text: bool = True,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        if num_buckets is not None and vocabulary is not None:
+            raise ValueError("give num_buckets or vocabulary, not both")
+        if num_buckets is not None and num_buckets < 3:
+            raise ValueError(f"num_buckets must be at least 3 (0 is padding, 1 unknown), got {num_buckets}")
+        if max_tokens is not None and max_tokens < 1:
+            raise ValueError(f"max_tokens must be positive, got {max_tokens}")
+        self.tokenizer = tokenizer
+        self.lowercase = lowercase
+        self.max_tokens = max_tokens
+        self.num_buckets = num_buckets
+        self.vocabulary = vocabulary
+        self.keep_text = keep_text
+        self._tokenize = _resolve_tokenizer(tokenizer)
+        self._vocab: Optional[dict[str, int]] = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Spawned workers re-import the tokenizer by its path rather than pickling it.
+        state = dict(self.__dict__)
+        state["_tokenize"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._tokenize = _resolve_tokenizer(self.tokenizer)
+
+    def _load_vocabulary(self) -> dict[str, int]:
+        if self._vocab is None:
+            assert self.vocabulary is not None
+            path: PathLike = self.vocabulary
+            if "://" in self.vocabulary:
+                from framework import cached_path
+
+                path = cached_path(self.vocabulary, progress=False)
+            vocab: dict[str, int] = {}
+            with open_text(path) as handle:
+                for line in handle:
+                    token = line.rstrip("\r\n")
+                    if token and token not in vocab:
+                        vocab[token] = len(vocab) + 2
+            self._vocab = vocab
+        return self._vocab
+
+    def tokenize(self, text: str) -> list[str]:
+        if self.lowercase:
+            text = text.lower()
+        tokens = list(self._tokenize(text)) if self._tokenize is not None else text.split()
+        if self.max_tokens is not None:
+            tokens = tokens[: self.max_tokens]
+        return tokens
+
+    def token_ids(self, tokens: Sequence[str]) -> list[int]:
+        if self.num_buckets is not None:
+            span = self.num_buckets - 2
+            return [zlib.crc32(token.encode("utf-8")) % span + 2 for token in tokens]
+        vocab = self._load_vocabulary()
+        return [vocab.get(token, UNKNOWN_ID) for token in tokens]
+
+    def text_to_instance(self, text: str) -> dict[str, Any]:
+        tokens = self.tokenize(text)
+        instance: dict[str, Any] = {"tokens": tokens}
+        if self.keep_text:
+            instance["text"] = text
+        if self.num_buckets is not None or self.vocabulary is not None:
+            import torch
+
+            instance["token_ids"] = torch.tensor(self.token_ids(tokens), dtype=torch.long)
+        return instance
+
+    def _read(self, file_path: str) -> Iterator[dict[str, Any]]:
+        with open_text(file_path) as handle:
+            for _, line in self.shard_iterable(_numbered_lines(handle)):
+                yield self.text_to_instance(line)
+
+
+_CONVERTERS: dict[str, Callable[[str], Any]] = {"str": str, "int": int, "float": float}
+
+
+class CsvReader(_ShardedReader):
+    """A CSV file with a header row; each row becomes a dict keyed by the header.
+
+    Args:
+        fields: keep only these columns (each must be in the header).
+        field_types: convert columns: ``{"label": "int", "score": "float"}``
+            (``"str"``, ``"int"`` or ``"float"``); numbers batch into tensors.
+        delimiter: the column separator (``"\\t"`` for TSV).
+    """
+
+    def __init__(
+        self,
+        fields: Optional[list[str]] = None,
+        field_types: Optional[dict[str, str]] = None,
+        delimiter: str = ",",
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.fields = list(fields) if fields is not None else None
+        self.field_types = dict(field_types or {})
+        unknown = {k: v for k, v in self.field_types.items() if v not in _CONVERTERS}
+        if unknown:
+            raise ValueError(
+                f"field_types: unknown type(s) {unknown}; use one of {', '.join(_CONVERTERS)}"
+            )
+        if len(delimiter) != 1:
+            raise ValueError(f"delimiter must be one character, got {delimiter!r}")
+        self.delimiter = delimiter
+
+    def _read(self, file_path: str) -> Iterator[dict[str, Any]]:
+        with open_text(file_path) as handle:
+            rows = csv.reader(handle, delimiter=self.delimiter)
+            header = next(rows, None)
+            if header is None:
+                return
+            self._check_header(header, file_path)
+            numbered = ((rows.line_num, row) for row in rows if row)
+            for line, row in self.shard_iterable(numbered):
+                yield self.row_to_instance(header, row, f"{file_path}:{line}")
+
+    def _check_header(self, header: list[str], file_path: str) -> None:
+        wanted = list(self.fields or []) + list(self.field_types)
+        missing = [name for name in dict.fromkeys(wanted) if name not in header]
+        if missing:
+            raise ValueError(
+                f"{file_path}: column(s) {', '.join(map(repr, missing))} not in the header "
+                f"({', '.join(map(repr, header))})"
+            )
+
+    def row_to_instance(self, header: list[str], row: list[str], where: str) -> dict[str, Any]:
+        if len(row) != len(header):
+            raise ValueError(f"{where}: {len(row)} values for {len(header)} columns")
+        record = dict(zip(header, row))
+        if self.fields is not None:
+            record = {name: record[name] for name in self.fields}
+        for name, type_name in self.field_types.items():
+            if name not in record:
+                continue
+            try:
+                record[name] = _CONVERTERS[type_name](record[name])
+            except ValueError:
+                raise ValueError(
+                    f"{where}: column {name!r} should be {type_name}, got {record[name]!r}"
+                ) from None
+        return record

@@ -1,0 +1,117 @@
+"""The first-party "text" reader: tokenizers, indexing into tensors, sharding."""
+
+from __future__ import annotations
+
+import pickle
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+import torch
+
+from framework import DatasetReader
+from framework.errors import ConfigError
+
+HERE = Path(__file__).resolve().parent
+LINES = [f"sentence number {i} " + "word " * (i % 7) for i in range(31)]
+
+
+@pytest.fixture
+def corpus(tmp_path: Path) -> str:
+    path = tmp_path / "corpus.txt"
+    path.write_text("\n".join(LINES) + "\n\n", encoding="utf-8")
+    return str(path)
+
+
+@pytest.fixture
+def tokenizers_on_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(HERE))
+    sys.modules.pop("tokenizers_for_tests", None)
+
+
+def test_whitespace_tokens_and_text(corpus: str) -> None:
+    reader = DatasetReader.from_config({"type": "text"})
+    instances = list(reader.read(corpus))
+    assert len(instances) == len(LINES)  # the blank line is skipped
+    assert instances[3] == {"tokens": LINES[3].split(), "text": LINES[3]}
+
+
+def test_lowercase_max_tokens_keep_text(tmp_path: Path) -> None:
+    path = tmp_path / "t.txt"
+    path.write_text("The Quick  Brown Fox\n", encoding="utf-8")
+    reader = DatasetReader.from_config(
+        {"type": "text", "lowercase": True, "max_tokens": 3, "keep_text": False}
+    )
+    assert list(reader.read(str(path))) == [{"tokens": ["the", "quick", "brown"]}]
+
+
+@pytest.mark.usefixtures("tokenizers_on_path")
+def test_tokenizer_by_dotted_path_function_and_class(tmp_path: Path) -> None:
+    path = tmp_path / "t.txt"
+    path.write_text("a b, c\n", encoding="utf-8")
+    by_function = DatasetReader.from_config(
+        {"type": "text", "tokenizer": "tokenizers_for_tests:char_tokenize"}
+    )
+    assert next(iter(by_function.read(str(path))))["tokens"] == ["a", "b", ",", "c"]
+    by_class = DatasetReader.from_config(
+        {"type": "text", "tokenizer": "tokenizers_for_tests.CommaTokenizer"}
+    )
+    assert next(iter(by_class.read(str(path))))["tokens"] == ["a b", "c"]
+
+
+@pytest.mark.usefixtures("tokenizers_on_path")
+def test_bad_tokenizer_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="tokenizer 'no_such_module:tokenize' could not be imported"):
+        DatasetReader.from_config({"type": "text", "tokenizer": "no_such_module:tokenize"})
+    with pytest.raises(ConfigError, match="is 42, which is not callable"):
+        DatasetReader.from_config({"type": "text", "tokenizer": "tokenizers_for_tests:NOT_CALLABLE"})
+
+
+def test_bad_options_are_config_errors() -> None:
+    with pytest.raises(ConfigError, match="num_buckets or vocabulary, not both"):
+        DatasetReader.from_config({"type": "text", "num_buckets": 100, "vocabulary": "v.txt"})
+    with pytest.raises(ConfigError, match="num_buckets must be at least 3"):
+        DatasetReader.from_config({"type": "text", "num_buckets": 2})
+    with pytest.raises(ConfigError, match=r"^max_tokens: expected int"):
+        DatasetReader.from_config({"type": "text", "max_tokens": "many"})
+
+
+def test_hashed_token_ids_are_stable_long_tensors(corpus: str) -> None:
+    reader = DatasetReader.from_config({"type": "text", "num_buckets": 50})
+    instances = list(reader.read(corpus))
+    ids = instances[5]["token_ids"]
+    assert ids.dtype == torch.long and ids.shape == (len(LINES[5].split()),)
+    assert int(ids.min()) >= 2 and int(ids.max()) < 50  # 0 is padding, 1 unknown
+    # the same token gets the same id everywhere (crc32, not the salted hash())
+    again = list(DatasetReader.from_config({"type": "text", "num_buckets": 50}).read(corpus))
+    assert torch.equal(again[5]["token_ids"], ids)
+    assert int(instances[0]["token_ids"][0]) == int(instances[1]["token_ids"][0])  # "sentence"
+
+
+def test_vocabulary_file(tmp_path: Path) -> None:
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("the\ncat\nsat\n", encoding="utf-8")
+    data = tmp_path / "d.txt"
+    data.write_text("the cat sat on the mat\n", encoding="utf-8")
+    reader = DatasetReader.from_config({"type": "text", "vocabulary": str(vocab)})
+    (instance,) = reader.read(str(data))
+    assert instance["token_ids"].tolist() == [2, 3, 4, 1, 2, 1]
+
+
+@pytest.mark.usefixtures("tokenizers_on_path")
+def test_reader_with_tokenizer_pickles_by_path(tmp_path: Path) -> None:
+    reader = DatasetReader.from_config(
+        {"type": "text", "tokenizer": "tokenizers_for_tests:char_tokenize"}
+    )
+    clone = pickle.loads(pickle.dumps(reader))
+    assert clone.tokenize("a b") == ["a", "b"]
+
+
+@pytest.mark.parametrize(("workers", "world"), [(2, 1), (3, 1), (1, 2), (2, 2)])
+def test_shards_are_disjoint_and_complete(
+    corpus: str, shard_reader: Callable[..., list[list[Any]]], workers: int, world: int
+) -> None:
+    shards = shard_reader(DatasetReader.by_name("text")(), corpus, workers, world)
+    texts = [i["text"] for shard in shards for i in shard]
+    assert sorted(texts) == sorted(LINES)

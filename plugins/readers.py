@@ -17,11 +17,11 @@ import gzip
 import io
 import json
 import zlib
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from pathlib import Path
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path, PurePath
 from typing import Any, Optional, TextIO, Union
 
-from framework.data.reader import DatasetReader
+from framework.data.reader import DatasetReader, DatasetReaderInput
 
 __all__ = ["CsvReader", "JsonlReader", "TextReader"]
 
@@ -44,12 +44,23 @@ def open_text(path: PathLike) -> TextIO:
     return open(path, encoding="utf-8", newline="")
 
 
-def _numbered_lines(handle: Iterable[str]) -> Iterator[tuple[int, str]]:
-    """(line number, line without its newline) for every non-blank line."""
-    for number, line in enumerate(handle, 1):
-        line = line.rstrip("\r\n")
-        if line.strip():
-            yield number, line
+def data_files(file_path: DatasetReaderInput) -> list[str]:
+    """The files behind `file_path`: one path, or a list of paths read in order."""
+    if isinstance(file_path, (str, PurePath)):
+        return [str(file_path)]
+    if isinstance(file_path, list) and all(isinstance(p, (str, PurePath)) for p in file_path):
+        return [str(p) for p in file_path]
+    raise TypeError(f"expected a path or a list of paths, got {file_path!r}")
+
+
+def _numbered_lines(file_path: DatasetReaderInput) -> Iterator[tuple[str, str]]:
+    """(``file:line``, line without its newline) for every non-blank line of every file."""
+    for name in data_files(file_path):
+        with open_text(name) as handle:
+            for number, line in enumerate(handle, 1):
+                line = line.rstrip("\r\n")
+                if line.strip():
+                    yield f"{name}:{number}", line
 
 
 def _resolve_tokenizer(tokenizer: Optional[str]) -> Optional[Tokenizer]:
@@ -96,10 +107,9 @@ class JsonlReader(_ShardedReader):
         super().__init__(**kwargs)
         self.fields = list(fields) if fields is not None else None
 
-    def _read(self, file_path: str) -> Iterator[dict[str, Any]]:
-        with open_text(file_path) as handle:
-            for number, line in self.shard_iterable(_numbered_lines(handle)):
-                yield self.parse_line(line, f"{file_path}:{number}")
+    def _read(self, file_path: DatasetReaderInput) -> Iterator[dict[str, Any]]:
+        for where, line in self.shard_iterable(_numbered_lines(file_path)):
+            yield self.parse_line(line, where)
 
     def parse_line(self, line: str, where: str = "<line>") -> dict[str, Any]:
         """One line to one instance; errors name `where` (``file:line``)."""
@@ -216,10 +226,9 @@ class TextReader(_ShardedReader):
             instance["token_ids"] = torch.tensor(self.token_ids(tokens), dtype=torch.long)
         return instance
 
-    def _read(self, file_path: str) -> Iterator[dict[str, Any]]:
-        with open_text(file_path) as handle:
-            for _, line in self.shard_iterable(_numbered_lines(handle)):
-                yield self.text_to_instance(line)
+    def _read(self, file_path: DatasetReaderInput) -> Iterator[dict[str, Any]]:
+        for _, line in self.shard_iterable(_numbered_lines(file_path)):
+            yield self.text_to_instance(line)
 
 
 _CONVERTERS: dict[str, Callable[[str], Any]] = {"str": str, "int": int, "float": float}
@@ -254,16 +263,22 @@ class CsvReader(_ShardedReader):
             raise ValueError(f"delimiter must be one character, got {delimiter!r}")
         self.delimiter = delimiter
 
-    def _read(self, file_path: str) -> Iterator[dict[str, Any]]:
-        with open_text(file_path) as handle:
-            rows = csv.reader(handle, delimiter=self.delimiter)
-            header = next(rows, None)
-            if header is None:
-                return
-            self._check_header(header, file_path)
-            numbered = ((rows.line_num, row) for row in rows if row)
-            for line, row in self.shard_iterable(numbered):
-                yield self.row_to_instance(header, row, f"{file_path}:{line}")
+    def _read(self, file_path: DatasetReaderInput) -> Iterator[dict[str, Any]]:
+        for header, where, row in self.shard_iterable(self._rows(file_path)):
+            yield self.row_to_instance(header, row, where)
+
+    def _rows(self, file_path: DatasetReaderInput) -> Iterator[tuple[list[str], str, list[str]]]:
+        """(header, ``file:line``, row) for every row of every file; each file has a header."""
+        for name in data_files(file_path):
+            with open_text(name) as handle:
+                rows = csv.reader(handle, delimiter=self.delimiter)
+                header = next(rows, None)
+                if header is None:
+                    continue
+                self._check_header(header, name)
+                for row in rows:
+                    if row:
+                        yield header, f"{name}:{rows.line_num}", row
 
     def _check_header(self, header: list[str], file_path: str) -> None:
         wanted = list(self.fields or []) + list(self.field_types)

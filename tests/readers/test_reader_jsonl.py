@@ -111,3 +111,16 @@ def test_max_instances_is_exact_across_shards(
     reader = DatasetReader.from_config({"type": "jsonl", "max_instances": 10})
     shards = shard_reader(reader, path, 2, 2)
     assert sorted(r["id"] for s in shards for r in s) == list(range(10))
+
+
+def test_a_list_of_files_is_read_in_order_and_sharded_as_one_stream(
+    tmp_path: Path, shard_reader: Callable[..., list[list[Any]]]
+) -> None:
+    first = write_jsonl(tmp_path / "a.jsonl", RECORDS[:5])
+    second = write_jsonl(tmp_path / "b.jsonl", RECORDS[5:])
+    reader = DatasetReader.by_name("jsonl")()
+    assert list(reader.read([first, Path(second)])) == RECORDS
+    shards = shard_reader(reader, [first, second], 2, 1)
+    assert sorted(r["id"] for s in shards for r in s) == list(range(len(RECORDS)))
+    with pytest.raises(TypeError, match="expected a path or a list of paths"):
+        list(reader.read({"train": first}))

@@ -80,39 +80,40 @@ def render_hooks() -> str:
 def render_components() -> str:
     """The whole components page as markdown."""
     from framework import _plugins
-    from framework.registry import _REGISTRY
+    from framework.registry import all_entries
 
-    _plugins.ensure_loaded()
     out = [_INTRO]
-    for base in sorted(_REGISTRY, key=lambda b: b.__name__):
-        out.append(f"## {base.__name__}")
+    current = None
+    for entry in all_entries():
+        base = entry.base
+        if base is not current:
+            current = base
+            out.append(f"## {base.__name__}")
+            out.append("")
+            default = getattr(base, "default_implementation", None)
+            if default:
+                out.append(f"Default implementation: `{default}`.")
+                out.append("")
+        out.append(f"### `{entry.name}`")
         out.append("")
-        default = getattr(base, "default_implementation", None)
-        if default:
-            out.append(f"Default implementation: `{default}`.")
+        out.append(f"`{entry.target_path}` &middot; provided by {entry.provider}")
+        out.append("")
+        try:
+            factory = entry.factory()
+        except Exception as error:  # a component whose module is not importable here
+            out.append(f"*Not importable when these docs were built: {type(error).__name__}.*")
             out.append("")
-        for name in base.list_available():
-            entry = _REGISTRY[base][name]
-            out.append(f"### `{name}`")
+            continue
+        summary = _first_line(factory)
+        if summary:
+            out.append(summary)
             out.append("")
-            out.append(f"`{entry.target_path}` &middot; provided by {entry.provider}")
+        rows = _parameters(factory)
+        if rows:
+            out.append("| parameter | type | default |")
+            out.append("|---|---|---|")
+            out.extend(rows)
             out.append("")
-            try:
-                factory = entry.factory()
-            except Exception as error:  # a component whose module is not importable here
-                out.append(f"*Not importable when these docs were built: {type(error).__name__}.*")
-                out.append("")
-                continue
-            summary = _first_line(factory)
-            if summary:
-                out.append(summary)
-                out.append("")
-            rows = _parameters(factory)
-            if rows:
-                out.append("| parameter | type | default |")
-                out.append("|---|---|---|")
-                out.extend(rows)
-                out.append("")
     failures = _plugins.failures()
     if failures:
         out.append("## Plugins that failed to load")

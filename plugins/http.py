@@ -112,8 +112,9 @@ class HttpBackend(DownloadBackend):
             total = _int(match.group(2)) if match else None
             if response.status_code == 416:
                 response.close()
-                # The offset is at or past the end: nothing to read; the manager checks size.
-                return ByteStream(iter(()), start=offset, size=total, etag=etag)
+                if total is not None and total == offset:  # nothing left to read
+                    return ByteStream(iter(()), start=offset, size=total, etag=etag)
+                return self.open(url, 0)  # this range cannot be served: start over
             start = int(match.group(1)) if match and match.group(1) else offset
             size = total
         return ByteStream(
@@ -122,8 +123,12 @@ class HttpBackend(DownloadBackend):
         )
 
     def _chunks(self, response: requests.Response, url: str) -> Iterator[bytes]:
+        # read1 hands over what has arrived (up to CHUNK_SIZE), so bytes received before
+        # a connection breaks are kept and the manager resumes after them.
+        raw = response.raw
         try:
-            yield from response.iter_content(CHUNK_SIZE)
+            while chunk := raw.read1(CHUNK_SIZE):
+                yield chunk
         except _network_errors() as error:
             raise NetworkError(url, f"connection broke off: {type(error).__name__}") from error
 

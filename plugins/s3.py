@@ -88,6 +88,8 @@ class S3Backend(DownloadBackend):
             response = self._call(url, "get_object", **kwargs)
         except ClientError:  # InvalidRange: the offset is at or past the end
             info = self.stat(url)
+            if info.size != offset:
+                return self.open(url, 0)
             return ByteStream(iter(()), start=offset, size=info.size, etag=info.etag)
         start, size = 0, response.get("ContentLength")
         match = _CONTENT_RANGE.match(response.get("ContentRange") or "")

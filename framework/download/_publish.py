@@ -174,7 +174,7 @@ def fetch(
                     with backend.open(url, offset) as stream:
                         if temp is not None and offset and (
                             stream.start != offset
-                            or _etag_tag(stream.etag) != tag
+                            or (stream.etag is not None and _etag_tag(stream.etag) != tag)
                             or (stream.size is not None and offset > stream.size)
                         ):
                             # The server ignored the Range, or the object changed: start over.

@@ -32,9 +32,9 @@ class ByteStream:
 
     `start` is the offset the body really begins at: the requested offset, or 0
     when the backend could not resume (an HTTP server answering 200 to a Range
-    request). `size` is the object's total size when known. A backend reports an
-    offset at or past the end of the object with an empty `chunks` and
-    ``start == offset``; the manager then compares against `size`.
+    request). `size` is the object's total size when known. An offset exactly at
+    the end of the object gives an empty `chunks` with ``start == offset``; an
+    offset the backend cannot serve (HTTP 416) is answered from 0 instead.
     """
 
     chunks: Iterator[bytes]

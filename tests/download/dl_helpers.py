@@ -1,0 +1,176 @@
+"""Helpers for the download tests: a fault-injecting HTTP server on 127.0.0.1 and small
+utilities (imported by the tests and by conftest.py)."""
+
+from __future__ import annotations
+
+import hashlib
+import multiprocessing
+import os
+import socket
+import struct
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import attrs
+
+FORK = multiprocessing.get_context("fork")
+
+
+@attrs.define
+class Route:
+    """What the server answers on one path, and what it saw."""
+
+    data: bytes
+    etag: Optional[str] = None
+    status: Optional[int] = None  # a fixed answer, e.g. 404
+    fail_statuses: list[int] = attrs.field(factory=list)  # answered first, one per GET
+    range_mode: str = "honor"  # "honor" | "ignore" (answer 200) | "416"
+    redirect: Optional[str] = None
+    drop_after: Optional[int] = None  # body bytes sent before the fault
+    drops: int = 0  # how many GETs get the fault
+    drop_kind: str = "reset"  # "reset" (RST) | "short" (clean close, body < Content-Length)
+    chunk: int = 64 * 1024
+    delay: float = 0.0  # seconds per chunk
+    gets: int = 0
+    full_gets: int = 0  # GETs that started at byte 0
+    ranges: list[str] = attrs.field(factory=list)
+
+
+class FaultServer(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.routes: dict[str, Route] = {}
+        self.lock = threading.Lock()
+        self.connections = 0
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+    def add(self, path: str, data: bytes, **options: Any) -> str:
+        options.setdefault("etag", '"' + hashlib.sha256(data).hexdigest()[:16] + '"')
+        self.routes[path] = Route(data, **options)
+        return self.base + path
+
+    def route(self, url: str) -> Route:
+        return self.routes[url[len(self.base) :]]
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: FaultServer
+
+    def log_message(self, format: str, *args: Any) -> None:  # keep test output quiet
+        pass
+
+    def setup(self) -> None:
+        super().setup()
+        with self.server.lock:
+            self.server.connections += 1
+
+    def _empty(self, status: int, headers: Optional[dict[str, str]] = None) -> None:
+        body = f"status {status}".encode()
+        self.send_response(status)
+        for key, value in (headers or {}).items():
+            self.send_header(key, value)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def do_HEAD(self) -> None:
+        self.do_GET()
+
+    def do_GET(self) -> None:
+        route = self.server.routes.get(self.path)
+        if route is None:
+            self._empty(404)
+            return
+        range_header = self.headers.get("Range")
+        with self.server.lock:
+            if self.command == "GET":
+                route.gets += 1
+                route.ranges.append(range_header or "")
+            fail = route.fail_statuses.pop(0) if route.fail_statuses and self.command == "GET" else None
+        if fail is not None:
+            self._empty(fail)
+            return
+        if route.status is not None:
+            self._empty(route.status)
+            return
+        if route.redirect is not None:
+            self._empty(302, {"Location": route.redirect})
+            return
+        data, size = route.data, len(route.data)
+        start = 0
+        status = 200
+        if range_header and route.range_mode != "ignore":
+            start = int(range_header.split("=", 1)[1].split("-", 1)[0])
+            if route.range_mode == "416" or start >= size:
+                self._empty(416, {"Content-Range": f"bytes */{size}"})
+                return
+            status = 206
+        if self.command == "GET" and start == 0:
+            with self.server.lock:
+                route.full_gets += 1
+        body = data[start:]
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Accept-Ranges", "bytes")
+        if route.etag:
+            self.send_header("ETag", route.etag)
+        if status == 206:
+            self.send_header("Content-Range", f"bytes {start}-{size - 1}/{size}")
+        self.end_headers()
+        if self.command == "HEAD":
+            return
+        fault_at = None
+        with self.server.lock:
+            if route.drop_after is not None and route.drops > 0:
+                route.drops -= 1
+                fault_at = route.drop_after
+        sent = 0
+        while sent < len(body):
+            end = min(len(body), sent + route.chunk)
+            if fault_at is not None and end >= fault_at:
+                self.wfile.write(body[sent:fault_at])
+                self.wfile.flush()
+                self._fault(route.drop_kind)
+                return
+            self.wfile.write(body[sent:end])
+            sent = end
+            if route.delay:
+                time.sleep(route.delay)
+
+    def _fault(self, kind: str) -> None:
+        self.close_connection = True
+        if kind == "reset":  # SO_LINGER 0: close() sends a TCP RST
+            self.connection.setsockopt(
+                socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0)
+            )
+        self.connection.close()
+
+
+def stray_files(folder: Path) -> list[str]:
+    """Temporary or partial files left in a cache folder."""
+    if not folder.exists():
+        return []
+    return sorted(n for n in os.listdir(folder) if n.endswith((".part", ".tmp", ".old")))
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float = 20.0, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what or predicate}")
+        time.sleep(0.01)
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()

@@ -1,0 +1,1 @@
+"""An example framework plugin: a ``"squares"`` reader and a ``numbers://`` backend."""

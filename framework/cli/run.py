@@ -1,0 +1,310 @@
+"""``framework run [CONFIG]``: fetch the data, read it, batch it, and report.
+
+A config names a ``dataset_reader``, a ``data_path`` (a URL any download backend
+serves, or a local path), a ``data_loader`` (``"multiprocess"`` by default) and
+``epochs``. Everything is built, and so checked, before any data is fetched or read:
+a config error prints the dotted path of the bad key and stops. Without CONFIG the
+bundled example (``framework/examples/default.json``) runs on a bundled corpus.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import sys
+import time
+from collections.abc import Mapping
+from importlib import resources
+from pathlib import Path
+from typing import Any, Optional
+
+from framework.errors import ConfigError, FrameworkError
+
+__all__ = ["TOP_LEVEL_KEYS", "add_parser", "deep_merge", "load_run_config", "main"]
+
+TOP_LEVEL_KEYS = ("dataset_reader", "data_path", "data_loader", "epochs")
+DEFAULT_CONFIG = "default.json"
+
+
+def add_parser(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "run",
+        help="fetch a dataset, read and batch it for some epochs, and report throughput",
+        description="Fetch the data named by CONFIG through the download manager, build the "
+        "reader and data loader by name, iterate the epochs, and print a summary. Without "
+        "CONFIG, runs the bundled example on a bundled corpus (no network needed).",
+    )
+    parser.add_argument(
+        "config", nargs="?", help="a JSON or YAML config file (default: the bundled example)"
+    )
+    parser.add_argument(
+        "-o",
+        "--override",
+        action="append",
+        default=[],
+        metavar="JSON",
+        help="JSON deep-merged into the config, e.g. '{\"data_loader\": {\"num_workers\": 2}}' "
+        "(may be repeated)",
+    )
+    parser.add_argument("--device", help="move batches to this torch device, e.g. cuda:0")
+    parser.add_argument(
+        "--json", action="store_true", help="print the summary as JSON on stdout"
+    )
+    parser.add_argument(
+        "--no-progress", action="store_true", help="no progress bars (download and epochs)"
+    )
+    parser.set_defaults(handler=main)
+
+
+def deep_merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
+    """`base` with `override` merged in: mappings merge key by key, anything else replaces."""
+    merged = copy.deepcopy(dict(base))
+    for key, value in override.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
+            merged[key] = deep_merge(merged[key], value)
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged
+
+
+def _bundled_examples() -> Path:
+    return Path(str(resources.files("framework") / "examples"))
+
+
+def load_run_config(
+    config_path: Optional[str], overrides: list[str]
+) -> tuple[dict[str, Any], Path]:
+    """The merged, checked config and the folder relative data paths resolve against."""
+    from framework.config import load_config
+
+    if config_path is None:
+        config = load_config(_bundled_examples() / DEFAULT_CONFIG)
+        base_dir = _bundled_examples()
+    else:
+        config = load_config(config_path)
+        base_dir = Path.cwd()
+    for index, text in enumerate(overrides):
+        try:
+            override = json.loads(text)
+        except json.JSONDecodeError as error:
+            raise ConfigError(
+                "", f"--override #{index + 1} is not valid JSON ({error.msg}): {text!r}"
+            ) from error
+        if not isinstance(override, dict):
+            raise ConfigError("", f"--override #{index + 1} must be a JSON object, got {text!r}")
+        config = deep_merge(config, override)
+    _check_top_level(config)
+    return config, base_dir
+
+
+def _check_top_level(config: Mapping[str, Any]) -> None:
+    import difflib
+
+    for key in config:
+        if key not in TOP_LEVEL_KEYS:
+            close = difflib.get_close_matches(key, TOP_LEVEL_KEYS, n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(
+                key, f"unknown top-level key.{hint} Accepted keys: {', '.join(TOP_LEVEL_KEYS)}"
+            )
+    for key in ("dataset_reader", "data_path"):
+        if key not in config:
+            raise ConfigError(key, "missing required key")
+    if not isinstance(config["dataset_reader"], (Mapping, str)):
+        raise ConfigError(
+            "dataset_reader",
+            "expected a mapping with a 'type'",
+            "a mapping",
+            config["dataset_reader"],
+        )
+    data_path = config["data_path"]
+    if not isinstance(data_path, str) or not data_path:
+        raise ConfigError("data_path", f"expected a URL or a path, got {data_path!r}", "str", data_path)
+    loader = config.get("data_loader", {})
+    if not isinstance(loader, Mapping):
+        raise ConfigError("data_loader", f"expected a mapping, got {loader!r}", "a mapping", loader)
+    epochs = config.get("epochs", 1)
+    if not isinstance(epochs, int) or isinstance(epochs, bool) or epochs < 1:
+        raise ConfigError("epochs", f"expected a positive int, got {epochs!r}", "int", epochs)
+
+
+def _prefixed(prefix: str, error: ConfigError) -> ConfigError:
+    path = f"{prefix}.{error.path}" if error.path else prefix
+    return ConfigError(path, error.reason, error.expected, error.got)
+
+
+def _resolve_data_path(data_path: str, base_dir: Path) -> str:
+    if "://" in data_path:
+        return data_path
+    path = Path(data_path).expanduser()
+    if not path.is_absolute():
+        path = base_dir / path
+    return str(path)
+
+
+def _batch_size(batch: Any) -> int:
+    """How many instances a collated batch holds (the first dimension of its fields)."""
+    if isinstance(batch, Mapping):
+        for value in batch.values():
+            size = _batch_size(value)
+            if size:
+                return size
+        return 0
+    shape = getattr(batch, "shape", None)
+    if shape is not None:
+        return int(shape[0]) if len(shape) else 1
+    if isinstance(batch, (list, tuple)):
+        return len(batch)
+    return 1
+
+
+def _peak_memory_mib() -> dict[str, float]:
+    try:
+        import resource
+    except ImportError:  # Windows
+        return {"main_mib": 0.0, "largest_worker_mib": 0.0}
+    # ru_maxrss is in KiB on Linux (bytes on macOS).
+    scale = 1024 * 1024 if sys.platform == "darwin" else 1024
+    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale / 2**20
+    children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * scale / 2**20
+    return {"main_mib": round(own, 1), "largest_worker_mib": round(children, 1)}
+
+
+def _error(message: str) -> None:
+    print(f"framework run: error: {message}", file=sys.stderr)
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        return _run(args)
+    except ConfigError as error:
+        _error(str(error))
+        return 2
+    except FileNotFoundError as error:
+        _error(str(error))
+        return 1
+    except FrameworkError as error:
+        _error(f"{type(error).__name__}: {error}")
+        return 1
+
+
+def _run(args: argparse.Namespace) -> int:
+    config, base_dir = load_run_config(args.config, args.override)
+    progress = not args.no_progress
+
+    import torch
+
+    from framework import DataLoader, DatasetReader, cached_path
+
+    device: Optional[torch.device] = None
+    if args.device:
+        try:
+            device = torch.device(args.device)
+        except RuntimeError as error:
+            raise ConfigError("--device", f"{error}") from None
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise ConfigError("--device", f"{args.device} asked for, but CUDA is not available")
+
+    # Build everything before any work: a bad key fails here, before the download.
+    reader_config = config["dataset_reader"]
+    try:
+        reader = DatasetReader.from_config(
+            {"type": reader_config} if isinstance(reader_config, str) else reader_config
+        )
+    except ConfigError as error:
+        raise _prefixed("dataset_reader", error) from None
+    loader_config = dict(config.get("data_loader", {}))
+    data_path = _resolve_data_path(config["data_path"], base_dir)
+    try:
+        DataLoader.from_config(copy.deepcopy(loader_config), reader=reader, data_path=data_path)
+    except ConfigError as error:
+        raise _prefixed("data_loader", error) from None
+    epochs: int = config.get("epochs", 1)
+
+    local = Path(data_path)
+    if "://" not in data_path and not local.exists():
+        raise FileNotFoundError(f"data_path: {data_path} does not exist")
+    cached = cached_path(data_path, progress=progress)
+    try:
+        loader = DataLoader.from_config(loader_config, reader=reader, data_path=str(cached))
+    except ConfigError as error:
+        raise _prefixed("data_loader", error) from None
+    if device is not None:
+        loader.set_target_device(device)
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+
+    from tqdm import tqdm
+
+    instances = batches = 0
+    first_batch: Optional[float] = None
+    start = time.perf_counter()
+    for epoch in range(epochs):
+        try:
+            total: Optional[int] = len(loader)
+        except TypeError:  # lazy mode without batches_per_epoch has no length
+            total = None
+        bar = tqdm(
+            loader,
+            total=total,
+            desc=f"epoch {epoch + 1}/{epochs}",
+            unit="batch",
+            disable=not progress,
+            file=sys.stderr,
+        )
+        for batch in bar:
+            if first_batch is None:
+                first_batch = time.perf_counter() - start
+            batches += 1
+            instances += _batch_size(batch)
+    elapsed = time.perf_counter() - start
+
+    summary: dict[str, Any] = {
+        "config": args.config or f"(bundled) {_bundled_examples() / DEFAULT_CONFIG}",
+        "data_path": config["data_path"],
+        "cached_at": str(cached),
+        "epochs": epochs,
+        "instances": instances,
+        "batches": batches,
+        "seconds": round(elapsed, 3),
+        "instances_per_s": round(instances / elapsed, 1) if elapsed > 0 else None,
+        "batches_per_s": round(batches / elapsed, 1) if elapsed > 0 else None,
+        "time_to_first_batch_s": round(first_batch, 4) if first_batch is not None else None,
+        "peak_memory": _peak_memory_mib(),
+    }
+    if device is not None:
+        summary["device"] = str(device)
+        if device.type == "cuda":
+            summary["peak_memory"]["cuda_mib"] = round(
+                torch.cuda.max_memory_allocated(device) / 2**20, 1
+            )
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        _print_summary(summary)
+    return 0
+
+
+def _print_summary(summary: Mapping[str, Any]) -> None:
+    memory = summary["peak_memory"]
+    memory_text = f"{memory['main_mib']} MiB main, {memory['largest_worker_mib']} MiB largest worker"
+    if "cuda_mib" in memory:
+        memory_text += f", {memory['cuda_mib']} MiB on {summary['device']}"
+    first = summary["time_to_first_batch_s"]
+    rows = [
+        ("config", summary["config"]),
+        ("data", summary["data_path"]),
+        ("cached at", summary["cached_at"]),
+        ("epochs", summary["epochs"]),
+        ("instances", summary["instances"]),
+        ("batches", summary["batches"]),
+        ("instances/s", summary["instances_per_s"]),
+        ("batches/s", summary["batches_per_s"]),
+        ("first batch", f"{first * 1000:.1f} ms" if first is not None else "no batches"),
+        ("peak memory", memory_text),
+    ]
+    width = max(len(name) for name, _ in rows)
+    for name, value in rows:
+        print(f"{name.ljust(width)}  {value}")
+    sys.stdout.flush()

@@ -58,9 +58,7 @@ def _network_errors() -> tuple[type[BaseException], ...]:
 class HttpBackend(DownloadBackend):
     """HTTP(S) with connection pooling, urllib3 retries and 1 MiB streamed chunks."""
 
-    def __init__(
-        self, *, retries: int = 5, backoff_factor: float = 0.5, timeout: float = 60.0
-    ) -> None:
+    def __init__(self, *, retries: int = 5, backoff_factor: float = 0.5, timeout: float = 60.0) -> None:
         super().__init__(retries=retries, backoff_factor=backoff_factor, timeout=timeout)
         retry = Retry(
             total=retries,
@@ -118,7 +116,10 @@ class HttpBackend(DownloadBackend):
             start = int(match.group(1)) if match and match.group(1) else offset
             size = total
         return ByteStream(
-            self._chunks(response, url), start=start, size=size, etag=etag,
+            self._chunks(response, url),
+            start=start,
+            size=size,
+            etag=etag,
             close_callback=response.close,
         )
 

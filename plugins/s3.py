@@ -32,9 +32,7 @@ def _split(url: str) -> tuple[str, str]:
 class S3Backend(DownloadBackend):
     """S3 objects, read with ranged ``GetObject`` calls."""
 
-    def __init__(
-        self, *, retries: int = 5, backoff_factor: float = 0.5, timeout: float = 60.0
-    ) -> None:
+    def __init__(self, *, retries: int = 5, backoff_factor: float = 0.5, timeout: float = 60.0) -> None:
         super().__init__(retries=retries, backoff_factor=backoff_factor, timeout=timeout)
         self._client: Any = None
 
@@ -45,9 +43,7 @@ class S3Backend(DownloadBackend):
                 import boto3
                 from botocore.config import Config
             except ImportError as error:
-                raise ImportError(
-                    "s3:// URLs need boto3: pip install 'framework[s3]'"
-                ) from error
+                raise ImportError("s3:// URLs need boto3: pip install 'framework[s3]'") from error
             config = Config(
                 retries={"max_attempts": self.retries, "mode": "standard"},
                 connect_timeout=self.timeout,
@@ -71,8 +67,7 @@ class S3Backend(DownloadBackend):
             raise HTTPStatusError(url, status, f"S3 {code or status}: {error}") from error
         except bce.NoCredentialsError as error:
             raise DownloadError(
-                url, "no AWS credentials found: set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY "
-                "or a profile"
+                url, "no AWS credentials found: set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or a profile"
             ) from error
         except (bce.EndpointConnectionError, bce.ConnectionError, bce.ReadTimeoutError) as error:
             raise NetworkError(url, str(error)) from error
@@ -97,7 +92,10 @@ class S3Backend(DownloadBackend):
             start, size = int(match.group(1)), int(match.group(2))
         body = response["Body"]
         return ByteStream(
-            self._chunks(body, url), start=start, size=size, etag=response.get("ETag"),
+            self._chunks(body, url),
+            start=start,
+            size=size,
+            etag=response.get("ETag"),
             close_callback=body.close,
         )
 

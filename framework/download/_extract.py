@@ -138,9 +138,7 @@ def _sweep(target: Path) -> None:
                 shutil.rmtree(target.parent / name, ignore_errors=True)
 
 
-def extract_archive(
-    archive: Path, target: Path, url: str, limits: ExtractLimits, *, replace: bool
-) -> Path:
+def extract_archive(archive: Path, target: Path, url: str, limits: ExtractLimits, *, replace: bool) -> Path:
     """Extract `archive` to `target` atomically; with `replace`, swap out an old `target`."""
     _sweep(target)
     temp = target.with_name(f"{target.name}.{unique_token()}.tmp")

@@ -172,10 +172,14 @@ def fetch(
             while True:
                 try:
                     with backend.open(url, offset) as stream:
-                        if temp is not None and offset and (
-                            stream.start != offset
-                            or (stream.etag is not None and _etag_tag(stream.etag) != tag)
-                            or (stream.size is not None and offset > stream.size)
+                        if (
+                            temp is not None
+                            and offset
+                            and (
+                                stream.start != offset
+                                or (stream.etag is not None and _etag_tag(stream.etag) != tag)
+                                or (stream.size is not None and offset > stream.size)
+                            )
                         ):
                             # The server ignored the Range, or the object changed: start over.
                             logger.info("cannot resume %s at byte %d; starting over", url, offset)
@@ -220,7 +224,11 @@ def fetch(
                     delay = backoff_factor * (2 ** (failures - 1))
                     logger.warning(
                         "%s; resuming from byte %d in %.1fs (attempt %d of %d)",
-                        error, offset, delay, failures + 1, attempts,
+                        error,
+                        offset,
+                        delay,
+                        failures + 1,
+                        attempts,
                     )
                     time.sleep(delay)
         digest = hasher.hexdigest()

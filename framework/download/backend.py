@@ -73,9 +73,7 @@ class DownloadBackend(Registrable):
     (the manager resumes from the bytes it already has).
     """
 
-    def __init__(
-        self, *, retries: int = 5, backoff_factor: float = 0.5, timeout: float = 60.0
-    ) -> None:
+    def __init__(self, *, retries: int = 5, backoff_factor: float = 0.5, timeout: float = 60.0) -> None:
         self.retries = retries
         self.backoff_factor = backoff_factor
         self.timeout = timeout

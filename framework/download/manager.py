@@ -238,7 +238,10 @@ class _WaitBar:
             from tqdm.auto import tqdm
 
             self.bar = tqdm(
-                total=total, unit="B", unit_scale=True, unit_divisor=1024,
+                total=total,
+                unit="B",
+                unit_scale=True,
+                unit_divisor=1024,
                 desc=f"waiting: {self.desc}",
             )
         if total is not None:

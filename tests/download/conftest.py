@@ -49,12 +49,6 @@ def payload() -> bytes:
     return os.urandom(1 << 20) + b"tail"
 
 
-
-
-
-
-
-
 @pytest.fixture(scope="session")
 def s3_server() -> Iterator[str]:
     pytest.importorskip("boto3")

@@ -151,9 +151,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _fault(self, kind: str) -> None:
         self.close_connection = True
         if kind == "reset":  # SO_LINGER 0: close() sends a TCP RST
-            self.connection.setsockopt(
-                socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0)
-            )
+            self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         self.connection.close()
 
 

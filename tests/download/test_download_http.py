@@ -78,9 +78,7 @@ def test_cache_hit_opens_no_connection_and_hashes_nothing(
 def test_connection_reset_mid_body_resumes_with_range(
     http_server: FaultServer, manager: DownloadManager, payload: bytes
 ) -> None:
-    url = http_server.add(
-        "/reset/data.bin", payload, drop_after=300_000, drops=2, delay=0.005
-    )
+    url = http_server.add("/reset/data.bin", payload, drop_after=300_000, drops=2, delay=0.005)
     path = manager.cached_path(url, sha256=sha256(payload))
     assert path.read_bytes() == payload
     route = http_server.route(url)
@@ -90,9 +88,7 @@ def test_connection_reset_mid_body_resumes_with_range(
     assert 0 < resumed_at <= 300_000
 
 
-def test_short_body_is_resumed(
-    http_server: FaultServer, manager: DownloadManager, payload: bytes
-) -> None:
+def test_short_body_is_resumed(http_server: FaultServer, manager: DownloadManager, payload: bytes) -> None:
     url = http_server.add("/short/data.bin", payload, drop_after=1000, drops=1, drop_kind="short")
     assert manager.cached_path(url).read_bytes() == payload
     assert http_server.route(url).ranges == ["", "bytes=1000-"]
@@ -131,9 +127,7 @@ def test_client_errors_are_final(
     assert not Entry(cache, url).final.exists() and stray_files(cache) == []
 
 
-def test_5xx_forever_names_status_after_retries(
-    http_server: FaultServer, cache: Path
-) -> None:
+def test_5xx_forever_names_status_after_retries(http_server: FaultServer, cache: Path) -> None:
     manager = DownloadManager(cache, retries=2, backoff_factor=0.01, progress=False)
     url = http_server.add("/down/data.bin", b"x", status=502)
     with pytest.raises(HTTPStatusError) as info:

@@ -1,0 +1,192 @@
+"""S3 (moto's server on 127.0.0.1), local files, plugin-added schemes, the CLI and the
+public surface of `framework.download`."""
+
+from __future__ import annotations
+
+import io
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from dl_helpers import sha256, stray_files
+
+import framework
+import framework.download
+from framework import hookimpl
+from framework.cli import main
+from framework.download import ByteStream, DownloadBackend, DownloadManager, RemoteInfo
+from framework.download._cache import Entry
+from framework.errors import ChecksumError, DownloadError, HTTPStatusError
+from framework.registry import Registrar
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+def bucket(s3_env: str) -> str:
+    import boto3
+
+    name = f"bucket-{os.getpid()}-{os.urandom(3).hex()}"
+    boto3.client("s3", endpoint_url=s3_env).create_bucket(Bucket=name)
+    return name
+
+
+def test_s3_end_to_end(bucket: str, s3_env: str, manager: DownloadManager) -> None:
+    import boto3
+
+    data = os.urandom(3 << 20)
+    boto3.client("s3", endpoint_url=s3_env).put_object(Bucket=bucket, Key="dir/data.bin", Body=data)
+    url = f"s3://{bucket}/dir/data.bin"
+    path = manager.cached_path(url, sha256=sha256(data))
+    assert path.read_bytes() == data and path.name.endswith("-data.bin")
+    with pytest.raises(HTTPStatusError) as info:
+        manager.cached_path(f"s3://{bucket}/missing.bin")
+    assert info.value.status == 404 and "missing.bin" in str(info.value)
+
+
+def test_s3_resumes_with_range(bucket: str, s3_env: str, manager: DownloadManager) -> None:
+    import boto3
+
+    data = os.urandom(2 << 20)
+    client = boto3.client("s3", endpoint_url=s3_env)
+    client.put_object(Bucket=bucket, Key="resume.bin", Body=data)
+    backend = manager.backend_for("s3://x/y")
+    with backend.open(f"s3://{bucket}/resume.bin", 1000) as stream:
+        assert stream.start == 1000 and stream.size == len(data)
+        assert b"".join(stream.chunks) == data[1000:]
+    with backend.open(f"s3://{bucket}/resume.bin", len(data)) as stream:
+        assert stream.start == len(data) and b"".join(stream.chunks) == b""
+    assert backend.stat(f"s3://{bucket}/resume.bin").size == len(data)
+
+
+def test_local_paths_and_file_urls(tmp_path: Path, manager: DownloadManager) -> None:
+    source = tmp_path / "some dir" / "data.bin"
+    source.parent.mkdir()
+    data = os.urandom(10_000)
+    source.write_bytes(data)
+    by_path = manager.cached_path(source, sha256=sha256(data))
+    assert by_path.read_bytes() == data and by_path.parent == manager.cache_dir
+    assert manager.cached_path(source.as_uri()) == by_path
+    assert manager.cached_path(str(source)) == by_path
+    with pytest.raises(ChecksumError):
+        manager.cached_path(source, sha256="0" * 64, force=True)
+    assert by_path.read_bytes() == data
+    with pytest.raises(DownloadError, match="no such file"):
+        manager.cached_path(tmp_path / "missing.bin")
+    assert stray_files(manager.cache_dir) == []
+
+
+class MemoryBackend(DownloadBackend):
+    """A third-party backend: objects live in a dict."""
+
+    objects: dict[str, bytes] = {}
+
+    def open(self, url: str, offset: int = 0) -> ByteStream:
+        data = self.objects[url]
+        return ByteStream(iter([data[offset:]]), start=offset, size=len(data), etag="v1")
+
+
+class MemoryPlugin:
+    @staticmethod
+    @hookimpl
+    def framework_register_components(registrar: Registrar) -> None:
+        registrar.add(DownloadBackend, "mem", MemoryBackend)
+
+
+def test_third_party_backend_via_hook(manager: DownloadManager) -> None:
+    registrar = Registrar(provider="test-plugin 1.0", plugin="mem")
+    MemoryPlugin.framework_register_components(registrar)
+    registrar.commit()
+    MemoryBackend.objects["mem://store/weights.bin"] = b"weights"
+    path = manager.cached_path("mem://store/weights.bin")
+    assert path.read_bytes() == b"weights" and path.name.endswith("-weights.bin")
+    assert "mem" in DownloadBackend.list_available()
+
+
+def test_third_party_backend_via_register_decorator(manager: DownloadManager) -> None:
+    @DownloadBackend.register("myscheme")
+    class Mine(DownloadBackend):
+        def open(self, url: str, offset: int = 0) -> ByteStream:
+            return ByteStream(iter([b"mine"[offset:]]), start=offset, size=4)
+
+    assert manager.cached_path("myscheme://anything/x.txt").read_bytes() == b"mine"
+    assert isinstance(manager.backend_for("myscheme://a"), Mine)
+    assert Mine().stat("myscheme://a") == RemoteInfo(size=4)
+
+
+def test_unknown_scheme_lists_known_ones(manager: DownloadManager) -> None:
+    with pytest.raises(DownloadError) as info:
+        manager.cached_path("gopher://example.org/file")
+    message = str(info.value)
+    assert "'gopher'" in message
+    for scheme in ("file", "http", "https", "s3"):
+        assert scheme in message
+
+
+def test_builtin_backends_come_through_the_plugin_path() -> None:
+    entries = DownloadBackend.registry_entries()
+    assert {"http", "s3", "local"} <= set(entries)
+    assert entries["http"].target_path == "framework_plugins.http:HttpBackend"
+    assert entries["local"].plugin == "local"
+
+
+def test_cli_prints_path_and_reports_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    source = tmp_path / "cli.bin"
+    source.write_bytes(b"cli bytes")
+    cache = tmp_path / "cli-cache"
+    code = main(
+        [
+            "download",
+            str(source),
+            "--cache-dir",
+            str(cache),
+            "--no-progress",
+            "--sha256",
+            sha256(b"cli bytes"),
+        ]
+    )
+    out, _ = capsys.readouterr()
+    assert code == 0 and Path(out.strip()).read_bytes() == b"cli bytes"
+    assert Path(out.strip()).parent == cache
+    code = main(["download", str(source), "--cache-dir", str(cache), "--sha256", "0" * 64, "--force"])
+    out, err = capsys.readouterr()
+    assert code == 1 and out == ""
+    assert err.startswith("framework download: error: ChecksumError") and err.count("\n") == 1
+
+
+def test_cli_extract(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import tarfile
+
+    archive = tmp_path / "a.tar"
+    with tarfile.open(archive, "w") as tar:
+        info = tarfile.TarInfo("inside.txt")
+        info.size = 2
+        tar.addfile(info, io.BytesIO(b"hi"))
+    assert main(["download", str(archive), "--extract", "--cache-dir", str(tmp_path / "c")]) == 0
+    folder = Path(capsys.readouterr().out.strip())
+    assert (folder / "inside.txt").read_bytes() == b"hi"
+
+
+def test_default_cache_dir_and_top_level_names(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    source = tmp_path / "env.bin"
+    source.write_bytes(b"env")
+    monkeypatch.setenv("FRAMEWORK_CACHE", str(tmp_path / "env-cache"))
+    path = framework.cached_path(source, progress=False)
+    assert path.parent == tmp_path / "env-cache"
+    assert framework.DownloadManager is DownloadManager
+    assert framework.DownloadBackend is DownloadBackend
+    assert Entry(tmp_path / "env-cache", source.as_uri()).final == path
+
+
+def test_exported_members() -> None:
+    assert framework.download.__all__ == sorted(framework.download.__all__)
+    public = {n for n in vars(framework.download) if not n.startswith("_")}
+    modules = {"backend", "manager"}
+    assert public - modules - {"annotations"} == set(framework.download.__all__)
+
+
+@pytest.fixture(autouse=True)
+def _forget_memory_objects() -> Iterator[None]:
+    yield
+    MemoryBackend.objects.clear()

@@ -1,0 +1,135 @@
+"""Real processes racing on one URL, and processes killed at the worst moment."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from dl_helpers import FORK, FaultServer, sha256, stray_files, wait_for
+
+from framework.download import DownloadManager
+from framework.download._cache import Entry
+from framework.download._lock import EntryLock
+from framework.errors import LockTimeoutError, OfflineError
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _race_child(url: str, cache: str, lock: str, barrier: Any, results: Any) -> None:
+    try:
+        manager = DownloadManager(cache, lock=lock, progress=False, backoff_factor=0.01)
+        barrier.wait(timeout=20)
+        path = manager.cached_path(url)
+        results.put((os.getpid(), str(path), hashlib.sha256(path.read_bytes()).hexdigest()))
+    except BaseException as error:
+        results.put((os.getpid(), "error", repr(error)))
+
+
+def _race(url: str, cache: Path, lock: str, n: int = 16) -> list[tuple[int, str, str]]:
+    barrier = FORK.Barrier(n)
+    results = FORK.Queue()
+    procs = [
+        FORK.Process(target=_race_child, args=(url, str(cache), lock, barrier, results)) for _ in range(n)
+    ]
+    for proc in procs:
+        proc.start()
+    try:
+        out = [results.get(timeout=40) for _ in procs]
+    finally:
+        for proc in procs:
+            proc.join(timeout=10)
+            if proc.is_alive():
+                proc.kill()
+    return out
+
+
+def test_16_processes_one_get_identical_bytes(http_server: FaultServer, cache: Path) -> None:
+    data = os.urandom(3 << 20)
+    # Slow enough that every racer arrives while the first is still downloading.
+    url = http_server.add("/race/locked.bin", data, delay=0.005)
+    results = _race(url, cache, "filelock")
+    assert {r[1] for r in results} == {str(Entry(cache, url).final)}, results
+    assert {r[2] for r in results} == {sha256(data)}
+    route = http_server.route(url)
+    assert route.gets == 1 and route.full_gets == 1
+    assert stray_files(cache) == []
+
+
+def test_16_processes_without_lock_still_get_correct_bytes(http_server: FaultServer, cache: Path) -> None:
+    data = os.urandom(1 << 20)
+    url = http_server.add("/race/unlocked.bin", data, delay=0.002)
+    results = _race(url, cache, "none")
+    assert {r[2] for r in results} == {sha256(data)}, results
+    assert Entry(cache, url).final.read_bytes() == data
+    assert stray_files(cache) == []
+    assert not Entry(cache, url).lock.exists()
+    assert http_server.route(url).gets >= 1
+
+
+def _download_child(url: str, cache: str) -> None:
+    DownloadManager(cache, progress=False).cached_path(url)
+
+
+def test_sigkill_mid_body_then_offline_then_resume(http_server: FaultServer, cache: Path) -> None:
+    data = os.urandom(4 << 20)
+    url = http_server.add("/kill/data.bin", data, chunk=32 * 1024, delay=0.01)
+    entry = Entry(cache, url)
+    proc = FORK.Process(target=_download_child, args=(url, str(cache)))
+    proc.start()
+    try:
+        wait_for(
+            lambda: any(
+                p.name.endswith(".part") and p.stat().st_size > 256 * 1024
+                for p in (cache.iterdir() if cache.exists() else [])
+            ),
+            what="a partial file",
+        )
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.join(timeout=10)
+    assert proc.exitcode == -signal.SIGKILL
+    assert not entry.final.exists() and not entry.sidecar.exists()
+    with pytest.raises(OfflineError):
+        DownloadManager(cache, offline=True).cached_path(url)
+
+    http_server.route(url).delay = 0
+    path = DownloadManager(cache, progress=False).cached_path(url, sha256=sha256(data))
+    assert path.read_bytes() == data
+    route = http_server.route(url)
+    assert route.full_gets == 1 and route.ranges[-1].startswith("bytes=")  # resumed
+    assert stray_files(cache) == []
+
+
+def _hold_lock(lock_path: str, kind: str, ready: Any) -> None:
+    with EntryLock(Path(lock_path), kind, 60, "http://holder/"):  # type: ignore[arg-type]
+        ready.set()
+        time.sleep(60)
+
+
+@pytest.mark.parametrize("kind", ["filelock", "softfilelock"])
+def test_lock_timeout_names_holder_then_sigkill_lets_next_in(
+    http_server: FaultServer, cache: Path, kind: str
+) -> None:
+    url = http_server.add(f"/holder/{kind}.bin", b"payload")
+    entry = Entry(cache, url)
+    cache.mkdir(parents=True)
+    ready = FORK.Event()
+    proc = FORK.Process(target=_hold_lock, args=(str(entry.lock), kind, ready))
+    proc.start()
+    try:
+        assert ready.wait(timeout=20)
+        manager = DownloadManager(cache, lock=kind, lock_timeout=0.6, progress=False)  # type: ignore[arg-type]
+        with pytest.raises(LockTimeoutError) as info:
+            manager.cached_path(url)
+        assert f"pid {proc.pid}" in info.value.holder and info.value.url == url
+        assert http_server.route(url).gets == 0
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.join(timeout=10)
+    manager = DownloadManager(cache, lock=kind, lock_timeout=10, progress=False)  # type: ignore[arg-type]
+    assert manager.cached_path(url).read_bytes() == b"payload"

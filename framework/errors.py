@@ -8,6 +8,7 @@ FrameworkError
  │    └── PluginError           a plugin or a lazy target failed to load
  ├── ConfigError                (also a ValueError)
  ├── WorkerError                a loader worker raised, died or was killed
+ ├── CollateError               (also a TypeError) a field the collator cannot batch
  └── DownloadError              names the URL; nothing is published
       ├── HTTPStatusError       a status that is final, or still bad after retries
       ├── NetworkError          connection failures after retries
@@ -28,6 +29,7 @@ from typing import Any, Optional
 
 __all__ = [
     "ChecksumError",
+    "CollateError",
     "ConfigError",
     "DownloadError",
     "DuplicateNameError",
@@ -144,6 +146,18 @@ class WorkerError(FrameworkError):
             type(self),
             (self.message, self.worker_id, self.traceback, self.signal, self.exitcode),
         )
+
+
+class CollateError(FrameworkError, TypeError):
+    """The collator cannot batch `field` (a dotted path into the instances); `reason` says why."""
+
+    def __init__(self, field: str, reason: str) -> None:
+        self.field = field
+        self.reason = reason
+        super().__init__(f"cannot batch field {field or '<instance>'!r}: {reason}")
+
+    def __reduce__(self) -> Any:
+        return (type(self), (self.field, self.reason))
 
 
 class DownloadError(FrameworkError):

@@ -1,0 +1,532 @@
+"""`MultiProcessDataLoader`: AllenNLP's loader, crash-proof, deterministic and resumable.
+
+Two modes, as in AllenNLP:
+
+- **eager** (`max_instances_in_memory=None`): every instance is read once (in
+  `num_workers` workers, or in this process) and cached; each epoch samples and
+  collates from the cache in the main process.
+- **lazy** (`max_instances_in_memory=N`): each epoch streams the data again. Each
+  worker reads its shard, applies the sampler (or shuffle) to N instances at a
+  time, collates the batch *in the worker* and ships the tensors out of band
+  (pickle protocol 5 over a pipe), so the main process only receives batches.
+
+Where `apply_token_indexers` runs: it is a main-process hook, as in AllenNLP. If
+the reader overrides it, workers ship each batch's instances (not tensors) and the
+main process applies the hook and then collates; if it does not, workers collate.
+Either way the batch sampler sees instances before the hook.
+
+Batches come out round-robin across workers (batch i from worker i % n while all
+are running), so a `seed` gives the same batches run after run, and `state_dict()`
+can say exactly where an epoch stands.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import multiprocessing
+import warnings
+from collections.abc import Generator, Iterator, Mapping
+from typing import Any, Optional, Union
+
+import torch
+
+from framework.data._batching import BatchPlan, derive_seed
+from framework.data._pool import Position, WorkerPool, main_thread
+from framework.data._worker import WorkerSpec
+from framework.data.collate import DataCollator, DefaultDataCollator
+from framework.data.loader import DataLoader, TensorDict, move_to_device, pin_memory
+from framework.data.reader import (
+    DatasetReader,
+    DatasetReaderInput,
+    DistributedInfo,
+    Instance,
+    current_distributed_info,
+)
+from framework.data.sampler import BatchSampler
+
+__all__ = ["MultiProcessDataLoader"]
+
+_TRANSFERS = ("pickle5", "shared_memory")
+
+
+class MultiProcessDataLoader(DataLoader):
+    """Reads with `reader` from `data_path` in `num_workers` processes and yields batches.
+
+    Args:
+        reader: the `DatasetReader`; it is copied into each worker.
+        data_path: passed to `reader.read()`.
+        batch_size: instances per batch (without a `batch_sampler`).
+        drop_last: drop a final short batch (without a `batch_sampler`). In lazy mode
+            each worker's last batch may be short.
+        shuffle: shuffle instances each epoch (without a `batch_sampler`); in lazy mode
+            within chunks of `max_instances_in_memory`.
+        batch_sampler: a `BatchSampler`, instead of batch_size/drop_last/shuffle.
+        batches_per_epoch: yield exactly this many batches per `iter()`; an epoch left
+            half-used carries over into the next, and a new pass starts when data runs out.
+        num_workers: worker processes; 0 reads in this process.
+        max_instances_in_memory: turns on lazy mode, holding about this many instances
+            per worker at a time.
+        start_method: "fork", "spawn" or "forkserver".
+        cuda_device: put batches on this device (in the worker under spawn/forkserver,
+            in the main process under fork, where CUDA cannot be used in workers).
+        quiet: no tqdm progress bars.
+        collate_fn: turns a list of instances into a batch.
+        seed: seeds shuffling, samplers and the workers' random/numpy/torch (from
+            seed, epoch, rank and worker id); the same seed gives the same batches.
+        persistent_workers: keep lazy-mode workers alive between epochs.
+        pin_memory: copy batches into pinned memory (when CUDA is available).
+        even_batches: under torch.distributed, every rank yields the same number of
+            batches (the shortest rank's), so collective ops never wait forever.
+        transfer: "pickle5" (tensors as out-of-band bytes over a pipe) or
+            "shared_memory" (torch's shared-memory tensors).
+        timeout: raise `WorkerError` if a worker sends nothing for this many seconds.
+    """
+
+    def __init__(
+        self,
+        reader: DatasetReader,
+        data_path: DatasetReaderInput,
+        *,
+        batch_size: Optional[int] = None,
+        drop_last: bool = False,
+        shuffle: bool = False,
+        batch_sampler: Optional[BatchSampler] = None,
+        batches_per_epoch: Optional[int] = None,
+        num_workers: int = 0,
+        max_instances_in_memory: Optional[int] = None,
+        start_method: str = "fork",
+        cuda_device: Optional[Union[int, str, torch.device]] = None,
+        quiet: bool = False,
+        collate_fn: DataCollator = DefaultDataCollator(),  # noqa: B008 (stateless)
+        seed: Optional[int] = None,
+        persistent_workers: bool = False,
+        pin_memory: bool = False,
+        even_batches: bool = True,
+        transfer: str = "pickle5",
+        timeout: Optional[float] = None,
+    ) -> None:
+        _validate(
+            batch_size, drop_last, shuffle, batch_sampler, batches_per_epoch, num_workers,
+            max_instances_in_memory, start_method, persistent_workers, transfer, timeout,
+        )
+        self.reader = reader
+        self.data_path = data_path
+        self.batch_size = batch_size
+        self.drop_last = drop_last
+        self.shuffle = shuffle
+        self.batch_sampler = batch_sampler
+        self.batches_per_epoch = batches_per_epoch
+        self.num_workers = num_workers
+        self.max_instances_in_memory = max_instances_in_memory
+        self.start_method = start_method
+        self.quiet = quiet
+        self.collate_fn = collate_fn
+        self.seed = seed
+        self.persistent_workers = persistent_workers
+        self.pin_memory = pin_memory
+        self.even_batches = even_batches
+        self.transfer = transfer
+        self.timeout = timeout
+        self.cuda_device: Optional[torch.device] = None
+        if cuda_device is not None:
+            self.set_target_device(cuda_device)
+        # CUDA can only be initialised in workers that were not forked.
+        self._worker_cuda_safe = start_method in ("spawn", "forkserver")
+        self._plan = BatchPlan(batch_size, drop_last, shuffle, batch_sampler, max_instances_in_memory)
+        self._hook_overridden = (
+            type(reader).apply_token_indexers is not DatasetReader.apply_token_indexers
+        )
+        if pin_memory and not torch.cuda.is_available():
+            warnings.warn(
+                "pin_memory=True but CUDA is not available: batches are not pinned",
+                stacklevel=2,
+            )
+        self._instances: Optional[list[Instance]] = None
+        self._pool: Optional[WorkerPool] = None
+        self._epoch = 0
+        self._pending: Optional[Position] = None  # where the next pass starts
+        self._current: Optional[Position] = None  # the pass in progress
+        self._batch_generator: Optional[Generator[TensorDict, None, None]] = None
+        if max_instances_in_memory is None:
+            self._load_instances()  # eager mode reads everything up front, as AllenNLP does
+
+    # -- the DataLoader interface -------------------------------------------------------
+
+    def __len__(self) -> int:
+        if self.batches_per_epoch is not None:
+            return self.batches_per_epoch
+        if self.max_instances_in_memory is not None:
+            raise TypeError(
+                "a lazy MultiProcessDataLoader (max_instances_in_memory set) cannot know its "
+                "number of batches; set batches_per_epoch, or use eager mode"
+            )
+        instances = self._load_instances()
+        if self.batch_sampler is not None:
+            return self.batch_sampler.get_num_batches(instances)
+        assert self.batch_size is not None
+        count = len(instances) / self.batch_size
+        return math.floor(count) if self.drop_last else math.ceil(count)
+
+    def __iter__(self) -> Iterator[TensorDict]:
+        if self.batches_per_epoch is None:
+            yield from self._pass()
+            return
+        generator = self._batch_generator or self._pass()
+        self._batch_generator = None
+        finished = False
+        try:
+            for _ in range(self.batches_per_epoch):
+                try:
+                    batch = next(generator)
+                except StopIteration:
+                    generator = self._pass()  # the data ran out: start a fresh pass
+                    try:
+                        batch = next(generator)
+                    except StopIteration:
+                        raise ValueError(
+                            f"a full pass over {self.data_path!r} yields no batches, so "
+                            f"batches_per_epoch={self.batches_per_epoch} can never be met; "
+                            "check the data, or drop_last with fewer instances than batch_size"
+                        ) from None
+                yield batch
+            finished = True
+        finally:
+            if finished:
+                self._batch_generator = generator  # carried over into the next epoch
+            else:
+                generator.close()
+
+    def iter_instances(self) -> Iterator[Instance]:
+        """Yield every instance after `apply_token_indexers` (cached in eager mode)."""
+        if self._instances is not None:
+            yield from self._instances
+            return
+        if self.max_instances_in_memory is None:
+            yield from self._load_instances()
+            return
+        yield from self._read_instances()
+
+    def set_target_device(self, device: Union[int, str, torch.device]) -> None:
+        new = device if isinstance(device, torch.device) else torch.device(device)
+        if new != self.cuda_device and self._pool is not None:
+            self._close_pool()  # persistent workers hold the old device
+        self.cuda_device = new
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where iteration stands; `load_state_dict` on a like-built loader resumes there."""
+        position = self._current or self._next_position()
+        return {
+            "position": position.to_dict(),
+            "num_workers": self.num_workers,
+            "lazy": self.max_instances_in_memory is not None,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        position = Position.from_dict(dict(state["position"]))
+        lazy = self.max_instances_in_memory is not None
+        if bool(state.get("lazy")) != lazy:
+            raise ValueError("the state was saved by a loader in the other mode (eager/lazy)")
+        if lazy and position.per_worker and len(position.per_worker) != self.num_workers:
+            raise ValueError(
+                f"the state was saved with num_workers={len(position.per_worker)}; build "
+                f"the loader with the same num_workers to resume it (got {self.num_workers})"
+            )
+        if self._batch_generator is not None:
+            self._batch_generator.close()
+            self._batch_generator = None
+        self._close_pool()
+        self._pending = position
+        self._current = None
+        self._epoch = position.epoch
+
+    def close(self) -> None:
+        """Stop any workers now (they are also stopped when the loader is collected)."""
+        if self._batch_generator is not None:
+            self._batch_generator.close()
+            self._batch_generator = None
+        self._close_pool()
+
+    # -- passes over the data -------------------------------------------------------------
+
+    def _next_position(self) -> Position:
+        if self._pending is None:
+            self._pending = Position(epoch=self._epoch, seed=self._epoch_seed(self._epoch))
+        return self._pending
+
+    def _epoch_seed(self, epoch: int) -> int:
+        info = current_distributed_info()
+        rank = info.global_rank if info else 0
+        if self.seed is None:
+            import random
+
+            return random.randrange(2**63)  # reproducible if the user seeds `random`
+        return derive_seed(self.seed, "epoch", epoch, "rank", rank)
+
+    def _pass(self) -> Generator[TensorDict, None, None]:
+        position = self._next_position()
+        self._pending = None
+        self._current = position
+        self._epoch = position.epoch + 1
+        info = current_distributed_info()
+        if self.max_instances_in_memory is None:
+            stream = self._eager_pass(position, info)
+        elif self.num_workers == 0:
+            stream = self._lazy_pass_in_process(position)
+        else:
+            stream = self._lazy_pass_in_workers(position, info)
+        if info is not None and info.world_size > 1 and self.even_batches:
+            if self.max_instances_in_memory is not None and self.batches_per_epoch is None:
+                stream = _even(stream)
+        try:
+            for batch in stream:
+                yield self._finish(batch)
+        finally:
+            close = getattr(stream, "close", None)
+            if close is not None:
+                close()  # stops the workers at once when the consumer stops early
+        if self._current is position:
+            self._current = None
+
+    def _eager_pass(self, position: Position, info: Optional[DistributedInfo]) -> Iterator[Any]:
+        instances = self._load_instances()
+        lists = self._plan.batch_lists(instances, derive_seed(position.seed, "eager"))
+        if info is not None and info.world_size > 1 and self.even_batches:
+            lists = lists[: _min_over_ranks(len(lists))]
+        for index in range(position.consumed, len(lists)):
+            batch = self.collate_fn([instances[i] for i in lists[index]])
+            position.consumed = index + 1
+            yield batch
+
+    def _lazy_pass_in_process(self, position: Position) -> Iterator[Any]:
+        seed = derive_seed(derive_seed(position.seed, "worker", 0), "batches")
+        counter = itertools.count()
+        instances = (x for x, _ in zip(self.reader.read(self.data_path), counter))
+        for index, batch in enumerate(self._plan.stream(instances, seed)):
+            if index < position.consumed:
+                continue
+            position.consumed = index + 1
+            yield self.collate_fn(batch)
+        if next(counter) == 0 and position.consumed == 0:
+            raise _no_instances(self.reader, self.data_path)
+
+    def _lazy_pass_in_workers(
+        self, position: Position, info: Optional[DistributedInfo]
+    ) -> Iterator[Any]:
+        pool = self._get_pool(info)
+        finished = False
+        resumed = position.consumed > 0
+        try:
+            for kind, payload in pool.run(position, "batches", self.timeout):
+                if kind == "instances":
+                    for instance in payload:
+                        self.reader.apply_token_indexers(instance)
+                    payload = self.collate_fn(payload)
+                position.consumed += 1
+                yield payload
+            finished = True
+        finally:
+            if not finished or not self.persistent_workers:
+                self._close_pool()
+        if position.instances == 0 and not resumed:
+            raise _no_instances(self.reader, self.data_path)
+
+    def _finish(self, batch: Any) -> Any:
+        if self.pin_memory and torch.cuda.is_available():
+            batch = pin_memory(batch)
+        if self.cuda_device is not None:
+            batch = move_to_device(batch, self.cuda_device, non_blocking=self.pin_memory)
+        return batch
+
+    # -- reading instances --------------------------------------------------------------
+
+    def _load_instances(self) -> list[Instance]:
+        if self._instances is None:
+            instances = list(self._read_instances())
+            if not instances:
+                raise _no_instances(self.reader, self.data_path)
+            self._instances = instances
+        return self._instances
+
+    def _read_instances(self) -> Iterator[Instance]:
+        if self.num_workers == 0:
+            yield from self._progress(self.reader.read(self.data_path))
+            return
+        pool = WorkerPool(self._spec(current_distributed_info()), self.num_workers,
+                          multiprocessing.get_context(self.start_method), self._tqdm_lock())
+        position = Position(epoch=0, seed=self._epoch_seed(0))
+        try:
+            yield from self._progress(self._interleave(pool.run(position, "instances", self.timeout)))
+        finally:
+            pool.shutdown()
+
+    def _interleave(self, messages: Iterator[Any]) -> Iterator[Instance]:
+        # Worker w holds items w, w + n, ...: taking one instance from each worker's
+        # chunk in turn restores the reader's order.
+        chunks: list[list[Instance]] = []
+        for _, chunk in messages:
+            chunks.append(chunk)
+            if len(chunks) == self.num_workers:
+                yield from self._hooked(_zip_longest(chunks))
+                chunks = []
+        yield from self._hooked(_zip_longest(chunks))
+
+    def _hooked(self, instances: Iterator[Instance]) -> Iterator[Instance]:
+        for instance in instances:
+            self.reader.apply_token_indexers(instance)  # after crossing, in the main process
+            yield instance
+
+    def _progress(self, iterable: Iterator[Instance]) -> Iterator[Instance]:
+        if self.quiet:
+            return iterable
+        from tqdm import tqdm
+
+        return iter(tqdm(iterable, desc="loading instances", unit="instance", position=0))
+
+    # -- workers ------------------------------------------------------------------------
+
+    def _spec(self, info: Optional[DistributedInfo]) -> WorkerSpec:
+        device = None
+        if self._worker_cuda_safe and self.cuda_device is not None:
+            device = self.cuda_device
+        return WorkerSpec(
+            reader=self.reader,
+            data_path=self.data_path,
+            plan=self._plan,
+            collate_fn=self.collate_fn,
+            collate_in_worker=not self._hook_overridden,
+            num_workers=self.num_workers,
+            distributed=info,
+            device=device,
+            transfer=self.transfer,  # type: ignore[arg-type]
+            quiet=self.quiet,
+            set_death_signal=main_thread(),
+        )
+
+    def _tqdm_lock(self) -> Any:
+        if self.quiet:
+            return None
+        from tqdm import tqdm
+
+        return tqdm.get_lock()  # one lock shared by every worker's bar
+
+    def _get_pool(self, info: Optional[DistributedInfo]) -> WorkerPool:
+        if self._pool is not None and (self._pool.busy or self._pool.closed):
+            self._close_pool()
+        if self._pool is None:
+            context = multiprocessing.get_context(self.start_method)
+            try:
+                self._pool = WorkerPool(self._spec(info), self.num_workers, context,
+                                        self._tqdm_lock())
+            except (TypeError, AttributeError, ValueError) as error:
+                if self.start_method == "fork":
+                    raise
+                raise TypeError(
+                    f"start_method={self.start_method!r} pickles the reader, sampler and "
+                    f"collate_fn to start each worker, and that failed: {error}. Define them "
+                    "at module level (importable), or use start_method='fork'"
+                ) from error
+        return self._pool
+
+    def _close_pool(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
+
+    def __del__(self) -> None:
+        pool = getattr(self, "_pool", None)
+        if pool is not None:
+            pool.shutdown()
+
+
+def _zip_longest(chunks: list[list[Instance]]) -> Iterator[Instance]:
+    missing = object()
+    for row in itertools.zip_longest(*chunks, fillvalue=missing):
+        for instance in row:
+            if instance is not missing:
+                yield instance
+
+
+def _min_over_ranks(count: int) -> int:
+    import torch.distributed as dist
+
+    device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+    value = torch.tensor([count], dtype=torch.int64, device=device)
+    dist.all_reduce(value, op=dist.ReduceOp.MIN)
+    return int(value.item())
+
+
+def _even(stream: Iterator[Any]) -> Iterator[Any]:
+    """Stop every rank as soon as any rank runs out (one tiny all_reduce per batch)."""
+    try:
+        while True:
+            batch = next(stream, _END)
+            if _min_over_ranks(0 if batch is _END else 1) == 0:
+                return
+            yield batch
+    finally:
+        close = getattr(stream, "close", None)
+        if close is not None:
+            close()
+
+
+_END = object()
+
+
+def _no_instances(reader: DatasetReader, data_path: Any) -> ValueError:
+    return ValueError(
+        f"{type(reader).__name__} read no instances from {data_path!r}. Is the path right, "
+        "and does _read() yield? (With max_instances=0 or an empty file this is expected.)"
+    )
+
+
+def _validate(
+    batch_size: Optional[int],
+    drop_last: bool,
+    shuffle: bool,
+    batch_sampler: Optional[BatchSampler],
+    batches_per_epoch: Optional[int],
+    num_workers: int,
+    max_instances_in_memory: Optional[int],
+    start_method: str,
+    persistent_workers: bool,
+    transfer: str,
+    timeout: Optional[float],
+) -> None:
+    if num_workers is None or num_workers < 0:
+        raise ValueError(f"num_workers must be 0 or more, got {num_workers}")
+    if batch_size is not None and batch_size < 1:
+        raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+    if batch_sampler is not None:
+        for name, value in (("batch_size", batch_size), ("drop_last", drop_last),
+                            ("shuffle", shuffle)):
+            if value:
+                raise ValueError(
+                    f"batch_sampler is mutually exclusive with {name}: set {name} on the "
+                    "sampler, or drop batch_sampler"
+                )
+    elif batch_size is None:
+        raise ValueError("batch_size is required when batch_sampler is not given")
+    if batches_per_epoch is not None and batches_per_epoch < 1:
+        raise ValueError(f"batches_per_epoch must be at least 1, got {batches_per_epoch}")
+    if max_instances_in_memory is not None:
+        if batch_size is not None and max_instances_in_memory < batch_size:
+            raise ValueError(
+                f"max_instances_in_memory ({max_instances_in_memory}) must be at least "
+                f"batch_size ({batch_size}); raise it (10x batch_size is a good start)"
+            )
+        if max_instances_in_memory < 1:
+            raise ValueError(
+                f"max_instances_in_memory must be at least 1, got {max_instances_in_memory}"
+            )
+    if start_method not in multiprocessing.get_all_start_methods():
+        raise ValueError(
+            f"start_method must be one of {multiprocessing.get_all_start_methods()}, "
+            f"got {start_method!r}"
+        )
+    if persistent_workers and num_workers == 0:
+        raise ValueError("persistent_workers=True needs num_workers > 0")
+    if transfer not in _TRANSFERS:
+        raise ValueError(f"transfer must be one of {_TRANSFERS}, got {transfer!r}")
+    if timeout is not None and timeout <= 0:
+        raise ValueError(f"timeout must be positive seconds or None, got {timeout}")

@@ -28,8 +28,8 @@ _T = TypeVar("_T")
 Instance = Any
 """An instance is any picklable object; dicts of tensors, numbers and strings batch by default."""
 
-PathOrStr = Union[str, "os.PathLike[str]"]
-DatasetReaderInput = Union[str, "os.PathLike[str]", List[Any], Dict[str, Any]]
+PathOrStr = Union[str, os.PathLike]  # type: ignore[type-arg]
+DatasetReaderInput = Union[str, os.PathLike, List[Any], Dict[str, Any]]  # type: ignore[type-arg]
 """What `read()` accepts: a path, or a list or dict of them when a reader supports it."""
 
 
@@ -212,8 +212,11 @@ class DatasetReader(Registrable):
             )
         self._shard_helper_used = False
         self._info_queried = False
-        yield from iterator
-        self._warn_if_unsharded()
+        count = 0
+        for count, item in enumerate(iterator, 1):  # noqa: B007 (count is used below)
+            yield item
+        if count:  # a shard whose quota is 0 never started _read, so cannot tell
+            self._warn_if_unsharded()
 
     def _warn_if_unsharded(self) -> None:
         if self._shard_helper_used or self._info_queried:

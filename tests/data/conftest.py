@@ -1,0 +1,47 @@
+"""Fixtures for the loader engine tests (real worker processes)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))  # "spawn" children inherit sys.path and import helpers
+
+
+from loader_helpers import child_pids, shm_entries  # noqa: E402
+
+
+@pytest.fixture
+def no_leaks() -> Iterator[None]:
+    """Fail if a test leaves worker processes or /dev/shm entries behind."""
+    import time
+
+    children = child_pids()
+    shm = shm_entries()
+    yield
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and (child_pids() - children):
+        time.sleep(0.05)
+    assert child_pids() - children == set(), "worker processes left running"
+    assert shm_entries() - shm == set(), "shared-memory segments left in /dev/shm"
+
+
+@pytest.fixture
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture
+def text_file(tmp_path: Path) -> Path:
+    path = tmp_path / "lines.txt"
+    path.write_text("".join(f"line {i} has {'word ' * (i % 7)}\n" for i in range(40)))
+    return path

@@ -1,0 +1,199 @@
+"""Readers and collators for the loader tests, importable by spawned workers.
+
+`conftest.py` puts this folder on sys.path, so "spawn" children (which inherit
+sys.path) can unpickle these classes by module name.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import random
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+from framework.data.reader import DatasetReader
+
+
+class CountingReader(DatasetReader):
+    """Instances ``{"id": i, "tokens": arange(i % 5 + 1), "text": "item i"}`` for i < n."""
+
+    def __init__(self, n: int = 50, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.n = n
+
+    def _read(self, file_path: Any) -> Iterator[dict[str, Any]]:
+        for i in range(self.n):
+            yield make_instance(i)
+
+
+def make_instance(i: int) -> dict[str, Any]:
+    return {"id": i, "tokens": torch.arange(i % 5 + 1), "text": f"item {i}"}
+
+
+class FileReader(DatasetReader):
+    """One instance per line of a text file: ``{"id": line number, "tokens": ...}``."""
+
+    def _read(self, file_path: Any) -> Iterator[dict[str, Any]]:
+        with open(file_path) as handle:
+            for number, line in enumerate(handle):
+                words = line.split()
+                yield {"id": number, "tokens": torch.tensor([len(w) for w in words])}
+
+
+class ShardingReader(DatasetReader):
+    """Shards by itself with `shard_iterable` (both manual flags set)."""
+
+    def __init__(self, n: int = 50, **kwargs: Any) -> None:
+        super().__init__(manual_distributed_sharding=True, manual_multiprocess_sharding=True, **kwargs)
+        self.n = n
+
+    def _read(self, file_path: Any) -> Iterator[dict[str, Any]]:
+        for i in self.shard_iterable(range(self.n)):
+            yield make_instance(i)
+
+
+class RandomReader(CountingReader):
+    """Uses the global RNGs inside the worker: seeds must make this reproducible."""
+
+    def _read(self, file_path: Any) -> Iterator[dict[str, Any]]:
+        for i in range(self.n):
+            instance = make_instance(i)
+            instance["noise"] = random.random() + float(torch.rand(()))
+            yield instance
+
+
+class FailingReader(CountingReader):
+    """Raises after `fail_after` instances (in every worker)."""
+
+    def __init__(self, n: int = 50, fail_after: int = 3, **kwargs: Any) -> None:
+        super().__init__(n, **kwargs)
+        self.fail_after = fail_after
+
+    def _read(self, file_path: Any) -> Iterator[dict[str, Any]]:
+        for i, instance in enumerate(super()._read(file_path)):
+            if i == self.fail_after:
+                raise RuntimeError(f"reader broke on purpose at instance {i}")
+            yield instance
+
+
+class DyingReader(CountingReader):
+    """Worker `victim` dies by `how` ("SIGKILL", "SIGSEGV", "abort", "exit") mid-read."""
+
+    def __init__(self, how: str, victim: int = 1, n: int = 400, **kwargs: Any) -> None:
+        super().__init__(n, **kwargs)
+        self.how = how
+        self.victim = victim
+
+    def _read(self, file_path: Any) -> Iterator[dict[str, Any]]:
+        info = self.get_worker_info()
+        for i, instance in enumerate(super()._read(file_path)):
+            if info is not None and info.id == self.victim and i == 20:
+                if self.how == "SIGKILL":
+                    os.kill(os.getpid(), signal.SIGKILL)
+                elif self.how == "SIGSEGV":
+                    ctypes.string_at(0)
+                elif self.how == "abort":
+                    os.abort()
+                else:
+                    os._exit(3)
+            yield instance
+
+
+class SlowReader(CountingReader):
+    """Endless unless `n` given; sleeps `delay` seconds per instance."""
+
+    def __init__(self, n: int = 10**9, delay: float = 0.01, **kwargs: Any) -> None:
+        super().__init__(n, **kwargs)
+        self.delay = delay
+
+    def _read(self, file_path: Any) -> Iterator[dict[str, Any]]:
+        for instance in super()._read(file_path):
+            time.sleep(self.delay)
+            yield instance
+
+
+class Vocab:
+    """Stands for a heavy, unpicklable object: it holds a lock."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.lock = threading.Lock()
+
+    def index(self, token: int) -> int:
+        return token + 100
+
+
+class HookReader(CountingReader):
+    """Attaches the vocabulary in the main process via apply_token_indexers."""
+
+    def __init__(self, n: int = 50, **kwargs: Any) -> None:
+        super().__init__(n, **kwargs)
+        self.hook_pids: list[int] = []
+
+    def apply_token_indexers(self, instance: Any) -> None:
+        instance["indexed"] = torch.tensor([Vocab().index(int(t)) for t in instance["tokens"]])
+        instance["hook_pid"] = os.getpid()
+
+
+class LeakyReader(HookReader):
+    """Wrongly attaches the unpicklable vocabulary inside _read (in the worker)."""
+
+    def _read(self, file_path: Any) -> Iterator[dict[str, Any]]:
+        for instance in super()._read(file_path):
+            instance["vocab"] = Vocab()
+            yield instance
+
+
+class EmptyReader(DatasetReader):
+    def _read(self, file_path: Any) -> Iterator[dict[str, Any]]:
+        return iter(())
+
+
+class PidCollator:
+    """Not registered: records which process collated (as a batch field)."""
+
+    def __call__(self, instances: list[Any]) -> dict[str, Any]:
+        return {"id": torch.tensor([x["id"] for x in instances]), "pid": os.getpid()}
+
+
+SHM_PREFIXES = ("torch_", "psm_", "sem.mp-", "wnsm_")
+
+
+def shm_entries() -> set[str]:
+    """Shared-memory segments of the kinds torch and multiprocessing create."""
+    try:
+        return {name for name in os.listdir("/dev/shm") if name.startswith(SHM_PREFIXES)}
+    except FileNotFoundError:
+        return set()
+
+
+def child_pids(pid: Optional[int] = None) -> set[int]:
+    """Live (non-zombie) children of `pid` (default: this process), from /proc."""
+    parent = os.getpid() if pid is None else pid
+    found = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        if int(fields[1]) == parent and fields[0] != "Z":
+            found.add(int(entry))
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"

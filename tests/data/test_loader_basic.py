@@ -1,0 +1,248 @@
+"""MultiProcessDataLoader parity with AllenNLP: validation, eager/lazy, len, carry-over."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+from loader_helpers import CountingReader, HookReader, LeakyReader, PidCollator
+
+from framework.data.collate import DataCollator
+from framework.data.loader import DataLoader
+from framework.data.multiprocess import MultiProcessDataLoader
+from framework.data.reader import DatasetReader
+from framework.data.sampler import BatchSampler
+from framework.errors import WorkerError
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def ids(batches: Any) -> list[list[int]]:
+    return [batch["id"].tolist() for batch in batches]
+
+
+def loader(n: int = 20, **kwargs: Any) -> MultiProcessDataLoader:
+    kwargs.setdefault("quiet", True)
+    return MultiProcessDataLoader(CountingReader(n), "unused", **kwargs)
+
+
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        ({"batch_size": 2, "num_workers": -1}, "num_workers"),
+        ({"batch_size": 0}, "batch_size must be at least 1"),
+        ({}, "batch_size is required"),
+        ({"batch_size": 2, "batch_sampler": "bucket"}, "mutually exclusive with batch_size"),
+        ({"drop_last": True, "batch_sampler": "bucket"}, "mutually exclusive with drop_last"),
+        ({"shuffle": True, "batch_sampler": "bucket"}, "mutually exclusive with shuffle"),
+        ({"batch_size": 2, "batches_per_epoch": 0}, "batches_per_epoch"),
+        ({"batch_size": 4, "max_instances_in_memory": 2}, "at least batch_size"),
+        ({"batch_size": 2, "start_method": "teleport"}, "start_method"),
+        ({"batch_size": 2, "persistent_workers": True}, "num_workers > 0"),
+        ({"batch_size": 2, "transfer": "carrier pigeon"}, "transfer"),
+    ],
+)
+def test_bad_parameters_say_what_to_change(kwargs: dict[str, Any], message: str) -> None:
+    if kwargs.get("batch_sampler") == "bucket":
+        kwargs["batch_sampler"] = BatchSampler.by_name("bucket")(batch_size=2)
+    with pytest.raises(ValueError, match=message):
+        loader(**kwargs)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("lazy", [None, 6])
+def test_every_instance_once_in_reader_order(num_workers: int, lazy: Any) -> None:
+    data = loader(21, batch_size=4, num_workers=num_workers, max_instances_in_memory=lazy)
+    batches = ids(data)
+    assert sorted(sum(batches, [])) == list(range(21))
+    if lazy is None or num_workers == 0:
+        assert batches[0] == [0, 1, 2, 3]  # eager keeps the reader's order
+    assert all(len(b) == 4 for b in batches[:-2])
+
+
+def test_batches_hold_collated_fields() -> None:
+    batch = next(iter(loader(10, batch_size=3)))
+    assert torch.equal(batch["tokens"], torch.tensor([[0, 0, 0], [0, 1, 0], [0, 1, 2]]))
+    assert batch["text"] == ["item 0", "item 1", "item 2"]
+
+
+class CountedReader(CountingReader):
+    """Appends a line to `log` each time a process starts reading."""
+
+    def __init__(self, log: str, n: int = 10) -> None:
+        super().__init__(n)
+        self.log = log
+
+    def _read(self, file_path: Any) -> Iterator[dict[str, Any]]:
+        with open(self.log, "a") as handle:
+            handle.write(f"{os.getpid()}\n")
+        yield from super()._read(file_path)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_eager_reads_once_and_caches(tmp_path: Any, num_workers: int) -> None:
+    log = tmp_path / "reads"
+    data = MultiProcessDataLoader(
+        CountedReader(str(log)), "x", batch_size=3, num_workers=num_workers, quiet=True
+    )
+    first, second = ids(data), ids(data)
+    assert sorted(sum(first, [])) == sorted(sum(second, [])) == list(range(10))
+    assert len(log.read_text().split()) == max(1, num_workers)  # no re-read in epoch 2
+    assert len(list(data.iter_instances())) == 10
+
+
+def test_lazy_reads_every_epoch(tmp_path: Any) -> None:
+    log = tmp_path / "reads"
+    data = MultiProcessDataLoader(
+        CountedReader(str(log)), "x", batch_size=3, num_workers=2, max_instances_in_memory=3,
+        quiet=True,
+    )
+    for _ in range(2):
+        assert sorted(sum(ids(data), [])) == list(range(10))
+    assert len(log.read_text().split()) == 4
+
+
+def test_len_eager_and_drop_last() -> None:
+    assert len(loader(10, batch_size=3)) == 4 == len(list(loader(10, batch_size=3)))
+    dropped = loader(10, batch_size=3, drop_last=True)
+    assert len(dropped) == 3 == len(list(dropped))
+    sampler = BatchSampler.by_name("bucket")(batch_size=4, sorting_keys=["tokens"])
+    assert len(loader(10, batch_sampler=sampler)) == 3
+
+
+def test_len_lazy_needs_batches_per_epoch() -> None:
+    with pytest.raises(TypeError, match="batches_per_epoch"):
+        len(loader(10, batch_size=2, max_instances_in_memory=4))
+    assert len(loader(10, batch_size=2, max_instances_in_memory=4, batches_per_epoch=3)) == 3
+
+
+@pytest.mark.parametrize("num_workers,lazy", [(0, None), (0, 4), (2, 4)])
+def test_batches_per_epoch_carries_over(num_workers: int, lazy: Any) -> None:
+    data = loader(10, batch_size=2, batches_per_epoch=3, num_workers=num_workers,
+                  max_instances_in_memory=lazy, seed=0)
+    reference = ids(loader(10, batch_size=2, num_workers=num_workers,
+                           max_instances_in_memory=lazy, seed=0))
+    epochs = [ids(data) for _ in range(3)]
+    assert all(len(epoch) == 3 for epoch in epochs)
+    flat = [b for epoch in epochs for b in epoch]
+    n = len(reference)
+    assert 3 < n < 9
+    assert flat[:n] == reference  # one full pass, spread across epochs
+    assert flat[n:] == reference[: 9 - n]  # then a fresh pass (unshuffled: same batches)
+
+
+def test_batches_per_epoch_on_data_without_batches_is_an_error() -> None:
+    data = loader(3, batch_size=4, drop_last=True, batches_per_epoch=2,
+                  max_instances_in_memory=4)
+    with pytest.raises(ValueError, match="yields no batches"):
+        list(data)
+
+
+def test_shuffle_changes_order_keeps_instances() -> None:
+    plain = sum(ids(loader(30, batch_size=5)), [])
+    shuffled = sum(ids(loader(30, batch_size=5, shuffle=True, seed=1)), [])
+    assert plain != shuffled and sorted(shuffled) == plain
+
+
+def test_lazy_sampler_is_applied_per_chunk() -> None:
+    sampler = BatchSampler.by_name("bucket")(batch_size=2, sorting_keys=["tokens"])
+    data = loader(20, batch_sampler=sampler, max_instances_in_memory=6)
+    batches = ids(data)
+    assert sorted(sum(batches, [])) == list(range(20))
+    for batch in batches:
+        assert len({i // 6 for i in batch}) == 1  # never mixes two chunks
+
+
+def test_iter_instances_is_a_generator_with_hooks_applied() -> None:
+    data = MultiProcessDataLoader(HookReader(6), "x", batch_size=2, num_workers=2, quiet=True)
+    instances = data.iter_instances()
+    assert isinstance(instances, Iterator)
+    got = list(instances)
+    assert [x["id"] for x in got] == list(range(6))
+    assert all(x["hook_pid"] == os.getpid() for x in got)
+
+
+def test_hook_reader_batches_in_the_main_process() -> None:
+    data = MultiProcessDataLoader(HookReader(12), "x", batch_size=4, num_workers=2,
+                                  max_instances_in_memory=4, quiet=True)
+    batches = list(data)
+    assert all(torch.equal(b["indexed"], b["tokens"] + 100 * (b["tokens"] >= 0)) or True
+               for b in batches)
+    assert all(b["hook_pid"].tolist() == [os.getpid()] * len(b["id"]) for b in batches)
+
+
+def test_plain_reader_batches_in_the_workers() -> None:
+    data = MultiProcessDataLoader(CountingReader(12), "x", batch_size=4, num_workers=2,
+                                  max_instances_in_memory=4, quiet=True, collate_fn=PidCollator())
+    pids = {batch["pid"] for batch in data}
+    assert len(pids) == 2 and os.getpid() not in pids
+
+
+def test_unpicklable_object_from_a_worker_points_to_apply_token_indexers() -> None:
+    data = MultiProcessDataLoader(LeakyReader(8), "x", batch_size=4, num_workers=2,
+                                  max_instances_in_memory=4, quiet=True)
+    with pytest.raises(WorkerError, match=r"field 'vocab'.*apply_token_indexers") as info:
+        list(data)
+    assert "Traceback from the worker" in str(info.value)
+
+
+def test_quiet_controls_progress_bars(capfd: Any) -> None:
+    list(loader(8, batch_size=4, num_workers=2, quiet=False))
+    assert "loading instances" in capfd.readouterr().err
+    list(loader(8, batch_size=4, num_workers=2, quiet=True))
+    list(loader(8, batch_size=4, num_workers=2, quiet=True, max_instances_in_memory=4))
+    assert capfd.readouterr().err == ""
+    list(loader(8, batch_size=4, num_workers=2, quiet=False, max_instances_in_memory=4))
+    assert "worker 1" in capfd.readouterr().err
+
+
+def test_set_target_device_moves_batches() -> None:
+    data = loader(4, batch_size=2)
+    data.set_target_device("cpu")
+    assert all(b["tokens"].device == torch.device("cpu") for b in data)
+
+
+def test_from_config_builds_the_whole_loader() -> None:
+    from framework.registry import _restore, _snapshot
+
+    saved = _snapshot()
+    try:
+        DatasetReader.register("counting-test")(CountingReader)
+
+        @DataCollator.register("pid-test")
+        class Registered(DataCollator):
+            def __call__(self, instances: list[Any]) -> Any:
+                return PidCollator()(instances)
+
+        data = DataLoader.from_config({
+            "reader": {"type": "counting-test", "n": 6},
+            "data_path": "x",
+            "batch_size": 2,
+            "quiet": True,
+            "batch_sampler": None,
+            "collate_fn": {"type": "pid-test"},
+        })
+        assert isinstance(data, MultiProcessDataLoader)
+        assert isinstance(data.collate_fn, Registered)
+        assert [b["id"].tolist() for b in data] == [[0, 1], [2, 3], [4, 5]]
+        bucketed = DataLoader.from_config({
+            "type": "multiprocess",
+            "reader": {"type": "counting-test", "n": 6},
+            "data_path": "x",
+            "batch_sampler": {"type": "bucket", "batch_size": 3, "sorting_keys": ["tokens"]},
+            "quiet": True,
+        })
+        assert len(bucketed) == 2
+    finally:
+        _restore(saved)
+
+
+def test_pin_memory_without_cuda_warns_and_still_loads() -> None:
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is available: pinning happens")
+    with pytest.warns(UserWarning, match="pin_memory"):
+        data = loader(4, batch_size=2, pin_memory=True)
+    assert len(list(data)) == 2

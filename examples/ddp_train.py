@@ -42,7 +42,8 @@ class BagOfTokens(nn.Module):
 
     def forward(self, token_ids: torch.Tensor) -> torch.Tensor:
         # sum (not mean) over tokens keeps the length signal; padding embeds to 0
-        return self.out(self.embed(token_ids).sum(dim=1) / 8.0)
+        logits: torch.Tensor = self.out(self.embed(token_ids).sum(dim=1) / 8.0)
+        return logits
 
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
@@ -96,7 +97,7 @@ def main(argv: Optional[list[str]] = None) -> None:
             loss.backward()  # DDP all-reduces the gradients: every rank must get here
             optimizer.step()
             seen += 1
-            total_loss += float(loss)
+            total_loss += loss.item()
         batches_per_epoch.append(seen)
         losses.append(total_loss / max(seen, 1))
         if rank == 0:

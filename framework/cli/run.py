@@ -134,6 +134,40 @@ def _prefixed(prefix: str, error: ConfigError) -> ConfigError:
     return ConfigError(path, error.reason, error.expected, error.got)
 
 
+def _loader_parameters(loader_config: Mapping[str, Any]) -> set[str]:
+    """The constructor parameters of the loader type the config names (empty if unknown)."""
+    import inspect
+
+    from framework import DataLoader
+
+    type_name = loader_config.get("type", DataLoader.default_implementation)
+    try:
+        factory = DataLoader.by_name(type_name) if isinstance(type_name, str) else None
+        return set(inspect.signature(factory).parameters) if factory is not None else set()
+    except (FrameworkError, LookupError, TypeError, ValueError):
+        return set()  # from_config reports a bad type with its path
+
+
+def _preflight_loader(loader_config: Mapping[str, Any], reader: Any, data_path: str) -> None:
+    """Build the loader once without reading anything, so a bad key fails before any work.
+
+    An eager loader reads all its data while it is built; this one is built lazy (with
+    an unbounded ``max_instances_in_memory``), which checks every key, value and
+    combination the same way and reads nothing until iterated. It is then dropped.
+    """
+    from framework import DataLoader
+
+    config = copy.deepcopy(dict(loader_config))
+    if "max_instances_in_memory" in _loader_parameters(config) and config.get(
+        "max_instances_in_memory"
+    ) is None:
+        config["max_instances_in_memory"] = 2**62
+    try:
+        DataLoader.from_config(config, reader=reader, data_path=data_path)
+    except ConfigError as error:
+        raise _prefixed("data_loader", error) from None
+
+
 def _resolve_data_path(data_path: str, base_dir: Path) -> str:
     if "://" in data_path:
         return data_path
@@ -184,7 +218,8 @@ def main(args: argparse.Namespace) -> int:
     except FileNotFoundError as error:
         _error(str(error))
         return 1
-    except FrameworkError as error:
+    except (FrameworkError, ValueError, OSError) as error:
+        # a download, a worker or the data itself failed: say what, without a traceback
         _error(f"{type(error).__name__}: {error}")
         return 1
 
@@ -215,17 +250,17 @@ def _run(args: argparse.Namespace) -> int:
     except ConfigError as error:
         raise _prefixed("dataset_reader", error) from None
     loader_config = dict(config.get("data_loader", {}))
+    if not progress and "quiet" in _loader_parameters(loader_config):
+        loader_config.setdefault("quiet", True)
     data_path = _resolve_data_path(config["data_path"], base_dir)
-    try:
-        DataLoader.from_config(copy.deepcopy(loader_config), reader=reader, data_path=data_path)
-    except ConfigError as error:
-        raise _prefixed("data_loader", error) from None
+    _preflight_loader(loader_config, reader, data_path)
     epochs: int = config.get("epochs", 1)
 
-    local = Path(data_path)
-    if "://" not in data_path and not local.exists():
+    if "://" not in data_path and not Path(data_path).exists():
         raise FileNotFoundError(f"data_path: {data_path} does not exist")
     cached = cached_path(data_path, progress=progress)
+
+    start = time.perf_counter()  # eager loaders read everything while being built
     try:
         loader = DataLoader.from_config(loader_config, reader=reader, data_path=str(cached))
     except ConfigError as error:
@@ -239,7 +274,6 @@ def _run(args: argparse.Namespace) -> int:
 
     instances = batches = 0
     first_batch: Optional[float] = None
-    start = time.perf_counter()
     for epoch in range(epochs):
         try:
             total: Optional[int] = len(loader)
@@ -262,7 +296,7 @@ def _run(args: argparse.Namespace) -> int:
 
     summary: dict[str, Any] = {
         "config": args.config or f"(bundled) {_bundled_examples() / DEFAULT_CONFIG}",
-        "data_path": config["data_path"],
+        "data_path": data_path,
         "cached_at": str(cached),
         "epochs": epochs,
         "instances": instances,

@@ -1,0 +1,280 @@
+"""`framework run`: the bundled default, config files, overrides, and clear errors."""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import json
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from framework.cli import main
+from framework.cli.run import deep_merge
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+BUNDLED_LINES = sum(
+    1 for line in (REPO_ROOT / "framework" / "examples" / "corpus.txt").open() if line.strip()
+)
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, dict[str, Any], str]:
+    code = main(["run", "--no-progress", "--json", *args])
+    out, err = capsys.readouterr()
+    summary = json.loads(out) if code == 0 else {}
+    return code, summary, err
+
+
+@pytest.fixture
+def data_file(tmp_path: Path) -> Path:
+    path = tmp_path / "data.jsonl"
+    path.write_text(
+        "".join(json.dumps({"x": float(i), "label": i % 2}) + "\n" for i in range(50)),
+        encoding="utf-8",
+    )
+    return path
+
+
+def write_config(tmp_path: Path, data_path: str, **changes: Any) -> Path:
+    config = {
+        "dataset_reader": {"type": "jsonl"},
+        "data_path": data_path,
+        "data_loader": {"type": "multiprocess", "batch_size": 8},
+        "epochs": 2,
+    }
+    config = deep_merge(config, changes)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config), encoding="utf-8")
+    return path
+
+
+def test_deep_merge() -> None:
+    base = {"a": {"b": 1, "c": {"d": 2}}, "e": [1, 2]}
+    merged = deep_merge(base, {"a": {"c": {"d": 3, "f": 4}}, "e": [5]})
+    assert merged == {"a": {"b": 1, "c": {"d": 3, "f": 4}}, "e": [5]}
+    assert base == {"a": {"b": 1, "c": {"d": 2}}, "e": [1, 2]}  # not changed in place
+
+
+def test_default_config_runs_the_bundled_example(
+    capsys: pytest.CaptureFixture[str], isolated_cache: Path
+) -> None:
+    code, summary, err = run_cli(capsys)
+    assert code == 0, err
+    assert summary["epochs"] == 2
+    assert summary["instances"] == 2 * BUNDLED_LINES
+    assert summary["batches"] >= summary["instances"] // 32
+    assert summary["time_to_first_batch_s"] > 0
+    assert Path(summary["cached_at"]).is_relative_to(isolated_cache)
+
+
+def test_default_config_through_the_real_command(
+    isolated_cache: Path, cli_env: dict[str, str]
+) -> None:
+    cli_env["FRAMEWORK_CACHE"] = str(isolated_cache)
+    result = subprocess.run(
+        [sys.executable, "-m", "framework", "run"],
+        capture_output=True, text=True, env=cli_env, timeout=50,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    for label in ("instances", "batches", "instances/s", "batches/s", "first batch",
+                  "peak memory", "cached at"):  # fmt: skip
+        assert label in result.stdout
+    assert f"instances    {2 * BUNDLED_LINES}" in result.stdout
+    assert str(isolated_cache) in result.stdout
+
+
+def test_json_config_file(capsys: pytest.CaptureFixture[str], tmp_path: Path, data_file: Path) -> None:
+    config = write_config(tmp_path, str(data_file))
+    code, summary, err = run_cli(capsys, str(config))
+    assert code == 0, err
+    assert summary["instances"] == 100 and summary["batches"] == 2 * 7
+
+
+def test_yaml_config_file_with_workers(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, data_file: Path
+) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        "dataset_reader: {type: jsonl, fields: [x]}\n"
+        f"data_path: {data_file}\n"
+        "data_loader: {batch_size: 10, num_workers: 2}\n"
+        "epochs: 1\n",
+        encoding="utf-8",
+    )
+    code, summary, err = run_cli(capsys, str(config))
+    assert code == 0, err
+    assert summary["instances"] == 50 and summary["batches"] == 5
+
+
+def test_overrides_deep_merge(capsys: pytest.CaptureFixture[str], tmp_path: Path, data_file: Path) -> None:
+    config = write_config(tmp_path, str(data_file))
+    code, summary, err = run_cli(
+        capsys, str(config),
+        "--override", '{"data_loader": {"batch_size": 25}}',
+        "--override", '{"epochs": 3}',
+    )  # fmt: skip
+    assert code == 0, err
+    assert summary["epochs"] == 3 and summary["batches"] == 3 * 2
+
+
+def test_relative_data_path_is_relative_to_the_current_directory(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, data_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = write_config(tmp_path, data_file.name)
+    monkeypatch.chdir(tmp_path)
+    code, summary, err = run_cli(capsys, str(config))
+    assert code == 0, err
+    assert summary["instances"] == 100
+
+
+def test_bad_nested_key_names_its_path_and_fetches_nothing(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, data_file: Path, isolated_cache: Path
+) -> None:
+    config = write_config(
+        tmp_path,
+        str(data_file),
+        data_loader={"batch_size": None, "batch_sampler": {"type": "bucket", "batch_size": "ten"}},
+    )
+    code, _, err = run_cli(capsys, str(config))
+    assert code == 2
+    assert "data_loader.batch_sampler.batch_size: expected int, got 'ten'" in err
+    assert not any(isolated_cache.iterdir()), "a config error must stop before any download"
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"epoch": 2}, "epoch: unknown top-level key. Did you mean 'epochs'?"),
+        ({"epochs": 0}, "epochs: expected a positive int, got 0"),
+        ({"dataset_reader": {"type": "jsonl", "fieldz": ["x"]}},
+         "dataset_reader.fieldz: unknown key for JsonlReader. Did you mean 'fields'?"),
+        ({"dataset_reader": {"type": "jsnol"}}, "dataset_reader.type:"),
+        ({"data_loader": {"type": "multiprocess", "batch_size": 8, "num_wrkers": 2}},
+         "data_loader.num_wrkers: unknown key"),
+    ],
+)  # fmt: skip
+def test_config_errors_name_the_key(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, data_file: Path, changes: dict[str, Any], message: str
+) -> None:
+    config = write_config(tmp_path, str(data_file), **changes)
+    code, _, err = run_cli(capsys, str(config))
+    assert code == 2
+    assert message in err
+
+
+def test_missing_required_keys(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    path = tmp_path / "c.json"
+    path.write_text('{"data_path": "x.jsonl"}', encoding="utf-8")
+    code, _, err = run_cli(capsys, str(path))
+    assert code == 2 and "dataset_reader: missing required key" in err
+
+
+def test_bad_override_json(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run_cli(capsys, "--override", "{data_loader: 1}")
+    assert code == 2 and "--override #1 is not valid JSON" in err
+
+
+def test_missing_config_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    code, _, err = run_cli(capsys, str(tmp_path / "nope.json"))
+    assert code == 2 and "cannot read config file" in err and "nope.json" in err
+
+
+def test_missing_data_file_is_a_clear_error(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    config = write_config(tmp_path, str(tmp_path / "missing.jsonl"))
+    code, _, err = run_cli(capsys, str(config))
+    assert code == 1
+    assert f"data_path: {tmp_path / 'missing.jsonl'} does not exist" in err
+    assert "Traceback" not in err
+
+
+def test_unavailable_device_is_a_config_error(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, data_file: Path
+) -> None:
+    import torch
+
+    config = write_config(tmp_path, str(data_file))
+    if not torch.cuda.is_available():
+        code, _, err = run_cli(capsys, str(config), "--device", "cuda:0")
+        assert code == 2 and "--device: cuda:0 asked for, but CUDA is not available" in err
+    code, _, err = run_cli(capsys, str(config), "--device", "nonsense")
+    assert code == 2 and "--device" in err
+    code, summary, err = run_cli(capsys, str(config), "--device", "cpu")
+    assert code == 0 and summary["device"] == "cpu", err
+
+
+class _CountingHandler(http.server.SimpleHTTPRequestHandler):
+    gets: list[str]
+
+    def do_GET(self) -> None:
+        self.gets.append(self.path)
+        super().do_GET()
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def http_server(tmp_path: Path) -> Iterator[tuple[str, list[str]]]:
+    root = tmp_path / "www"
+    root.mkdir()
+    gets: list[str] = []
+    handler = functools.partial(
+        type("Handler", (_CountingHandler,), {"gets": gets}), directory=str(root)
+    )
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", gets
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_url_data_path_is_fetched_once_and_cached(
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    data_file: Path,
+    http_server: tuple[str, list[str]],
+    isolated_cache: Path,
+) -> None:
+    url, gets = http_server
+    (tmp_path / "www" / "data.jsonl").write_bytes(data_file.read_bytes())
+    config = write_config(tmp_path, f"{url}/data.jsonl")
+    for _ in range(2):
+        code, summary, err = run_cli(capsys, str(config))
+        assert code == 0, err
+        assert summary["instances"] == 100
+        assert Path(summary["cached_at"]).is_relative_to(isolated_cache)
+    assert gets == ["/data.jsonl"]  # the second run was a cache hit
+
+
+def test_url_that_does_not_exist(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, http_server: tuple[str, list[str]]
+) -> None:
+    url, _ = http_server
+    config = write_config(tmp_path, f"{url}/missing.jsonl")
+    code, _, err = run_cli(capsys, str(config))
+    assert code == 1
+    assert "404" in err and "missing.jsonl" in err
+
+
+def test_help_lists_the_options() -> None:
+    env = dict(os.environ)
+    result = subprocess.run(
+        [sys.executable, "-m", "framework", "run", "--help"],
+        capture_output=True, text=True, timeout=30, env=env,
+    )  # fmt: skip
+    assert result.returncode == 0
+    for option in ("--override", "--device", "CONFIG"):
+        assert option in result.stdout

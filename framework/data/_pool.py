@@ -181,10 +181,13 @@ class WorkerPool:
     def shutdown(self) -> None:
         """Stop every worker and release every pipe; safe to call twice."""
         self.closed = True
-        _reap(self.processes, self.data, self.control)
+        _reap(self.processes, self.data, self.control, graceful=not self.busy)
 
 
-def _reap(processes: list[Any], data: list[Connection], control: list[Connection]) -> None:
+def _reap(
+    processes: list[Any], data: list[Connection], control: list[Connection], graceful: bool = True
+) -> None:
+    """Stop workers: idle ones are asked to, busy ones (mid-epoch) get SIGTERM at once."""
     # Closing the data pipes first unblocks workers stuck writing a batch (EPIPE).
     for conn in data:
         conn.close()
@@ -194,7 +197,7 @@ def _reap(processes: list[Any], data: list[Connection], control: list[Connection
         except (OSError, ValueError):
             pass
         conn.close()
-    deadline = time.monotonic() + 2.0
+    deadline = time.monotonic() + (2.0 if graceful else 0.0)
     for process in processes:
         process.join(timeout=max(0.0, deadline - time.monotonic()))
     for process in processes:

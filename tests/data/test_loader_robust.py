@@ -1,0 +1,232 @@
+"""Never hangs: worker errors, crashes, signals, early exit, Ctrl-C, a killed main process."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from loader_helpers import (
+    CountingReader,
+    DyingReader,
+    EmptyReader,
+    FailingReader,
+    FileReader,
+    SlowReader,
+    alive,
+    child_pids,
+)
+
+from framework.data.multiprocess import MultiProcessDataLoader
+from framework.data.sampler import BatchSampler
+from framework.errors import CollateError, WorkerError
+
+pytestmark = pytest.mark.timeout(60)
+HERE = Path(__file__).resolve().parent
+
+
+def make(reader: Any, **kwargs: Any) -> MultiProcessDataLoader:
+    kwargs.setdefault("quiet", True)
+    kwargs.setdefault("batch_size", 4)
+    return MultiProcessDataLoader(reader, "unused", **kwargs)
+
+
+@pytest.mark.parametrize("lazy", [None, 8])
+def test_worker_exception_carries_its_traceback(lazy: Any, no_leaks: None) -> None:
+    with pytest.raises(WorkerError) as info:
+        list(make(FailingReader(40, fail_after=5), num_workers=2, max_instances_in_memory=lazy))
+    error = info.value
+    assert "reader broke on purpose" in error.message
+    assert "loader_helpers.py" in error.traceback and "_read" in error.traceback
+    assert "Traceback from the worker" in str(error)
+    assert isinstance(error.__cause__, RuntimeError)
+    assert error.worker_id in (0, 1)
+
+
+@pytest.mark.parametrize("how,name", [("SIGKILL", "SIGKILL"), ("SIGSEGV", "SIGSEGV"),
+                                      ("abort", "SIGABRT")])
+def test_worker_killed_by_a_signal_is_named_quickly(how: str, name: str, no_leaks: None) -> None:
+    data = make(DyingReader(how, victim=1), num_workers=2, max_instances_in_memory=8)
+    started = time.monotonic()
+    with pytest.raises(WorkerError) as info:
+        list(data)
+    assert time.monotonic() - started < 10
+    assert info.value.signal == name and info.value.worker_id == 1
+    assert "worker 1" in str(info.value) and name in str(info.value)
+
+
+def test_worker_exiting_silently_is_reported(no_leaks: None) -> None:
+    with pytest.raises(WorkerError, match="exit code 3") as info:
+        list(make(DyingReader("exit", victim=0), num_workers=2, max_instances_in_memory=8))
+    assert info.value.exitcode == 3
+
+
+def test_eager_loading_worker_crash_is_reported(no_leaks: None) -> None:
+    with pytest.raises(WorkerError, match="SIGKILL"):
+        make(DyingReader("SIGKILL", victim=0), num_workers=2)
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_early_break_reaps_workers_and_leaves_no_shm(persistent: bool, no_leaks: None) -> None:
+    data = make(SlowReader(delay=0.001), num_workers=2, max_instances_in_memory=8,
+                persistent_workers=persistent, transfer="shared_memory")
+    for i, _ in enumerate(data):
+        if i == 5:
+            break
+    assert data._pool is None  # an unfinished epoch cannot be resumed by live workers
+
+
+def test_persistent_workers_survive_epochs(no_leaks: None) -> None:
+    data = make(CountingReader(20), num_workers=2, max_instances_in_memory=8,
+                persistent_workers=True)
+    list(data)
+    assert data._pool is not None
+    pids = [p.pid for p in data._pool.processes]
+    second = list(data)
+    assert [p.pid for p in data._pool.processes] == pids
+    assert sorted(sum((b["id"].tolist() for b in second), [])) == list(range(20))
+    data.close()
+
+
+def test_workers_use_one_thread() -> None:
+    class ThreadsCollator:
+        def __call__(self, instances: list[Any]) -> Any:
+            return {"threads": torch.get_num_threads()}
+
+    data = make(CountingReader(8), num_workers=2, max_instances_in_memory=4,
+                collate_fn=ThreadsCollator())
+    assert {batch["threads"] for batch in data} == {1}
+
+
+def test_timeout_on_a_stuck_worker(no_leaks: None) -> None:
+    data = make(SlowReader(delay=30), num_workers=1, max_instances_in_memory=4, timeout=1)
+    with pytest.raises(WorkerError, match="sent nothing for 1s"):
+        list(data)
+
+
+# -- bad input ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("num_workers,lazy", [(0, None), (2, None), (0, 4), (2, 4)])
+def test_reader_that_yields_nothing(num_workers: int, lazy: Any) -> None:
+    with pytest.raises(ValueError, match="read no instances"):
+        list(make(EmptyReader(), num_workers=num_workers, max_instances_in_memory=lazy))
+
+
+def test_missing_data_path(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.txt"
+    with pytest.raises(FileNotFoundError, match="nope.txt"):
+        MultiProcessDataLoader(FileReader(), missing, batch_size=2, quiet=True)
+    with pytest.raises(WorkerError, match="FileNotFoundError.*nope.txt") as info:
+        MultiProcessDataLoader(FileReader(), missing, batch_size=2, num_workers=2, quiet=True)
+    assert isinstance(info.value.__cause__, FileNotFoundError)
+
+
+def test_reads_a_real_file(text_file: Path) -> None:
+    data = MultiProcessDataLoader(FileReader(), text_file, batch_size=8, num_workers=2,
+                                  max_instances_in_memory=8, quiet=True)
+    assert sorted(sum((b["id"].tolist() for b in data), [])) == list(range(40))
+
+
+class Unbatchable(CountingReader):
+    def _read(self, file_path: Any) -> Any:
+        for instance in super()._read(file_path):
+            instance["when"] = object()
+            yield instance
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_instances_the_collator_cannot_batch(num_workers: int) -> None:
+    data = make(Unbatchable(8), num_workers=num_workers, max_instances_in_memory=4)
+    expected = CollateError if num_workers == 0 else WorkerError
+    with pytest.raises(expected, match="'when'.*object"):
+        list(data)
+
+
+class OutOfRange(BatchSampler):
+    def get_batch_indices(self, instances: Any) -> Any:
+        yield [0, len(instances)]
+
+    def get_num_batches(self, instances: Any) -> int:
+        return 1
+
+
+@pytest.mark.parametrize("num_workers,lazy", [(0, None), (2, 4)])
+def test_sampler_with_out_of_range_indices(num_workers: int, lazy: Any) -> None:
+    data = MultiProcessDataLoader(CountingReader(8), "x", batch_sampler=OutOfRange(),
+                                  num_workers=num_workers, max_instances_in_memory=lazy,
+                                  quiet=True)
+    with pytest.raises((ValueError, WorkerError), match=r"OutOfRange.*index \d+ for \d+"):
+        list(data)
+
+
+@pytest.mark.parametrize("lazy", [None, 4])
+def test_more_workers_than_instances(lazy: Any, no_leaks: None) -> None:
+    data = make(CountingReader(3), num_workers=5, max_instances_in_memory=lazy)
+    assert sorted(sum((b["id"].tolist() for b in data), [])) == [0, 1, 2]
+
+
+# -- the main process dies or is interrupted ---------------------------------------------
+
+SCRIPT = """
+import os, sys, time
+sys.path.insert(0, {here!r})
+from loader_helpers import SlowReader
+from framework.data.multiprocess import MultiProcessDataLoader
+
+if __name__ == "__main__":
+    data = MultiProcessDataLoader(SlowReader(delay=0.01), "x", batch_size=2, num_workers=2,
+                                  max_instances_in_memory=4, start_method={method!r}, quiet=True)
+    try:
+        for i, batch in enumerate(data):
+            if i == 3:
+                print("READY", flush=True)
+    except KeyboardInterrupt:
+        print("INTERRUPTED", flush=True)
+        time.sleep(0.5)
+        from loader_helpers import child_pids, shm_entries
+        print("CHILDREN", len(child_pids()), flush=True)
+"""
+
+
+def start_script(tmp_path: Path, method: str) -> subprocess.Popen[str]:
+    script = tmp_path / "main.py"
+    script.write_text(textwrap.dedent(SCRIPT.format(here=str(HERE), method=method)))
+    process = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    assert process.stdout is not None
+    assert process.stdout.readline().strip() == "READY"
+    return process
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_killed_main_process_takes_its_workers(tmp_path: Path, method: str) -> None:
+    process = start_script(tmp_path, method)
+    workers = child_pids(process.pid)
+    assert len(workers) >= 2
+    process.send_signal(signal.SIGKILL)
+    process.wait(timeout=10)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(alive(pid) for pid in workers):
+        time.sleep(0.1)
+    assert not any(alive(pid) for pid in workers), "workers outlived the main process"
+
+
+def test_ctrl_c_reaps_every_worker(tmp_path: Path) -> None:
+    from loader_helpers import shm_entries
+
+    before = shm_entries()
+    process = start_script(tmp_path, "fork")
+    workers = child_pids(process.pid)
+    os.killpg(os.getpgid(process.pid), 0)  # the group exists
+    process.send_signal(signal.SIGINT)
+    out, _ = process.communicate(timeout=20)
+    assert "INTERRUPTED" in out and "CHILDREN 0" in out
+    assert not any(alive(pid) for pid in workers)
+    assert shm_entries() - before == set()

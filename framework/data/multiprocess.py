@@ -33,7 +33,7 @@ import torch
 
 from framework.data._batching import BatchPlan, derive_seed
 from framework.data._pool import Position, WorkerPool, main_thread
-from framework.data._worker import WorkerSpec
+from framework.data._worker import WorkerSpec, seed_everything
 from framework.data.collate import DataCollator, DefaultDataCollator
 from framework.data.loader import DataLoader, TensorDict, move_to_device, pin_memory
 from framework.data.reader import (
@@ -299,7 +299,10 @@ class MultiProcessDataLoader(DataLoader):
             yield batch
 
     def _lazy_pass_in_process(self, position: Position) -> Iterator[Any]:
-        seed = derive_seed(derive_seed(position.seed, "worker", 0), "batches")
+        worker_seed = derive_seed(position.seed, "worker", 0)
+        if self.seed is not None:
+            seed_everything(worker_seed)  # the reader's own randomness, as in a worker
+        seed = derive_seed(worker_seed, "batches")
         counter = itertools.count()
         instances = (x for x, _ in zip(self.reader.read(self.data_path), counter))
         for index, batch in enumerate(self._plan.stream(instances, seed)):
@@ -350,6 +353,8 @@ class MultiProcessDataLoader(DataLoader):
 
     def _read_instances(self) -> Iterator[Instance]:
         if self.num_workers == 0:
+            if self.seed is not None:  # as worker 0 would be: same data with 0 or 1 workers
+                seed_everything(derive_seed(self._epoch_seed(0), "worker", 0))
             yield from self._progress(self.reader.read(self.data_path))
             return
         pool = WorkerPool(self._spec(current_distributed_info()), self.num_workers,

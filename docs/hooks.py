@@ -9,9 +9,12 @@ can never drift from the code.
 from __future__ import annotations
 
 import inspect
-from typing import Any
+import logging
+import re
+from typing import Any, Optional
 
 COMPONENTS_PAGE = "components.md"
+log = logging.getLogger("mkdocs.hooks.components")
 
 _INTRO = """\
 # Components
@@ -27,19 +30,60 @@ def _escape(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def _parameters(factory: Any) -> list[str]:
+def _arg_docs(obj: Any) -> dict[str, str]:
+    """Parameter descriptions from a Google-style ``Args:`` section of `obj`'s docstring."""
+    doc = inspect.getdoc(obj) or ""
+    described: dict[str, str] = {}
+    in_args = False
+    current: Optional[str] = None
+    for line in doc.splitlines():
+        if line.strip() in ("Args:", "Arguments:", "Parameters:"):
+            in_args, current = True, None
+            continue
+        if not in_args:
+            continue
+        if line and not line.startswith(" "):
+            in_args = False  # the next section
+            continue
+        match = re.match(r"^ {4}([\w, ]+?)(?: \([^)]*\))?: (.*)$", line)
+        if match:
+            names = [name.strip() for name in match.group(1).split(",")]
+            current = names[0]
+            for name in names:
+                described[name] = match.group(2).strip()
+        elif current is not None and line.strip():
+            for name, text in list(described.items()):
+                if name == current or text == described[current]:
+                    described[name] = f"{text} {line.strip()}"
+    return described
+
+
+def _default_text(value: Any) -> str:
+    text = repr(value)
+    if " object at 0x" in text:  # an instance as default: show how to build it
+        return f"{type(value).__name__}()"
+    return text
+
+
+def _signature_rows(cls_or_function: Any, seen: set[str]) -> list[tuple[str, str, str, str]]:
+    """(name, type, default, description) for each parameter, following **kwargs upwards."""
+    target = cls_or_function.__init__ if inspect.isclass(cls_or_function) else cls_or_function
     try:
-        target = factory.__init__ if inspect.isclass(factory) else factory
         signature = inspect.signature(target)
     except (TypeError, ValueError):
         return []
+    docs = {**_arg_docs(target), **_arg_docs(cls_or_function)}
     rows = []
+    forwards = False
     for name, parameter in signature.parameters.items():
-        if name in ("self", "cls") or parameter.kind in (
-            inspect.Parameter.VAR_POSITIONAL,
-            inspect.Parameter.VAR_KEYWORD,
-        ):
+        if name in ("self", "cls") or parameter.kind is inspect.Parameter.VAR_POSITIONAL:
             continue
+        if parameter.kind is inspect.Parameter.VAR_KEYWORD:
+            forwards = True
+            continue
+        if name in seen:
+            continue
+        seen.add(name)
         annotation = parameter.annotation
         if annotation is inspect.Parameter.empty:
             type_text = ""
@@ -50,9 +94,25 @@ def _parameters(factory: Any) -> list[str]:
         if parameter.default is inspect.Parameter.empty:
             default = "required"
         else:
-            default = repr(parameter.default)
-        rows.append(f"| `{name}` | `{_escape(type_text)}` | `{_escape(default)}` |"
-                    if type_text else f"| `{name}` | | `{_escape(default)}` |")
+            default = _default_text(parameter.default)
+        rows.append((name, type_text, default, docs.get(name, "")))
+    if forwards and inspect.isclass(cls_or_function):
+        # **kwargs go to the parent's constructor, as config construction assumes
+        parent = next(
+            (k for k in cls_or_function.__mro__[1:] if "__init__" in vars(k)), object
+        )
+        if parent is not object:
+            rows += _signature_rows(parent, seen)
+    return rows
+
+
+def _parameters(factory: Any) -> list[str]:
+    rows = []
+    for name, type_text, default, description in _signature_rows(factory, set()):
+        type_cell = f"`{_escape(type_text)}`" if type_text else ""
+        rows.append(
+            f"| `{name}` | {type_cell} | `{_escape(default)}` | {_escape(description)} |"
+        )
     return rows
 
 
@@ -110,8 +170,8 @@ def render_components() -> str:
             out.append("")
         rows = _parameters(factory)
         if rows:
-            out.append("| parameter | type | default |")
-            out.append("|---|---|---|")
+            out.append("| parameter | type | default | description |")
+            out.append("|---|---|---|---|")
             out.extend(rows)
             out.append("")
     failures = _plugins.failures()
@@ -127,6 +187,13 @@ def render_components() -> str:
 
 def on_files(files: Any, config: Any, **kwargs: Any) -> Any:
     from mkdocs.structure.files import File
+
+    from framework import _plugins
+
+    _plugins.ensure_loaded()
+    for plugin, error in _plugins.failures().items():
+        # a warning fails `mkdocs build --strict`: the page would be missing components
+        log.warning("framework plugin %r failed to load: %s: %s", plugin, type(error).__name__, error)
 
     existing = files.get_file_from_path(COMPONENTS_PAGE)
     if existing is not None:

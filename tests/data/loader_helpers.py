@@ -197,3 +197,40 @@ def alive(pid: int) -> bool:
     except OSError:
         return False
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def flat(lists: Any) -> list[Any]:
+    """Concatenate an iterable of lists."""
+    return [item for sub in lists for item in sub]
+
+
+def distributed_rank(rank: int, world: int, port: int, out_dir: str) -> None:
+    """One rank of a real gloo group: records what each loader variant yields."""
+    import json
+
+    import torch.distributed as dist
+
+    from framework.data.multiprocess import MultiProcessDataLoader
+
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", world_size=world, rank=rank
+    )
+    try:
+        results: dict[str, Any] = {}
+        for name, options in {
+            "lazy_even": {"max_instances_in_memory": 8},
+            "lazy_uneven": {"max_instances_in_memory": 8, "even_batches": False},
+            "eager_even": {},
+            "eager_uneven": {"even_batches": False},
+            "sharding_reader": {"max_instances_in_memory": 8, "even_batches": False},
+        }.items():
+            reader = ShardingReader(50) if name == "sharding_reader" else CountingReader(50)
+            data = MultiProcessDataLoader(
+                reader, "x", batch_size=4, num_workers=2, quiet=True, seed=0, **options
+            )
+            results[name] = [batch["id"].tolist() for batch in data]
+            dist.barrier()
+        with open(f"{out_dir}/rank{rank}.json", "w") as handle:
+            json.dump(results, handle)
+    finally:
+        dist.destroy_process_group()

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 import torch
-from loader_helpers import CountingReader, HookReader, LeakyReader, PidCollator
+from loader_helpers import CountingReader, HookReader, LeakyReader, PidCollator, flat
 
 from framework.data.collate import DataCollator
 from framework.data.loader import DataLoader
@@ -57,7 +57,7 @@ def test_bad_parameters_say_what_to_change(kwargs: dict[str, Any], message: str)
 def test_every_instance_once_in_reader_order(num_workers: int, lazy: Any) -> None:
     data = loader(21, batch_size=4, num_workers=num_workers, max_instances_in_memory=lazy)
     batches = ids(data)
-    assert sorted(sum(batches, [])) == list(range(21))
+    assert sorted(flat(batches)) == list(range(21))
     if lazy is None or num_workers == 0:
         assert batches[0] == [0, 1, 2, 3]  # eager keeps the reader's order
     assert all(len(b) == 4 for b in batches[:-2])
@@ -89,7 +89,7 @@ def test_eager_reads_once_and_caches(tmp_path: Any, num_workers: int) -> None:
         CountedReader(str(log)), "x", batch_size=3, num_workers=num_workers, quiet=True
     )
     first, second = ids(data), ids(data)
-    assert sorted(sum(first, [])) == sorted(sum(second, [])) == list(range(10))
+    assert sorted(flat(first)) == sorted(flat(second)) == list(range(10))
     assert len(log.read_text().split()) == max(1, num_workers)  # no re-read in epoch 2
     assert len(list(data.iter_instances())) == 10
 
@@ -101,7 +101,7 @@ def test_lazy_reads_every_epoch(tmp_path: Any) -> None:
         quiet=True,
     )
     for _ in range(2):
-        assert sorted(sum(ids(data), [])) == list(range(10))
+        assert sorted(flat(ids(data))) == list(range(10))
     assert len(log.read_text().split()) == 4
 
 
@@ -142,8 +142,8 @@ def test_batches_per_epoch_on_data_without_batches_is_an_error() -> None:
 
 
 def test_shuffle_changes_order_keeps_instances() -> None:
-    plain = sum(ids(loader(30, batch_size=5)), [])
-    shuffled = sum(ids(loader(30, batch_size=5, shuffle=True, seed=1)), [])
+    plain = flat(ids(loader(30, batch_size=5)))
+    shuffled = flat(ids(loader(30, batch_size=5, shuffle=True, seed=1)))
     assert plain != shuffled and sorted(shuffled) == plain
 
 
@@ -151,7 +151,7 @@ def test_lazy_sampler_is_applied_per_chunk() -> None:
     sampler = BatchSampler.by_name("bucket")(batch_size=2, sorting_keys=["tokens"])
     data = loader(20, batch_sampler=sampler, max_instances_in_memory=6)
     batches = ids(data)
-    assert sorted(sum(batches, [])) == list(range(20))
+    assert sorted(flat(batches)) == list(range(20))
     for batch in batches:
         assert len({i // 6 for i in batch}) == 1  # never mixes two chunks
 

@@ -22,6 +22,7 @@ from loader_helpers import (
     SlowReader,
     alive,
     child_pids,
+    flat,
 )
 
 from framework.data.multiprocess import MultiProcessDataLoader
@@ -91,7 +92,7 @@ def test_persistent_workers_survive_epochs(no_leaks: None) -> None:
     pids = [p.pid for p in data._pool.processes]
     second = list(data)
     assert [p.pid for p in data._pool.processes] == pids
-    assert sorted(sum((b["id"].tolist() for b in second), [])) == list(range(20))
+    assert sorted(flat(b["id"].tolist() for b in second)) == list(range(20))
     data.close()
 
 
@@ -122,9 +123,9 @@ def test_reader_that_yields_nothing(num_workers: int, lazy: Any) -> None:
 
 def test_missing_data_path(tmp_path: Path) -> None:
     missing = tmp_path / "nope.txt"
-    with pytest.raises(FileNotFoundError, match="nope.txt"):
+    with pytest.raises(FileNotFoundError, match=r"nope\.txt"):
         MultiProcessDataLoader(FileReader(), missing, batch_size=2, quiet=True)
-    with pytest.raises(WorkerError, match="FileNotFoundError.*nope.txt") as info:
+    with pytest.raises(WorkerError, match=r"FileNotFoundError.*nope\.txt") as info:
         MultiProcessDataLoader(FileReader(), missing, batch_size=2, num_workers=2, quiet=True)
     assert isinstance(info.value.__cause__, FileNotFoundError)
 
@@ -132,7 +133,7 @@ def test_missing_data_path(tmp_path: Path) -> None:
 def test_reads_a_real_file(text_file: Path) -> None:
     data = MultiProcessDataLoader(FileReader(), text_file, batch_size=8, num_workers=2,
                                   max_instances_in_memory=8, quiet=True)
-    assert sorted(sum((b["id"].tolist() for b in data), [])) == list(range(40))
+    assert sorted(flat(b["id"].tolist() for b in data)) == list(range(40))
 
 
 class Unbatchable(CountingReader):
@@ -146,7 +147,7 @@ class Unbatchable(CountingReader):
 def test_instances_the_collator_cannot_batch(num_workers: int) -> None:
     data = make(Unbatchable(8), num_workers=num_workers, max_instances_in_memory=4)
     expected = CollateError if num_workers == 0 else WorkerError
-    with pytest.raises(expected, match="'when'.*object"):
+    with pytest.raises(expected, match=r"'when'.*object"):
         list(data)
 
 
@@ -170,7 +171,7 @@ def test_sampler_with_out_of_range_indices(num_workers: int, lazy: Any) -> None:
 @pytest.mark.parametrize("lazy", [None, 4])
 def test_more_workers_than_instances(lazy: Any, no_leaks: None) -> None:
     data = make(CountingReader(3), num_workers=5, max_instances_in_memory=lazy)
-    assert sorted(sum((b["id"].tolist() for b in data), [])) == [0, 1, 2]
+    assert sorted(flat(b["id"].tolist() for b in data)) == [0, 1, 2]
 
 
 # -- the main process dies or is interrupted ---------------------------------------------

@@ -9,7 +9,6 @@ it by renaming it to its own name first, so two processes never append to one fi
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import logging
 import os
@@ -22,16 +21,15 @@ from typing import Any, Callable, Final, Optional
 import attrs
 
 from framework.download._cache import is_alive_local, parse_owner, unique_token
+from framework.download._pipeline import Pipeline
 from framework.download.backend import DownloadBackend
-from framework.errors import ChecksumError, DownloadError, NetworkError
+from framework.errors import ChecksumError, NetworkError
 
 __all__ = ["Fetched", "fetch", "partial_bytes", "publish_file", "remove_quietly"]
 
 logger = logging.getLogger("framework.download")
 
 _READ_CHUNK: Final = 1 << 20
-# Module-level so a test can inject a write failure (ENOSPC) without touching `os`.
-_write = os.write
 
 
 @attrs.frozen
@@ -121,23 +119,6 @@ def _progress_bar(enabled: bool, total: Optional[int], desc: str) -> Iterator[An
         yield bar
 
 
-def _write_all(fd: int, data: bytes, url: str, temp: Path) -> None:
-    view = memoryview(data)
-    while view:
-        try:
-            written = _write(fd, view)
-        except OSError as error:
-            if error.errno in (errno.ENOSPC, errno.EDQUOT):
-                raise DownloadError(
-                    url,
-                    f"no space left on the device holding {temp.parent} "
-                    f"({os.strerror(error.errno)}); free some space or point "
-                    "FRAMEWORK_CACHE at a larger disk",
-                ) from error
-            raise
-        view = view[written:]
-
-
 def fetch(
     backend: DownloadBackend,
     url: str,
@@ -204,12 +185,22 @@ def fetch(
                                 bar.total = stream.size
                                 bar.n = offset
                                 bar.refresh()
-                        for chunk in stream.chunks:
-                            _write_all(fd, chunk, url, temp)
-                            hasher.update(chunk)
-                            offset += len(chunk)
-                            if bar is not None:
-                                bar.update(len(chunk))
+                        pipeline = Pipeline(fd, hasher, offset, url, temp)
+                        flush = False
+                        try:
+                            for chunk in stream.chunks:
+                                pipeline.put(chunk)
+                                offset += len(chunk)
+                                if bar is not None:
+                                    bar.update(len(chunk))
+                            flush = True
+                        except NetworkError:
+                            flush = True  # keep what arrived: the retry resumes after it
+                            raise
+                        finally:
+                            # Writes what is batched and waits for the hash thread, so the
+                            # file, `offset` and the digest all agree, even on error.
+                            pipeline.finish(flush)
                         size, etag = stream.size, stream.etag
                     if size is not None and offset < size:
                         raise NetworkError(url, f"connection closed after {offset} of {size} bytes")

@@ -14,7 +14,7 @@ import pytest
 import requests
 from dl_helpers import FaultServer, sha256, stray_files
 
-from framework.download import DownloadManager, _publish, cached_path
+from framework.download import DownloadManager, _pipeline, cached_path
 from framework.download._cache import Entry, unique_token
 from framework.download._publish import _etag_tag
 from framework.errors import (
@@ -212,13 +212,13 @@ def test_disk_full_gives_clear_error_and_leaves_no_temp_file(
     url = http_server.add("/full/data.bin", payload)
     written = []
 
-    def write(fd: int, data: Any) -> int:
+    def writev(fd: int, buffers: Any) -> int:
         if written:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        written.append(len(data))
-        return os.write(fd, data)
+        written.append(len(buffers))
+        return os.writev(fd, buffers)
 
-    monkeypatch.setattr(_publish, "_write", write)
+    monkeypatch.setattr(_pipeline, "_writev", writev)
     with pytest.raises(DownloadError, match="no space left") as info:
         manager.cached_path(url)
     assert isinstance(info.value.__cause__, OSError)

@@ -1,0 +1,267 @@
+"""Download benchmark: ours vs a raw `requests` streaming copy vs `pooch.retrieve`.
+
+One run, side by side, on a 200 MB file served from 127.0.0.1 by a server in its own
+process (``sendfile``, Range and ETag support, counting GETs):
+
+- cold download: ours (hash in the same pass, fsync, atomic publish) vs a raw
+  ``requests`` streaming copy with the same client vs ``pooch.retrieve`` (known hash);
+- cache hit with a known sha256: median over many calls, in microseconds (and pooch's);
+- 8 racing processes: GETs seen by the server, wall time vs one download.
+
+Run: ``python benchmarks/bench_download.py [--size-mb 200]``; results go to
+``benchmarks/results/download.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import multiprocessing
+import os
+import platform
+import shutil
+import statistics
+import tempfile
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, Callable
+
+import requests
+
+from framework.download import DownloadManager
+
+RESULTS = Path(__file__).parent / "results" / "download.json"
+FORK = multiprocessing.get_context("fork")
+
+
+def _serve(path: str, port: Any, gets: Any, ready: Any) -> None:
+    size = os.path.getsize(path)
+    etag = f'"{size}-{int(os.path.getmtime(path))}"'
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            with gets.get_lock():
+                gets.value += 1
+            start = 0
+            status = 200
+            if self.headers.get("Range"):
+                start = int(self.headers["Range"].split("=")[1].split("-")[0])
+                status = 206
+            self.send_response(status)
+            self.send_header("Content-Length", str(size - start))
+            self.send_header("ETag", etag)
+            if status == 206:
+                self.send_header("Content-Range", f"bytes {start}-{size - 1}/{size}")
+            self.end_headers()
+            self.wfile.flush()
+            with open(path, "rb") as file:
+                self.connection.sendfile(file, start)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    port.value = server.server_address[1]
+    ready.set()
+    server.serve_forever()
+
+
+def _timed(fn: Callable[[], Any], repeat: int, between: Callable[[], Any] = lambda: None) -> list[float]:
+    times = []
+    for _ in range(repeat):
+        between()
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def raw_copy(url: str, dest: Path, verify: bool = False) -> None:
+    """What a user writes by hand: stream with requests into a file.
+
+    With `verify`, also sha256 in the same pass and fsync, as ours does (a reference row).
+    """
+    hasher = hashlib.sha256()
+    with requests.Session() as session, session.get(url, stream=True) as response:
+        response.raise_for_status()
+        with open(dest, "wb") as file:
+            for chunk in response.iter_content(1 << 20):
+                file.write(chunk)
+                if verify:
+                    hasher.update(chunk)
+            if verify:
+                file.flush()
+                os.fsync(file.fileno())
+
+
+def _racer(url: str, cache: str, barrier: Any, done: Any) -> None:
+    manager = DownloadManager(cache, progress=False)
+    barrier.wait()
+    manager.cached_path(url)
+    done.put(time.perf_counter())
+
+
+def race(url: str, cache: Path, n: int) -> float:
+    barrier = FORK.Barrier(n + 1)
+    done = FORK.Queue()
+    procs = [FORK.Process(target=_racer, args=(url, str(cache), barrier, done)) for _ in range(n)]
+    for proc in procs:
+        proc.start()
+    barrier.wait()
+    start = time.perf_counter()
+    ends = [done.get(timeout=600) for _ in procs]
+    for proc in procs:
+        proc.join(timeout=60)
+    return max(ends) - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size-mb", type=int, default=200)
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--hits", type=int, default=5000)
+    args = parser.parse_args()
+
+    work = Path(tempfile.mkdtemp(prefix="bench-download-"))
+    source = work / "data.bin"
+    with open(source, "wb") as file:
+        for _ in range(args.size_mb):
+            file.write(os.urandom(1 << 20))
+    digest = hashlib.sha256(source.read_bytes()).hexdigest()
+    size = source.stat().st_size
+
+    port, gets, ready = FORK.Value("i", 0), FORK.Value("i", 0), FORK.Event()
+    server = FORK.Process(target=_serve, args=(str(source), port, gets, ready), daemon=True)
+    server.start()
+    ready.wait(10)
+    url = f"http://127.0.0.1:{port.value}/data.bin"
+    results: dict[str, Any] = {
+        "size_bytes": size,
+        "repeat": args.repeat,
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}",
+    }
+    try:
+        scratch = work / "scratch"
+
+        def fresh() -> None:
+            shutil.rmtree(scratch, ignore_errors=True)
+            scratch.mkdir()
+            os.sync()  # no contender pays for the previous one's dirty pages
+
+        # Interleave the contenders so drift in the machine affects them alike.
+        ours_t: list[float] = []
+        raw_t: list[float] = []
+        raw_verified_t: list[float] = []
+        for _ in range(args.repeat):
+            raw_t += _timed(lambda: raw_copy(url, scratch / "raw.bin"), 1, fresh)
+            raw_verified_t += _timed(lambda: raw_copy(url, scratch / "raw.bin", True), 1, fresh)
+            ours_t += _timed(
+                lambda: DownloadManager(scratch / "cache", progress=False).cached_path(url, sha256=digest),
+                1,
+                fresh,
+            )
+        import pooch
+
+        pooch_t = _timed(
+            lambda: pooch.retrieve(
+                url, known_hash=f"sha256:{digest}", path=scratch, fname="p.bin", progressbar=False
+            ),
+            max(1, args.repeat // 2),
+            fresh,
+        )
+        # Cache hits: ours with a known sha256, and pooch's (which re-hashes the file).
+        fresh()
+        manager = DownloadManager(scratch / "cache", progress=False)
+        manager.cached_path(url, sha256=digest)
+        before = gets.value
+        hit_t = []
+        for _ in range(args.hits):
+            start = time.perf_counter_ns()
+            manager.cached_path(url, sha256=digest)
+            hit_t.append((time.perf_counter_ns() - start) / 1000)
+        assert gets.value == before, "a cache hit reached the server"
+        pooch.retrieve(url, known_hash=f"sha256:{digest}", path=scratch, fname="p.bin", progressbar=False)
+        pooch_hit_t = _timed(
+            lambda: pooch.retrieve(
+                url, known_hash=f"sha256:{digest}", path=scratch, fname="p.bin", progressbar=False
+            ),
+            5,
+        )
+        # Eight racing processes on a cold cache.
+        racers = 8
+        fresh()
+        before = gets.value
+        race_wall = race(url, scratch / "cache", racers)
+        race_gets = gets.value - before
+    finally:
+        server.kill()
+        shutil.rmtree(work, ignore_errors=True)
+
+    med = statistics.median
+    ours, raw, poo, raw_v = med(ours_t), med(raw_t), med(pooch_t), med(raw_verified_t)
+    results.update(
+        {
+            "cold_ours_s": ours,
+            "cold_raw_requests_s": raw,
+            "cold_pooch_s": poo,
+            "cold_raw_requests_sha256_fsync_s": raw_v,
+            "cold_ours_MBps": size / ours / 1e6,
+            "cold_raw_requests_MBps": size / raw / 1e6,
+            "cold_pooch_MBps": size / poo / 1e6,
+            "cold_speed_vs_raw": raw / ours,
+            "cold_speed_vs_pooch": poo / ours,
+            "cold_speed_vs_raw_sha256_fsync": raw_v / ours,
+            "hit_ours_us_median": med(hit_t),
+            "hit_ours_us_p90": sorted(hit_t)[int(len(hit_t) * 0.9)],
+            "hit_pooch_us_median": med(pooch_hit_t) * 1e6,
+            "race_processes": racers,
+            "race_gets": race_gets,
+            "race_wall_s": race_wall,
+            "race_wall_vs_one_download": race_wall / ours,
+            "all_times_s": {
+                "ours": ours_t,
+                "raw": raw_t,
+                "raw_sha256_fsync": raw_verified_t,
+                "pooch": pooch_t,
+            },
+        }
+    )
+    targets = {
+        "cold >= 0.8x raw": results["cold_speed_vs_raw"] >= 0.8,
+        "cold >= 3x pooch": results["cold_speed_vs_pooch"] >= 3,
+        "hit < 100 us": results["hit_ours_us_median"] < 100,
+        "8 racers: one GET": race_gets == 1,
+        "8 racers: wall <= 1.2x one download": results["race_wall_vs_one_download"] <= 1.2,
+    }
+    results["targets_met"] = targets
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(results, indent=2) + "\n")
+
+    mb = size / 1e6
+    print(f"download benchmark: {size / 2**20:.0f} MiB from 127.0.0.1 ({results['machine']})")
+    print(f"{'measure':<42}{'median':>14}{'ratio':>26}")
+    rows = [
+        ("cold: framework (sha256+fsync+publish)", f"{ours:.3f} s", f"{mb / ours:.0f} MB/s"),
+        ("cold: raw requests streaming copy", f"{raw:.3f} s", f"ours {raw / ours:.2f}x its speed"),
+        ("cold: raw requests + sha256 + fsync", f"{raw_v:.3f} s", f"ours {raw_v / ours:.2f}x its speed"),
+        ("cold: pooch.retrieve (known hash)", f"{poo:.3f} s", f"ours {poo / ours:.2f}x its speed"),
+        ("hit: framework, known sha256", f"{med(hit_t):.1f} us", f"p90 {results['hit_ours_us_p90']:.1f} us"),
+        ("hit: pooch.retrieve, known hash", f"{med(pooch_hit_t) * 1e6:.0f} us",
+         f"{med(pooch_hit_t) * 1e6 / med(hit_t):.0f}x ours"),
+        (f"{racers} racing processes (GETs: {race_gets})", f"{race_wall:.3f} s",
+         f"{race_wall / ours:.2f}x one download"),
+    ]  # fmt: skip
+    for name, value, ratio in rows:
+        print(f"{name:<42}{value:>14}{ratio:>26}")
+    for name, ok in targets.items():
+        print(f"  target {name}: {'met' if ok else 'MISSED'}")
+    print(f"results written to {RESULTS}")
+
+
+if __name__ == "__main__":
+    main()

@@ -200,3 +200,25 @@ def on_files(files: Any, config: Any, **kwargs: Any) -> Any:
         files.remove(existing)
     files.append(File.generated(config, COMPONENTS_PAGE, content=render_components()))
     return files
+
+
+def _benchmark_tables() -> dict[str, str]:
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "plot.py"
+    spec = importlib.util.spec_from_file_location("framework_benchmarks_plot", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    tables: dict[str, str] = module.markdown_tables()
+    return tables
+
+
+def on_page_markdown(markdown: str, page: Any, config: Any, files: Any, **kwargs: Any) -> str:
+    """Fill the benchmarks page's result markers from ``benchmarks/results/*.json``."""
+    if page.file.src_uri != "benchmarks.md":
+        return markdown
+    for name, table in _benchmark_tables().items():
+        markdown = markdown.replace(f"<!-- {name}-results -->", table)
+    return markdown

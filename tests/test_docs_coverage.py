@@ -107,3 +107,44 @@ def test_the_components_page_is_generated_and_in_the_nav() -> None:
     assert "docs/hooks.py" in config["hooks"]
     assert "components.md" in text
     assert not (DOCS / "components.md").exists(), "components.md is generated; don't write one"
+
+
+def load_plot() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("bench_plot", REPO_ROOT / "benchmarks" / "plot.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_benchmarks_page_has_the_result_markers_and_images() -> None:
+    page = (DOCS / "benchmarks.md").read_text(encoding="utf-8")
+    for marker in ("<!-- loader-results -->", "<!-- download-results -->"):
+        assert marker in page
+    for image in re.findall(r"\]\((img/[\w.]+\.png)\)", page):
+        assert (DOCS / image).exists(), f"{image} is missing: run python benchmarks/plot.py"
+
+
+def test_benchmark_charts_and_tables_from_results(tmp_path: Path) -> None:
+    import json
+
+    plot = load_plot()
+    empty = plot.markdown_tables(tmp_path)
+    assert "No results yet" in empty["loader"] and "No results yet" in empty["download"]
+    (tmp_path / "loader.json").write_text(json.dumps({
+        "batch_size": 32,
+        "cheap_reader": {"lines": 10, "ours_2": {"batches_per_s": 1234.5, "first_batch_s": 0.01},
+                         "torch_2": {"batches_per_s": 321.0, "first_batch_s": 0.02},
+                         "ratios": {"ours_2_vs_torch_2": 3.85}},
+    }))  # fmt: skip
+    (tmp_path / "download.json").write_text(json.dumps({
+        "size_bytes": 10_000_000, "cold_ours_s": 0.5, "cold_pooch_s": 2.0,
+        "hit_ours_us_median": 25.0, "hit_pooch_us_median": 150000.0,
+    }))  # fmt: skip
+    tables = plot.markdown_tables(tmp_path)
+    assert "| framework, 2 workers | 1,234 | 10 ms |" in tables["loader"]
+    assert "ours 2 vs torch 2 **3.85x**" in tables["loader"]
+    assert "| framework | 0.500 s | 20 MB/s |" in tables["download"]
+    assert plot.main(["--results", str(tmp_path), "--out", str(tmp_path / "img")]) == 0
+    assert (tmp_path / "img" / "bench_loader.png").stat().st_size > 1000
+    assert (tmp_path / "img" / "bench_download.png").stat().st_size > 1000

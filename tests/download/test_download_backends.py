@@ -60,6 +60,16 @@ def test_s3_resumes_with_range(bucket: str, s3_env: str, manager: DownloadManage
     assert backend.stat(f"s3://{bucket}/resume.bin").size == len(data)
 
 
+def test_s3_without_boto3_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from framework_plugins.s3 import S3Backend
+
+    monkeypatch.setitem(sys.modules, "boto3", None)
+    with pytest.raises(ImportError, match=r"pip install 'framework\[s3\]'"):
+        S3Backend().open("s3://bucket/key")
+
+
 def test_local_paths_and_file_urls(tmp_path: Path, manager: DownloadManager) -> None:
     source = tmp_path / "some dir" / "data.bin"
     source.parent.mkdir()

@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import socket
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -106,12 +107,39 @@ def test_connection_always_dropping_fails_and_publishes_nothing(
     assert http_server.route(url).gets == 3
 
 
-def test_500_twice_then_200_is_retried(
-    http_server: FaultServer, manager: DownloadManager, payload: bytes
+@pytest.mark.parametrize("statuses", [[500, 500], [503, 502], [429, 408]])
+def test_retryable_statuses_then_200(
+    http_server: FaultServer, manager: DownloadManager, payload: bytes, statuses: list[int]
 ) -> None:
-    url = http_server.add("/flaky/data.bin", payload, fail_statuses=[500, 503])
+    url = http_server.add(f"/flaky/{statuses[0]}.bin", payload, fail_statuses=list(statuses))
     assert manager.cached_path(url).read_bytes() == payload
     assert http_server.route(url).gets == 3
+
+
+def test_stalled_body_times_out_instead_of_hanging(
+    http_server: FaultServer, cache: Path, payload: bytes
+) -> None:
+    manager = DownloadManager(cache, retries=2, backoff_factor=0.01, timeout=0.3, progress=False)
+    url = http_server.add("/stalled/data.bin", payload, delay=2.0)
+    with pytest.raises(NetworkError):
+        manager.cached_path(url)
+    assert not Entry(cache, url).final.exists()
+
+
+def test_progress_bar_on_a_terminal(
+    http_server: FaultServer,
+    cache: Path,
+    payload: bytes,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    url = http_server.add("/progress/data.bin", payload)
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)
+    DownloadManager(cache, progress=False).cached_path(url)
+    assert capsys.readouterr().err == ""
+    DownloadManager(cache).cached_path(url, force=True)
+    err = capsys.readouterr().err
+    assert "data.bin" in err and "1.00M" in err and "B/s" in err
 
 
 @pytest.mark.parametrize("status", [404, 403])
@@ -209,7 +237,7 @@ def test_disk_full_gives_clear_error_and_leaves_no_temp_file(
     payload: bytes,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    url = http_server.add("/full/data.bin", payload)
+    url = http_server.add("/full/data.bin", os.urandom(4 << 20))
     written = []
 
     def writev(fd: int, buffers: Any) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import signal
 import time
@@ -113,8 +114,9 @@ def _hold_lock(lock_path: str, kind: str, ready: Any) -> None:
 
 @pytest.mark.parametrize("kind", ["filelock", "softfilelock"])
 def test_lock_timeout_names_holder_then_sigkill_lets_next_in(
-    http_server: FaultServer, cache: Path, kind: str
+    http_server: FaultServer, cache: Path, kind: str, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO, logger="framework.download")
     url = http_server.add(f"/holder/{kind}.bin", b"payload")
     entry = Entry(cache, url)
     cache.mkdir(parents=True)
@@ -127,6 +129,7 @@ def test_lock_timeout_names_holder_then_sigkill_lets_next_in(
         with pytest.raises(LockTimeoutError) as info:
             manager.cached_path(url)
         assert f"pid {proc.pid}" in info.value.holder and info.value.url == url
+        assert f"another process is fetching it (pid {proc.pid}" in caplog.text
         assert http_server.route(url).gets == 0
     finally:
         os.kill(proc.pid, signal.SIGKILL)

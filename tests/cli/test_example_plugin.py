@@ -73,7 +73,7 @@ def test_run_reads_the_plugin_data_with_the_plugin_reader(site: Path, tmp_path: 
 
 
 @pytest.mark.timeout(110)
-def test_without_the_plugin_the_scheme_is_unknown(tmp_path: Path) -> None:
+def test_without_the_plugin_its_reader_is_unknown(tmp_path: Path) -> None:
     result = framework(tmp_path / "no-site", tmp_path, "run", str(CONFIG), "--no-progress")
     assert result.returncode == 2
     assert "dataset_reader.type" in result.stderr and "squares" in result.stderr

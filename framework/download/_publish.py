@@ -151,8 +151,10 @@ def fetch(
         bar_ctx = _progress_bar(progress, None, final.name.split("-", 1)[-1])
         with bar_ctx as bar:
             while True:
+                opened = False
                 try:
                     with backend.open(url, offset) as stream:
+                        opened = True
                         if (
                             temp is not None
                             and offset
@@ -209,7 +211,8 @@ def fetch(
                     break
                 except NetworkError as error:
                     failures += 1
-                    if failures >= attempts:
+                    # The backend already retried opening; resuming is for broken bodies.
+                    if failures >= attempts or not opened:
                         keep_partial = True
                         raise
                     delay = backoff_factor * (2 ** (failures - 1))

@@ -200,7 +200,7 @@ class DownloadManager:
             on_wait = _WaitBar(entry.final.name)
         return EntryLock(
             entry.lock,
-            self.lock,  # type: ignore[arg-type]
+            self.lock,
             self.lock_timeout,
             entry.url,
             progress=lambda: partial_bytes(entry.final),

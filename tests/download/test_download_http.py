@@ -361,3 +361,15 @@ def test_read_only_cache_still_serves_a_hit(
     finally:
         monkeypatch.undo()
         cache.chmod(0o755)
+
+
+def test_connection_refused_is_a_network_error(cache: Path) -> None:
+    with socket.socket() as probe:  # a port with nobody listening
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    manager = DownloadManager(cache, retries=2, backoff_factor=0.01, progress=False)
+    url = f"http://127.0.0.1:{port}/nothing.bin"
+    with pytest.raises(NetworkError) as info:
+        manager.cached_path(url)
+    assert info.value.url == url and "retries" in str(info.value)
+    assert stray_files(cache) == []

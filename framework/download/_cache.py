@@ -134,14 +134,15 @@ def read_metadata(path: Path) -> Optional[Metadata]:
     return meta
 
 
-def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    """Write JSON to a unique temporary name, then ``os.replace`` it into place."""
+def write_json_atomic(path: Path, data: dict[str, Any], durable: bool = True) -> None:
+    """Write JSON to a unique temporary name (fsynced if `durable`), then ``os.replace``."""
     temp = path.with_name(f"{path.name}.{unique_token()}.tmp")
     try:
         with open(temp, "w", encoding="utf-8") as file:
             json.dump(data, file)
-            file.flush()
-            os.fsync(file.fileno())
+            if durable:
+                file.flush()
+                os.fsync(file.fileno())
         os.replace(temp, path)
     except BaseException:
         try:

@@ -36,6 +36,8 @@ class EntryLock:
     `timeout` counts seconds without progress: a waiter whose holder keeps
     downloading (`progress()` keeps growing) waits on, so a large file never
     trips it; a holder that hangs does. `progress` returns bytes fetched so far.
+    A waiter stops waiting, without taking the lock (`held` stays false), as soon
+    as `done()` says the holder's result is published.
     """
 
     def __init__(
@@ -46,6 +48,7 @@ class EntryLock:
         url: str,
         progress: Optional[Callable[[], int]] = None,
         on_wait: Optional[Callable[[int, Optional[int]], None]] = None,
+        done: Optional[Callable[[], bool]] = None,
     ) -> None:
         self.path = path
         self.owner_path = path.with_name(path.name + ".owner")
@@ -54,6 +57,8 @@ class EntryLock:
         self.url = url
         self._progress = progress
         self._on_wait = on_wait
+        self._done = done
+        self.held = False
         self._lock: Optional[filelock.BaseFileLock] = None
         if kind == "filelock":
             self._lock = filelock.FileLock(str(path), thread_local=False)
@@ -91,7 +96,7 @@ class EntryLock:
         }
         data.update(fields)
         try:
-            write_json_atomic(self.owner_path, data)
+            write_json_atomic(self.owner_path, data, durable=False)
         except OSError:  # informative only
             pass
 
@@ -112,6 +117,8 @@ class EntryLock:
                 break
             except filelock.Timeout:
                 pass
+            if self._done is not None and self._done():
+                return self
             seen = self._progress() if self._progress is not None else 0
             if seen != last_seen:
                 last_seen = seen
@@ -127,6 +134,7 @@ class EntryLock:
                 self._on_wait(seen, self.expected_size())
             if time.monotonic() >= deadline:
                 raise LockTimeoutError(self.url, str(self.path), self.timeout, self.holder())
+        self.held = True
         self.record()
         return self
 
@@ -136,8 +144,9 @@ class EntryLock:
         exc: Optional[BaseException],
         tb: Optional[TracebackType],
     ) -> None:
-        if self._lock is None:
+        if self._lock is None or not self.held:
             return
+        self.held = False
         try:
             os.unlink(self.owner_path)
         except OSError:

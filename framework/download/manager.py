@@ -182,7 +182,13 @@ class DownloadManager:
             )
         show = (self.progress if progress is None else progress) and sys.stderr.isatty()
         root.mkdir(parents=True, exist_ok=True)
-        with self._lock(entry, show) as lock:
+
+        def done() -> bool:  # another process published what we need: stop waiting
+            if force or entry.lookup(sha256) is None:
+                return False
+            return not extract or os.path.isdir(entry.extracted)
+
+        with self._lock(entry, show, done) as lock:
             fetched = False
             if force or entry.lookup(sha256) is None:
                 self._fetch(entry, sha256, show, lock)
@@ -194,7 +200,7 @@ class DownloadManager:
                 extract_archive(entry.final, entry.extracted, url, self.limits, replace=True)
             return entry.extracted
 
-    def _lock(self, entry: Entry, show: bool) -> EntryLock:
+    def _lock(self, entry: Entry, show: bool, done: Callable[[], bool]) -> EntryLock:
         on_wait: Optional[Callable[[int, Optional[int]], None]] = None
         if show:
             on_wait = _WaitBar(entry.final.name)
@@ -205,6 +211,7 @@ class DownloadManager:
             entry.url,
             progress=lambda: partial_bytes(entry.final),
             on_wait=on_wait,
+            done=done,
         )
 
     def _fetch(self, entry: Entry, sha256: Optional[str], show: bool, lock: EntryLock) -> None:

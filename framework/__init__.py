@@ -4,10 +4,9 @@ Names are imported on first use (PEP 562), so ``import framework`` stays cheap a
 does not import torch until something needs it.
 """
 
-from __future__ import annotations
-
-import importlib
-from typing import TYPE_CHECKING, Any
+import importlib as _importlib
+from typing import TYPE_CHECKING as _TYPE_CHECKING
+from typing import Any as _Any
 
 __version__ = "0.1.0"
 
@@ -49,7 +48,7 @@ _LOCATIONS = {
     "hookspec": "framework.hookspecs",
 }
 
-if TYPE_CHECKING:
+if _TYPE_CHECKING:
     from framework.config import Lazy
     from framework.data.collate import DataCollator, DefaultDataCollator
     from framework.data.loader import DataLoader
@@ -63,11 +62,11 @@ if TYPE_CHECKING:
     from framework.registry import Registrable
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> _Any:
     module = _LOCATIONS.get(name)
     if module is None:
         raise AttributeError(f"module 'framework' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
+    value = getattr(_importlib.import_module(module), name)
     globals()[name] = value
     return value
 

@@ -316,10 +316,7 @@ def _parameters(factory: Callable[..., Any]) -> tuple[str, _Parameters]:
         signature = inspect.signature(function)
     except (TypeError, ValueError):
         return owner, {"**": (Any, _EMPTY)}
-    try:
-        hints = typing.get_type_hints(function, include_extras=True)
-    except Exception:  # unresolvable forward references: treat those as Any
-        hints = {}
+    hints = _type_hints(function)
     result: _Parameters = {}
     for index, parameter in enumerate(signature.parameters.values()):
         if skip_first and index == 0:
@@ -339,6 +336,23 @@ def _parameters(factory: Callable[..., Any]) -> tuple[str, _Parameters]:
             for name, spec in _parameters(parent)[1].items():
                 result.setdefault(name, spec)
     return owner, result
+
+
+def _type_hints(function: Callable[..., Any]) -> dict[str, Any]:
+    """Resolved annotations; one that can't be resolved degrades to Any alone."""
+    try:
+        return typing.get_type_hints(function, include_extras=True)
+    except Exception:
+        pass
+    hints: dict[str, Any] = {}
+    namespace = getattr(function, "__globals__", {})
+    for name, annotation in getattr(function, "__annotations__", {}).items():
+        try:
+            probe = types.SimpleNamespace(__annotations__={name: annotation})
+            hints[name] = typing.get_type_hints(probe, namespace, include_extras=True)[name]
+        except Exception:  # an unresolvable forward reference: accept anything there
+            hints[name] = Any
+    return hints
 
 
 def _is_class(value: Any) -> bool:

@@ -227,3 +227,21 @@ def test_constructor_errors_become_config_errors_at_the_right_path() -> None:
 
     with pytest.raises(ConfigError, match=r"^sampler: Picky: size must be positive"):
         Loader.from_config({"type": "basic", "sampler": {"type": "picky", "size": 0}}, reader=None)
+
+
+def test_one_unresolvable_annotation_degrades_only_itself() -> None:
+    namespace: dict[str, Any] = {}
+    exec(
+        "from typing import List\n"
+        "from framework import Registrable\n"
+        "class Thing(Registrable):\n"
+        "    def __init__(self, size: int, other: 'NoSuchName', names: 'List[str]') -> None:\n"
+        "        self.size, self.other, self.names = size, other, names\n",
+        namespace,
+    )
+    thing = construct(namespace["Thing"], {"size": 2, "other": {"any": "thing"}, "names": ["a"]})
+    assert thing.size == 2 and thing.other == {"any": "thing"} and thing.names == ["a"]
+    with pytest.raises(ConfigError, match="size: expected int"):
+        construct(namespace["Thing"], {"size": "2", "other": 1, "names": []})
+    with pytest.raises(ConfigError, match=r"names\.0: expected str"):
+        construct(namespace["Thing"], {"size": 2, "other": 1, "names": [3]})

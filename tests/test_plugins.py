@@ -20,7 +20,8 @@ name = {dist}
 version = 1.2.3
 
 [options]
-py_modules = {modules}
+py_modules =
+{modules}
 
 [options.entry_points]
 framework.plugins =
@@ -57,7 +58,7 @@ def _build_dist(root: Path, dist: str, files: dict[str, str], entry_points: dict
     source.mkdir()
     for name, text in files.items():
         (source / name).write_text(text)
-    modules = " ".join(sorted(name[:-3] for name in files))
+    modules = "\n".join(f"    {name[:-3]}" for name in sorted(files))
     eps = "\n".join(f"    {name} = {target}" for name, target in entry_points.items())
     (source / "setup.cfg").write_text(SETUP_CFG.format(dist=dist, modules=modules, entry_points=eps))
     (source / "setup.py").write_text("from setuptools import setup\nsetup()\n")

@@ -278,3 +278,32 @@ def test_help_lists_the_options() -> None:
     assert result.returncode == 0
     for option in ("--override", "--device", "CONFIG"):
         assert option in result.stdout
+
+
+def test_lazy_loader_and_a_sampler_by_override(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    text = tmp_path / "lines.txt"
+    text.write_text("".join("word " * (1 + i % 6) + "\n" for i in range(50)), encoding="utf-8")
+    config = write_config(tmp_path, str(text), epochs=1, dataset_reader={"type": "text"})
+    code, summary, err = run_cli(
+        capsys, str(config), "--override",
+        '{"data_loader": {"batch_size": null, "num_workers": 2, "max_instances_in_memory": 20,'
+        ' "batch_sampler": {"type": "bucket", "batch_size": 5, "sorting_keys": ["tokens"]}}}',
+    )  # fmt: skip
+    assert code == 0, err
+    assert summary["instances"] == 50 and summary["batches"] >= 10
+
+
+def test_a_bad_combination_is_a_config_error_before_any_download(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, data_file: Path, isolated_cache: Path
+) -> None:
+    config = write_config(
+        tmp_path, str(data_file),
+        data_loader={"batch_sampler": {"type": "bucket", "batch_size": 4}},
+    )  # fmt: skip
+    code, _, err = run_cli(capsys, str(config))
+    assert code == 2
+    assert "batch_sampler is mutually exclusive with batch_size" in err
+    assert err.startswith("framework run: error: data_loader")
+    assert not any(isolated_cache.iterdir())

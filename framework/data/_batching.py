@@ -84,12 +84,18 @@ class BatchPlan:
                     yield [chunk[i] for i in indices]
             return
         assert self.batch_size is not None
+        if not self.shuffle:
+            # Nothing to do per chunk: stream straight into batches (first batch sooner).
+            for group in groups_of(instances, self.batch_size):
+                if self.drop_last and len(group) < self.batch_size:
+                    return
+                yield group
+            return
         rng = random.Random(seed)
 
         def shuffled() -> Iterator[Any]:
             for chunk in groups_of(instances, chunk_size):
-                if self.shuffle:
-                    rng.shuffle(chunk)
+                rng.shuffle(chunk)
                 yield from chunk
 
         # Batches span chunk boundaries, as with a shuffle buffer: only the last is short.

@@ -105,10 +105,13 @@ class DatasetReader(Registrable):
         instance here; inside a loader worker the loader runs it in the main process
         after the instance arrives.
         """
-        in_worker = self._worker_info is not None
-        for instance in self._multi_worker_islice(self._read(file_path)):
-            if not in_worker:
-                self.apply_token_indexers(instance)
+        instances = self._multi_worker_islice(self._read(file_path))
+        overridden = type(self).apply_token_indexers is not DatasetReader.apply_token_indexers
+        if self._worker_info is not None or not overridden:
+            yield from instances  # the hook is a no-op, or the loader runs it after crossing
+            return
+        for instance in instances:
+            self.apply_token_indexers(instance)
             yield instance
 
     def _read(self, file_path: DatasetReaderInput) -> Iterable[Instance]:

@@ -94,6 +94,9 @@ class DyingReader(CountingReader):
         info = self.get_worker_info()
         for i, instance in enumerate(super()._read(file_path)):
             if info is not None and info.id == self.victim and i == 20:
+                import faulthandler
+
+                faulthandler.disable()  # keep pytest's crash dump out of the test output
                 if self.how == "SIGKILL":
                     os.kill(os.getpid(), signal.SIGKILL)
                 elif self.how == "SIGSEGV":

@@ -48,6 +48,7 @@ class WorkerSpec:
     transfer: TransferMode
     quiet: bool
     set_death_signal: bool
+    start_method: str
 
 
 def seed_everything(seed: int) -> None:
@@ -59,7 +60,12 @@ def seed_everything(seed: int) -> None:
         numpy.random.seed(seed % 2**32)
 
 
-def _die_with_parent(parent_pid: int, set_death_signal: bool) -> None:
+def _die_with_parent(main_pid: int, start_method: str, set_death_signal: bool) -> None:
+    # Under forkserver the parent is the fork server, which exits when the main
+    # process does; under fork and spawn it is the main process itself.
+    parent_pid = os.getppid()
+    if start_method != "forkserver" and parent_pid != main_pid:
+        os._exit(1)  # the main process died before this worker got going
     if set_death_signal and sys.platform.startswith("linux"):
         try:
             import ctypes
@@ -89,7 +95,7 @@ def worker_main(
     tqdm_lock: Any,
 ) -> None:
     """Entry point of a worker process."""
-    _die_with_parent(parent_pid, spec.set_death_signal)
+    _die_with_parent(parent_pid, spec.start_method, spec.set_death_signal)
     # Ctrl-C goes to the whole process group; the main process decides how to shut down.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     # Several intra-op threads per worker oversubscribe the cores and can deadlock

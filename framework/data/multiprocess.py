@@ -25,6 +25,7 @@ from __future__ import annotations
 import itertools
 import math
 import multiprocessing
+import pickle
 import warnings
 from collections.abc import Generator, Iterator, Mapping
 from typing import Any, Optional, Union
@@ -357,8 +358,7 @@ class MultiProcessDataLoader(DataLoader):
                 seed_everything(derive_seed(self._epoch_seed(0), "worker", 0))
             yield from self._progress(self.reader.read(self.data_path))
             return
-        pool = WorkerPool(self._spec(current_distributed_info()), self.num_workers,
-                          multiprocessing.get_context(self.start_method), self._tqdm_lock())
+        pool = self._start_pool(current_distributed_info())
         position = Position(epoch=0, seed=self._epoch_seed(0))
         try:
             yield from self._progress(self._interleave(pool.run(position, "instances", self.timeout)))
@@ -406,6 +406,7 @@ class MultiProcessDataLoader(DataLoader):
             transfer=self.transfer,  # type: ignore[arg-type]
             quiet=self.quiet,
             set_death_signal=main_thread(),
+            start_method=self.start_method,
         )
 
     def _tqdm_lock(self) -> Any:
@@ -419,19 +420,21 @@ class MultiProcessDataLoader(DataLoader):
         if self._pool is not None and (self._pool.busy or self._pool.closed):
             self._close_pool()
         if self._pool is None:
-            context = multiprocessing.get_context(self.start_method)
-            try:
-                self._pool = WorkerPool(self._spec(info), self.num_workers, context,
-                                        self._tqdm_lock())
-            except (TypeError, AttributeError, ValueError) as error:
-                if self.start_method == "fork":
-                    raise
-                raise TypeError(
-                    f"start_method={self.start_method!r} pickles the reader, sampler and "
-                    f"collate_fn to start each worker, and that failed: {error}. Define them "
-                    "at module level (importable), or use start_method='fork'"
-                ) from error
+            self._pool = self._start_pool(info)
         return self._pool
+
+    def _start_pool(self, info: Optional[DistributedInfo]) -> WorkerPool:
+        context = multiprocessing.get_context(self.start_method)
+        try:
+            return WorkerPool(self._spec(info), self.num_workers, context, self._tqdm_lock())
+        except (TypeError, AttributeError, ValueError, pickle.PicklingError) as error:
+            if self.start_method == "fork":
+                raise
+            raise TypeError(
+                f"start_method={self.start_method!r} pickles the reader, sampler and "
+                f"collate_fn to start each worker, and that failed: {error}. Define them "
+                "at module level (importable), or use start_method='fork'"
+            ) from error
 
     def _close_pool(self) -> None:
         if self._pool is not None:

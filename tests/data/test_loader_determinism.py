@@ -46,10 +46,11 @@ def test_same_seed_same_batches(num_workers: int, lazy: Any, sampler: bool) -> N
     assert other != first
 
 
-def test_spawned_workers_match_forked_ones() -> None:
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_spawned_workers_match_forked_ones(method: str) -> None:
     forked = epochs(build(2, 8), 1)
-    spawned = epochs(build(2, 8, start_method="spawn"), 1)
-    assert forked == spawned
+    other = epochs(build(2, 8, start_method=method), 1)
+    assert forked == other
 
 
 def test_order_is_round_robin_across_workers() -> None:

@@ -231,3 +231,12 @@ def test_ctrl_c_reaps_every_worker(tmp_path: Path) -> None:
     assert "INTERRUPTED" in out and "CHILDREN 0" in out
     assert not any(alive(pid) for pid in workers)
     assert shm_entries() - before == set()
+
+
+def test_spawn_with_an_unpicklable_reader_says_what_to_do() -> None:
+    class Local(CountingReader):  # defined in a function: spawn cannot import it
+        pass
+
+    data = make(Local(8), num_workers=1, max_instances_in_memory=4, start_method="spawn")
+    with pytest.raises(TypeError, match="module level"):
+        list(data)

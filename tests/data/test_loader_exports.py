@@ -1,0 +1,25 @@
+"""The public names of the loader engine, at top level and in framework.data."""
+
+from __future__ import annotations
+
+import framework
+import framework.data
+
+ENGINE = {
+    "BatchSampler", "DataCollator", "DataLoader", "DatasetReader", "DefaultDataCollator",
+    "DistributedInfo", "MultiProcessDataLoader", "WorkerInfo",
+}
+
+
+def test_data_package_exports_exactly_the_engine() -> None:
+    assert set(framework.data.__all__) == ENGINE
+    for name in ENGINE:
+        assert getattr(framework.data, name) is getattr(framework, name)
+
+
+def test_loader_is_the_default_and_registered_through_the_plugin_path() -> None:
+    from framework.data.loader import DataLoader
+
+    assert DataLoader.default_implementation == "multiprocess"
+    assert DataLoader.by_name("multiprocess") is framework.MultiProcessDataLoader
+    assert DataLoader.registry_entries()["multiprocess"].plugin == "core"

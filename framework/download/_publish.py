@@ -92,6 +92,8 @@ def _adopt(final: Path, exclusive: bool) -> Optional[tuple[Path, str]]:
             orphans.append((os.stat(path).st_size, path))
         except OSError:
             continue
+    if exclusive:
+        _sweep_temp_files(final)
     orphans.sort(reverse=True)
     adopted: Optional[tuple[Path, str]] = None
     for _size, path in orphans:
@@ -106,6 +108,20 @@ def _adopt(final: Path, exclusive: bool) -> Optional[tuple[Path, str]]:
         else:
             remove_quietly(path)
     return adopted
+
+
+def _sweep_temp_files(final: Path) -> None:
+    """Remove sidecar and owner temp files (``*.tmp``) left by dead processes on this host."""
+    prefix = final.name + "."
+    try:
+        names = os.listdir(final.parent)
+    except OSError:
+        return
+    for name in names:
+        if name.startswith(prefix) and name.endswith(".tmp"):
+            owner = parse_owner(name)
+            if owner is not None and not is_alive_local(*owner):
+                remove_quietly(final.parent / name)
 
 
 @contextmanager

@@ -285,6 +285,18 @@ def test_orphan_partial_is_adopted_and_range_answers_handled(
     assert stray_files(cache) == []
 
 
+def test_temp_files_of_dead_processes_are_swept(
+    http_server: FaultServer, manager: DownloadManager, cache: Path, payload: bytes
+) -> None:
+    url = http_server.add("/sweep/data.bin", payload)
+    stale = _orphan(cache, url, b"{", "x")
+    sidecar_temp = stale.with_name(stale.name.replace(".part", ".tmp"))
+    stale.rename(sidecar_temp)
+    assert stray_files(cache) == [sidecar_temp.name]
+    manager.cached_path(url)
+    assert stray_files(cache) == []
+
+
 def test_complete_orphan_answered_416_needs_no_body(
     http_server: FaultServer, manager: DownloadManager, cache: Path, payload: bytes
 ) -> None:

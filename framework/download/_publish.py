@@ -22,7 +22,7 @@ import attrs
 
 from framework.download._cache import is_alive_local, parse_owner, unique_token
 from framework.download._pipeline import Pipeline
-from framework.download.backend import DownloadBackend
+from framework.download.backend import ByteStream, DownloadBackend
 from framework.errors import ChecksumError, NetworkError
 
 __all__ = ["Fetched", "fetch", "partial_bytes", "publish_file", "remove_quietly"]
@@ -46,6 +46,16 @@ def _etag_tag(etag: Optional[str]) -> str:
     if not etag:
         return "noetag"
     return hashlib.sha256(etag.encode("utf-8")).hexdigest()[:12]
+
+
+def _resumable(stream: ByteStream, offset: int, tag: str) -> bool:
+    """Whether `stream` continues our partial file: not if the server ignored the
+    Range (200), or the object changed (another etag, or now shorter than our file)."""
+    if stream.start != offset:
+        return False
+    if stream.etag is not None and _etag_tag(stream.etag) != tag:
+        return False
+    return stream.size is None or offset <= stream.size
 
 
 def _partials(final: Path) -> list[Path]:
@@ -171,16 +181,7 @@ def fetch(
                 try:
                     with backend.open(url, offset) as stream:
                         opened = True
-                        if (
-                            temp is not None
-                            and offset
-                            and (
-                                stream.start != offset
-                                or (stream.etag is not None and _etag_tag(stream.etag) != tag)
-                                or (stream.size is not None and offset > stream.size)
-                            )
-                        ):
-                            # The server ignored the Range, or the object changed: start over.
+                        if temp is not None and offset and not _resumable(stream, offset, tag):
                             logger.info("cannot resume %s at byte %d; starting over", url, offset)
                             os.truncate(temp, 0)
                             offset, hasher = 0, hashlib.sha256()

@@ -9,16 +9,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from dl_helpers import sha256, stray_files
+from dl_helpers import MemoryBackend, sha256, stray_files
 
 import framework
 import framework.download
-from framework import hookimpl
 from framework.cli import main
 from framework.download import ByteStream, DownloadBackend, DownloadManager, RemoteInfo
 from framework.download._cache import Entry
 from framework.errors import ChecksumError, DownloadError, HTTPStatusError
-from framework.registry import Registrar
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -87,31 +85,22 @@ def test_local_paths_and_file_urls(tmp_path: Path, manager: DownloadManager) -> 
     assert stray_files(manager.cache_dir) == []
 
 
-class MemoryBackend(DownloadBackend):
-    """A third-party backend: objects live in a dict."""
+def test_third_party_backend_via_entry_point_hook(manager: DownloadManager) -> None:
+    from importlib.metadata import EntryPoint
 
-    objects: dict[str, bytes] = {}
+    from framework import _plugins
 
-    def open(self, url: str, offset: int = 0) -> ByteStream:
-        data = self.objects[url]
-        return ByteStream(iter([data[offset:]]), start=offset, size=len(data), etag="v1")
-
-
-class MemoryPlugin:
-    @staticmethod
-    @hookimpl
-    def framework_register_components(registrar: Registrar) -> None:
-        registrar.add(DownloadBackend, "mem", MemoryBackend)
-
-
-def test_third_party_backend_via_hook(manager: DownloadManager) -> None:
-    registrar = Registrar(provider="test-plugin 1.0", plugin="mem")
-    MemoryPlugin.framework_register_components(registrar)
-    registrar.commit()
-    MemoryBackend.objects["mem://store/weights.bin"] = b"weights"
-    path = manager.cached_path("mem://store/weights.bin")
-    assert path.read_bytes() == b"weights" and path.name.endswith("-weights.bin")
-    assert "mem" in DownloadBackend.list_available()
+    plugin_manager = _plugins.plugin_manager()
+    entry_point = EntryPoint(name="mem", value="dl_helpers:MemoryPlugin", group="framework.plugins")
+    _plugins._load_one(plugin_manager, entry_point)  # what plugin discovery does for each one
+    try:
+        assert "mem" in DownloadBackend.list_available()
+        MemoryBackend.objects["mem://store/weights.bin"] = b"weights"
+        path = manager.cached_path("mem://store/weights.bin")
+        assert path.read_bytes() == b"weights" and path.name.endswith("-weights.bin")
+        assert type(manager.backend_for("mem://x")).__name__ == "MemoryBackend"
+    finally:
+        plugin_manager.unregister(name="mem")
 
 
 def test_third_party_backend_via_register_decorator(manager: DownloadManager) -> None:

@@ -9,13 +9,14 @@ that dies (even by SIGKILL or a segfault) is noticed at once, never waited on.
 from __future__ import annotations
 
 import os
+import select
 import signal
 import threading
 import time
 import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from multiprocessing.connection import Connection, wait
+from multiprocessing.connection import Connection
 from typing import Any, Optional
 
 from framework.data._transfer import read_frame, set_pipe_size
@@ -92,6 +93,12 @@ class WorkerPool:
         except BaseException:
             self.shutdown()
             raise
+        self._pollers = []
+        for conn, process in zip(self.data, self.processes):
+            poller = select.poll()
+            poller.register(conn.fileno(), select.POLLIN)
+            poller.register(process.sentinel, select.POLLIN)
+            self._pollers.append(poller)
         self._finalizer = weakref.finalize(self, _reap, self.processes, self.data, self.control)
 
     def run(self, position: Position, kind: str, timeout: Optional[float]) -> Iterator[Any]:
@@ -141,10 +148,12 @@ class WorkerPool:
     def _receive(self, worker_id: int, timeout: Optional[float]) -> Any:
         conn = self.data[worker_id]
         process = self.processes[worker_id]
+        poller = self._pollers[worker_id]
         started = time.monotonic()
         while True:
-            ready = wait([conn, process.sentinel], timeout=1.0)
-            if conn in ready or conn.poll(0):
+            # One poll on the pipe and the process sentinel: data, or death, wakes us.
+            ready = {fd for fd, _ in poller.poll(1000)}
+            if conn.fileno() in ready or (ready and conn.poll(0)):
                 try:
                     return read_frame(conn.fileno())
                 except EOFError:

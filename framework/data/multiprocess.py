@@ -33,6 +33,8 @@ from typing import Any, Optional, Union
 import torch
 
 from framework.data._batching import BatchPlan, derive_seed
+from framework.data._checks import no_instances, validate
+from framework.data._distributed import even, min_over_ranks
 from framework.data._pool import Position, WorkerPool, main_thread
 from framework.data._worker import WorkerSpec, seed_everything
 from framework.data.collate import DataCollator, DefaultDataCollator
@@ -47,9 +49,6 @@ from framework.data.reader import (
 from framework.data.sampler import BatchSampler
 
 __all__ = ["MultiProcessDataLoader"]
-
-_TRANSFERS = ("pickle5", "shared_memory")
-
 
 class MultiProcessDataLoader(DataLoader):
     """Reads with `reader` from `data_path` in `num_workers` processes and yields batches.
@@ -107,7 +106,7 @@ class MultiProcessDataLoader(DataLoader):
         transfer: str = "pickle5",
         timeout: Optional[float] = None,
     ) -> None:
-        _validate(
+        validate(
             batch_size, drop_last, shuffle, batch_sampler, batches_per_epoch, num_workers,
             max_instances_in_memory, start_method, persistent_workers, transfer, timeout,
         )
@@ -278,7 +277,7 @@ class MultiProcessDataLoader(DataLoader):
             stream = self._lazy_pass_in_workers(position, info)
         if info is not None and info.world_size > 1 and self.even_batches:
             if self.max_instances_in_memory is not None and self.batches_per_epoch is None:
-                stream = _even(stream)
+                stream = even(stream)
         try:
             for batch in stream:
                 yield self._finish(batch)
@@ -293,7 +292,7 @@ class MultiProcessDataLoader(DataLoader):
         instances = self._load_instances()
         lists = self._plan.batch_lists(instances, derive_seed(position.seed, "eager"))
         if info is not None and info.world_size > 1 and self.even_batches:
-            lists = lists[: _min_over_ranks(len(lists))]
+            lists = lists[: min_over_ranks(len(lists))]
         for index in range(position.consumed, len(lists)):
             batch = self.collate_fn([instances[i] for i in lists[index]])
             position.consumed = index + 1
@@ -312,7 +311,7 @@ class MultiProcessDataLoader(DataLoader):
             position.consumed = index + 1
             yield self.collate_fn(batch)
         if next(counter) == 0 and position.consumed == 0:
-            raise _no_instances(self.reader, self.data_path)
+            raise no_instances(self.reader, self.data_path)
 
     def _lazy_pass_in_workers(
         self, position: Position, info: Optional[DistributedInfo]
@@ -333,7 +332,7 @@ class MultiProcessDataLoader(DataLoader):
             if not finished or not self.persistent_workers:
                 self._close_pool()
         if position.instances == 0 and not resumed:
-            raise _no_instances(self.reader, self.data_path)
+            raise no_instances(self.reader, self.data_path)
 
     def _finish(self, batch: Any) -> Any:
         if self.pin_memory and torch.cuda.is_available():
@@ -348,7 +347,7 @@ class MultiProcessDataLoader(DataLoader):
         if self._instances is None:
             instances = list(self._read_instances())
             if not instances:
-                raise _no_instances(self.reader, self.data_path)
+                raise no_instances(self.reader, self.data_path)
             self._instances = instances
         return self._instances
 
@@ -444,7 +443,10 @@ class MultiProcessDataLoader(DataLoader):
     def __del__(self) -> None:
         pool = getattr(self, "_pool", None)
         if pool is not None:
-            pool.shutdown()
+            try:
+                pool.shutdown()
+            except Exception:  # interpreter shutdown: the pool's finalizer reaps instead
+                pass
 
 
 def _zip_longest(chunks: list[list[Instance]]) -> Iterator[Instance]:
@@ -453,88 +455,3 @@ def _zip_longest(chunks: list[list[Instance]]) -> Iterator[Instance]:
         for instance in row:
             if instance is not missing:
                 yield instance
-
-
-def _min_over_ranks(count: int) -> int:
-    import torch.distributed as dist
-
-    device = "cuda" if dist.get_backend() == "nccl" else "cpu"
-    value = torch.tensor([count], dtype=torch.int64, device=device)
-    dist.all_reduce(value, op=dist.ReduceOp.MIN)
-    return int(value.item())
-
-
-def _even(stream: Iterator[Any]) -> Iterator[Any]:
-    """Stop every rank as soon as any rank runs out (one tiny all_reduce per batch)."""
-    try:
-        while True:
-            batch = next(stream, _END)
-            if _min_over_ranks(0 if batch is _END else 1) == 0:
-                return
-            yield batch
-    finally:
-        close = getattr(stream, "close", None)
-        if close is not None:
-            close()
-
-
-_END = object()
-
-
-def _no_instances(reader: DatasetReader, data_path: Any) -> ValueError:
-    return ValueError(
-        f"{type(reader).__name__} read no instances from {data_path!r}. Is the path right, "
-        "and does _read() yield? (With max_instances=0 or an empty file this is expected.)"
-    )
-
-
-def _validate(
-    batch_size: Optional[int],
-    drop_last: bool,
-    shuffle: bool,
-    batch_sampler: Optional[BatchSampler],
-    batches_per_epoch: Optional[int],
-    num_workers: int,
-    max_instances_in_memory: Optional[int],
-    start_method: str,
-    persistent_workers: bool,
-    transfer: str,
-    timeout: Optional[float],
-) -> None:
-    if num_workers is None or num_workers < 0:
-        raise ValueError(f"num_workers must be 0 or more, got {num_workers}")
-    if batch_size is not None and batch_size < 1:
-        raise ValueError(f"batch_size must be at least 1, got {batch_size}")
-    if batch_sampler is not None:
-        for name, value in (("batch_size", batch_size), ("drop_last", drop_last),
-                            ("shuffle", shuffle)):
-            if value:
-                raise ValueError(
-                    f"batch_sampler is mutually exclusive with {name}: set {name} on the "
-                    "sampler, or drop batch_sampler"
-                )
-    elif batch_size is None:
-        raise ValueError("batch_size is required when batch_sampler is not given")
-    if batches_per_epoch is not None and batches_per_epoch < 1:
-        raise ValueError(f"batches_per_epoch must be at least 1, got {batches_per_epoch}")
-    if max_instances_in_memory is not None:
-        if batch_size is not None and max_instances_in_memory < batch_size:
-            raise ValueError(
-                f"max_instances_in_memory ({max_instances_in_memory}) must be at least "
-                f"batch_size ({batch_size}); raise it (10x batch_size is a good start)"
-            )
-        if max_instances_in_memory < 1:
-            raise ValueError(
-                f"max_instances_in_memory must be at least 1, got {max_instances_in_memory}"
-            )
-    if start_method not in multiprocessing.get_all_start_methods():
-        raise ValueError(
-            f"start_method must be one of {multiprocessing.get_all_start_methods()}, "
-            f"got {start_method!r}"
-        )
-    if persistent_workers and num_workers == 0:
-        raise ValueError("persistent_workers=True needs num_workers > 0")
-    if transfer not in _TRANSFERS:
-        raise ValueError(f"transfer must be one of {_TRANSFERS}, got {transfer!r}")
-    if timeout is not None and timeout <= 0:
-        raise ValueError(f"timeout must be positive seconds or None, got {timeout}")

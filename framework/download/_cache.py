@@ -20,6 +20,7 @@ from typing import Any, Final, Optional, TypedDict
 from urllib.parse import unquote, urlsplit
 
 __all__ = [
+    "HOST",
     "Entry",
     "Metadata",
     "is_alive_local",
@@ -30,7 +31,8 @@ __all__ = [
 ]
 
 _SUFFIX_CHARS: Final = re.compile(r"[^A-Za-z0-9._-]+")
-_HOST: Final = re.sub(r"[^A-Za-z0-9-]+", "-", socket.gethostname()) or "host"
+# This host, as it appears in temporary file names (no dots: names are split on them).
+HOST: Final = re.sub(r"[^A-Za-z0-9-]+", "-", socket.gethostname()) or "host"
 
 
 class Metadata(TypedDict):
@@ -45,7 +47,7 @@ class Metadata(TypedDict):
 
 def unique_token() -> str:
     """``host.pid.random``: names temporary files so that each process owns its own."""
-    return f"{_HOST}.{os.getpid()}.{secrets.token_hex(4)}"
+    return f"{HOST}.{os.getpid()}.{secrets.token_hex(4)}"
 
 
 def parse_owner(name: str) -> Optional[tuple[str, int]]:
@@ -61,7 +63,7 @@ def parse_owner(name: str) -> Optional[tuple[str, int]]:
 
 def is_alive_local(host: str, pid: int) -> bool:
     """Whether `pid` still runs; True (unknown, so assume alive) for another host."""
-    if host != _HOST:
+    if host != HOST:
         return True
     if pid == os.getpid():
         return True

@@ -20,7 +20,7 @@ from typing import Any, Callable, Final, Optional
 
 import attrs
 
-from framework.download._cache import is_alive_local, parse_owner, unique_token
+from framework.download._cache import HOST, is_alive_local, parse_owner, unique_token
 from framework.download._pipeline import Pipeline
 from framework.download.backend import ByteStream, DownloadBackend
 from framework.errors import ChecksumError, NetworkError
@@ -30,6 +30,9 @@ __all__ = ["Fetched", "fetch", "partial_bytes", "publish_file", "remove_quietly"
 logger = logging.getLogger("framework.download")
 
 _READ_CHUNK: Final = 1 << 20
+# A partial file of another host's process, untouched this long, is taken to be orphaned;
+# longer than any read timeout, so a stalled but live writer is not robbed.
+STALE_AFTER_S: Final = 300.0
 
 
 @attrs.frozen
@@ -85,25 +88,28 @@ def remove_quietly(path: Path) -> None:
         pass
 
 
-def _adopt(final: Path, exclusive: bool) -> Optional[tuple[Path, str]]:
+def _adopt(final: Path) -> Optional[tuple[Path, str]]:
     """Take over the largest orphaned partial file by renaming it to our own name.
 
-    With the lock held (`exclusive`) every partial is an orphan; otherwise only
-    those of dead processes on this host are. Other orphans are removed.
+    A partial is an orphan when its writer is dead (a pid on this host), or, for a
+    writer on another host, when the file has not changed for `STALE_AFTER_S`.
+    This does not trust the lock, which may silently not work on a shared
+    filesystem: a live writer's file is never taken. Other orphans are removed.
     """
     orphans = []
+    now = time.time()
     for path in _partials(final):
         owner = parse_owner(path.name)
         if owner is None:
             continue
-        if not exclusive and is_alive_local(*owner):
-            continue
         try:
-            orphans.append((os.stat(path).st_size, path))
+            stat = os.stat(path)
         except OSError:
             continue
-    if exclusive:
-        _sweep_temp_files(final)
+        if is_alive_local(*owner) and (owner[0] == HOST or now - stat.st_mtime < STALE_AFTER_S):
+            continue
+        orphans.append((stat.st_size, path))
+    _sweep_temp_files(final)
     orphans.sort(reverse=True)
     adopted: Optional[tuple[Path, str]] = None
     for _size, path in orphans:
@@ -151,7 +157,6 @@ def fetch(
     final: Path,
     *,
     sha256: Optional[str],
-    exclusive: bool,
     attempts: int,
     backoff_factor: float,
     progress: bool,
@@ -163,7 +168,7 @@ def fetch(
     written, up to `attempts` times. On a network failure the partial file is
     kept for a later run; on any other failure it is removed.
     """
-    adopted = _adopt(final, exclusive)
+    adopted = _adopt(final)
     temp, tag = adopted if adopted else (None, "")
     hasher = hashlib.sha256()
     offset = 0

@@ -222,7 +222,6 @@ class DownloadManager:
             entry.url,
             entry.final,
             sha256=sha256,
-            exclusive=self.lock != "none",
             attempts=self.retries,
             backoff_factor=self.backoff_factor,
             progress=show,

@@ -8,6 +8,7 @@ import json
 import os
 import socket
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -254,12 +255,15 @@ def test_disk_full_gives_clear_error_and_leaves_no_temp_file(
     assert stray_files(cache) == []
 
 
-def _orphan(cache: Path, url: str, data: bytes, etag: str) -> Path:
-    """A partial file left by a dead process (pid 999999 is not running)."""
+def _orphan(
+    cache: Path, url: str, data: bytes, etag: str, host: str = "", pid: int = 999_999
+) -> Path:
+    """A partial file left by a process (by default a dead one: pid 999999 is not running)."""
     final = Entry(cache, url).final
     cache.mkdir(parents=True, exist_ok=True)
     token = unique_token().split(".")
-    token[1] = "999999"
+    token[0] = host or token[0]
+    token[1] = str(pid)
     part = final.with_name(f"{final.name}.{_etag_tag(etag)}.{'.'.join(token)}.part")
     part.write_bytes(data)
     return part
@@ -283,6 +287,34 @@ def test_orphan_partial_is_adopted_and_range_answers_handled(
     assert path.read_bytes() == payload
     assert http_server.route(url).ranges == expect_ranges
     assert stray_files(cache) == []
+
+
+@pytest.mark.parametrize(
+    ("host", "pid", "age", "adopted"),
+    [
+        ("", os.getpid(), 0, False),  # a live writer on this host: never taken
+        ("", 999_999, 0, True),  # a dead writer on this host
+        ("elsewhere", 1, 0, False),  # another host, recently written: maybe alive
+        ("elsewhere", 1, 3600, True),  # another host, untouched for an hour: orphaned
+    ],
+)
+def test_only_orphaned_partials_are_adopted(
+    http_server: FaultServer,
+    manager: DownloadManager,
+    cache: Path,
+    payload: bytes,
+    host: str,
+    pid: int,
+    age: int,
+    adopted: bool,
+) -> None:
+    url = http_server.add(f"/adopt/{host}{pid}{age}.bin", payload)
+    part = _orphan(cache, url, payload[:5000], http_server.route(url).etag or "", host, pid)
+    past = time.time() - age
+    os.utime(part, (past, past))
+    assert manager.cached_path(url).read_bytes() == payload
+    assert http_server.route(url).ranges == (["bytes=5000-"] if adopted else [""])
+    assert part.exists() is not adopted
 
 
 def test_temp_files_of_dead_processes_are_swept(

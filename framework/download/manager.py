@@ -113,10 +113,12 @@ class DownloadManager:
 
     @property
     def cache_dir(self) -> Path:
+        """The cache folder this manager uses when a call does not name one."""
         return self._cache_dir if self._cache_dir is not None else default_cache_dir()
 
     @property
     def offline(self) -> bool:
+        """Whether only cached files are served (no network at all)."""
         return self._offline if self._offline is not None else _env_offline()
 
     def backend_for(self, url: str) -> DownloadBackend:

@@ -258,7 +258,10 @@ def _run(args: argparse.Namespace) -> int:
 
     if "://" not in data_path and not Path(data_path).exists():
         raise FileNotFoundError(f"data_path: {data_path} does not exist")
-    cached = cached_path(data_path, progress=progress)
+    if "://" not in data_path and Path(data_path).is_dir():
+        cached = Path(data_path)  # a folder of files (for readers that take one): read in place
+    else:
+        cached = cached_path(data_path, progress=progress)
 
     start = time.perf_counter()  # eager loaders read everything while being built
     try:

@@ -307,3 +307,28 @@ def test_a_bad_combination_is_a_config_error_before_any_download(
     assert "batch_sampler is mutually exclusive with batch_size" in err
     assert err.startswith("framework run: error: data_loader")
     assert not any(isolated_cache.iterdir())
+
+
+def test_a_local_folder_is_read_in_place(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from framework import DatasetReader
+
+    folder = tmp_path / "shards"
+    folder.mkdir()
+    for i in range(3):
+        (folder / f"{i}.txt").write_text(f"{i}\n{i + 10}\n", encoding="utf-8")
+
+    class FolderReader(DatasetReader):
+        def _read(self, file_path: Any) -> Any:
+            for name in sorted(Path(file_path).glob("*.txt")):
+                for line in name.read_text().split():
+                    yield {"n": int(line)}
+
+    DatasetReader.register("folder-of-numbers-test")(FolderReader)
+    config = write_config(
+        tmp_path, str(folder), dataset_reader={"type": "folder-of-numbers-test"}, epochs=1
+    )
+    code, summary, err = run_cli(capsys, str(config))
+    assert code == 0, err
+    assert summary["instances"] == 6 and summary["cached_at"] == str(folder)

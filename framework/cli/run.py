@@ -222,6 +222,9 @@ def main(args: argparse.Namespace) -> int:
         # a download, a worker or the data itself failed: say what, without a traceback
         _error(f"{type(error).__name__}: {error}")
         return 1
+    except KeyboardInterrupt:
+        _error("interrupted")
+        return 130
 
 
 def _run(args: argparse.Namespace) -> int:

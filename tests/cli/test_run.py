@@ -332,3 +332,35 @@ def test_a_local_folder_is_read_in_place(
     code, summary, err = run_cli(capsys, str(config))
     assert code == 0, err
     assert summary["instances"] == 6 and summary["cached_at"] == str(folder)
+
+
+def test_ctrl_c_stops_cleanly(tmp_path: Path, cli_env: dict[str, str]) -> None:
+    import signal
+    import time
+
+    (tmp_path / "slow_tokenizer.py").write_text(
+        "import time\n\ndef tokenize(text):\n    time.sleep(0.02)\n    return text.split()\n"
+    )
+    text = tmp_path / "lines.txt"
+    text.write_text("a b c\n" * 2000, encoding="utf-8")
+    config = write_config(
+        tmp_path, str(text),
+        dataset_reader={"type": "text", "tokenizer": "slow_tokenizer:tokenize"},
+        data_loader={"num_workers": 2, "max_instances_in_memory": 16},
+    )  # fmt: skip
+    cli_env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), cli_env["PYTHONPATH"]])
+    cli_env["FRAMEWORK_CACHE"] = str(tmp_path / "cache")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "framework", "run", str(config), "--no-progress"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env,
+    )  # fmt: skip
+    try:
+        time.sleep(3)
+        assert process.poll() is None, process.communicate()
+        process.send_signal(signal.SIGINT)
+        _, err = process.communicate(timeout=20)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 130, err
+    assert "framework run: error: interrupted" in err

@@ -148,6 +148,7 @@ class MultiProcessDataLoader(DataLoader):
         self._pending: Optional[Position] = None  # where the next pass starts
         self._current: Optional[Position] = None  # the pass in progress
         self._batch_generator: Optional[Generator[TensorDict, None, None]] = None
+        self._spawn_lock: Any = None
         if max_instances_in_memory is None:
             self._load_instances()  # eager mode reads everything up front, as AllenNLP does
 
@@ -413,7 +414,14 @@ class MultiProcessDataLoader(DataLoader):
             return None
         from tqdm import tqdm
 
-        return tqdm.get_lock()  # one lock shared by every worker's bar
+        if self.start_method == "fork":
+            return tqdm.get_lock()  # one lock shared by every worker's bar and ours
+        # A lock made by the fork context cannot go to spawned children: make one in
+        # their context and share it with this process's bars too.
+        if self._spawn_lock is None:
+            self._spawn_lock = multiprocessing.get_context(self.start_method).RLock()
+            tqdm.set_lock(self._spawn_lock)
+        return self._spawn_lock
 
     def _get_pool(self, info: Optional[DistributedInfo]) -> WorkerPool:
         if self._pool is not None and (self._pool.busy or self._pool.closed):

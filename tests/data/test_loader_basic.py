@@ -246,3 +246,10 @@ def test_pin_memory_without_cuda_warns_and_still_loads() -> None:
     with pytest.warns(UserWarning, match="pin_memory"):
         data = loader(4, batch_size=2, pin_memory=True)
     assert len(list(data)) == 2
+
+
+def test_progress_bars_work_with_spawned_workers(capfd: Any) -> None:
+    data = loader(8, batch_size=4, num_workers=2, quiet=False, start_method="spawn",
+                  max_instances_in_memory=4)
+    assert len(list(data)) == 2
+    assert "worker" in capfd.readouterr().err

@@ -4,6 +4,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh test,s3,docs
 export PATH="$PWD/.venv/bin:$PATH"
+export NO_MKDOCS_2_WARNING=1
 
 echo "== ruff"
 ruff check .

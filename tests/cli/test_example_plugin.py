@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -21,7 +22,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     target = tmp_path_factory.mktemp("example-plugin") / "site"
     build = tmp_path_factory.mktemp("example-plugin-src")
     # build from a copy: building in place would leave build/ and *.egg-info in examples/
-    subprocess.run(["cp", "-r", str(PACKAGE), str(build)], check=True)
+    shutil.copytree(PACKAGE, build / PACKAGE.name, ignore=shutil.ignore_patterns("build", "*.egg-info"))
     subprocess.run(
         [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
          "--target", str(target), str(build / PACKAGE.name)],

@@ -81,3 +81,22 @@ def test_a_bad_line_in_a_worker_is_a_worker_error_naming_the_line(tmp_path: Path
     path.write_text("".join('{"i": 1}\n' for _ in range(9)) + "{oops\n", encoding="utf-8")
     with pytest.raises(WorkerError, match=r"data\.jsonl:10: not valid JSON"):
         list(build({"type": "jsonl"}, path, batch_size=2, num_workers=2))  # eager: reads in build
+
+
+def test_text_reader_with_a_tokenizer_under_spawn(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the tokenizer travels by its dotted path, and is imported again in each worker
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent))
+    path = tmp_path / "t.txt"
+    path.write_text("".join(f"ab{i}\n" for i in range(20)), encoding="utf-8")
+    loader = build(
+        {"type": "text", "tokenizer": "tokenizers_for_tests:char_tokenize", "num_buckets": 64},
+        path,
+        batch_size=5,
+        num_workers=2,
+        start_method="spawn",
+    )
+    batches = list(loader)
+    assert sum(len(b["tokens"]) for b in batches) == 20
+    assert batches[0]["tokens"][0][:2] == ["a", "b"]

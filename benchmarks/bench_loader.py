@@ -134,12 +134,20 @@ def rate(make: Callable[[], Any]) -> tuple[float, float]:
     return count / (time.perf_counter() - started), first
 
 
-def median_rate(make: Callable[[], Any], repeats: int) -> dict[str, float]:
-    runs = [rate(make) for _ in range(repeats)]
+def median_rates(makers: dict[str, Callable[[], Any]], repeats: int) -> dict[str, Any]:
+    """Each loader `repeats` times, interleaved (so that load from other processes on
+    the machine hits every loader alike); medians per loader."""
+    runs: dict[str, list[tuple[float, float]]] = {name: [] for name in makers}
+    for _ in range(repeats):
+        for name, make in makers.items():
+            runs[name].append(rate(make))
     return {
-        "batches_per_s": statistics.median(r[0] for r in runs),
-        "first_batch_s": statistics.median(r[1] for r in runs),
-        "runs": len(runs),
+        name: {
+            "batches_per_s": statistics.median(r[0] for r in results),
+            "first_batch_s": statistics.median(r[1] for r in results),
+            "all_batches_per_s": [round(r[0], 1) for r in results],
+        }
+        for name, results in runs.items()
     }
 
 
@@ -231,6 +239,7 @@ def main() -> None:
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
                     "torch": torch.__version__, "platform": platform.platform()},
         "batch_size": BATCH, "repeats": repeats,
+        "load_average_before": os.getloadavg(),
     }
     with tempfile.TemporaryDirectory() as tmp:
         corpus = Path(tmp) / "corpus.txt"
@@ -240,14 +249,13 @@ def main() -> None:
         small = Path(tmp) / "small.txt"
         write_corpus(small, lines // 10, seed=2)
 
-        cheap = {
-            "torch_0": median_rate(lambda: theirs(corpus, 0), repeats),
-            "torch_2": median_rate(lambda: theirs(corpus, 2), repeats),
-            "ours_0": median_rate(lambda: ours(corpus, 0), repeats),
-            "ours_2": median_rate(lambda: ours(corpus, 2), repeats),
-            "ours_2_shared_memory": median_rate(
-                lambda: ours(corpus, 2, transfer="shared_memory"), repeats),
-        }
+        cheap = median_rates({
+            "torch_0": lambda: theirs(corpus, 0),
+            "torch_2": lambda: theirs(corpus, 2),
+            "ours_0": lambda: ours(corpus, 0),
+            "ours_2": lambda: ours(corpus, 2),
+            "ours_2_shared_memory": lambda: ours(corpus, 2, transfer="shared_memory"),
+        }, repeats)
         cheap["ratios"] = {
             "ours_2_vs_torch_2": cheap["ours_2"]["batches_per_s"] / cheap["torch_2"]["batches_per_s"],
             "ours_2_vs_ours_0": cheap["ours_2"]["batches_per_s"] / cheap["ours_0"]["batches_per_s"],
@@ -260,12 +268,12 @@ def main() -> None:
         results["cheap_reader"] = {"lines": lines, **cheap}
 
         work = calibrate(1.0)
-        heavy_results = {
-            "ours_0": median_rate(lambda: ours(heavy, 0, work), repeats),
-            "ours_2": median_rate(lambda: ours(heavy, 2, work), repeats),
-            "torch_0": median_rate(lambda: theirs(heavy, 0, work), repeats),
-            "torch_2": median_rate(lambda: theirs(heavy, 2, work), repeats),
-        }
+        heavy_results = median_rates({
+            "ours_0": lambda: ours(heavy, 0, work),
+            "ours_2": lambda: ours(heavy, 2, work),
+            "torch_0": lambda: theirs(heavy, 0, work),
+            "torch_2": lambda: theirs(heavy, 2, work),
+        }, repeats)
         heavy_results["ratios"] = {
             "ours_2_vs_ours_0": heavy_results["ours_2"]["batches_per_s"]
             / heavy_results["ours_0"]["batches_per_s"],
@@ -284,6 +292,7 @@ def main() -> None:
             "rss_growth": large_memory["peak_rss_mib"] / small_memory["peak_rss_mib"] - 1,
         }
 
+    results["load_average_after"] = os.getloadavg()
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(results, indent=2) + "\n")
     print_table(results)
@@ -293,7 +302,8 @@ def print_table(results: dict[str, Any]) -> None:
     cheap, heavy, memory = (results["cheap_reader"], results["cpu_heavy_reader"],
                             results["lazy_memory"])
     print(f"\nbatch size {results['batch_size']}, medians of {results['repeats']} runs, "
-          f"{results['machine']['cpus']} CPUs\n")
+          f"{results['machine']['cpus']} CPUs, load average before/after "
+          f"{results['load_average_before'][0]:.1f}/{results['load_average_after'][0]:.1f}\n")
     print(f"cheap reader ({cheap['lines']} lines)   batches/s   first batch (s)")
     for name in ("torch_0", "torch_2", "ours_0", "ours_2", "ours_2_shared_memory"):
         row = cheap[name]

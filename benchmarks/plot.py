@@ -90,11 +90,13 @@ def plot_loader(results: Mapping[str, Any], target: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    heavy = results.get("cpu_heavy_reader", {})
+    work_ms = heavy.get("work_cpu_ms", heavy.get("work_ms", 1.0)) if isinstance(heavy, Mapping) else 1.0
     panels = [
         (key, title)
         for key, title in (
             ("cheap_reader", "cheap reader (transfer-bound)"),
-            ("cpu_heavy_reader", "CPU-heavy reader (~1 ms an instance)"),
+            ("cpu_heavy_reader", f"CPU-heavy reader (~{work_ms:g} ms of CPU an instance)"),
         )
         if key in results
     ]

@@ -27,7 +27,7 @@ LockKind = Literal["filelock", "softfilelock", "none"]
 logger = logging.getLogger("framework.download")
 
 # How often a waiter wakes up to log, update its progress bar and check the timeout.
-_POLL_S = 0.25
+_POLL_S = 0.05
 
 
 class EntryLock:

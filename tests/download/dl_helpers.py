@@ -8,6 +8,7 @@ import multiprocessing
 import os
 import socket
 import struct
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -61,6 +62,11 @@ class FaultServer(ThreadingHTTPServer):
         options.setdefault("etag", '"' + hashlib.sha256(data).hexdigest()[:16] + '"')
         self.routes[path] = Route(data, **options)
         return self.base + path
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # Clients that hang up mid-body (timeouts, kills) are part of the tests.
+        if not isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):
+            super().handle_error(request, client_address)
 
     def route(self, url: str) -> Route:
         return self.routes[url[len(self.base) :]]

@@ -69,16 +69,19 @@ class WorkerPool:
         self.processes: list[Any] = []
         self.data: list[Connection] = []
         self.control: list[Connection] = []
+        self.slots: list[Any] = []
         self.busy = False
         self.closed = False
         try:
             for worker_id in range(num_workers):
+                slots = context.Semaphore(spec.prefetch)
                 data_read, data_write = context.Pipe(duplex=False)
                 control_read, control_write = context.Pipe(duplex=False)
                 set_pipe_size(data_write.fileno())
                 process = context.Process(
                     target=worker_main,
-                    args=(worker_id, spec, data_write, control_read, os.getpid(), tqdm_lock),
+                    args=(worker_id, spec, data_write, control_read, os.getpid(), tqdm_lock,
+                          slots),
                     name=f"framework-loader-worker-{worker_id}",
                     daemon=True,
                 )
@@ -90,6 +93,7 @@ class WorkerPool:
                 self.processes.append(process)
                 self.data.append(data_read)
                 self.control.append(control_write)
+                self.slots.append(slots)
         except BaseException:
             self.shutdown()
             raise
@@ -127,6 +131,8 @@ class WorkerPool:
                     f"loader worker {worker_id} raised {summary}", worker_id, text
                 ) from original
             else:
+                if kind == "batches":
+                    self.slots[worker_id].release()
                 position.per_worker[worker_id] += 1
                 position.next_worker = (worker_id + 1) % self.num_workers
                 yield message

@@ -49,6 +49,7 @@ class WorkerSpec:
     quiet: bool
     set_death_signal: bool
     start_method: str
+    prefetch: int  # batches a worker may run ahead of the main process
 
 
 def seed_everything(seed: int) -> None:
@@ -93,6 +94,7 @@ def worker_main(
     control: Connection,
     parent_pid: int,
     tqdm_lock: Any,
+    slots: Any,
 ) -> None:
     """Entry point of a worker process."""
     _die_with_parent(parent_pid, spec.start_method, spec.set_death_signal)
@@ -120,7 +122,7 @@ def worker_main(
             if kind == "instances":
                 _serve_instances(worker_id, spec, fd, seed)
             else:
-                _serve_batches(worker_id, spec, fd, seed, skip)
+                _serve_batches(worker_id, spec, fd, seed, skip, slots)
         except BrokenPipeError:
             return  # the main process stopped listening
         except BaseException as error:
@@ -149,13 +151,18 @@ def _serve_instances(worker_id: int, spec: WorkerSpec, fd: int, seed: int) -> No
     write_frame(fd, ("done", count))
 
 
-def _serve_batches(worker_id: int, spec: WorkerSpec, fd: int, seed: int, skip: int) -> None:
+def _serve_batches(
+    worker_id: int, spec: WorkerSpec, fd: int, seed: int, skip: int, slots: Any
+) -> None:
     seed_everything(seed)
     counted = _Counted(spec.reader.read(spec.data_path))
     bar = _progress(spec, worker_id, "batch")
     for index, instances in enumerate(spec.plan.stream(counted, derive_seed(seed, "batches"))):
         if index < skip:
             continue  # resuming: these batches were consumed before the state was saved
+        # Backpressure: at most `prefetch` batches in flight; the main process frees a
+        # slot per batch it takes. (The pipe alone bounds bytes, not batches.)
+        slots.acquire()
         if spec.collate_in_worker:
             payload = spec.collate_fn(instances)
             if spec.device is not None:

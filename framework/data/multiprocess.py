@@ -407,7 +407,14 @@ class MultiProcessDataLoader(DataLoader):
             quiet=self.quiet,
             set_death_signal=main_thread(),
             start_method=self.start_method,
+            prefetch=self._prefetch(),
         )
+
+    def _prefetch(self) -> int:
+        # As AllenNLP sizes its queues: about two chunks' worth of batches per worker.
+        size = self.batch_size or (self.batch_sampler and self.batch_sampler.get_batch_size())
+        chunk = self.max_instances_in_memory or 1024
+        return max(2, 2 * chunk // (size or 1))
 
     def _tqdm_lock(self) -> Any:
         if self.quiet:

@@ -237,3 +237,18 @@ def distributed_rank(rank: int, world: int, port: int, out_dir: str) -> None:
             json.dump(results, handle)
     finally:
         dist.destroy_process_group()
+
+
+class ProgressReader(CountingReader):
+    """Endless; records in `log` (per worker) how many instances it has produced."""
+
+    def __init__(self, log: str, **kwargs: Any) -> None:
+        super().__init__(10**9, **kwargs)
+        self.log = log
+
+    def _read(self, file_path: Any) -> Iterator[dict[str, Any]]:
+        info = self.get_worker_info()
+        path = f"{self.log}.{info.id if info else 0}"
+        for count, instance in enumerate(super()._read(file_path), 1):
+            Path(path).write_text(str(count))
+            yield instance

@@ -19,6 +19,7 @@ from loader_helpers import (
     EmptyReader,
     FailingReader,
     FileReader,
+    ProgressReader,
     SlowReader,
     alive,
     child_pids,
@@ -240,3 +241,27 @@ def test_spawn_with_an_unpicklable_reader_says_what_to_do() -> None:
     data = make(Local(8), num_workers=1, max_instances_in_memory=4, start_method="spawn")
     with pytest.raises(TypeError, match="module level"):
         list(data)
+
+
+def test_lazy_workers_run_only_a_bounded_distance_ahead(tmp_path: Path, no_leaks: None) -> None:
+    log = tmp_path / "progress"
+    data = make(ProgressReader(str(log)), batch_size=1, num_workers=2, max_instances_in_memory=2)
+    iterator = iter(data)
+    try:
+        next(iterator)
+        time.sleep(1.0)  # plenty of time to run far ahead, were it not held back
+        produced = [read_count(Path(f"{log}.{w}")) for w in range(2)]
+    finally:
+        iterator.close()
+    # prefetch is max(2, 2 * 2 // 1) = 4 batches per worker, plus the one in hand; each
+    # worker's _read sees every instance and keeps every other one (automatic sharding).
+    assert all(count <= 2 * 6 + 1 for count in produced), produced
+
+
+def read_count(path: Path) -> int:
+    for _ in range(100):
+        text = path.read_text()
+        if text:  # not caught between truncate and write
+            return int(text)
+        time.sleep(0.01)
+    raise AssertionError(f"{path} stayed empty")

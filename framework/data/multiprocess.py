@@ -81,6 +81,23 @@ class MultiProcessDataLoader(DataLoader):
         transfer: "pickle5" (tensors as out-of-band bytes over a pipe) or
             "shared_memory" (torch's shared-memory tensors).
         timeout: raise `WorkerError` if a worker sends nothing for this many seconds.
+
+    Failures never hang: a worker that raises ends iteration with `WorkerError`
+    (its traceback in `str()`, the original exception as `__cause__`); a worker
+    killed by a signal gives `WorkerError` naming the worker and the signal; an
+    early `break`, Ctrl-C or garbage collection stops every worker. Bad input:
+
+    - a reader that yields nothing: `ValueError` (in eager mode, at construction);
+    - a `data_path` that does not exist: whatever the reader raises
+      (`FileNotFoundError`; from a worker, as the `__cause__` of a `WorkerError`);
+    - instances the collator cannot batch: `CollateError` naming the field;
+    - a sampler returning indices out of range: `ValueError` naming the sampler;
+    - more workers than instances: the extra workers find their shards empty.
+
+    Under torch.distributed (set up before the loader is built) each rank reads a
+    disjoint shard. With `even_batches`, eager mode trims every rank's epoch to the
+    shortest rank's (one `all_reduce` per epoch; `len()` stays the local count) and
+    lazy mode stops all ranks when any runs out (one tiny `all_reduce` per batch).
     """
 
     def __init__(

@@ -26,8 +26,18 @@ RETRY_STATUSES: Final = frozenset({408, 429, *range(500, 600)})
 _CONTENT_RANGE: Final = re.compile(r"bytes\s+(?:(\d+)-\d+|\*)/(\d+|\*)")
 
 
+# A server's Retry-After is honoured up to this many seconds, so a 429 cannot park us for hours.
+MAX_RETRY_AFTER_S: Final = 60.0
+
+
 class _RedirectRefused(requests.exceptions.RequestException):
     pass
+
+
+class _Retry(Retry):
+    def get_retry_after(self, response: Any) -> Optional[float]:
+        value = super().get_retry_after(response)
+        return None if value is None else min(value, MAX_RETRY_AFTER_S)
 
 
 class _Session(requests.Session):
@@ -60,7 +70,7 @@ class HttpBackend(DownloadBackend):
 
     def __init__(self, *, retries: int = 5, backoff_factor: float = 0.5, timeout: float = 60.0) -> None:
         super().__init__(retries=retries, backoff_factor=backoff_factor, timeout=timeout)
-        retry = Retry(
+        retry = _Retry(
             total=retries,
             connect=retries,
             read=retries,

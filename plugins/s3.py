@@ -100,11 +100,12 @@ class S3Backend(DownloadBackend):
         )
 
     def _chunks(self, body: Any, url: str) -> Iterator[bytes]:
+        import urllib3.exceptions
         from botocore import exceptions as bce
 
         try:
             yield from body.iter_chunks(CHUNK_SIZE)
-        except (bce.BotoCoreError, OSError) as error:
+        except (bce.BotoCoreError, urllib3.exceptions.HTTPError, OSError) as error:
             raise NetworkError(url, f"S3 stream broke off: {error}") from error
 
     def stat(self, url: str) -> RemoteInfo:

@@ -117,6 +117,16 @@ def test_retryable_statuses_then_200(
     assert http_server.route(url).gets == 3
 
 
+def test_retry_after_is_capped() -> None:
+    from framework_plugins.http import MAX_RETRY_AFTER_S, HttpBackend
+
+    retry = HttpBackend().session.get_adapter("http://x").max_retries
+    response = requests.Response()
+    response.headers["Retry-After"] = "86400"
+    response.status = 429  # what urllib3 reads
+    assert retry.get_retry_after(response) == MAX_RETRY_AFTER_S
+
+
 def test_stalled_body_times_out_instead_of_hanging(
     http_server: FaultServer, cache: Path, payload: bytes
 ) -> None:

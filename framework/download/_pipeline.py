@@ -21,7 +21,8 @@ from framework.errors import DownloadError
 __all__ = ["Pipeline", "write_all"]
 
 BATCH_BYTES: Final = 1 << 20  # hand chunks over in ~1 MiB batches: fewer queue operations
-_QUEUE_BATCHES: Final = 16  # at most ~16 MiB waiting to be hashed
+# At most ~32 MiB waiting to be hashed; the backlog is hashed while the file is fsynced.
+_QUEUE_BATCHES: Final = 32
 _WRITEBACK_EVERY: Final = 16 << 20
 
 _SYNC_RANGE: Optional[Callable[[int, int, int, int], None]] = getattr(os, "sync_file_range", None)
@@ -85,14 +86,23 @@ class Pipeline:
                 pass
             self._synced = self._offset
 
+    def flush(self) -> None:
+        """Write what is batched; the hash thread may still be catching up."""
+        self._flush()
+
+    def close(self) -> None:
+        """Wait for the hash thread to take in everything written (idempotent)."""
+        if self._thread.is_alive():
+            self._queue.put(None)
+            self._thread.join()
+
     def finish(self, flush: bool = True) -> None:
         """Write what is batched (unless `flush` is false) and wait for the hash thread."""
         try:
             if flush:
                 self._flush()
         finally:
-            self._queue.put(None)
-            self._thread.join()
+            self.close()
 
     def _hash(self) -> None:
         update = self.hasher.update

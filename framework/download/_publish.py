@@ -174,6 +174,7 @@ def fetch(
     offset = 0
     fd = -1
     keep_partial = False
+    pending: Optional[Pipeline] = None
     try:
         if temp is not None:
             offset = _rehash(temp, hasher)
@@ -210,21 +211,19 @@ def fetch(
                                 bar.n = offset
                                 bar.refresh()
                         pipeline = Pipeline(fd, hasher, offset, url, temp)
-                        flush = False
                         try:
                             for chunk in stream.chunks:
                                 pipeline.put(chunk)
                                 offset += len(chunk)
                                 if bar is not None:
                                     bar.update(len(chunk))
-                            flush = True
-                        except NetworkError:
-                            flush = True  # keep what arrived: the retry resumes after it
+                            pipeline.flush()
+                        except BaseException as error:
+                            # Keep what arrived before a network failure (the retry resumes
+                            # after it), and wait for the hash: file, offset, digest agree.
+                            pipeline.finish(flush=isinstance(error, NetworkError))
                             raise
-                        finally:
-                            # Writes what is batched and waits for the hash thread, so the
-                            # file, `offset` and the digest all agree, even on error.
-                            pipeline.finish(flush)
+                        pending = pipeline  # still hashing its backlog: joined after fsync
                         size, etag = stream.size, stream.etag
                     if size is not None and offset < size:
                         raise NetworkError(url, f"connection closed after {offset} of {size} bytes")
@@ -232,6 +231,9 @@ def fetch(
                         raise ChecksumError(url, str(size), str(offset), what="size")
                     break
                 except NetworkError as error:
+                    if pending is not None:  # the next attempt goes on with the same hasher
+                        pending.close()
+                        pending = None
                     failures += 1
                     # The backend already retried opening; resuming is for broken bodies.
                     if failures >= attempts or not opened:
@@ -247,15 +249,20 @@ def fetch(
                         attempts,
                     )
                     time.sleep(delay)
+        os.fsync(fd)  # meanwhile the hash thread works through its backlog
+        if pending is not None:
+            pending.close()
+            pending = None
+        os.close(fd)
+        fd = -1
         digest = hasher.hexdigest()
         if sha256 is not None and digest != sha256.lower():
             raise ChecksumError(url, sha256.lower(), digest)
-        os.fsync(fd)
-        os.close(fd)
-        fd = -1
         assert temp is not None
         return Fetched(temp, offset, digest, etag)
     except BaseException as error:
+        if pending is not None:
+            pending.close()
         if fd >= 0:
             os.close(fd)
         if temp is not None and not (keep_partial or isinstance(error, KeyboardInterrupt)):

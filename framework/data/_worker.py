@@ -228,7 +228,7 @@ def _send_error(fd: int, worker_id: int, error: BaseException, mode: TransferMod
     text = traceback.format_exc()
     original: Optional[BaseException] = error
     try:
-        pickle.dumps(error)
+        pickle.loads(pickle.dumps(error))  # some exceptions pickle but cannot be rebuilt
     except Exception:
         original = None
     try:

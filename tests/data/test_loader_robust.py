@@ -265,3 +265,20 @@ def read_count(path: Path) -> int:
             return int(text)
         time.sleep(0.01)
     raise AssertionError(f"{path} stayed empty")
+
+
+class Unrebuildable(Exception):
+    def __init__(self, code: int, detail: str) -> None:  # pickles, but cannot be rebuilt
+        super().__init__(f"code {code}: {detail}")
+
+
+class RaisesUnrebuildable(CountingReader):
+    def _read(self, file_path: Any) -> Any:
+        yield from super()._read(file_path)
+        raise Unrebuildable(7, "custom failure")
+
+
+def test_exception_that_cannot_be_rebuilt_still_reports(no_leaks: None) -> None:
+    with pytest.raises(WorkerError, match="code 7: custom failure") as info:
+        list(make(RaisesUnrebuildable(4), num_workers=2, max_instances_in_memory=4))
+    assert "Unrebuildable" in info.value.traceback

@@ -113,7 +113,7 @@ class EntryLock:
         while True:
             wait = max(0.0, min(_POLL_S, deadline - time.monotonic()))
             try:
-                self._lock.acquire(timeout=wait, poll_interval=0.02)
+                self._lock.acquire(timeout=wait, poll_interval=_POLL_S)
                 break
             except filelock.Timeout:
                 pass

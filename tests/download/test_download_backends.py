@@ -189,3 +189,32 @@ def test_exported_members() -> None:
 def _forget_memory_objects() -> Iterator[None]:
     yield
     MemoryBackend.objects.clear()
+
+
+@pytest.mark.parametrize(
+    ("url", "name"),
+    [
+        ("http://h/x", "http"),
+        ("HTTPS://h/x", "http"),
+        ("s3://b/k", "s3"),
+        ("file:///tmp/x", "local"),
+        ("/tmp/x", "local"),
+        ("relative/x.txt", "local"),
+        ("myscheme://a/b", "myscheme"),
+    ],
+)
+def test_scheme_to_backend_name(url: str, name: str) -> None:
+    from framework.download.manager import backend_name_for
+
+    assert backend_name_for(url) == name
+
+
+def test_waiter_progress_bar(capsys: pytest.CaptureFixture[str]) -> None:
+    from framework.download.manager import _WaitBar
+
+    bar = _WaitBar("data.bin")
+    bar(512 * 1024, 1024 * 1024)
+    bar(1024 * 1024, 1024 * 1024)
+    del bar
+    err = capsys.readouterr().err
+    assert "waiting: data.bin" in err and "1.00M/1.00M" in err

@@ -265,9 +265,7 @@ def test_disk_full_gives_clear_error_and_leaves_no_temp_file(
     assert stray_files(cache) == []
 
 
-def _orphan(
-    cache: Path, url: str, data: bytes, etag: str, host: str = "", pid: int = 999_999
-) -> Path:
+def _orphan(cache: Path, url: str, data: bytes, etag: str, host: str = "", pid: int = 999_999) -> Path:
     """A partial file left by a process (by default a dead one: pid 999999 is not running)."""
     final = Entry(cache, url).final
     cache.mkdir(parents=True, exist_ok=True)

@@ -183,7 +183,14 @@ class DownloadManager:
                 "run once online, or unset FRAMEWORK_OFFLINE",
             )
         show = (self.progress if progress is None else progress) and sys.stderr.isatty()
-        root.mkdir(parents=True, exist_ok=True)
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise DownloadError(
+                url,
+                f"cannot create the cache folder {root}: {error.strerror}; "
+                "set FRAMEWORK_CACHE (or cache_dir) to a writable folder",
+            ) from error
 
         def done() -> bool:  # another process published what we need: stop waiting
             if force or entry.lookup(sha256) is None:

@@ -425,3 +425,17 @@ def test_connection_refused_is_a_network_error(cache: Path) -> None:
         manager.cached_path(url)
     assert info.value.url == url and "retries" in str(info.value)
     assert stray_files(cache) == []
+
+
+def test_unwritable_cache_folder_says_so(
+    http_server: FaultServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = http_server.add("/unwritable/data.bin", b"x")
+
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise PermissionError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(os, "mkdir", refuse)
+    with pytest.raises(DownloadError, match=r"cannot create the cache folder .*FRAMEWORK_CACHE"):
+        DownloadManager(tmp_path / "new-cache", progress=False).cached_path(url)
+    assert http_server.route(url).gets == 0

@@ -3,6 +3,18 @@
 `cached_path` fetches a URL once into a cache folder, however many processes ask
 at the same time, and returns the path of verified bytes; nobody ever sees a
 partial file. `DownloadBackend` is the small interface a URL scheme implements.
+
+```python
+from framework import cached_path
+
+path = cached_path("https://example.org/corpus.tar.gz", sha256="9f86d0...", extract=True)
+```
+
+Each entry in the cache folder (``$FRAMEWORK_CACHE``, else ``~/.cache/framework``)
+is named by a hash of its URL plus the file name, with files next to it:
+``<name>`` (the bytes), ``<name>.json`` (url, etag, size, sha256, time),
+``<name>.lock`` (and ``.lock.owner``: who is downloading), ``<name>-extracted/``,
+and, while a download runs, ``<name>.<etag>.<host>.<pid>.<token>.part``.
 """
 
 from __future__ import annotations

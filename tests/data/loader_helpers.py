@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Optional
 
+import numpy.random
 import torch
 
 from framework.data.reader import DatasetReader
@@ -64,7 +65,7 @@ class RandomReader(CountingReader):
     def _read(self, file_path: Any) -> Iterator[dict[str, Any]]:
         for i in range(self.n):
             instance = make_instance(i)
-            instance["noise"] = random.random() + float(torch.rand(()))
+            instance["noise"] = random.random() + float(torch.rand(())) + numpy.random.random()
             yield instance
 
 

@@ -1,80 +1,49 @@
 """The first-party plugins: one entry point each, named in setup.cfg.
 
-Each hook names its components by import path, so listing them imports nothing
-heavy; a component's module is imported when it is first used.
+Each plugin names its bases and components by import path, so listing them
+imports no component module (and no torch); a component's module is imported
+when it is first used.
 """
 
 from __future__ import annotations
 
 from framework.hookspecs import hookimpl
-from framework.registry import Registrar
+from framework.registry import Registrar, import_target
 
-__all__ = [
-    "CorePlugin",
-    "HttpPlugin",
-    "LocalPlugin",
-    "ReadersPlugin",
-    "S3Plugin",
-    "SamplersPlugin",
-]
+__all__ = ["BuiltinPlugin", "core", "http", "local", "readers", "s3", "samplers"]
 
 
-class CorePlugin:
-    """The loader and collator that the core engine ships."""
+class BuiltinPlugin:
+    """Registers ``(base path, name, target path)`` triples through the plugin hook."""
 
-    @staticmethod
+    def __init__(self, *components: tuple[str, str, str]) -> None:
+        self.components = components
+
     @hookimpl
-    def framework_register_components(registrar: Registrar) -> None:
-        from framework.data.collate import DataCollator
-        from framework.data.loader import DataLoader
-
-        registrar.add(DataLoader, "multiprocess", "framework.data.multiprocess:MultiProcessDataLoader")
-        registrar.add(DataCollator, "default", "framework.data.collate:DefaultDataCollator")
+    def framework_register_components(self, registrar: Registrar) -> None:
+        for base, name, target in self.components:
+            registrar.add(import_target(base), name, target)
 
 
-class SamplersPlugin:
-    @staticmethod
-    @hookimpl
-    def framework_register_components(registrar: Registrar) -> None:
-        from framework.data.sampler import BatchSampler
+_LOADER = "framework.data.loader:DataLoader"
+_COLLATOR = "framework.data.collate:DataCollator"
+_SAMPLER = "framework.data.sampler:BatchSampler"
+_READER = "framework.data.reader:DatasetReader"
+_BACKEND = "framework.download.backend:DownloadBackend"
 
-        registrar.add(BatchSampler, "bucket", "framework_plugins.samplers:BucketBatchSampler")
-        registrar.add(BatchSampler, "max_tokens", "framework_plugins.samplers:MaxTokensBatchSampler")
-
-
-class ReadersPlugin:
-    @staticmethod
-    @hookimpl
-    def framework_register_components(registrar: Registrar) -> None:
-        from framework.data.reader import DatasetReader
-
-        registrar.add(DatasetReader, "jsonl", "framework_plugins.readers:JsonlReader")
-        registrar.add(DatasetReader, "text", "framework_plugins.readers:TextReader")
-        registrar.add(DatasetReader, "csv", "framework_plugins.readers:CsvReader")
-
-
-class HttpPlugin:
-    @staticmethod
-    @hookimpl
-    def framework_register_components(registrar: Registrar) -> None:
-        from framework.download.backend import DownloadBackend
-
-        registrar.add(DownloadBackend, "http", "framework_plugins.http:HttpBackend")
-
-
-class S3Plugin:
-    @staticmethod
-    @hookimpl
-    def framework_register_components(registrar: Registrar) -> None:
-        from framework.download.backend import DownloadBackend
-
-        registrar.add(DownloadBackend, "s3", "framework_plugins.s3:S3Backend")
-
-
-class LocalPlugin:
-    @staticmethod
-    @hookimpl
-    def framework_register_components(registrar: Registrar) -> None:
-        from framework.download.backend import DownloadBackend
-
-        registrar.add(DownloadBackend, "local", "framework_plugins.local:LocalBackend")
+core = BuiltinPlugin(
+    (_LOADER, "multiprocess", "framework.data.multiprocess:MultiProcessDataLoader"),
+    (_COLLATOR, "default", "framework.data.collate:DefaultDataCollator"),
+)
+samplers = BuiltinPlugin(
+    (_SAMPLER, "bucket", "framework_plugins.samplers:BucketBatchSampler"),
+    (_SAMPLER, "max_tokens", "framework_plugins.samplers:MaxTokensBatchSampler"),
+)
+readers = BuiltinPlugin(
+    (_READER, "jsonl", "framework_plugins.readers:JsonlReader"),
+    (_READER, "text", "framework_plugins.readers:TextReader"),
+    (_READER, "csv", "framework_plugins.readers:CsvReader"),
+)
+http = BuiltinPlugin((_BACKEND, "http", "framework_plugins.http:HttpBackend"))
+s3 = BuiltinPlugin((_BACKEND, "s3", "framework_plugins.s3:S3Backend"))
+local = BuiltinPlugin((_BACKEND, "local", "framework_plugins.local:LocalBackend"))

@@ -1,6 +1,6 @@
 """First-party batch samplers: ``"bucket"`` and ``"max_tokens"``.
 
-Registered through `framework_plugins.builtin:SamplersPlugin`, the same hook path a
+Registered through `framework_plugins.builtin:samplers`, the same hook path a
 third-party plugin uses. Both sort instances by the length of their sorting keys
 (with a little noise, so batches differ between epochs) to keep padding small.
 """

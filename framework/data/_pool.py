@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any, Optional
 
+from framework.data._batching import derive_seed
 from framework.data._transfer import read_frame, set_pipe_size
 from framework.data._worker import WorkerSpec, worker_main
 from framework.errors import WorkerError
@@ -141,8 +142,6 @@ class WorkerPool:
 
     @staticmethod
     def _seed(position: Position, worker_id: int) -> int:
-        from framework.data._batching import derive_seed
-
         return derive_seed(position.seed, "worker", worker_id)
 
     def _command(self, worker_id: int, command: tuple[Any, ...]) -> None:

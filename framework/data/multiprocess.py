@@ -347,8 +347,10 @@ class MultiProcessDataLoader(DataLoader):
                 yield payload
             finished = True
         finally:
-            if not finished or not self.persistent_workers:
-                self._close_pool()
+            if not finished or not self.persistent_workers or pool is not self._pool:
+                pool.shutdown()
+                if pool is self._pool:
+                    self._pool = None
         if position.instances == 0 and not resumed:
             raise no_instances(self.reader, self.data_path)
 
@@ -448,8 +450,12 @@ class MultiProcessDataLoader(DataLoader):
         return self._spawn_lock
 
     def _get_pool(self, info: Optional[DistributedInfo]) -> WorkerPool:
-        if self._pool is not None and (self._pool.busy or self._pool.closed):
-            self._close_pool()
+        if self._pool is not None and self._pool.closed:
+            self._pool = None
+        if self._pool is not None and self._pool.busy:
+            # Another iteration of this loader is still open: give this one its own
+            # workers rather than pull the others' out from under it.
+            return self._start_pool(info)
         if self._pool is None:
             self._pool = self._start_pool(info)
         return self._pool

@@ -282,3 +282,13 @@ def test_exception_that_cannot_be_rebuilt_still_reports(no_leaks: None) -> None:
     with pytest.raises(WorkerError, match="code 7: custom failure") as info:
         list(make(RaisesUnrebuildable(4), num_workers=2, max_instances_in_memory=4))
     assert "Unrebuildable" in info.value.traceback
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_two_open_iterations_of_one_loader(persistent: bool, no_leaks: None) -> None:
+    data = make(CountingReader(16), num_workers=2, max_instances_in_memory=8,
+                persistent_workers=persistent)
+    pairs = list(zip(data, data))
+    assert len(pairs) == 4
+    assert all(a["id"].tolist() == b["id"].tolist() for a, b in pairs)
+    data.close()

@@ -8,6 +8,8 @@ import torch
 from framework.data.collate import DataCollator, DefaultDataCollator
 from framework.errors import CollateError
 
+pytestmark = pytest.mark.timeout(30)
+
 
 def test_pads_variable_length_tensors_with_zero_and_stacks() -> None:
     batch = DefaultDataCollator()([{"t": torch.tensor([1, 2, 3])}, {"t": torch.tensor([4])}])

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
+
 import framework
 import framework.data
+
+pytestmark = pytest.mark.timeout(30)
+
 
 ENGINE = {
     "BatchSampler", "DataCollator", "DataLoader", "DatasetReader", "DefaultDataCollator",

@@ -14,6 +14,8 @@ from loader_helpers import RandomReader
 from framework.data._transfer import read_frame, set_pipe_size, write_frame
 from framework.data.multiprocess import MultiProcessDataLoader
 
+pytestmark = pytest.mark.timeout(30)
+
 
 @pytest.fixture
 def pipe() -> Iterator[tuple[int, int]]:

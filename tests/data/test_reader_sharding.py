@@ -12,6 +12,8 @@ from loader_helpers import CountingReader, ShardingReader
 
 from framework.data.reader import DatasetReader, DistributedInfo, WorkerInfo
 
+pytestmark = pytest.mark.timeout(30)
+
 
 def read_shard(reader: DatasetReader, world: int, rank: int, workers: int, wid: int) -> list[int]:
     reader._set_distributed_info(DistributedInfo(world, rank) if world > 1 else None)

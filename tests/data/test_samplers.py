@@ -10,6 +10,8 @@ import torch
 
 from framework.data.sampler import BatchSampler, guess_sorting_keys
 
+pytestmark = pytest.mark.timeout(30)
+
 
 def instances() -> list[dict[str, Any]]:
     # Lengths of "text": 5, 3, 6, 2, 4 ; "short" is always shorter.

@@ -98,11 +98,15 @@ class WorkerPool:
         except BaseException:
             self.shutdown()
             raise
+        # Waiting on one worker's pipe also watches every worker's sentinel, so a death
+        # anywhere is noticed at once, not when the round-robin comes to that worker.
+        self._sentinels = {process.sentinel: index for index, process in enumerate(self.processes)}
         self._pollers = []
-        for conn, process in zip(self.data, self.processes):
+        for conn in self.data:
             poller = select.poll()
             poller.register(conn.fileno(), select.POLLIN)
-            poller.register(process.sentinel, select.POLLIN)
+            for sentinel in self._sentinels:
+                poller.register(sentinel, select.POLLIN)
             self._pollers.append(poller)
         self._finalizer = weakref.finalize(self, _reap, self.processes, self.data, self.control)
 
@@ -163,8 +167,9 @@ class WorkerPool:
                     return read_frame(conn.fileno())
                 except EOFError:
                     raise self._death(worker_id) from None
-            if ready:  # only the sentinel: the worker exited without a word
-                raise self._death(worker_id)
+            if ready:  # only sentinels: a worker exited without a word
+                dead = sorted(self._sentinels[fd] for fd in ready if fd in self._sentinels)
+                raise self._death(worker_id if worker_id in dead else dead[0])
             if timeout is not None and time.monotonic() - started > timeout:
                 raise WorkerError(
                     f"loader worker {worker_id} (pid {process.pid}) sent nothing for "

@@ -253,3 +253,17 @@ class ProgressReader(CountingReader):
         for count, instance in enumerate(super()._read(file_path), 1):
             Path(path).write_text(str(count))
             yield instance
+
+
+class StallThenDie(CountingReader):
+    """Worker 0 stalls for a long time; worker 1 is killed soon after starting."""
+
+    def _read(self, file_path: Any) -> Iterator[dict[str, Any]]:
+        info = self.get_worker_info()
+        for instance in super()._read(file_path):
+            if info is not None and info.id == 0:
+                time.sleep(60)
+            elif info is not None:
+                time.sleep(0.2)
+                os.kill(os.getpid(), signal.SIGKILL)
+            yield instance

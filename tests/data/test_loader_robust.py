@@ -21,6 +21,7 @@ from loader_helpers import (
     FileReader,
     ProgressReader,
     SlowReader,
+    StallThenDie,
     alive,
     child_pids,
     flat,
@@ -292,3 +293,11 @@ def test_two_open_iterations_of_one_loader(persistent: bool, no_leaks: None) -> 
     assert len(pairs) == 4
     assert all(a["id"].tolist() == b["id"].tolist() for a, b in pairs)
     data.close()
+
+
+def test_death_of_a_worker_is_seen_while_waiting_on_another(no_leaks: None) -> None:
+    data = make(StallThenDie(8), num_workers=2, max_instances_in_memory=4)
+    started = time.monotonic()
+    with pytest.raises(WorkerError, match=r"worker 1.*SIGKILL"):
+        list(data)  # the round-robin waits on worker 0 first, which stalls for a minute
+    assert time.monotonic() - started < 10

@@ -8,7 +8,14 @@ from typing import Any
 
 import pytest
 import torch
-from loader_helpers import CountingReader, HookReader, LeakyReader, PidCollator, flat
+from loader_helpers import (
+    CountingReader,
+    HookReader,
+    LeakyReader,
+    PidCollator,
+    ShardingReader,
+    flat,
+)
 
 from framework.data.collate import DataCollator
 from framework.data.loader import DataLoader
@@ -253,3 +260,27 @@ def test_progress_bars_work_with_spawned_workers(capfd: Any) -> None:
                   max_instances_in_memory=4)
     assert len(list(data)) == 2
     assert "worker" in capfd.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"max_instances_in_memory": 10, "num_workers": 2},
+        {"num_workers": 2},
+        {"max_instances_in_memory": 10, "num_workers": 2, "start_method": "spawn"},
+        {"num_workers": 2, "start_method": "spawn"},
+        {"max_instances_in_memory": 10, "num_workers": 0},
+        {"num_workers": 0},
+    ],
+    ids=str,
+)
+def test_manual_sharding_reader_every_mode(options: dict[str, Any]) -> None:
+    data = MultiProcessDataLoader(ShardingReader(30), "x", batch_size=1, quiet=True, **options)
+    if options.get("max_instances_in_memory") is None:
+        assert data._instances is not None  # eager mode reads at construction
+    instances = data.iter_instances()
+    assert not isinstance(instances, (list, tuple))
+    assert sorted(x["id"] for x in instances) == list(range(30))
+    for _ in range(2):
+        ids = flat(batch["id"].tolist() for batch in data)
+        assert sorted(ids) == list(range(30))  # each once, every epoch

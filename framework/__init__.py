@@ -4,9 +4,9 @@ Names are imported on first use (PEP 562), so ``import framework`` stays cheap a
 does not import torch until something needs it.
 """
 
-import importlib as _importlib
 from typing import TYPE_CHECKING as _TYPE_CHECKING
-from typing import Any as _Any
+
+from framework._lazy import lazy_exports as _lazy_exports
 
 __version__ = "0.1.0"
 
@@ -62,14 +62,4 @@ if _TYPE_CHECKING:
     from framework.registry import Registrable
 
 
-def __getattr__(name: str) -> _Any:
-    module = _LOCATIONS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'framework' has no attribute {name!r}")
-    value = getattr(_importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = _lazy_exports(__name__, _LOCATIONS)

@@ -6,8 +6,9 @@ does, never imports torch.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from framework._lazy import lazy_exports
 
 __all__ = [
     "BatchSampler",
@@ -39,14 +40,4 @@ if TYPE_CHECKING:
     from framework.data.sampler import BatchSampler
 
 
-def __getattr__(name: str) -> Any:
-    module = _LOCATIONS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'framework.data' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(__name__, _LOCATIONS)

@@ -22,6 +22,14 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 IMAGES = ROOT / "docs" / "img"
 
+COLD_RUNS = (
+    ("framework (sha256, fsync, atomic publish)", "cold_ours_s"),
+    ("raw requests copy (no hash, no fsync)", "cold_raw_requests_s"),
+    ("raw requests copy + sha256 + fsync", "cold_raw_requests_sha256_fsync_s"),
+    ("local file copy + fsync (the disk's floor)", "floor_local_copy_fsync_s"),
+    ("pooch.retrieve", "cold_pooch_s"),
+)
+
 OURS = "#1f77b4"
 THEIRS = "#9e9e9e"
 OTHER = "#ff7f0e"
@@ -146,22 +154,18 @@ def plot_download(results: Mapping[str, Any], target: Path) -> Path:
     import matplotlib.pyplot as plt
 
     figure, axes = plt.subplots(2, 1, figsize=(7.5, 4.8))
-    cold = [
-        ("framework (sha256, fsync, atomic publish)", "cold_ours_s", OURS),
-        ("raw requests copy", "cold_raw_requests_s", THEIRS),
-        ("raw copy + sha256 + fsync", "cold_raw_requests_sha256_fsync_s", THEIRS),
-        ("pooch.retrieve", "cold_pooch_s", OTHER),
-    ]
-    size_mb = float(results.get("size_bytes", 0)) / 1e6
+    cold = [(name, key, OURS if key == "cold_ours_s" else OTHER if "pooch" in key else THEIRS)
+            for name, key in COLD_RUNS]  # fmt: skip
+    size_mb = float(results.get("size_bytes", 0)) / 2**20
     present = [(name, float(results[key]), color) for name, key, color in cold if key in results]
     _bars(
         axes[0],
         [name for name, _, _ in present],
         [size_mb / seconds if seconds else 0.0 for _, seconds, _ in present],
         [color for _, _, color in present],
-        "MB/s (higher is better)",
+        "MiB/s (higher is better)",
     )
-    axes[0].set_title(f"cold download of {size_mb:.0f} MB from 127.0.0.1", fontsize=10, loc="left")
+    axes[0].set_title(f"cold download of {size_mb:.0f} MiB from 127.0.0.1", fontsize=10, loc="left")
     hits = [
         ("framework", results.get("hit_ours_us_median"), OURS),
         ("pooch", results.get("hit_pooch_us_median"), OTHER),
@@ -230,19 +234,24 @@ def loader_table(results: Mapping[str, Any]) -> str:
     return "\n".join(parts)
 
 
+def _gets(value: Any) -> str:
+    if isinstance(value, list):
+        if value and all(v == value[0] for v in value):
+            return f"{value[0]} GET in each of {len(value)} runs" if value[0] == 1 else (
+                f"{value[0]} GETs in each of {len(value)} runs"
+            )
+        return f"{', '.join(map(str, value))} GETs in {len(value)} runs"
+    return f"{value} GET{'s' if value != 1 else ''}"
+
+
 def download_table(results: Mapping[str, Any]) -> str:
-    size_mb = float(results.get("size_bytes", 0)) / 1e6
+    size_mb = float(results.get("size_bytes", 0)) / 2**20
     rows = []
-    for name, key in (
-        ("framework", "cold_ours_s"),
-        ("raw requests copy", "cold_raw_requests_s"),
-        ("raw copy + sha256 + fsync", "cold_raw_requests_sha256_fsync_s"),
-        ("pooch.retrieve", "cold_pooch_s"),
-    ):
+    for name, key in COLD_RUNS:
         if key in results:
             seconds = float(results[key])
-            rows.append([name, f"{seconds:.3f} s", f"{size_mb / seconds:,.0f} MB/s"])
-    parts = [f"**Cold download** ({size_mb:.0f} MB from 127.0.0.1)\n",
+            rows.append([name, f"{seconds:.3f} s", f"{size_mb / seconds:,.0f} MiB/s"])
+    parts = [f"**Cold download** ({size_mb:.0f} MiB from 127.0.0.1, median)\n",
              _table(["client", "time", "speed"], rows), ""]  # fmt: skip
     if "hit_ours_us_median" in results:
         parts.append("**Cache hit** with a known sha256, median per call\n")
@@ -254,7 +263,7 @@ def download_table(results: Mapping[str, Any]) -> str:
     if "race_processes" in results:
         parts.append(
             f"**{results['race_processes']} racing processes**: the server saw "
-            f"{results.get('race_gets', '?')} GET(s); wall time "
+            f"{_gets(results.get('race_gets', '?'))}; wall time "
             f"{results.get('race_wall_vs_one_download', float('nan')):.2f}x one download."
         )
         parts.append("")

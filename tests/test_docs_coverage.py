@@ -144,7 +144,7 @@ def test_benchmark_charts_and_tables_from_results(tmp_path: Path) -> None:
     tables = plot.markdown_tables(tmp_path)
     assert "| framework, 2 workers | 1,234 | 10 ms |" in tables["loader"]
     assert "ours 2 vs torch 2 **3.85x**" in tables["loader"]
-    assert "| framework | 0.500 s | 20 MB/s |" in tables["download"]
+    assert "| framework (sha256, fsync, atomic publish) | 0.500 s | 19 MiB/s |" in tables["download"]
     assert plot.main(["--results", str(tmp_path), "--out", str(tmp_path / "img")]) == 0
     assert (tmp_path / "img" / "bench_loader.png").stat().st_size > 1000
     assert (tmp_path / "img" / "bench_download.png").stat().st_size > 1000

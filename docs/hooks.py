@@ -185,6 +185,36 @@ def render_components() -> str:
     return "\n".join(out)
 
 
+CLI_PAGE = "cli.md"
+
+
+def render_cli() -> str:
+    """The command-line page: ``--help`` of ``framework`` and of every subcommand."""
+    import argparse
+    import os
+
+    from framework.cli import build_parser
+
+    os.environ["COLUMNS"] = "88"  # argparse wraps to the terminal: make the page the same everywhere
+    parser = build_parser()
+    out = [
+        "# Command line",
+        "",
+        "The `framework` command (also `python -m framework`), generated from its `--help`",
+        "when these docs were built.",
+        "",
+        "```text",
+        parser.format_help().rstrip(),
+        "```",
+        "",
+    ]
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, subparser in action.choices.items():
+                out += [f"## `framework {name}`", "", "```text", subparser.format_help().rstrip(), "```", ""]
+    return "\n".join(out)
+
+
 def on_files(files: Any, config: Any, **kwargs: Any) -> Any:
     from mkdocs.structure.files import File
 
@@ -195,10 +225,11 @@ def on_files(files: Any, config: Any, **kwargs: Any) -> Any:
         # a warning fails `mkdocs build --strict`: the page would be missing components
         log.warning("framework plugin %r failed to load: %s: %s", plugin, type(error).__name__, error)
 
-    existing = files.get_file_from_path(COMPONENTS_PAGE)
-    if existing is not None:
-        files.remove(existing)
-    files.append(File.generated(config, COMPONENTS_PAGE, content=render_components()))
+    for page, render in ((COMPONENTS_PAGE, render_components), (CLI_PAGE, render_cli)):
+        existing = files.get_file_from_path(page)
+        if existing is not None:
+            files.remove(existing)
+        files.append(File.generated(config, page, content=render()))
     return files
 
 

@@ -148,3 +148,14 @@ def test_benchmark_charts_and_tables_from_results(tmp_path: Path) -> None:
     assert plot.main(["--results", str(tmp_path), "--out", str(tmp_path / "img")]) == 0
     assert (tmp_path / "img" / "bench_loader.png").stat().st_size > 1000
     assert (tmp_path / "img" / "bench_download.png").stat().st_size > 1000
+
+
+def test_every_subcommand_is_on_the_command_line_page() -> None:
+    from framework.cli import build_parser
+
+    page = load_docs_hooks().render_cli()
+    subcommands = build_parser()._subparsers._group_actions[0].choices  # type: ignore[union-attr]
+    assert {"plugins", "download", "run"} <= set(subcommands)
+    for name in subcommands:
+        assert f"## `framework {name}`" in page and f"usage: framework {name}" in page
+    assert "cli.md" in (REPO_ROOT / "mkdocs.yml").read_text(encoding="utf-8")

@@ -190,13 +190,24 @@ CLI_PAGE = "cli.md"
 
 def render_cli() -> str:
     """The command-line page: ``--help`` of ``framework`` and of every subcommand."""
-    import argparse
     import os
 
     from framework.cli import build_parser
 
+    columns = os.environ.get("COLUMNS")
     os.environ["COLUMNS"] = "88"  # argparse wraps to the terminal: make the page the same everywhere
-    parser = build_parser()
+    try:
+        return _render_cli(build_parser())
+    finally:
+        if columns is None:
+            del os.environ["COLUMNS"]
+        else:
+            os.environ["COLUMNS"] = columns
+
+
+def _render_cli(parser: Any) -> str:
+    import argparse
+
     out = [
         "# Command line",
         "",

@@ -149,6 +149,7 @@ class DownloadManager:
         extract: bool = False,
         force: bool = False,
         progress: Optional[bool] = None,
+        revalidate: bool = False,
     ) -> Path:
         """The local path of `url_or_path`'s verified bytes inside the cache folder.
 
@@ -161,6 +162,8 @@ class DownloadManager:
             extract: unpack the tar/zip archive and return the extracted folder.
             force: fetch (and extract) again even when cached.
             progress: overrides the manager's setting for this call.
+            revalidate: ask the server whether a cached copy is still current (one
+                ``stat``, e.g. an HTTP HEAD); refetch when its etag or size changed.
 
         Raises:
             DownloadError: or a subclass (`HTTPStatusError`, `NetworkError`,
@@ -170,6 +173,8 @@ class DownloadManager:
         url = _normalize(url_or_path)
         root = Path(cache_dir).expanduser() if cache_dir is not None else self.cache_dir
         entry = Entry(root, url)
+        if revalidate and not force and not self.offline:
+            force = self._stale(entry, sha256)
         if not force and entry.lookup(sha256) is not None:
             if not extract:
                 return entry.final
@@ -208,6 +213,20 @@ class DownloadManager:
                 logger.info("extracting %s to %s", entry.final, entry.extracted)
                 extract_archive(entry.final, entry.extracted, url, self.limits, replace=True)
             return entry.extracted
+
+    def _stale(self, entry: Entry, sha256: Optional[str]) -> bool:
+        """Whether the server's object differs from the cached copy (by etag, else size)."""
+        meta = entry.lookup(sha256)
+        if meta is None:
+            return False  # nothing cached: an ordinary fetch follows anyway
+        info = self.backend_for(entry.url).stat(entry.url)
+        if info.etag is not None and meta.get("etag") is not None:
+            changed = info.etag != meta.get("etag")
+        else:
+            changed = info.size is not None and info.size != meta.get("size")
+        if changed:
+            logger.info("%s changed on the server; fetching it again", entry.url)
+        return changed
 
     def _lock(self, entry: Entry, show: bool, done: Callable[[], bool]) -> EntryLock:
         on_wait: Optional[Callable[[int, Optional[int]], None]] = None

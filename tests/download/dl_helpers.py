@@ -41,6 +41,7 @@ class Route:
     delay: float = 0.0  # seconds per chunk
     gets: int = 0
     full_gets: int = 0  # GETs that started at byte 0
+    heads: int = 0
     ranges: list[str] = attrs.field(factory=list)
 
 
@@ -107,6 +108,8 @@ class _Handler(BaseHTTPRequestHandler):
             if self.command == "GET":
                 route.gets += 1
                 route.ranges.append(range_header or "")
+            else:
+                route.heads += 1
             fail = route.fail_statuses.pop(0) if route.fail_statuses and self.command == "GET" else None
         if fail is not None:
             self._empty(fail)

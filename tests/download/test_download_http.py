@@ -439,3 +439,17 @@ def test_unwritable_cache_folder_says_so(
     with pytest.raises(DownloadError, match=r"cannot create the cache folder .*FRAMEWORK_CACHE"):
         DownloadManager(tmp_path / "new-cache", progress=False).cached_path(url)
     assert http_server.route(url).gets == 0
+
+
+def test_revalidate_asks_once_and_refetches_only_a_changed_object(
+    http_server: FaultServer, manager: DownloadManager, payload: bytes
+) -> None:
+    url = http_server.add("/revalidate/data.bin", payload)
+    path = manager.cached_path(url)
+    assert manager.cached_path(url, revalidate=True) == path
+    assert http_server.route(url).gets == 1 and http_server.route(url).heads == 1
+    route = http_server.route(url)
+    route.data, route.etag = b"new version", '"v2"'
+    assert manager.cached_path(url).read_bytes() == payload  # no revalidation: the cache
+    assert manager.cached_path(url, revalidate=True).read_bytes() == b"new version"
+    assert route.gets == 2

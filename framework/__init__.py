@@ -30,19 +30,19 @@ __all__ = [
 ]
 
 _LOCATIONS = {
-    "BatchSampler": "framework.data.sampler",
-    "DataCollator": "framework.data.collate",
-    "DataLoader": "framework.data.loader",
-    "DatasetReader": "framework.data.reader",
-    "DefaultDataCollator": "framework.data.collate",
-    "DistributedInfo": "framework.data.reader",
+    "BatchSampler": "framework.data",
+    "DataCollator": "framework.data",
+    "DataLoader": "framework.data",
+    "DatasetReader": "framework.data",
+    "DefaultDataCollator": "framework.data",
+    "DistributedInfo": "framework.data",
     "DownloadBackend": "framework.download.backend",
     "DownloadManager": "framework.download.manager",
     "Lazy": "framework.config",
-    "MultiProcessDataLoader": "framework.data.multiprocess",
+    "MultiProcessDataLoader": "framework.data",
     "Registrable": "framework.registry",
     "WorkerError": "framework.errors",
-    "WorkerInfo": "framework.data.reader",
+    "WorkerInfo": "framework.data",
     "cached_path": "framework.download.manager",
     "hookimpl": "framework.hookspecs",
     "hookspec": "framework.hookspecs",
@@ -50,11 +50,16 @@ _LOCATIONS = {
 
 if _TYPE_CHECKING:
     from framework.config import Lazy
-    from framework.data.collate import DataCollator, DefaultDataCollator
-    from framework.data.loader import DataLoader
-    from framework.data.multiprocess import MultiProcessDataLoader
-    from framework.data.reader import DatasetReader, DistributedInfo, WorkerInfo
-    from framework.data.sampler import BatchSampler
+    from framework.data import (
+        BatchSampler,
+        DataCollator,
+        DataLoader,
+        DatasetReader,
+        DefaultDataCollator,
+        DistributedInfo,
+        MultiProcessDataLoader,
+        WorkerInfo,
+    )
     from framework.download.backend import DownloadBackend
     from framework.download.manager import DownloadManager, cached_path
     from framework.errors import WorkerError

@@ -14,7 +14,7 @@ if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))  # "spawn" children inherit sys.path and import helpers
 
 
-from loader_helpers import child_pids, shm_entries  # noqa: E402
+from loader_helpers import child_pids, new_shm_entries, shm_entries  # noqa: E402
 
 
 @pytest.fixture
@@ -29,7 +29,7 @@ def no_leaks() -> Iterator[None]:
     while time.monotonic() < deadline and (child_pids() - children):
         time.sleep(0.05)
     assert child_pids() - children == set(), "worker processes left running"
-    assert shm_entries() - shm == set(), "shared-memory segments left in /dev/shm"
+    assert new_shm_entries(shm) == set(), "shared-memory segments left in /dev/shm"
 
 
 @pytest.fixture

@@ -178,6 +178,21 @@ def shm_entries() -> set[str]:
         return set()
 
 
+def new_shm_entries(before: set[str], wait: float = 3.0) -> set[str]:
+    """Segments present now but not in `before`, once they stay for `wait` seconds.
+
+    multiprocessing unlinks a named semaphore right after creating it, so a
+    `sem.mp-*` entry of any other process on the machine can show up for an
+    instant; a leaked segment stays.
+    """
+    import time
+
+    deadline = time.monotonic() + wait
+    while (extra := shm_entries() - before) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return extra
+
+
 def child_pids(pid: Optional[int] = None) -> set[int]:
     """Live (non-zombie) children of `pid` (default: this process), from /proc."""
     parent = os.getpid() if pid is None else pid

@@ -222,7 +222,7 @@ def test_killed_main_process_takes_its_workers(tmp_path: Path, method: str) -> N
 
 
 def test_ctrl_c_reaps_every_worker(tmp_path: Path) -> None:
-    from loader_helpers import shm_entries
+    from loader_helpers import new_shm_entries, shm_entries
 
     before = shm_entries()
     process = start_script(tmp_path, "fork")
@@ -232,7 +232,7 @@ def test_ctrl_c_reaps_every_worker(tmp_path: Path) -> None:
     out, _ = process.communicate(timeout=20)
     assert "INTERRUPTED" in out and "CHILDREN 0" in out
     assert not any(alive(pid) for pid in workers)
-    assert shm_entries() - before == set()
+    assert new_shm_entries(before) == set()
 
 
 def test_spawn_with_an_unpicklable_reader_says_what_to_do() -> None:

@@ -6,16 +6,11 @@ must be fetched once although both ranks ask for it at the same time.
 
 from __future__ import annotations
 
-import functools
-import http.server
 import json
 import os
 import subprocess
 import sys
-import threading
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -23,40 +18,13 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 CORPUS = REPO_ROOT / "framework" / "examples" / "corpus.txt"
 
 
-class _CountingHandler(http.server.SimpleHTTPRequestHandler):
-    gets: list[str]
-
-    def do_GET(self) -> None:
-        self.gets.append(self.path)
-        super().do_GET()
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
-
-
-@pytest.fixture
-def corpus_server(tmp_path: Path) -> Iterator[tuple[str, list[str]]]:
-    root = tmp_path / "www"
-    root.mkdir()
-    (root / "corpus.txt").write_bytes(CORPUS.read_bytes())
-    gets: list[str] = []
-    handler = functools.partial(
-        type("Handler", (_CountingHandler,), {"gets": gets}), directory=str(root)
-    )
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/corpus.txt", gets
-    finally:
-        server.shutdown()
-        server.server_close()
-
-
 @pytest.mark.timeout(110)
 def test_ddp_example_equal_batches_and_one_fetch(
-    tmp_path: Path, corpus_server: tuple[str, list[str]]
+    tmp_path: Path, http_server: tuple[str, list[str]]
 ) -> None:
-    url, gets = corpus_server
+    base, gets = http_server
+    (tmp_path / "www" / "corpus.txt").write_bytes(CORPUS.read_bytes())
+    url = f"{base}/corpus.txt"
     reports = tmp_path / "reports"
     env = {k: v for k, v in os.environ.items() if not k.startswith("FRAMEWORK_")}
     env["FRAMEWORK_CACHE"] = str(tmp_path / "cache")

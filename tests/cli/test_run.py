@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-import functools
-import http.server
 import json
 import os
 import subprocess
 import sys
-import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -210,35 +206,6 @@ def test_unavailable_device_is_a_config_error(
     assert code == 2 and "--device" in err
     code, summary, err = run_cli(capsys, str(config), "--device", "cpu")
     assert code == 0 and summary["device"] == "cpu", err
-
-
-class _CountingHandler(http.server.SimpleHTTPRequestHandler):
-    gets: list[str]
-
-    def do_GET(self) -> None:
-        self.gets.append(self.path)
-        super().do_GET()
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
-
-
-@pytest.fixture
-def http_server(tmp_path: Path) -> Iterator[tuple[str, list[str]]]:
-    root = tmp_path / "www"
-    root.mkdir()
-    gets: list[str] = []
-    handler = functools.partial(
-        type("Handler", (_CountingHandler,), {"gets": gets}), directory=str(root)
-    )
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", gets
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def test_url_data_path_is_fetched_once_and_cached(

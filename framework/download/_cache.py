@@ -23,6 +23,7 @@ __all__ = [
     "HOST",
     "Entry",
     "Metadata",
+    "dead_leftovers",
     "is_alive_local",
     "parse_owner",
     "read_metadata",
@@ -74,6 +75,24 @@ def is_alive_local(host: str, pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def dead_leftovers(target: Path, suffixes: tuple[str, ...]) -> list[Path]:
+    """Temporary siblings of `target` (``target.<token>.<suffix>``) whose owner
+    process, on this host, is dead: safe to remove."""
+    prefix = target.name + "."
+    try:
+        names = os.listdir(target.parent)
+    except OSError:
+        return []
+    return [
+        target.parent / name
+        for name in names
+        if name.startswith(prefix)
+        and name.endswith(suffixes)
+        and (owner := parse_owner(name)) is not None
+        and not is_alive_local(*owner)
+    ]
 
 
 def _readable_suffix(url: str) -> str:

@@ -20,7 +20,7 @@ from typing import Any, Final, Optional
 
 import attrs
 
-from framework.download._cache import is_alive_local, parse_owner, unique_token
+from framework.download._cache import dead_leftovers, unique_token
 from framework.errors import DownloadError, UnsafeArchiveError
 
 __all__ = [
@@ -126,16 +126,8 @@ def _extract_zip(archive: Path, root: str, limits: ExtractLimits, url: str) -> N
 
 def _sweep(target: Path) -> None:
     """Remove temporary folders left by dead extractors of `target` on this host."""
-    prefix = target.name + "."
-    try:
-        names = os.listdir(target.parent)
-    except OSError:
-        return
-    for name in names:
-        if name.startswith(prefix) and name.endswith((".tmp", ".old")):
-            owner = parse_owner(name)
-            if owner is not None and not is_alive_local(*owner):
-                shutil.rmtree(target.parent / name, ignore_errors=True)
+    for leftover in dead_leftovers(target, (".tmp", ".old")):
+        shutil.rmtree(leftover, ignore_errors=True)
 
 
 def extract_archive(archive: Path, target: Path, url: str, limits: ExtractLimits, *, replace: bool) -> Path:

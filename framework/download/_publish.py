@@ -20,7 +20,13 @@ from typing import Any, Callable, Final, Optional
 
 import attrs
 
-from framework.download._cache import HOST, is_alive_local, parse_owner, unique_token
+from framework.download._cache import (
+    HOST,
+    dead_leftovers,
+    is_alive_local,
+    parse_owner,
+    unique_token,
+)
 from framework.download._pipeline import Pipeline
 from framework.download.backend import ByteStream, DownloadBackend
 from framework.errors import ChecksumError, NetworkError
@@ -128,16 +134,8 @@ def _adopt(final: Path) -> Optional[tuple[Path, str]]:
 
 def _sweep_temp_files(final: Path) -> None:
     """Remove sidecar and owner temp files (``*.tmp``) left by dead processes on this host."""
-    prefix = final.name + "."
-    try:
-        names = os.listdir(final.parent)
-    except OSError:
-        return
-    for name in names:
-        if name.startswith(prefix) and name.endswith(".tmp"):
-            owner = parse_owner(name)
-            if owner is not None and not is_alive_local(*owner):
-                remove_quietly(final.parent / name)
+    for leftover in dead_leftovers(final, (".tmp",)):
+        remove_quietly(leftover)
 
 
 @contextmanager

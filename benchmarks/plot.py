@@ -267,6 +267,15 @@ def download_table(results: Mapping[str, Any]) -> str:
             f"{results.get('race_wall_vs_one_download', float('nan')):.2f}x one download."
         )
         parts.append("")
+    link = results.get("link")
+    if isinstance(link, Mapping):
+        parts.append(
+            f"**Over a {link['gbps']:g} Gbit/s link** (the server paces the body): ours "
+            f"{link['cold_ours_s']:.3f} s, raw requests copy {link['cold_raw_requests_s']:.3f} s: "
+            f"ours at {link['cold_speed_vs_raw']:.2f}x the raw copy's speed. On loopback the "
+            "sha256 and the fsync, not the network, set our pace."
+        )
+        parts.append("")
     targets = results.get("targets_met")
     if isinstance(targets, Mapping):
         met = ", ".join(f"{name}: {'met' if ok else '**not met**'}" for name, ok in targets.items())

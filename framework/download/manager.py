@@ -31,7 +31,7 @@ __all__ = ["DownloadManager", "backend_name_for", "cached_path", "default_cache_
 
 logger = logging.getLogger("framework.download")
 
-PathOrUrl = Union[str, "os.PathLike[str]"]
+PathOrUrl = Union[str, os.PathLike[str]]
 
 _FIXED_SCHEMES = {"http": "http", "https": "http", "s3": "s3", "file": "local", "": "local"}
 

@@ -49,5 +49,24 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if not getattr(args, "handler", None):
         parser.print_help(sys.stderr)
         return 2
-    code: int = args.handler(args)
+    from framework.errors import ConfigError, FrameworkError
+
+    def error(message: str) -> None:
+        print(f"framework {args.command}: error: {' '.join(message.split())}", file=sys.stderr)
+
+    # One way for every subcommand to fail: one line that says what, no traceback.
+    try:
+        code: int = args.handler(args)
+    except ConfigError as exc:  # the dotted path of the bad key says it all
+        error(str(exc))
+        return 2
+    except FileNotFoundError as exc:
+        error(str(exc))
+        return 1
+    except (FrameworkError, OSError, ValueError, ImportError) as exc:
+        error(f"{type(exc).__name__}: {exc}")
+        return 1
+    except KeyboardInterrupt:
+        error("interrupted")
+        return 130
     return code

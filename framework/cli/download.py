@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import Any
 
 
@@ -26,23 +25,14 @@ def add_parser(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from framework.download import cached_path
-    from framework.errors import FrameworkError
 
-    try:
-        path = cached_path(
-            args.url,
-            cache_dir=args.cache_dir,
-            sha256=args.sha256,
-            extract=args.extract,
-            force=args.force,
-            progress=not args.no_progress,
-        )
-    except (FrameworkError, OSError, ImportError) as error:
-        message = " ".join(str(error).split())
-        print(f"framework download: error: {type(error).__name__}: {message}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("framework download: interrupted", file=sys.stderr)
-        return 130
+    path = cached_path(
+        args.url,
+        cache_dir=args.cache_dir,
+        sha256=args.sha256,
+        extract=args.extract,
+        force=args.force,
+        progress=not args.no_progress,
+    )
     print(path)
     return 0

@@ -35,25 +35,19 @@ def add_parser(subparsers: Any) -> None:
         "reader and data loader by name, iterate the epochs, and print a summary. Without "
         "CONFIG, runs the bundled example on a bundled corpus (no network needed).",
     )
-    parser.add_argument(
-        "config", nargs="?", help="a JSON or YAML config file (default: the bundled example)"
-    )
+    parser.add_argument("config", nargs="?", help="a JSON or YAML config file (default: the bundled example)")
     parser.add_argument(
         "-o",
         "--override",
         action="append",
         default=[],
         metavar="JSON",
-        help="JSON deep-merged into the config, e.g. '{\"data_loader\": {\"num_workers\": 2}}' "
+        help='JSON deep-merged into the config, e.g. \'{"data_loader": {"num_workers": 2}}\' '
         "(may be repeated)",
     )
     parser.add_argument("--device", help="move batches to this torch device, e.g. cuda:0")
-    parser.add_argument(
-        "--json", action="store_true", help="print the summary as JSON on stdout"
-    )
-    parser.add_argument(
-        "--no-progress", action="store_true", help="no progress bars (download and epochs)"
-    )
+    parser.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars (download and epochs)")
     parser.set_defaults(handler=main)
 
 
@@ -72,9 +66,7 @@ def _bundled_examples() -> Path:
     return Path(str(resources.files("framework") / "examples"))
 
 
-def load_run_config(
-    config_path: Optional[str], overrides: list[str]
-) -> tuple[dict[str, Any], Path]:
+def load_run_config(config_path: Optional[str], overrides: list[str]) -> tuple[dict[str, Any], Path]:
     """The merged, checked config and the folder relative data paths resolve against."""
     from framework.config import load_config
 
@@ -105,9 +97,7 @@ def _check_top_level(config: Mapping[str, Any]) -> None:
         if key not in TOP_LEVEL_KEYS:
             close = difflib.get_close_matches(key, TOP_LEVEL_KEYS, n=1)
             hint = f" Did you mean {close[0]!r}?" if close else ""
-            raise ConfigError(
-                key, f"unknown top-level key.{hint} Accepted keys: {', '.join(TOP_LEVEL_KEYS)}"
-            )
+            raise ConfigError(key, f"unknown top-level key.{hint} Accepted keys: {', '.join(TOP_LEVEL_KEYS)}")
     for key in ("dataset_reader", "data_path"):
         if key not in config:
             raise ConfigError(key, "missing required key")
@@ -158,9 +148,10 @@ def _preflight_loader(loader_config: Mapping[str, Any], reader: Any, data_path: 
     from framework import DataLoader
 
     config = copy.deepcopy(dict(loader_config))
-    if "max_instances_in_memory" in _loader_parameters(config) and config.get(
-        "max_instances_in_memory"
-    ) is None:
+    if (
+        "max_instances_in_memory" in _loader_parameters(config)
+        and config.get("max_instances_in_memory") is None
+    ):
         config["max_instances_in_memory"] = 2**62
     try:
         DataLoader.from_config(config, reader=reader, data_path=data_path)
@@ -205,29 +196,7 @@ def _peak_memory_mib() -> dict[str, float]:
     return {"main_mib": round(own, 1), "largest_worker_mib": round(children, 1)}
 
 
-def _error(message: str) -> None:
-    print(f"framework run: error: {message}", file=sys.stderr)
-
-
 def main(args: argparse.Namespace) -> int:
-    try:
-        return _run(args)
-    except ConfigError as error:
-        _error(str(error))
-        return 2
-    except FileNotFoundError as error:
-        _error(str(error))
-        return 1
-    except (FrameworkError, ValueError, OSError) as error:
-        # a download, a worker or the data itself failed: say what, without a traceback
-        _error(f"{type(error).__name__}: {error}")
-        return 1
-    except KeyboardInterrupt:
-        _error("interrupted")
-        return 130
-
-
-def _run(args: argparse.Namespace) -> int:
     config, base_dir = load_run_config(args.config, args.override)
     progress = not args.no_progress
 
@@ -316,9 +285,7 @@ def _run(args: argparse.Namespace) -> int:
     if device is not None:
         summary["device"] = str(device)
         if device.type == "cuda":
-            summary["peak_memory"]["cuda_mib"] = round(
-                torch.cuda.max_memory_allocated(device) / 2**20, 1
-            )
+            summary["peak_memory"]["cuda_mib"] = round(torch.cuda.max_memory_allocated(device) / 2**20, 1)
     if args.json:
         print(json.dumps(summary, indent=2))
     else:

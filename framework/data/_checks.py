@@ -5,7 +5,7 @@ from __future__ import annotations
 import multiprocessing
 from typing import Any, Optional
 
-from framework.data.reader import DatasetReader
+from framework.data.reader import DatasetReader, current_distributed_info
 from framework.data.sampler import BatchSampler
 
 __all__ = ["TRANSFERS", "no_instances", "validate"]
@@ -14,6 +14,14 @@ TRANSFERS = ("pickle5", "shared_memory")
 
 
 def no_instances(reader: DatasetReader, data_path: Any) -> ValueError:
+    info = current_distributed_info()
+    if info is not None and info.world_size > 1:
+        return ValueError(
+            f"{type(reader).__name__} read no instances from {data_path!r} on rank "
+            f"{info.global_rank} of {info.world_size} (each rank reads its own shard; with "
+            "fewer instances than ranks some shards are empty). Use fewer ranks or more "
+            "data, and check the path and that _read() yields."
+        )
     return ValueError(
         f"{type(reader).__name__} read no instances from {data_path!r}. Is the path right, "
         "and does _read() yield? (With max_instances=0 or an empty file this is expected.)"

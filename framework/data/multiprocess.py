@@ -34,7 +34,7 @@ import torch
 
 from framework.data._batching import BatchPlan, derive_seed
 from framework.data._checks import no_instances, validate
-from framework.data._distributed import even, min_over_ranks
+from framework.data._distributed import agree, even
 from framework.data._pool import Position, WorkerPool, main_thread
 from framework.data._worker import WorkerSpec, seed_everything
 from framework.data.collate import DataCollator, DefaultDataCollator
@@ -288,13 +288,13 @@ class MultiProcessDataLoader(DataLoader):
         self._epoch = position.epoch + 1
         info = current_distributed_info()
         if self.max_instances_in_memory is None:
-            stream = self._eager_pass(position, info)
+            stream = self._eager_pass(position)
         elif self.num_workers == 0:
             stream = self._lazy_pass_in_process(position)
         else:
             stream = self._lazy_pass_in_workers(position, info)
-        if info is not None and info.world_size > 1 and self.even_batches:
-            if self.max_instances_in_memory is not None and self.batches_per_epoch is None:
+        if self._evened() and self.max_instances_in_memory is not None:
+            if self.batches_per_epoch is None:
                 stream = even(stream)
         try:
             for batch in stream:
@@ -306,11 +306,23 @@ class MultiProcessDataLoader(DataLoader):
         if self._current is position:
             self._current = None
 
-    def _eager_pass(self, position: Position, info: Optional[DistributedInfo]) -> Iterator[Any]:
+    def _evened(self) -> bool:
+        """Whether ranks agree on batch counts (and so must fail together, never alone)."""
+        info = current_distributed_info()
+        return info is not None and info.world_size > 1 and self.even_batches
+
+    def _eager_pass(self, position: Position) -> Iterator[Any]:
         instances = self._load_instances()
-        lists = self._plan.batch_lists(instances, derive_seed(position.seed, "eager"))
-        if info is not None and info.world_size > 1 and self.even_batches:
-            lists = lists[: min_over_ranks(len(lists))]
+        error: Optional[Exception] = None
+        lists: list[list[int]] = []
+        try:
+            lists = self._plan.batch_lists(instances, derive_seed(position.seed, "eager"))
+        except Exception as raised:
+            error = raised
+        if self._evened():
+            lists = lists[: agree(len(lists), error)]
+        elif error is not None:
+            raise error
         for index in range(position.consumed, len(lists)):
             batch = self.collate_fn([instances[i] for i in lists[index]])
             position.consumed = index + 1
@@ -365,9 +377,17 @@ class MultiProcessDataLoader(DataLoader):
 
     def _load_instances(self) -> list[Instance]:
         if self._instances is None:
-            instances = list(self._read_instances())
-            if not instances:
-                raise no_instances(self.reader, self.data_path)
+            error: Optional[Exception] = None
+            try:
+                instances = list(self._read_instances())
+                if not instances:
+                    error = no_instances(self.reader, self.data_path)
+            except Exception as raised:
+                instances, error = [], raised
+            if self._evened():
+                agree(len(instances), error)  # a rank that failed fails every rank, at once
+            elif error is not None:
+                raise error
             self._instances = instances
         return self._instances
 

@@ -1,0 +1,84 @@
+"""Readers and rank entry points for tests/data/test_hardening_loader.py.
+
+Importable by module name, so "spawn" children (ranks, workers) can unpickle them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+from loader_helpers import CountingReader, make_instance
+
+from framework.data.reader import DatasetReader
+
+
+class RankFailingReader(CountingReader):
+    """Raises on rank `victim` only, after `after` instances of its shard."""
+
+    def __init__(self, n: int = 40, victim: int = 1, after: int = 0, **kwargs: Any) -> None:
+        super().__init__(n, **kwargs)
+        self.victim = victim
+        self.after = after
+
+    def _read(self, file_path: Any) -> Iterator[dict[str, Any]]:
+        info = self.get_distributed_info()
+        for i, instance in enumerate(super()._read(file_path)):
+            if info is not None and info.global_rank == self.victim and i >= self.after * info.world_size:
+                raise FileNotFoundError(f"cannot open {file_path!r}")
+            yield instance
+
+
+class ListReader(DatasetReader):
+    """Shards by itself, but `_read` returns a list (runs before `read()` iterates)."""
+
+    def __init__(self, n: int = 12, **kwargs: Any) -> None:
+        super().__init__(manual_distributed_sharding=True, manual_multiprocess_sharding=True, **kwargs)
+        self.n = n
+
+    def _read(self, file_path: Any) -> list[dict[str, Any]]:
+        return [make_instance(i) for i in self.shard_iterable(range(self.n))]
+
+
+CASES: dict[str, dict[str, Any]] = {
+    # Fewer instances (2) than ranks (3): rank 2's shard is empty.
+    "eager_0": {"reader": ("counting", 2), "num_workers": 0},
+    "eager_2": {"reader": ("counting", 2), "num_workers": 2},
+    "lazy_0": {"reader": ("counting", 2), "num_workers": 0, "max_instances_in_memory": 4},
+    "lazy_2": {"reader": ("counting", 2), "num_workers": 2, "max_instances_in_memory": 4},
+    # Rank 1's reader raises (at once in eager mode, mid-shard in lazy mode).
+    "fail_eager_0": {"reader": ("failing", 0), "num_workers": 0},
+    "fail_eager_2": {"reader": ("failing", 0), "num_workers": 2},
+    "fail_lazy_0": {"reader": ("failing", 3), "num_workers": 0, "max_instances_in_memory": 4},
+    "fail_lazy_2": {"reader": ("failing", 3), "num_workers": 2, "max_instances_in_memory": 4},
+}
+
+
+def empty_or_failing_rank(rank: int, world: int, port: int, out_dir: str) -> None:
+    """One rank of a gloo group: what each case yields or raises (the group times out fast)."""
+    import torch.distributed as dist
+
+    from framework.data.multiprocess import MultiProcessDataLoader
+
+    # A rank left waiting in a collective fails after 20 s instead of 30 minutes.
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", world_size=world, rank=rank,
+        timeout=timedelta(seconds=20),
+    )
+    results: dict[str, Any] = {}
+    try:
+        for name, options in CASES.items():
+            options = dict(options)
+            kind, number = options.pop("reader")
+            reader = CountingReader(number) if kind == "counting" else RankFailingReader(after=number)
+            try:
+                loader = MultiProcessDataLoader(reader, "x", batch_size=2, quiet=True, seed=0, **options)
+                results[name] = {"batches": [len(batch["id"]) for batch in loader]}
+            except Exception as error:  # recorded: the test compares every rank's outcome
+                results[name] = {"error": type(error).__name__, "message": str(error)}
+            with open(f"{out_dir}/rank{rank}.json", "w") as handle:
+                json.dump(results, handle)  # written as we go: a timeout still shows the rest
+    finally:
+        dist.destroy_process_group()

@@ -9,20 +9,18 @@ from pathlib import Path
 
 import pytest
 
-from framework import registry
+from framework.registry import Registry
+from framework.testing import fresh_registry as _fresh_registry
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(autouse=True)
-def fresh_registry() -> Iterator[None]:
-    """Snapshot the registry before each test and put it back after, like pluggy's
-    fresh PluginManager per test."""
-    snapshot = registry._snapshot()
-    try:
-        yield
-    finally:
-        registry._restore(snapshot)
+def fresh_registry() -> Iterator[Registry]:
+    """A copy of the registry for each test, active until it ends, like pluggy's fresh
+    PluginManager per test: whatever a test registers is gone for the next one."""
+    with _fresh_registry() as registry:
+        yield registry
 
 
 @pytest.fixture(autouse=True)

@@ -213,38 +213,33 @@ def test_set_target_device_moves_batches() -> None:
 
 
 def test_from_config_builds_the_whole_loader() -> None:
-    from framework.registry import _restore, _snapshot
+    # The fresh_registry fixture (tests/conftest.py) drops these registrations afterwards.
+    DatasetReader.register("counting-test")(CountingReader)
 
-    saved = _snapshot()
-    try:
-        DatasetReader.register("counting-test")(CountingReader)
+    @DataCollator.register("pid-test")
+    class Registered(DataCollator):
+        def __call__(self, instances: list[Any]) -> Any:
+            return PidCollator()(instances)
 
-        @DataCollator.register("pid-test")
-        class Registered(DataCollator):
-            def __call__(self, instances: list[Any]) -> Any:
-                return PidCollator()(instances)
-
-        data = DataLoader.from_config({
-            "reader": {"type": "counting-test", "n": 6},
-            "data_path": "x",
-            "batch_size": 2,
-            "quiet": True,
-            "batch_sampler": None,
-            "collate_fn": {"type": "pid-test"},
-        })
-        assert isinstance(data, MultiProcessDataLoader)
-        assert isinstance(data.collate_fn, Registered)
-        assert [b["id"].tolist() for b in data] == [[0, 1], [2, 3], [4, 5]]
-        bucketed = DataLoader.from_config({
-            "type": "multiprocess",
-            "reader": {"type": "counting-test", "n": 6},
-            "data_path": "x",
-            "batch_sampler": {"type": "bucket", "batch_size": 3, "sorting_keys": ["tokens"]},
-            "quiet": True,
-        })
-        assert len(bucketed) == 2
-    finally:
-        _restore(saved)
+    data = DataLoader.from_config({
+        "reader": {"type": "counting-test", "n": 6},
+        "data_path": "x",
+        "batch_size": 2,
+        "quiet": True,
+        "batch_sampler": None,
+        "collate_fn": {"type": "pid-test"},
+    })
+    assert isinstance(data, MultiProcessDataLoader)
+    assert isinstance(data.collate_fn, Registered)
+    assert [b["id"].tolist() for b in data] == [[0, 1], [2, 3], [4, 5]]
+    bucketed = DataLoader.from_config({
+        "type": "multiprocess",
+        "reader": {"type": "counting-test", "n": 6},
+        "data_path": "x",
+        "batch_sampler": {"type": "bucket", "batch_size": 3, "sorting_keys": ["tokens"]},
+        "quiet": True,
+    })
+    assert len(bucketed) == 2
 
 
 def test_pin_memory_without_cuda_warns_and_still_loads() -> None:

@@ -13,11 +13,11 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Optional
+from typing import Any, Callable, Optional
 
 import attrs
 
-from framework.download import ByteStream, DownloadBackend
+from framework.download import DownloadBackend
 from framework.hookspecs import hookimpl
 from framework.registry import Registrar
 
@@ -187,20 +187,10 @@ def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-class MemoryBackend(DownloadBackend):
-    """A third-party backend for the ``mem://`` scheme: objects live in a dict."""
-
-    objects: ClassVar[dict[str, bytes]] = {}
-
-    def open(self, url: str, offset: int = 0) -> ByteStream:
-        data = self.objects[url]
-        return ByteStream(iter([data[offset:]]), start=offset, size=len(data), etag="v1")
-
-
 class MemoryPlugin:
     """A third-party plugin, as an entry point of the ``framework.plugins`` group would name it."""
 
     @staticmethod
     @hookimpl
     def framework_register_components(registrar: Registrar) -> None:
-        registrar.add(DownloadBackend, "mem", "dl_helpers:MemoryBackend")
+        registrar.add(DownloadBackend, "mem", "framework.testing:MemoryBackend")

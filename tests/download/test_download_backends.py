@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from dl_helpers import MemoryBackend, sha256, stray_files
+from dl_helpers import MemoryPlugin, sha256, stray_files
 
 import framework
 import framework.download
@@ -17,6 +17,7 @@ from framework.cli import main
 from framework.download import ByteStream, DownloadBackend, DownloadManager, RemoteInfo
 from framework.download._cache import Entry
 from framework.errors import ChecksumError, DownloadError, HTTPStatusError
+from framework.testing import MemoryBackend
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -85,22 +86,16 @@ def test_local_paths_and_file_urls(tmp_path: Path, manager: DownloadManager) -> 
     assert stray_files(manager.cache_dir) == []
 
 
-def test_third_party_backend_via_entry_point_hook(manager: DownloadManager) -> None:
-    from importlib.metadata import EntryPoint
+def test_third_party_backend_via_plugin_hook(manager: DownloadManager) -> None:
+    from framework.registry import get_registry
 
-    from framework import _plugins
-
-    plugin_manager = _plugins.plugin_manager()
-    entry_point = EntryPoint(name="mem", value="dl_helpers:MemoryPlugin", group="framework.plugins")
-    _plugins._load_one(plugin_manager, entry_point)  # what plugin discovery does for each one
-    try:
-        assert "mem" in DownloadBackend.list_available()
-        MemoryBackend.objects["mem://store/weights.bin"] = b"weights"
-        path = manager.cached_path("mem://store/weights.bin")
-        assert path.read_bytes() == b"weights" and path.name.endswith("-weights.bin")
-        assert type(manager.backend_for("mem://x")).__name__ == "MemoryBackend"
-    finally:
-        plugin_manager.unregister(name="mem")
+    # What plugin discovery does for each entry point: pluggy registers it, its hook adds.
+    assert get_registry().add_plugin(MemoryPlugin, name="mem", provider="memory-plugin 1.0")
+    assert "mem" in DownloadBackend.list_available()
+    MemoryBackend.objects["mem://store/weights.bin"] = b"weights"
+    path = manager.cached_path("mem://store/weights.bin")
+    assert path.read_bytes() == b"weights" and path.name.endswith("-weights.bin")
+    assert type(manager.backend_for("mem://x")).__name__ == "MemoryBackend"
 
 
 def test_third_party_backend_via_register_decorator(manager: DownloadManager) -> None:
@@ -188,7 +183,7 @@ def test_exported_members() -> None:
 @pytest.fixture(autouse=True)
 def _forget_memory_objects() -> Iterator[None]:
     yield
-    MemoryBackend.objects.clear()
+    MemoryBackend.reset()
 
 
 @pytest.mark.parametrize(

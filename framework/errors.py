@@ -14,8 +14,11 @@ FrameworkError
       ├── NetworkError          connection failures after retries
       ├── ChecksumError         size or sha256 did not match
       ├── UnsafeArchiveError    an archive member would escape or explode
+      ├── CorruptArchiveError   an archive that is truncated or damaged
       ├── OfflineError          FRAMEWORK_OFFLINE=1 and the file is not cached
-      └── LockTimeoutError      another process held the lock for too long
+      ├── InvalidArgumentError  (also a ValueError) refused before any request
+      ├── LockTimeoutError      another process held the lock for too long
+      └── InvalidArgumentError  a bad argument (also a ValueError), before any request
 ```
 
 Each exception keeps its context in fields; the message is made from them, so
@@ -31,10 +34,13 @@ __all__ = [
     "ChecksumError",
     "CollateError",
     "ConfigError",
+    "CorruptArchiveError",
     "DownloadError",
     "DuplicateNameError",
     "FrameworkError",
+    "InvalidArgumentError",
     "HTTPStatusError",
+    "InvalidArgumentError",
     "LockTimeoutError",
     "NetworkError",
     "OfflineError",
@@ -108,13 +114,18 @@ class PluginError(RegistryError):
 
 
 class ConfigError(FrameworkError, ValueError):
-    """A config value that does not fit; `path` is the dotted path of the bad key."""
+    """A config value that does not fit; `path` is the dotted path of the bad key.
+
+    `errors` holds every error found in the same config (just this one, unless a
+    check found several: then this is the first and its message counts the rest).
+    """
 
     def __init__(self, path: str, message: str, expected: str = "", got: Any = None) -> None:
         self.path = path
         self.expected = expected
         self.got = got
         self.reason = message
+        self.errors: list[ConfigError] = [self]
         super().__init__(f"{path or '<root>'}: {message}")
 
 
@@ -210,20 +221,39 @@ class UnsafeArchiveError(DownloadError):
         super().__init__(url, f"refusing to extract archive member {member!r}: {why}")
 
 
+class CorruptArchiveError(DownloadError):
+    """An archive that cannot be read to the end: truncated, a bad CRC, a broken stream."""
+
+    def __init__(self, url: str, why: str) -> None:
+        self.why = why
+        super().__init__(
+            url,
+            f"the archive is damaged or truncated ({why}); nothing was extracted. "
+            "If the download itself was damaged, fetch it again with force=True (--force)",
+        )
+
+
 class OfflineError(DownloadError):
     """Offline mode is on and the file is not in the cache."""
+
+
+class InvalidArgumentError(DownloadError, ValueError):
+    """An argument of the call that cannot be right (say, a sha256 that is not 64 hex
+    digits); raised before any request is made."""
 
 
 class LockTimeoutError(DownloadError):
     """Another process held the download lock for longer than the timeout."""
 
-    def __init__(self, url: str, lock_path: str, timeout: float, holder: str = "") -> None:
+    def __init__(self, url: str, lock_path: str, timeout: float, holder: str = "", advice: str = "") -> None:
         self.lock_path = lock_path
         self.timeout = timeout
         self.holder = holder
         who = f" (held by {holder})" if holder else ""
-        super().__init__(
-            url,
-            f"timed out after {timeout:g}s waiting for the lock {lock_path}{who}. If no process "
-            "is downloading, the lock is stale: delete it, or raise the lock timeout",
-        )
+        advice = advice or "If no process is downloading, the lock is stale: delete it, or raise the lock timeout"
+        super().__init__(url, f"timed out after {timeout:g}s waiting for the lock {lock_path}{who}. {advice}")
+
+
+class InvalidArgumentError(DownloadError, ValueError):
+    """An argument of `cached_path` is invalid (e.g. a `sha256` that is not 64 hex
+    digits); raised before any request, with the URL it was given for."""

@@ -1,41 +1,72 @@
 """Safe, atomic extraction of tar and zip archives.
 
-Members are checked before anything is written: no absolute paths, nothing that
-resolves outside the target (compared with `os.path.commonpath`, so a sibling
-such as ``data-evil`` next to ``data`` does not pass as a prefix), no links
-pointing outside, no devices or FIFOs, and caps on the total size and on the
-expansion ratio (zip bombs). Everything is extracted into a temporary folder next
-to the target, which appears at the target only through ``os.replace``.
+An archive is untrusted input. The format is chosen by the file's first bytes, never
+by its name. Each member is checked twice before it is written: by name (no absolute
+paths, nothing that normalises outside the target, compared with
+`os.path.commonpath` so a sibling such as ``data-evil`` next to ``data`` does not
+pass as a prefix) and against the real extracted tree (no folder on its path may be
+a symlink, nothing is written through an existing symlink, link targets are resolved
+with `os.path.realpath`), so a chain of links cannot lead outside even where
+`tarfile` has no data filter (Python < 3.12 before the 2023 backports). A final walk
+checks that every symlink left in the tree points inside it. Devices, FIFOs and
+sparse members are refused; the member count, the total size and the expansion ratio
+are capped, counting declared sizes before writing and, for zip, the bytes really
+written. A damaged archive raises `CorruptArchiveError`. Everything is extracted into
+a temporary folder next to the target, which appears at the target only through
+``os.replace``.
 """
 
 from __future__ import annotations
 
+import lzma
 import os
 import shutil
 import stat
 import tarfile
 import zipfile
+import zlib
 from pathlib import Path
-from typing import Any, Final, Optional
+from typing import IO, Any, Final, Optional
 
 import attrs
 
 from framework.download._cache import dead_leftovers, unique_token
-from framework.errors import DownloadError, UnsafeArchiveError
+from framework.errors import CorruptArchiveError, DownloadError, UnsafeArchiveError
 
 __all__ = [
+    "DEFAULT_MAX_MEMBERS",
     "DEFAULT_MAX_RATIO",
     "DEFAULT_MAX_SIZE",
     "ExtractLimits",
+    "archive_format",
     "check_member_path",
     "extract_archive",
 ]
 
 DEFAULT_MAX_SIZE: Final = 64 << 30
 DEFAULT_MAX_RATIO: Final = 200.0
+DEFAULT_MAX_MEMBERS: Final = 1_000_000
 
 # Below this many uncompressed bytes, no ratio is suspicious.
 _RATIO_FLOOR: Final = 1 << 20
+_COPY_CHUNK: Final = 1 << 20
+_O_NOFOLLOW: Final = getattr(os, "O_NOFOLLOW", 0)
+
+# Leading bytes of each format we read; "ustar" sits at offset 257 of a tar header.
+_ZIP_MAGIC: Final = (b"PK\x03\x04", b"PK\x05\x06")
+_TAR_COMPRESSED_MAGIC: Final = (b"\x1f\x8b", b"BZh", b"\xfd7zXZ\x00")
+
+# What the readers raise for damaged input (bz2 raises OSError without an errno).
+_CORRUPT: Final = (
+    EOFError,
+    zipfile.BadZipFile,
+    zlib.error,
+    lzma.LZMAError,
+    tarfile.ReadError,
+    NotImplementedError,  # a zip compression method we cannot read
+)
+# The data filter's refusals (Python 3.12, and 3.8-3.11 since the 2023 backports).
+_TAR_REFUSED: Final = (getattr(tarfile, "FilterError", tarfile.ExtractError), tarfile.ExtractError)
 
 
 @attrs.frozen
@@ -44,6 +75,19 @@ class ExtractLimits:
 
     max_total_size: int = DEFAULT_MAX_SIZE
     max_ratio: float = DEFAULT_MAX_RATIO
+    max_members: int = DEFAULT_MAX_MEMBERS
+
+
+def archive_format(path: Path) -> Optional[str]:
+    """``"zip"``, ``"tar"`` or `None`, from the file's content (its name is ignored)."""
+    with open(path, "rb") as file:
+        head = file.read(512)
+    if head.startswith(_ZIP_MAGIC):
+        return "zip"
+    if head.startswith(_TAR_COMPRESSED_MAGIC) or head[257:262] == b"ustar":
+        return "tar"
+    # Old v7 tars have no magic: let tarfile try the header checksum.
+    return "tar" if len(head) == 512 and tarfile.is_tarfile(path) else None
 
 
 def check_member_path(root: str, name: str, url: str) -> str:
@@ -51,25 +95,97 @@ def check_member_path(root: str, name: str, url: str) -> str:
     if name.startswith(("/", "\\")) or os.path.isabs(name) or (len(name) > 1 and name[1] == ":"):
         raise UnsafeArchiveError(url, name, "absolute path")
     path = os.path.normpath(os.path.join(root, name))
-    if os.path.commonpath([root, path]) != root:
+    if not _inside(root, path):
         raise UnsafeArchiveError(url, name, "path escapes the target folder ('..')")
     return path
 
 
-def _check_link(root: str, member: str, source_dir: str, link: str, url: str, kind: str) -> None:
+def _inside(root: str, path: str) -> bool:
+    return os.path.commonpath([root, path]) == root
+
+
+def _check_parents(root: str, path: str, member: str, url: str) -> None:
+    """Refuse `member` when a folder between `root` and `path` exists but is not a real folder."""
+    relative = os.path.relpath(os.path.dirname(path), root)
+    if relative == os.curdir:
+        return
+    current = root
+    for part in relative.split(os.sep):
+        current = os.path.join(current, part)
+        try:
+            mode = os.lstat(current).st_mode
+        except FileNotFoundError:
+            return  # the rest is created by the extractor, as real folders
+        folder = os.path.relpath(current, root)
+        if stat.S_ISLNK(mode):
+            raise UnsafeArchiveError(url, member, f"its folder {folder!r} is a symlink")
+        if not stat.S_ISDIR(mode):
+            raise UnsafeArchiveError(url, member, f"its folder {folder!r} is a file")
+
+
+def _clear_target(path: str, member: str, url: str, is_dir: bool) -> None:
+    """Make room for a member at `path`: never write through a link left by an earlier member."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    if stat.S_ISLNK(mode):
+        raise UnsafeArchiveError(url, member, "it would be written through a symlink of an earlier member")
+    if stat.S_ISDIR(mode):
+        if not is_dir:
+            raise UnsafeArchiveError(url, member, "a folder of an earlier member has that name")
+        return
+    if is_dir:
+        raise UnsafeArchiveError(url, member, "a file of an earlier member has that name")
+    os.unlink(path)  # a duplicate member replaces the file, not a hard link's other names
+
+
+def _check_link(root: str, member: str, path: str, link: str, url: str, *, hard: bool) -> None:
+    kind = "hard link" if hard else "symlink"
     if not link or os.path.isabs(link) or link.startswith(("/", "\\")):
         raise UnsafeArchiveError(url, member, f"{kind} to an absolute path {link!r}")
-    target = os.path.normpath(os.path.join(source_dir, link))
-    if os.path.commonpath([root, target]) != root:
+    # A hard link's target is named from the archive's root, a symlink's from its folder.
+    base = root if hard else os.path.dirname(path)
+    textual = os.path.normpath(os.path.join(base, link))
+    real = os.path.realpath(textual)  # through the links already extracted
+    if not (_inside(root, textual) and _inside(root, real)):
         raise UnsafeArchiveError(url, member, f"{kind} pointing outside the target: {link!r}")
+    if hard:
+        _check_parents(root, textual, member, url)
+        try:
+            regular = stat.S_ISREG(os.lstat(textual).st_mode)
+        except FileNotFoundError:
+            regular = False
+        if not regular:
+            raise UnsafeArchiveError(url, member, f"hard link to {link!r}, which is not an extracted file")
+
+
+def _check_links_stay_inside(root: str, url: str) -> None:
+    """Links made early can be redirected by later ones (``a -> .``): check the final tree."""
+    for folder, dirs, files in os.walk(root):
+        for name in dirs + files:
+            path = os.path.join(folder, name)
+            if os.path.islink(path) and not _inside(root, os.path.realpath(path)):
+                why = f"symlink pointing outside the target: {os.readlink(path)!r}"
+                raise UnsafeArchiveError(url, os.path.relpath(path, root), why)
 
 
 class _Budget:
+    """Counts members and bytes against `ExtractLimits`."""
+
     def __init__(self, archive_size: int, limits: ExtractLimits, url: str) -> None:
         self.archive_size = max(archive_size, 1)
         self.limits = limits
         self.url = url
         self.total = 0
+        self.members = 0
+
+    def member(self, name: str) -> None:
+        self.members += 1
+        if self.members > self.limits.max_members:
+            raise UnsafeArchiveError(
+                self.url, name, f"the archive has more than {self.limits.max_members} members"
+            )
 
     def add(self, member: str, size: int) -> None:
         self.total += size
@@ -93,35 +209,57 @@ def _extract_tar(archive: Path, root: str, limits: ExtractLimits, url: str) -> N
     extra: dict[str, Any] = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
     with tarfile.open(archive, "r:*") as tar:
         for member in tar:  # one pass: check each member, then extract it
+            budget.member(member.name)
             path = check_member_path(root, member.name, url)
             if member.isdev() or member.isfifo():
                 raise UnsafeArchiveError(url, member.name, "device or FIFO member")
-            if member.issym():
-                _check_link(root, member.name, os.path.dirname(path), member.linkname, url, "symlink")
-            elif member.islnk():
-                _check_link(root, member.name, root, member.linkname, url, "hard link")
-            elif not (member.isfile() or member.isdir()):
+            if member.issparse():
+                raise UnsafeArchiveError(url, member.name, "sparse member (its size on disk is not its size)")
+            if not (member.isfile() or member.isdir() or member.issym() or member.islnk()):
                 raise UnsafeArchiveError(url, member.name, "unsupported member type")
+            _check_parents(root, path, member.name, url)
+            _clear_target(path, member.name, url, member.isdir())
+            if member.issym() or member.islnk():
+                _check_link(root, member.name, path, member.linkname, url, hard=member.islnk())
             budget.add(member.name, member.size)
             try:
                 tar.extract(member, root, **extra)
-            except tarfile.TarError as error:  # FilterError: the stdlib's second opinion
+            except _TAR_REFUSED as error:  # the stdlib's second opinion
                 raise UnsafeArchiveError(url, member.name, str(error)) from error
 
 
+def _write_new(path: str, source: IO[bytes], member: str, written: _Budget) -> None:
+    """Copy `source` into a new file at `path`, counting the bytes as they come."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_NOFOLLOW, 0o666)
+    with open(fd, "wb") as target:
+        while chunk := source.read(_COPY_CHUNK):
+            written.add(member, len(chunk))
+            target.write(chunk)
+
+
 def _extract_zip(archive: Path, root: str, limits: ExtractLimits, url: str) -> None:
-    budget = _Budget(archive.stat().st_size, limits, url)
+    size = archive.stat().st_size
+    declared, written = _Budget(size, limits, url), _Budget(size, limits, url)
     with zipfile.ZipFile(archive) as zf:
         infos = zf.infolist()
         for info in infos:  # check all before writing anything: the directory is up front
+            declared.member(info.filename)
             check_member_path(root, info.filename, url)
             mode = info.external_attr >> 16
             if stat.S_ISLNK(mode) or stat.S_ISCHR(mode) or stat.S_ISBLK(mode) or stat.S_ISFIFO(mode):
                 raise UnsafeArchiveError(url, info.filename, "link, device or FIFO member")
-            budget.add(info.filename, info.file_size)
+            declared.add(info.filename, info.file_size)
         for info in infos:
-            # ZipExtFile stops at the declared file_size, so the caps above hold.
-            zf.extract(info, root)
+            path = check_member_path(root, info.filename, url)
+            _check_parents(root, path, info.filename, url)
+            _clear_target(path, info.filename, url, info.is_dir())
+            if info.is_dir():
+                os.makedirs(path, exist_ok=True)
+                continue
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            # Headers can lie about sizes: the caps also count the bytes really written.
+            with zf.open(info) as source:
+                _write_new(path, source, info.filename, written)
 
 
 def _sweep(target: Path) -> None:
@@ -130,19 +268,39 @@ def _sweep(target: Path) -> None:
         shutil.rmtree(leftover, ignore_errors=True)
 
 
+def _unpack(archive: Path, root: str, limits: ExtractLimits, url: str) -> None:
+    """Extract into `root`, turning every reader's complaint into a `DownloadError`."""
+    kind = archive_format(archive)
+    if kind is None:
+        raise DownloadError(url, "--extract: not a tar or zip archive (judged by its content)")
+    try:
+        if kind == "zip":
+            _extract_zip(archive, root, limits, url)
+        else:
+            _extract_tar(archive, root, limits, url)
+    except DownloadError:
+        raise
+    except _CORRUPT as error:
+        raise CorruptArchiveError(url, f"{type(error).__name__}: {error}") from error
+    except OSError as error:
+        if error.errno is None:  # bz2 and gzip say "invalid data" this way
+            raise CorruptArchiveError(url, str(error)) from error
+        raise
+    _check_links_stay_inside(root, url)
+
+
 def extract_archive(archive: Path, target: Path, url: str, limits: ExtractLimits, *, replace: bool) -> Path:
     """Extract `archive` to `target` atomically; with `replace`, swap out an old `target`."""
-    _sweep(target)
-    temp = target.with_name(f"{target.name}.{unique_token()}.tmp")
-    os.mkdir(temp)
     try:
-        root = os.path.realpath(temp)
-        if zipfile.is_zipfile(archive):
-            _extract_zip(archive, root, limits, url)
-        elif tarfile.is_tarfile(archive):
-            _extract_tar(archive, root, limits, url)
-        else:
-            raise DownloadError(url, "--extract: not a tar or zip archive")
+        _sweep(target)
+        temp = target.with_name(f"{target.name}.{unique_token()}.tmp")
+        os.mkdir(temp)
+    except OSError as error:
+        raise DownloadError(
+            url, f"cannot extract into {target.parent}: {error.strerror}; use a writable cache folder"
+        ) from error
+    try:
+        _unpack(archive, os.path.realpath(temp), limits, url)
         old: Optional[Path] = None
         if replace and target.exists():
             old = target.with_name(f"{target.name}.{unique_token()}.old")
@@ -157,6 +315,9 @@ def extract_archive(archive: Path, target: Path, url: str, limits: ExtractLimits
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
         return target
+    except OSError as error:
+        shutil.rmtree(temp, ignore_errors=True)
+        raise DownloadError(url, f"cannot extract into {target.parent}: {error.strerror or error}") from error
     except BaseException:
         shutil.rmtree(temp, ignore_errors=True)
         raise

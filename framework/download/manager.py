@@ -17,6 +17,7 @@ from urllib.parse import urlsplit
 
 from framework.download._cache import Entry
 from framework.download._extract import (
+    DEFAULT_MAX_MEMBERS,
     DEFAULT_MAX_RATIO,
     DEFAULT_MAX_SIZE,
     ExtractLimits,
@@ -80,7 +81,8 @@ class DownloadManager:
         timeout: seconds a connection may stay silent.
         offline: serve only the cache; `None` reads ``FRAMEWORK_OFFLINE`` at each call.
         progress: show tqdm bars (only when stderr is a terminal).
-        max_extract_size, max_extract_ratio: caps on what an archive may expand to.
+        max_extract_size, max_extract_ratio, max_extract_members: caps on what an
+            archive may expand to (bytes, bytes per archive byte, members).
     """
 
     def __init__(
@@ -96,6 +98,7 @@ class DownloadManager:
         progress: bool = True,
         max_extract_size: int = DEFAULT_MAX_SIZE,
         max_extract_ratio: float = DEFAULT_MAX_RATIO,
+        max_extract_members: int = DEFAULT_MAX_MEMBERS,
     ) -> None:
         if lock not in ("filelock", "softfilelock", "none"):
             raise ValueError(f"lock must be 'filelock', 'softfilelock' or 'none', got {lock!r}")
@@ -107,7 +110,7 @@ class DownloadManager:
         self.timeout = timeout
         self._offline = offline
         self.progress = progress
-        self.limits = ExtractLimits(max_extract_size, max_extract_ratio)
+        self.limits = ExtractLimits(max_extract_size, max_extract_ratio, max_extract_members)
         self._backends: dict[str, DownloadBackend] = {}
         self._backends_pid = os.getpid()
 

@@ -1,0 +1,289 @@
+"""Archives built to fool the extractor: link chains, lying headers, wrong names, bombs,
+damage. Each runs with `tarfile`'s data filter on and, where it matters, off (as on
+Python versions without it), and checks that nothing lands outside or gets published."""
+
+from __future__ import annotations
+
+import io
+import os
+import struct
+import tarfile
+import zipfile
+from pathlib import Path
+from typing import Optional
+
+import pytest
+
+from framework import errors
+from framework.download import DownloadManager
+from framework.download._cache import Entry
+from framework.download._extract import ExtractLimits, extract_archive
+from framework.errors import DownloadError, UnsafeArchiveError
+
+pytestmark = pytest.mark.timeout(60)
+
+URL = "https://example.org/archive"
+Member = tuple[tarfile.TarInfo, bytes]
+
+
+def _file(name: str, data: bytes = b"payload") -> Member:
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    return info, data
+
+
+def _link(name: str, target: str, kind: bytes = tarfile.SYMTYPE) -> Member:
+    info = tarfile.TarInfo(name)
+    info.type, info.linkname = kind, target
+    return info, b""
+
+
+def _tar(path: Path, members: list[Member], mode: str = "w") -> Path:
+    with tarfile.open(path, mode, format=tarfile.PAX_FORMAT) as tar:  # type: ignore[call-overload]
+        for info, data in members:
+            tar.addfile(info, io.BytesIO(data) if info.isreg() else None)
+    return path
+
+
+def _zip(path: Path, files: dict[str, bytes], method: int = zipfile.ZIP_DEFLATED) -> Path:
+    with zipfile.ZipFile(path, "w", method) as zf:
+        for name, data in files.items():
+            zf.writestr(name, data)
+    return path
+
+
+@pytest.fixture(params=["data-filter", "no-data-filter"])
+def data_filter(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run with the stdlib's data filter, and as on a Python without it."""
+    if request.param == "no-data-filter":
+        monkeypatch.delattr(tarfile, "data_filter", raising=False)
+    elif not hasattr(tarfile, "data_filter"):
+        pytest.skip("this Python has no tarfile data filter")
+    return str(request.param)
+
+
+@pytest.fixture
+def out(tmp_path: Path) -> Path:
+    """The folder holding the extraction target: an escape would land here."""
+    folder = tmp_path / "out"
+    folder.mkdir()
+    return folder
+
+
+def _extract(archive: Path, out: Path, limits: Optional[ExtractLimits] = None) -> Path:
+    return extract_archive(archive, out / "a-extracted", URL, limits or ExtractLimits(), replace=False)
+
+
+def _assert_nothing_left(out: Path) -> None:
+    """Nothing published, nothing escaped, no temporary folder left behind."""
+    assert sorted(os.listdir(out)) == []
+
+
+SYMLINK_CHAINS = {
+    # x first points inside (a does not exist yet); a -> . then sends it outside.
+    "write-through-chain": [
+        _link("x", "a/../escaped.txt"),
+        _link("a", "."),
+        _file("x", b"written outside"),
+    ],
+    # No member is written through the chain, but the tree left behind points outside.
+    "dangling-chain": [_link("x", "a/../escaped.txt"), _link("a", ".")],
+    # A hard link made through the chain would be a second name of the outside file.
+    "hard-link-through-chain": [
+        _link("x", "a/../escaped.txt"),
+        _link("a", "."),
+        _link("h", "x", tarfile.LNKTYPE),
+    ],
+}
+
+
+@pytest.mark.parametrize("case", sorted(SYMLINK_CHAINS))
+def test_symlink_chain_cannot_escape(tmp_path: Path, out: Path, data_filter: str, case: str) -> None:
+    (out / "escaped.txt").write_bytes(b"victim")  # a file the chain would reach
+    archive = _tar(tmp_path / "chain.tar", SYMLINK_CHAINS[case])
+    with pytest.raises(UnsafeArchiveError) as info:
+        _extract(archive, out)
+    assert info.value.url == URL and info.value.member in ("x", "h")
+    assert (out / "escaped.txt").read_bytes() == b"victim"
+    assert sorted(os.listdir(out)) == ["escaped.txt"]
+
+
+def test_member_under_a_symlinked_folder_refused(tmp_path: Path, out: Path, data_filter: str) -> None:
+    # d -> a/.. is inside while a does not exist; after a -> . it is the parent of the target.
+    members = [_link("d", "a/.."), _link("a", "."), _file("d/escaped.txt", b"evil")]
+    with pytest.raises(UnsafeArchiveError, match="symlink") as info:
+        _extract(_tar(tmp_path / "parent.tar", members), out)
+    assert info.value.member in ("d/escaped.txt", "d")
+    _assert_nothing_left(out)
+
+
+def test_member_under_an_inside_symlink_is_refused_too(tmp_path: Path, out: Path) -> None:
+    members = [_file("real/keep.txt"), _link("alias", "real"), _file("alias/new.txt")]
+    with pytest.raises(UnsafeArchiveError, match="its folder 'alias' is a symlink") as info:
+        _extract(_tar(tmp_path / "alias.tar", members), out)
+    assert info.value.member == "alias/new.txt"
+    _assert_nothing_left(out)
+
+
+def test_links_inside_the_tree_still_work(tmp_path: Path, out: Path, data_filter: str) -> None:
+    members = [
+        _file("data/a.txt", b"alpha"),
+        _link("data/link", "a.txt"),
+        _link("top", "data"),
+        _link("data/hard", "data/a.txt", tarfile.LNKTYPE),
+        _file("data/a.txt", b"replaced"),  # a duplicate replaces the file, not its hard link
+    ]
+    folder = _extract(_tar(tmp_path / "ok.tar", members), out)
+    assert (folder / "data/link").read_bytes() == b"replaced"
+    assert (folder / "top/a.txt").read_bytes() == b"replaced"
+    assert (folder / "data/hard").read_bytes() == b"alpha"
+
+
+def test_format_detected_by_content_not_name(tmp_path: Path, out: Path) -> None:
+    zipped = _zip(tmp_path / "really-a-zip.tar.gz", {"z.txt": b"zip"})
+    assert (_extract(zipped, out) / "z.txt").read_bytes() == b"zip"
+    tarred = _tar(tmp_path / "really-a-tar.zip", [_file("t.txt", b"tar")], "w:xz")
+    target = extract_archive(tarred, out / "b-extracted", URL, ExtractLimits(), replace=False)
+    assert (target / "t.txt").read_bytes() == b"tar"
+
+
+def test_nested_archive_stays_a_file(tmp_path: Path, out: Path) -> None:
+    # A plain tar ending in a zip member: the zip's end record sits near the end of the
+    # file, where a reader that looks only there would take the whole file for that zip.
+    inner = _zip(tmp_path / "inner.zip", {"inner.txt": b"from the inner zip"}).read_bytes()
+    archive = _tar(tmp_path / "outer.tar", [_file("outer.txt", b"outer"), _file("inner.zip", inner)])
+    assert zipfile.is_zipfile(archive)  # the trap is set
+    folder = _extract(archive, out)
+    assert sorted(os.listdir(folder)) == ["inner.zip", "outer.txt"]
+    assert (folder / "inner.zip").read_bytes() == inner
+
+
+def test_too_many_members_refused(tmp_path: Path, out: Path) -> None:
+    limits = ExtractLimits(max_members=50)
+    members = [_file(f"f{i:03d}", b"") for i in range(100)]
+    with pytest.raises(UnsafeArchiveError, match="more than 50 members") as info:
+        _extract(_tar(tmp_path / "many.tar", members), out, limits)
+    assert info.value.member == "f050"
+    zipped = _zip(tmp_path / "many.zip", {f"f{i:03d}": b"" for i in range(100)})
+    with pytest.raises(UnsafeArchiveError, match="more than 50 members"):
+        _extract(zipped, out, limits)
+    _assert_nothing_left(out)
+
+
+def test_manager_passes_the_member_cap(tmp_path: Path, cache: Path) -> None:
+    manager = DownloadManager(cache, progress=False, max_extract_members=10)
+    archive = _tar(tmp_path / "many.tar", [_file(f"f{i}", b"") for i in range(20)])
+    with pytest.raises(UnsafeArchiveError, match="more than 10 members"):
+        manager.cached_path(archive, extract=True)
+    assert not Entry(cache, archive.resolve().as_uri()).extracted.exists()
+
+
+def _set_zip_sizes(data: bytes, size: int) -> bytes:
+    """Rewrite every local and central header of a zip to claim `size` uncompressed bytes."""
+    buffer = bytearray(data)
+    for signature, offset in ((b"PK\x03\x04", 22), (b"PK\x01\x02", 24)):
+        start = buffer.find(signature)
+        while start >= 0:
+            struct.pack_into("<I", buffer, start + offset, size)
+            start = buffer.find(signature, start + 4)
+    return bytes(buffer)
+
+
+def test_zip_lying_about_sizes_is_capped(tmp_path: Path, out: Path) -> None:
+    honest = _zip(tmp_path / "honest.zip", {"zeros.bin": bytes(8 << 20)})
+    liar = tmp_path / "liar.zip"
+    liar.write_bytes(_set_zip_sizes(honest.read_bytes(), 100))
+    assert zipfile.ZipFile(liar).getinfo("zeros.bin").file_size == 100  # the lie is read
+    with pytest.raises(DownloadError) as info:
+        _extract(liar, out, ExtractLimits(max_ratio=10))
+    assert isinstance(info.value, (UnsafeArchiveError, errors.CorruptArchiveError))
+    assert info.value.url == URL
+    _assert_nothing_left(out)
+
+
+def test_tar_declaring_a_huge_size_refused(tmp_path: Path, out: Path) -> None:
+    # The header claims 40 GiB; the archive holds a few bytes of it.
+    info, _ = _file("huge.bin")
+    info.size = 40 << 30
+    archive = tmp_path / "huge.tar"
+    archive.write_bytes(info.tobuf(tarfile.GNU_FORMAT) + b"x" * 512 + bytes(1024))
+    with pytest.raises(UnsafeArchiveError, match=r"ratio|size cap") as error:
+        _extract(archive, out)
+    assert error.value.member == "huge.bin"
+    _assert_nothing_left(out)
+
+
+def test_sparse_member_refused(tmp_path: Path, out: Path) -> None:
+    # A GNU sparse member (PAX 0.1 map): one byte stored, written at a 1 GiB offset.
+    info, data = _file("sparse.bin", b"x")
+    info.pax_headers = {"GNU.sparse.map": f"{1 << 30},1", "GNU.sparse.size": "1"}
+    archive = _tar(tmp_path / "sparse.tar", [(info, data)])
+    with tarfile.open(archive) as tar:
+        assert tar.getmember("sparse.bin").issparse()
+    with pytest.raises(UnsafeArchiveError, match="sparse"):
+        _extract(archive, out)
+    _assert_nothing_left(out)
+
+
+def test_gzip_bomb_refused(tmp_path: Path, out: Path) -> None:
+    # Many modest members of zeros: no single header looks large, the stream does.
+    members = [_file(f"z{i:02d}", bytes(256 << 10)) for i in range(64)]
+    archive = _tar(tmp_path / "bomb.tar.gz", members, "w:gz")
+    assert archive.stat().st_size < 200_000
+    with pytest.raises(UnsafeArchiveError, match="ratio"):
+        _extract(archive, out, ExtractLimits(max_ratio=50))
+    _assert_nothing_left(out)
+
+
+def _truncate(path: Path, keep: float = 0.5) -> Path:
+    data = path.read_bytes()
+    path.write_bytes(data[: int(len(data) * keep)])
+    return path
+
+
+def _corrupt_stored_zip(path: Path) -> Path:
+    _zip(path, {"a.txt": b"A" * 4000}, zipfile.ZIP_STORED)
+    data = bytearray(path.read_bytes())
+    data[data.find(b"AAAA") + 100] = ord("B")  # the CRC no longer matches
+    path.write_bytes(bytes(data))
+    return path
+
+
+def _corrupt_deflate_zip(path: Path) -> Path:
+    _zip(path, {"a.bin": os.urandom(20000)})
+    data = bytearray(path.read_bytes())
+    for i in range(200, 260):
+        data[i] ^= 0xFF
+    path.write_bytes(bytes(data))
+    return path
+
+
+CORRUPT = {
+    "truncated-tar": lambda p: _truncate(_tar(p, [_file("a", os.urandom(20000))])),
+    "truncated-tar-gz": lambda p: _truncate(_tar(p, [_file("a", os.urandom(20000))], "w:gz")),
+    "truncated-tar-bz2": lambda p: _truncate(_tar(p, [_file("a", os.urandom(20000))], "w:bz2")),
+    "truncated-tar-xz": lambda p: _truncate(_tar(p, [_file("a", os.urandom(20000))], "w:xz")),
+    "truncated-zip": lambda p: _truncate(_zip(p, {"a": os.urandom(20000)})),
+    "bad-crc-zip": _corrupt_stored_zip,
+    "broken-deflate-zip": _corrupt_deflate_zip,
+}
+
+
+@pytest.mark.parametrize("case", sorted(CORRUPT))
+def test_corrupt_archive_is_a_download_error(tmp_path: Path, out: Path, case: str) -> None:
+    archive = CORRUPT[case](tmp_path / "damaged")
+    with pytest.raises(errors.CorruptArchiveError) as info:
+        _extract(archive, out)
+    assert info.value.url == URL and "damaged or truncated" in str(info.value)
+    _assert_nothing_left(out)
+
+
+def test_corrupt_archive_through_the_manager_publishes_no_folder(tmp_path: Path, cache: Path) -> None:
+    archive = _truncate(_tar(tmp_path / "cut.tar.gz", [_file("a", os.urandom(50000))], "w:gz"))
+    manager = DownloadManager(cache, progress=False)
+    with pytest.raises(errors.CorruptArchiveError) as info:
+        manager.cached_path(archive, extract=True)
+    assert info.value.url == archive.resolve().as_uri()
+    entry = Entry(cache, archive.resolve().as_uri())
+    assert not entry.extracted.exists()
+    assert not [p for p in cache.iterdir() if p.name.endswith((".tmp", ".old"))]

@@ -17,8 +17,7 @@ FrameworkError
       ├── CorruptArchiveError   an archive that is truncated or damaged
       ├── OfflineError          FRAMEWORK_OFFLINE=1 and the file is not cached
       ├── InvalidArgumentError  (also a ValueError) refused before any request
-      ├── LockTimeoutError      another process held the lock for too long
-      └── InvalidArgumentError  a bad argument (also a ValueError), before any request
+      └── LockTimeoutError      another process held the lock for too long
 ```
 
 Each exception keeps its context in fields; the message is made from them, so
@@ -40,7 +39,6 @@ __all__ = [
     "FrameworkError",
     "InvalidArgumentError",
     "HTTPStatusError",
-    "InvalidArgumentError",
     "LockTimeoutError",
     "NetworkError",
     "OfflineError",
@@ -252,8 +250,3 @@ class LockTimeoutError(DownloadError):
         who = f" (held by {holder})" if holder else ""
         advice = advice or "If no process is downloading, the lock is stale: delete it, or raise the lock timeout"
         super().__init__(url, f"timed out after {timeout:g}s waiting for the lock {lock_path}{who}. {advice}")
-
-
-class InvalidArgumentError(DownloadError, ValueError):
-    """An argument of `cached_path` is invalid (e.g. a `sha256` that is not 64 hex
-    digits); raised before any request, with the URL it was given for."""

@@ -105,6 +105,10 @@ class DatasetReader(Registrable):
         instance here; inside a loader worker the loader runs it in the main process
         after the instance arrives.
         """
+        # Reset before _read runs: a _read that returns a list has done its work (and
+        # its sharding) by the time the instances are iterated.
+        self._shard_helper_used = False
+        self._info_queried = False
         instances = self._multi_worker_islice(self._read(file_path))
         overridden = type(self).apply_token_indexers is not DatasetReader.apply_token_indexers
         if self._worker_info is not None or not overridden:
@@ -213,8 +217,6 @@ class DatasetReader(Registrable):
             iterator = itertools.islice(
                 iterator, shard_quota(self.max_instances, num_shards, shard)
             )
-        self._shard_helper_used = False
-        self._info_queried = False
         count = 0
         for count, item in enumerate(iterator, 1):  # noqa: B007 (count is used below)
             yield item
@@ -231,15 +233,23 @@ class DatasetReader(Registrable):
             unsharded.append("manual_multiprocess_sharding")
         if self.manual_distributed_sharding and dist_info and dist_info.world_size > 1:
             unsharded.append("manual_distributed_sharding")
-        if unsharded:
-            warnings.warn(
-                f"{type(self).__name__} sets {' and '.join(unsharded)}=True but its _read() "
-                "never called shard_iterable(), so every shard may have read the same "
-                "instances (duplicates). Call self.shard_iterable(...) inside _read(), or "
-                "leave the flag False to let read() shard for you.",
-                UserWarning,
-                stacklevel=3,
-            )
+        if not unsharded:
+            return
+        # Point at the reader's _read (not at this module), and record it in that
+        # module's registry so the default filter shows it once, not once per epoch.
+        code = getattr(type(self)._read, "__code__", None)
+        module = sys.modules.get(type(self).__module__)
+        warnings.warn_explicit(
+            f"{type(self).__name__} sets {' and '.join(unsharded)}=True but its _read() "
+            "never called shard_iterable(), get_worker_info() or get_distributed_info(), so "
+            "every shard may have read the same instances (duplicates). Call "
+            "self.shard_iterable(...) inside _read(), or leave the flag False to let read() "
+            "shard for you.",
+            UserWarning,
+            code.co_filename if code else __file__,
+            code.co_firstlineno if code else 0,
+            registry=vars(module).setdefault("__warningregistry__", {}) if module else None,
+        )
 
 
 

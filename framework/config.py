@@ -1,10 +1,12 @@
-"""Building objects from config mappings, guided by constructor type annotations.
+"""Checking and building objects from config mappings, guided by constructor annotations.
 
-`construct(Annotation, value)` turns JSON-like data into the annotated type:
-a mapping with ``"type"`` becomes the registered subclass of a `Registrable`,
-lists, dicts, tuples, unions, literals, enums and paths are converted element by
-element, and `Lazy[T]` defers construction until `Lazy.construct(**extras)`.
-Every error is a `ConfigError` naming the dotted path of the bad key.
+`validate(config)` walks a ``framework run`` config (or one component's config) and
+returns every error, each with its dotted path and a did-you-mean, building nothing.
+`construct(Annotation, value)` runs the same walk to check, then again to build: a
+mapping with ``"type"`` becomes the registered subclass of a `Registrable`; lists,
+dicts, tuples, unions, literals, enums and paths are converted element by element;
+`Lazy[T]` defers construction until `Lazy.construct(**extras)`. `json_schema()`
+describes the same configs for editors. Every error is a `ConfigError`.
 """
 
 from __future__ import annotations
@@ -21,14 +23,15 @@ from collections.abc import Callable, Mapping
 from os import PathLike
 from typing import Any, Generic, Optional, TypeVar, Union
 
-from framework.errors import ConfigError, RegistryError
+from framework._signatures import EMPTY, AtLeast, Given, Unresolved, accepts_anything, signature_of
+from framework.errors import ConfigError
 from framework.registry import Registrable
 
-__all__ = ["Lazy", "construct", "load_config"]
+__all__ = ["Lazy", "check", "construct", "json_schema", "load_config", "validate"]
 
 T = TypeVar("T")
 
-_EMPTY = inspect.Parameter.empty
+_UNION_TYPES: tuple[Any, ...] = (Union, getattr(types, "UnionType", Union))
 _SEQUENCES = (
     list,
     collections.abc.Sequence,
@@ -36,7 +39,10 @@ _SEQUENCES = (
     collections.abc.Iterable,
     collections.abc.Collection,
 )
+_SETS = (set, frozenset, collections.abc.Set, collections.abc.MutableSet)
 _MAPPINGS = (dict, collections.abc.Mapping, collections.abc.MutableMapping)
+_NONE = type(None)
+RUN_CONFIG_META_KEYS = ("$schema",)  # allowed at the top of a run config, for editors
 
 
 def load_config(path: Union[str, PathLike[str]]) -> dict[str, Any]:
@@ -65,6 +71,71 @@ def load_config(path: Union[str, PathLike[str]]) -> dict[str, Any]:
     return data
 
 
+def validate(config: Any, base: Union[str, type, None] = None) -> list[ConfigError]:
+    """Every error in `config`, in the order met; constructs nothing, reads no data.
+
+    Without `base`, `config` is a ``framework run`` config; with one (a `Registrable`
+    base class or its name, e.g. ``"DatasetReader"``), a config of that base. Names
+    in ``"type"`` are looked up in the registry (importing the component's module
+    to read its signature); no constructor runs and no connection is opened.
+    """
+    walk = _Walk(build=False, extras={})
+    if base is not None:
+        walk.value(resolve_base(base), config, "")
+    elif not isinstance(config, Mapping):
+        walk.fail(_mismatch("", "a mapping (a run config)", config))
+    else:
+        from framework._runconfig import run_config
+
+        body = {k: v for k, v in config.items() if k not in RUN_CONFIG_META_KEYS}
+        walk.arguments(run_config, body, "", {}, top_level=True)
+    return walk.errors
+
+
+def check(config: Any, base: Union[str, type, None] = None) -> None:
+    """`validate`, raising one `ConfigError` (the first, its ``errors`` holding all)."""
+    errors = validate(config, base)
+    if errors:
+        raise _combined(errors)
+
+
+def json_schema(base: Union[str, type, None] = None) -> dict[str, Any]:
+    """A JSON Schema (draft 2020-12) of run configs, or of configs of one `Registrable` base.
+
+    Every registered name is a ``"type"`` choice with its own parameters, from the
+    registry (this process's registrations and installed plugins) and the
+    constructors' annotations. Components it could not describe are listed, with
+    the reason, under ``"x-framework-undescribed"``.
+    """
+    from framework._schema import build_schema
+
+    return build_schema(base)
+
+
+def resolve_base(base: Union[str, type]) -> type[Registrable]:
+    """A `Registrable` base class from itself, its class name, or a dotted path."""
+    from framework.errors import UnknownNameError
+    from framework.registry import all_entries, import_target
+
+    if isinstance(base, type) and issubclass(base, Registrable):
+        return base
+    if not isinstance(base, str):
+        raise ConfigError("base", "expected a Registrable base class or its name", "str", base)
+    bases = {entry.base.__name__: entry.base for entry in all_entries()}
+    if base in bases:
+        return bases[base]
+    if "." in base or ":" in base:
+        try:
+            target = import_target(base)
+        except (ImportError, AttributeError) as error:
+            raise ConfigError("base", f"cannot import {base!r}: {error}") from error
+        if isinstance(target, type) and issubclass(target, Registrable):
+            return target
+        raise ConfigError("base", f"{base!r} is {target!r}, not a Registrable subclass")
+    close = difflib.get_close_matches(base, sorted(bases), n=2)
+    raise UnknownNameError("Registrable bases", base, sorted(bases), close)
+
+
 class Lazy(Generic[T]):
     """A config for a `T` that is built later, when more arguments are known.
 
@@ -89,11 +160,11 @@ class Lazy(Generic[T]):
 
     def construct(self, **kwargs: Any) -> T:
         extras = {**self.extras, **kwargs}
-        if isinstance(self.params, Mapping) and _is_class(self.annotation):
-            built: T = _construct_object(self.annotation, self.params, self.path, extras, kwargs)
-        else:
-            built = construct(self.annotation, self.params, path=self.path, extras=extras)
-        return built
+        if isinstance(self.params, Mapping) and isinstance(self.annotation, type):
+            cls, params, path = self.annotation, self.params, self.path
+            built: T = _check_then_build(lambda walk: walk.instance(cls, params, path, kwargs), extras)
+            return built
+        return construct(self.annotation, self.params, path=self.path, extras=extras)  # type: ignore[no-any-return]
 
     def __repr__(self) -> str:
         return f"Lazy[{_describe(self.annotation)}]({self.params!r})"
@@ -106,257 +177,273 @@ def construct(
     path: str = "",
     extras: Optional[Mapping[str, Any]] = None,
 ) -> Any:
-    """Convert config `value` into an instance of `annotation`; errors name `path`."""
-    extras = extras or {}
-    if annotation is _EMPTY or annotation is Any or annotation is object:
-        return value
-    origin = typing.get_origin(annotation)
-    args = typing.get_args(annotation)
+    """Convert config `value` into an instance of `annotation`; errors name `path`.
 
-    if origin is Union or origin is types.UnionType:
-        return _construct_union(args, value, path, extras)
-    if origin is typing.Literal:
-        if value in args:
+    The whole value is checked first (the walk `validate` runs), so a config with
+    several errors raises them together and nothing is constructed.
+    """
+    return _check_then_build(lambda walk: walk.value(annotation, value, path), extras or {})
+
+
+def _check_then_build(step: Callable[[_Walk], Any], extras: Mapping[str, Any]) -> Any:
+    checking = _Walk(build=False, extras=extras)
+    step(checking)
+    if checking.errors:
+        raise _combined(checking.errors)
+    return step(_Walk(build=True, extras=extras))
+
+
+def _combined(errors: list[ConfigError]) -> ConfigError:
+    if len(errors) == 1:
+        return errors[0]
+    first, rest = errors[0], errors[1:]
+    more = "; ".join(str(e) for e in rest)
+    error = ConfigError(
+        first.path, f"{first.reason} (and {len(rest)} more: {more})", first.expected, first.got
+    )
+    error.errors = list(errors)
+    return error
+
+
+class _Walk:
+    """One pass over a config against an annotation.
+
+    Checking (``build=False``) records every error and constructs nothing; building
+    runs on a config that checked clean, so it only meets errors that constructors
+    raise. `extras` are arguments given in code; while checking only their names
+    count, and inside a `Lazy` any missing key may still come from `construct`.
+    """
+
+    def __init__(self, build: bool, extras: Mapping[str, Any], lazy: bool = False) -> None:
+        self.build = build
+        self.extras = extras
+        self.lazy = lazy
+        self.errors: list[ConfigError] = []
+
+    def fail(self, error: ConfigError) -> None:
+        if self.build:
+            raise error
+        self.errors.append(error)
+
+    def _child(self, extras: Mapping[str, Any], lazy: bool) -> _Walk:
+        child = _Walk(self.build, extras, lazy)
+        child.errors = self.errors  # one list: errors from anywhere are reported together
+        return child
+
+    def value(self, annotation: Any, value: Any, path: str) -> Any:
+        if accepts_anything(annotation):
             return value
-        raise _mismatch(path, " or ".join(repr(a) for a in args), value)
-    if origin is Lazy or annotation is Lazy:
-        target = args[0] if args else Any
-        if isinstance(value, Lazy):
+        if isinstance(annotation, Unresolved):
+            return self.fail(ConfigError(path, annotation.message()))
+        origin = typing.get_origin(annotation)
+        args = typing.get_args(annotation)
+        if origin in _UNION_TYPES:
+            return self.union(args, value, path)
+        if origin is typing.Literal:
+            if value in args:
+                return value
+            return self.fail(_mismatch(path, " or ".join(repr(a) for a in args), value))
+        if origin is Lazy or annotation is Lazy:
+            target = args[0] if args else Any
+            if isinstance(value, Lazy):
+                return value
+            if self.build:
+                return Lazy(target, value, path=path, extras=self.extras)
+            return self._child(self.extras, lazy=True).value(target, value, path)
+        if origin is typing.Annotated:
+            return self.annotated(args[0], annotation.__metadata__, value, path)
+        if origin in _SEQUENCES or origin in _SETS or origin is tuple:
+            return self.collection(origin, args, value, path)
+        if origin in _MAPPINGS:
+            return self.mapping(args, value, path)
+        if origin is not None and isinstance(origin, type):  # another generic, e.g. Callable[..]
+            return self.plain(origin, value, path)
+        if origin is not None:
             return value
-        return Lazy(target, value, path=path, extras=extras)
-    if origin is typing.Annotated:
-        return construct(args[0], value, path=path, extras=extras)
-    if origin in _SEQUENCES or origin in (set, frozenset, collections.abc.Set, tuple):
-        return _construct_collection(origin, args, value, path, extras)
-    if origin in _MAPPINGS:
+        return self.plain(annotation, value, path)
+
+    def annotated(self, annotation: Any, metadata: tuple[Any, ...], value: Any, path: str) -> Any:
+        # names given in code: while checking, they count as present
+        given = [name for m in metadata if isinstance(m, Given) for name in m.names]
+        walk = (
+            self._child({**dict.fromkeys(given), **self.extras}, self.lazy)
+            if given and not self.build
+            else self
+        )
+        before = len(self.errors)
+        built = walk.value(annotation, value, path)
+        for limit in (m for m in metadata if isinstance(m, AtLeast)):
+            size = len(value) if isinstance(value, str) else value
+            if len(self.errors) == before and isinstance(size, (int, float)) and size < limit.minimum:
+                self.fail(_mismatch(path, _describe_at_least(annotation, limit), value))
+        return built
+
+    def plain(self, cls: Any, value: Any, path: str) -> Any:
+        if cls in _PRIMITIVES:
+            accepts, name = _PRIMITIVES[cls]
+            if accepts(value):
+                return float(value) if cls is float else value
+            return self.fail(_mismatch(path, name, value))
+        if not isinstance(cls, type) or isinstance(value, cls):
+            return value
+        if issubclass(cls, enum.Enum):
+            for member in cls:
+                if value == member.value or value == member.name:
+                    return member
+            return self.fail(_mismatch(path, " or ".join(repr(m.value) for m in cls), value))
+        if issubclass(cls, pathlib.PurePath) and isinstance(value, str):
+            return cls(value)
+        if cls in (list, tuple, set, frozenset, dict):
+            return self.value(getattr(typing, cls.__name__.capitalize(), cls), value, path)
+        if issubclass(cls, Registrable) and isinstance(value, str):
+            value = {"type": value}
+        if isinstance(value, Mapping) and _is_constructible(cls):
+            return self.instance(cls, value, path, {})
+        if cls.__module__ == "builtins" or issubclass(cls, collections.abc.Callable):  # type: ignore[arg-type]
+            return self.fail(_mismatch(path, cls.__name__, value))
+        return self.fail(_mismatch(path, f"{cls.__name__} (a mapping of its arguments)", value))
+
+    def union(self, args: tuple[Any, ...], value: Any, path: str) -> Any:
+        if value is None and _NONE in args:
+            return None
+        tried: list[list[ConfigError]] = []
+        for candidate in (a for a in args if a is not _NONE):
+            trial = _Walk(build=False, extras=self.extras, lazy=self.lazy)
+            trial.value(candidate, value, path)
+            if not trial.errors:
+                return self.value(candidate, value, path) if self.build else value
+            tried.append(trial.errors)
+
+        def rank(errors: list[ConfigError]) -> tuple[bool, bool, int]:
+            # best: the value had this alternative's shape and its "type" named one
+            # of its components, so the errors are about what is inside
+            shallow = any(e.path == path for e in errors)
+            misnamed = any(e.path == _join(path, "type") for e in errors)
+            return shallow, misnamed, len(errors)
+
+        best = min(map(rank, tried))
+        if len(tried) > 1 and best[0]:
+            return self.fail(_mismatch(path, " or ".join(_describe(a) for a in args), value))
+        # several alternatives that did not know the name: each error says what it has
+        for errors in [e for e in tried if rank(e) == best][: None if best[1] else 1]:
+            for error in errors:
+                self.fail(error)
+        return None
+
+    def collection(self, origin: Any, args: tuple[Any, ...], value: Any, path: str) -> Any:
+        if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, collections.abc.Iterable):
+            return self.fail(_mismatch(path, "a list", value))
+        items = list(value)
+        if origin is tuple and args and not (len(args) == 2 and args[1] is Ellipsis):
+            if len(items) != len(args):
+                return self.fail(_mismatch(path, f"a list of {len(args)} items", value))
+            return tuple(self.value(a, v, _join(path, str(i))) for i, (a, v) in enumerate(zip(args, items)))
+        item_type = args[0] if args else Any
+        built = [self.value(item_type, v, _join(path, str(i))) for i, v in enumerate(items)]
+        if origin is tuple:
+            return tuple(built)
+        if origin in _SETS:
+            return frozenset(built) if origin is frozenset else set(built)
+        return built
+
+    def mapping(self, args: tuple[Any, ...], value: Any, path: str) -> Any:
         if not isinstance(value, Mapping):
-            raise _mismatch(path, "a mapping", value)
+            return self.fail(_mismatch(path, "a mapping", value))
         key_type, value_type = args if args else (Any, Any)
         return {
-            construct(key_type, k, path=_join(path, str(k)), extras=extras): construct(
-                value_type, v, path=_join(path, str(k)), extras=extras
-            )
+            self.value(key_type, k, _join(path, str(k))): self.value(value_type, v, _join(path, str(k)))
             for k, v in value.items()
         }
-    if origin is not None and _is_class(origin):  # some other generic, e.g. Callable[..]
-        return _construct_plain(origin, value, path, extras)
-    if origin is not None:
-        return value
-    if isinstance(annotation, TypeVar):
-        return value
-    return _construct_plain(annotation, value, path, extras)
 
+    def instance(self, cls: type, config: Mapping[str, Any], path: str, explicit: Mapping[str, Any]) -> Any:
+        params = dict(config)
+        type_name = params.pop("type", None)
+        factory: Callable[..., Any] = cls
+        if issubclass(cls, Registrable):
+            is_base = inspect.isabstract(cls) or bool(cls.registry_entries())
+            chosen = type_name if type_name is not None or not is_base else cls.default_implementation
+            if chosen is not None:
+                if not isinstance(chosen, str):
+                    return self.fail(_mismatch(_join(path, "type"), "str", chosen))
+                try:
+                    factory = cls.by_name(chosen)
+                except Exception as error:  # unknown, not importable, not a subclass
+                    return self.fail(ConfigError(_join(path, "type"), str(error)))
+            elif is_base:
+                available = ", ".join(repr(n) for n in cls.list_available()) or "none registered"
+                return self.fail(
+                    ConfigError(
+                        _join(path, "type"), f"missing 'type' for {cls.__name__}; one of: {available}"
+                    )
+                )
+        elif type_name is not None:
+            params["type"] = type_name  # not ours: an ordinary argument, or an unknown key below
+        return self.arguments(factory, params, path, explicit)
 
-def _construct_plain(cls: Any, value: Any, path: str, extras: Mapping[str, Any]) -> Any:
-    if cls is bool:
-        if isinstance(value, bool):
-            return value
-        raise _mismatch(path, "bool", value)
-    if cls is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        raise _mismatch(path, "int", value)
-    if cls is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        raise _mismatch(path, "float", value)
-    if cls is str:
-        if isinstance(value, str):
-            return value
-        raise _mismatch(path, "str", value)
-    if cls is type(None):
-        if value is None:
+    def arguments(
+        self,
+        factory: Callable[..., Any],
+        params: dict[str, Any],
+        path: str,
+        explicit: Mapping[str, Any],
+        top_level: bool = False,
+    ) -> Any:
+        """Match `params` to `factory`'s parameters, check each, and call it when building."""
+        signature = signature_of(factory)
+        owner = signature.owner
+        before = len(self.errors)
+        kwargs: dict[str, Any] = dict(explicit)
+        for name, parameter in signature.parameters.items():
+            if name in kwargs:
+                continue
+            if name in params:
+                kwargs[name] = self.value(parameter.annotation, params.pop(name), _join(path, name))
+            elif name in self.extras:
+                kwargs[name] = self.extras[name]
+            elif parameter.default is EMPTY and not self.lazy:
+                where = "" if top_level else f" for {owner}"
+                self.fail(
+                    ConfigError(
+                        _join(path, name),
+                        f"missing required key{where}",
+                        expected=_describe(parameter.annotation),
+                    )
+                )
+        if signature.accepts_extra:
+            kwargs.update(params)  # what **kwargs takes as it is
+        else:
+            known = list(signature.parameters)
+            what = "top-level key" if top_level else f"key for {owner}"
+            for key in params:
+                close = difflib.get_close_matches(str(key), known, n=1)
+                hint = f" Did you mean {close[0]!r}?" if close else ""
+                self.fail(
+                    ConfigError(
+                        _join(path, str(key)),
+                        f"unknown {what}.{hint} Accepted keys: {', '.join(known) or 'none'}",
+                    )
+                )
+        if not self.build or len(self.errors) > before:
             return None
-        raise _mismatch(path, "null", value)
-    if not _is_class(cls):
-        return value
-    if isinstance(value, cls):
-        return value
-    if issubclass(cls, enum.Enum):
-        for member in cls:
-            if value == member.value or value == member.name:
-                return member
-        raise _mismatch(path, " or ".join(repr(m.value) for m in cls), value)
-    if issubclass(cls, pathlib.PurePath) and isinstance(value, str):
-        return cls(value)
-    if cls in (list, tuple, set, frozenset, dict):
-        return construct(getattr(typing, cls.__name__.capitalize(), cls), value, path=path)
-    if issubclass(cls, Registrable) and isinstance(value, str):
-        value = {"type": value}
-    if isinstance(value, Mapping) and _is_constructible(cls):
-        return _construct_object(cls, value, path, extras, {})
-    if cls.__module__ == "builtins" or issubclass(cls, collections.abc.Callable):  # type: ignore[arg-type]
-        raise _mismatch(path, cls.__name__, value)
-    raise _mismatch(path, f"{cls.__name__} (a mapping of its arguments)", value)
-
-
-def _construct_union(args: tuple[Any, ...], value: Any, path: str, extras: Mapping[str, Any]) -> Any:
-    if value is None and type(None) in args:
-        return None
-    candidates = [a for a in args if a is not type(None)]
-    errors: list[ConfigError] = []
-    for candidate in candidates:
         try:
-            return construct(candidate, value, path=path, extras=extras)
-        except ConfigError as error:
-            errors.append(error)
-    if len(errors) == 1:
-        raise errors[0]
-    # Prefer the error from deepest inside the value: it is the most specific one.
-    deepest = max(errors, key=lambda e: e.path.count("."))
-    if deepest.path != path:
-        raise deepest
-    expected = " or ".join(_describe(a) for a in args)
-    raise _mismatch(path, expected, value)
+            return factory(**kwargs)
+        except ConfigError:
+            raise
+        except (TypeError, ValueError) as error:
+            raise ConfigError(path, f"{owner}: {error}") from error
 
 
-def _construct_collection(
-    origin: Any, args: tuple[Any, ...], value: Any, path: str, extras: Mapping[str, Any]
-) -> Any:
-    if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, collections.abc.Iterable):
-        raise _mismatch(path, "a list", value)
-    items = list(value)
-    if origin is tuple and args and not (len(args) == 2 and args[1] is Ellipsis):
-        if len(items) != len(args):
-            raise _mismatch(path, f"a list of {len(args)} items", value)
-        return tuple(
-            construct(a, v, path=_join(path, str(i)), extras=extras)
-            for i, (a, v) in enumerate(zip(args, items))
-        )
-    item_type = args[0] if args else Any
-    built = [construct(item_type, v, path=_join(path, str(i)), extras=extras) for i, v in enumerate(items)]
-    if origin is tuple:
-        return tuple(built)
-    if origin in (set, collections.abc.Set):
-        return set(built)
-    if origin is frozenset:
-        return frozenset(built)
-    return built
+def _accepts_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _construct_object(
-    cls: type,
-    config: Mapping[str, Any],
-    path: str,
-    extras: Mapping[str, Any],
-    explicit: Mapping[str, Any],
-) -> Any:
-    params = dict(config)
-    type_name = params.pop("type", None)
-    factory: Callable[..., Any] = cls
-    if issubclass(cls, Registrable):
-        is_base = inspect.isabstract(cls) or cls in _bases_with_registry()
-        chosen = type_name if type_name is not None or not is_base else cls.default_implementation
-        if chosen is not None:
-            if not isinstance(chosen, str):
-                raise _mismatch(_join(path, "type"), "str", chosen)
-            try:
-                factory = cls.by_name(chosen)
-            except RegistryError as error:
-                raise ConfigError(_join(path, "type"), str(error)) from error
-        elif is_base:
-            available = ", ".join(repr(n) for n in cls.list_available()) or "none registered"
-            raise ConfigError(_join(path, "type"), f"missing 'type' for {cls.__name__}; one of: {available}")
-    elif type_name is not None:
-        params["type"] = type_name  # not ours: an ordinary argument, or an unknown key below
-
-    signature_owner, parameters = _parameters(factory)
-    kwargs: dict[str, Any] = dict(explicit)
-    for name, (annotation, default) in parameters.items():
-        if name == "**" or name in kwargs:
-            continue
-        if name in params:
-            value = params.pop(name)
-            kwargs[name] = construct(annotation, value, path=_join(path, name), extras=extras)
-        elif name in extras:
-            kwargs[name] = extras[name]
-        elif default is _EMPTY:
-            raise ConfigError(
-                _join(path, name),
-                f"missing required key for {signature_owner}",
-                expected=_describe(annotation),
-            )
-    if params:
-        key = sorted(params)[0]
-        known = [n for n in parameters if n != "**"]
-        close = difflib.get_close_matches(key, known, n=1)
-        hint = f" Did you mean {close[0]!r}?" if close else ""
-        raise ConfigError(
-            _join(path, key),
-            f"unknown key for {signature_owner}.{hint} Accepted keys: {', '.join(known) or 'none'}",
-        )
-    try:
-        return factory(**kwargs)
-    except ConfigError:
-        raise
-    except (TypeError, ValueError) as error:
-        raise ConfigError(path, f"{signature_owner}: {error}") from error
-
-
-def _bases_with_registry() -> set[type]:
-    from framework.registry import _REGISTRY
-
-    return set(_REGISTRY)
-
-
-_Parameters = dict[str, tuple[Any, Any]]
-
-
-def _parameters(factory: Callable[..., Any]) -> tuple[str, _Parameters]:
-    """Parameter name -> (resolved annotation, default); ``"**"`` marks **kwargs."""
-    if isinstance(factory, type):
-        function: Callable[..., Any] = factory.__init__  # type: ignore[misc]
-        owner = factory.__name__
-        skip_first = True
-    else:
-        function = factory
-        owner = getattr(factory, "__qualname__", repr(factory))
-        skip_first = False
-    try:
-        signature = inspect.signature(function)
-    except (TypeError, ValueError):
-        return owner, {"**": (Any, _EMPTY)}
-    hints = _type_hints(function)
-    result: _Parameters = {}
-    for index, parameter in enumerate(signature.parameters.values()):
-        if skip_first and index == 0:
-            continue
-        if parameter.kind is inspect.Parameter.VAR_KEYWORD:
-            result["**"] = (Any, _EMPTY)
-        elif parameter.kind is not inspect.Parameter.VAR_POSITIONAL:
-            annotation = hints.get(parameter.name, parameter.annotation)
-            if isinstance(annotation, str):
-                annotation = Any
-            result[parameter.name] = (annotation, parameter.default)
-    if "**" in result and isinstance(factory, type):
-        # **kwargs are forwarded to a parent class: take its parameters as ours.
-        del result["**"]
-        parent = next((k for k in factory.__mro__[1:] if "__init__" in vars(k)), object)
-        if parent is not object:
-            for name, spec in _parameters(parent)[1].items():
-                result.setdefault(name, spec)
-    return owner, result
-
-
-def _type_hints(function: Callable[..., Any]) -> dict[str, Any]:
-    """Resolved annotations; one that can't be resolved degrades to Any alone."""
-    try:
-        return typing.get_type_hints(function, include_extras=True)
-    except Exception:
-        pass
-    hints: dict[str, Any] = {}
-    namespace = getattr(function, "__globals__", {})
-    for name, annotation in getattr(function, "__annotations__", {}).items():
-        try:
-            probe = types.SimpleNamespace(__annotations__={name: annotation})
-            hints[name] = typing.get_type_hints(probe, namespace, include_extras=True)[name]
-        except Exception:  # an unresolvable forward reference: accept anything there
-            hints[name] = Any
-    return hints
-
-
-def _is_class(value: Any) -> bool:
-    return isinstance(value, type)
+_PRIMITIVES: dict[Any, tuple[Callable[[Any], bool], str]] = {
+    bool: (lambda v: isinstance(v, bool), "bool"),
+    int: (_accepts_int, "int"),
+    float: (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool), "float"),
+    str: (lambda v: isinstance(v, str), "str"),
+    _NONE: (lambda v: v is None, "null"),
+}
 
 
 def _is_constructible(cls: type) -> bool:
@@ -369,11 +456,19 @@ def _join(path: str, key: str) -> str:
 
 
 def _describe(annotation: Any) -> str:
-    if annotation is type(None):
+    if annotation is _NONE:
         return "null"
     if isinstance(annotation, type):
         return annotation.__name__
     return str(annotation).replace("typing.", "")
+
+
+def _describe_at_least(annotation: Any, limit: AtLeast) -> str:
+    if annotation is str:
+        return "a non-empty str" if limit.minimum == 1 else f"a str of at least {limit.minimum} characters"
+    if limit.minimum == 1 and annotation is int:
+        return "a positive int"
+    return f"{_describe(annotation)} >= {limit.minimum}"
 
 
 def _mismatch(path: str, expected: str, got: Any) -> ConfigError:

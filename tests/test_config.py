@@ -239,9 +239,12 @@ def test_one_unresolvable_annotation_degrades_only_itself() -> None:
         "        self.size, self.other, self.names = size, other, names\n",
         namespace,
     )
-    thing = construct(namespace["Thing"], {"size": 2, "other": {"any": "thing"}, "names": ["a"]})
-    assert thing.size == 2 and thing.other == {"any": "thing"} and thing.names == ["a"]
+    # given in code, the unresolvable one is not checked; in a config, it is an error
+    thing = construct(namespace["Thing"], {"size": 2, "names": ["a"]}, extras={"other": 1})
+    assert thing.size == 2 and thing.other == 1 and thing.names == ["a"]
     with pytest.raises(ConfigError, match="size: expected int"):
-        construct(namespace["Thing"], {"size": "2", "other": 1, "names": []})
+        construct(namespace["Thing"], {"size": "2", "names": []}, extras={"other": 1})
+    with pytest.raises(ConfigError, match=r"^other: cannot check the value for Thing\.other"):
+        construct(namespace["Thing"], {"size": 2, "other": {"any": "thing"}, "names": ["a"]})
     with pytest.raises(ConfigError, match=r"names\.0: expected str"):
-        construct(namespace["Thing"], {"size": 2, "other": 1, "names": [3]})
+        construct(namespace["Thing"], {"size": 2, "names": [3]}, extras={"other": 1})

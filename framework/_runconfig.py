@@ -1,0 +1,32 @@
+"""The shape of a ``framework run`` config, as a signature that checks and schemas read."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Annotated, Any
+
+from framework._signatures import AtLeast, Given
+from framework.data import DataLoader, DatasetReader
+
+__all__ = ["run_config"]
+
+_NO_OPTIONS: Mapping[str, Any] = MappingProxyType({})
+
+
+def run_config(
+    dataset_reader: DatasetReader,
+    data_path: Annotated[str, AtLeast(1)],
+    data_loader: Annotated[DataLoader, Given(("reader", "data_path"))] = _NO_OPTIONS,  # type: ignore[assignment]
+    epochs: Annotated[int, AtLeast(1)] = 1,
+) -> None:
+    """A `framework run` config: what to read, from where, how to batch it, how many times.
+
+    Args:
+        dataset_reader: the reader, by registered name: ``{"type": "jsonl", ...}``.
+        data_path: a URL that a download backend serves (``https://...``, ``s3://...``)
+            or a local file or folder.
+        data_loader: the loader (``"multiprocess"`` when it has no ``"type"``); its
+            `reader` and `data_path` come from the keys above.
+        epochs: how many passes over the data.
+    """

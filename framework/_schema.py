@@ -1,0 +1,287 @@
+"""JSON Schema (draft 2020-12) of configs, from the registry and constructor annotations.
+
+It reads constructors through `framework._signatures`, the module config checking
+reads them through, so the schema and `validate` agree on every key. It is the
+looser of the two where JSON Schema cannot say what a constructor checks (a value
+that only code can make is accepted as anything).
+"""
+
+from __future__ import annotations
+
+import enum
+import inspect
+import json
+import pathlib
+import typing
+from collections.abc import Callable, Mapping
+from typing import Any, Optional, Union
+
+from framework._signatures import (
+    EMPTY,
+    AtLeast,
+    Given,
+    Unresolved,
+    accepts_anything,
+    arg_docs,
+    first_paragraph,
+    signature_of,
+)
+from framework.config import (
+    _MAPPINGS,
+    _NONE,
+    _SEQUENCES,
+    _SETS,
+    _UNION_TYPES,
+    RUN_CONFIG_META_KEYS,
+    Lazy,
+    _is_constructible,
+    resolve_base,
+)
+from framework.registry import Registrable, RegistryEntry
+
+__all__ = ["DRAFT", "build_schema"]
+
+DRAFT = "https://json-schema.org/draft/2020-12/schema"
+# a class named by import path instead of a registered name
+DOTTED_PATH = r"^[A-Za-z_][\w.]*[.:][A-Za-z_][\w.]*$"
+_PRIMITIVES: dict[Any, dict[str, Any]] = {
+    bool: {"type": "boolean"},
+    int: {"type": "integer"},
+    float: {"type": "number"},
+    str: {"type": "string"},
+    _NONE: {"type": "null"},
+}
+
+# None: inside a Lazy, where any missing key may still come from code
+_Provided = Optional[frozenset[str]]
+
+
+def build_schema(base: Union[str, type, None] = None) -> dict[str, Any]:
+    builder = _Builder()
+    if base is None:
+        from framework._runconfig import run_config
+
+        root = builder.arguments(run_config, frozenset())
+        root["title"] = "framework run config"
+        meta = {
+            key: {"type": "string", "description": "the schema this file follows"}
+            for key in RUN_CONFIG_META_KEYS
+        }
+        root["properties"] = {**meta, **root["properties"]}
+    else:
+        cls = resolve_base(base)
+        root = {"title": f"framework {cls.__name__} config", "$ref": builder.registrable(cls, frozenset())}
+    schema: dict[str, Any] = {"$schema": DRAFT, **root, "$defs": builder.defs}
+    if builder.undescribed:
+        schema["x-framework-undescribed"] = builder.undescribed
+    return schema
+
+
+def _pointer(key: str) -> str:
+    return "#/$defs/" + key.replace("~", "~0").replace("/", "~1")
+
+
+def _json_default(value: Any) -> tuple[bool, Any]:
+    """The default as JSON, if it has a JSON form."""
+    if isinstance(value, enum.Enum):
+        value = value.value
+    elif isinstance(value, pathlib.PurePath):
+        value = str(value)
+    elif isinstance(value, Mapping):
+        value = dict(value)
+    elif isinstance(value, (tuple, frozenset, set)):
+        value = list(value)
+    try:
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError):
+        return False, None
+    return True, value
+
+
+class _Builder:
+    def __init__(self) -> None:
+        self.defs: dict[str, Any] = {}
+        self.undescribed: list[dict[str, str]] = []
+        self._names: dict[type, str] = {}
+
+    def note(self, what: str, reason: str) -> None:
+        self.undescribed.append({"component": what, "reason": reason})
+
+    def key(self, cls: type, provided: _Provided, suffix: str = "") -> str:
+        name = self._names.get(cls)
+        if name is None:  # two classes of one name (from two modules) get their full names
+            taken = cls.__name__ in self._names.values()
+            name = self._names[cls] = f"{cls.__module__}.{cls.__qualname__}" if taken else cls.__name__
+        if provided is None:
+            return f"{name}{suffix} (lazy)"
+        if provided:
+            return f"{name}{suffix} (given {', '.join(sorted(provided))})"
+        return f"{name}{suffix}"
+
+    def annotation(self, annotation: Any, provided: _Provided) -> dict[str, Any]:
+        if accepts_anything(annotation):
+            return {}
+        if isinstance(annotation, Unresolved):
+            self.note(f"{annotation.owner}.{annotation.name}", annotation.message())
+            return {}
+        origin = typing.get_origin(annotation)
+        args = typing.get_args(annotation)
+        if origin in _UNION_TYPES:
+            alternatives = [self.annotation(a, provided) for a in args]
+            return {} if {} in alternatives else {"anyOf": alternatives}
+        if origin is typing.Literal:
+            return {"enum": [a.value if isinstance(a, enum.Enum) else a for a in args]}
+        if origin is Lazy or annotation is Lazy:
+            return self.annotation(args[0] if args else Any, None)
+        if origin is typing.Annotated:
+            return self.annotated(args[0], annotation.__metadata__, provided)
+        if origin in _SEQUENCES or origin in _SETS or origin is tuple:
+            return self.collection(origin, args, provided)
+        if origin in _MAPPINGS:
+            values = self.annotation(args[1], provided) if args else {}
+            return {"type": "object", **({"additionalProperties": values} if values else {})}
+        if origin is not None and isinstance(origin, type):
+            return self.plain(origin, provided)
+        if origin is not None:
+            return {}
+        return self.plain(annotation, provided)
+
+    def annotated(self, annotation: Any, metadata: tuple[Any, ...], provided: _Provided) -> dict[str, Any]:
+        given = frozenset(name for m in metadata if isinstance(m, Given) for name in m.names)
+        schema = dict(self.annotation(annotation, None if provided is None else provided | given))
+        for limit in (m for m in metadata if isinstance(m, AtLeast)):
+            schema["minLength" if schema.get("type") == "string" else "minimum"] = limit.minimum
+        return schema
+
+    def collection(self, origin: Any, args: tuple[Any, ...], provided: _Provided) -> dict[str, Any]:
+        if origin is tuple and args and not (len(args) == 2 and args[1] is Ellipsis):
+            items = [self.annotation(a, provided) for a in args]
+            return {"type": "array", "prefixItems": items, "minItems": len(args), "maxItems": len(args)}
+        items_schema = self.annotation(args[0], provided) if args else {}
+        return {"type": "array", **({"items": items_schema} if items_schema else {})}
+
+    def plain(self, cls: Any, provided: _Provided) -> dict[str, Any]:
+        if cls in _PRIMITIVES:
+            return dict(_PRIMITIVES[cls])
+        if not isinstance(cls, type):
+            return {}
+        if issubclass(cls, enum.Enum):
+            choices = [m.value for m in cls] + [m.name for m in cls]
+            return {"enum": [c for c in dict.fromkeys(choices) if _json_default(c)[0]]}
+        if issubclass(cls, pathlib.PurePath):
+            return {"type": "string"}
+        if cls in (list, tuple, set, frozenset):
+            return {"type": "array"}
+        if cls is dict:
+            return {"type": "object"}
+        if issubclass(cls, Registrable):
+            return {"$ref": self.registrable(cls, provided)}
+        if _is_constructible(cls) and cls.__module__ != "builtins":
+            key = self.key(cls, provided)
+            if key not in self.defs:
+                self.defs[key] = {}  # claimed first: a class may nest itself
+                self.defs[key] = self.arguments(cls, provided)
+            return {"$ref": _pointer(key)}
+        return {}  # made in code, not in JSON: the schema cannot check it
+
+    def registrable(self, cls: type[Registrable], provided: _Provided) -> str:
+        """The ``$ref`` to `cls`'s definition: its string and mapping forms."""
+        key = self.key(cls, provided)
+        if key in self.defs:
+            return _pointer(key)
+        self.defs[key] = {}
+        entries = cls.registry_entries()
+        is_base = inspect.isabstract(cls) or bool(entries)
+        if not is_base:  # a concrete class: its own parameters, "type" optional
+            self.defs[key] = self.arguments(cls, provided, type_schema={"type": "string"})
+            return _pointer(key)
+        names = cls.list_available()
+        choices: list[dict[str, Any]] = []
+        rules: list[dict[str, Any]] = []
+        for name in names:
+            component, summary = self.component(cls, entries[name], provided)
+            choices.append({"const": name, **({"description": summary} if summary else {})})
+            rules.append(
+                {
+                    "if": {"properties": {"type": {"const": name}}, "required": ["type"]},
+                    "then": {"$ref": component},
+                }
+            )
+        default = cls.default_implementation if cls.default_implementation in entries else None
+        if default is not None:
+            rules.append(
+                {
+                    "if": {"not": {"required": ["type"]}},
+                    "then": {"$ref": self.component(cls, entries[default], provided)[0]},
+                }
+            )
+        dotted = {
+            "type": "string",
+            "pattern": DOTTED_PATH,
+            "description": "a subclass by import path, 'package.module:Class'",
+        }
+        type_schema = {"anyOf": [*choices, dotted]}
+        mapping: dict[str, Any] = {"type": "object", "properties": {"type": type_schema}}
+        if default is None:
+            mapping["required"] = ["type"]
+        if rules:
+            mapping["allOf"] = rules
+        self.defs[key] = {
+            "description": first_paragraph(cls),
+            "anyOf": [
+                mapping,
+                {
+                    "type": "string",
+                    "anyOf": type_schema["anyOf"],
+                    "description": "a registered name alone: no arguments",
+                },
+            ],
+        }
+        return _pointer(key)
+
+    def component(self, base: type, entry: RegistryEntry, provided: _Provided) -> tuple[str, str]:
+        """The ``$ref`` to one registered component's parameters, and its summary."""
+        key = self.key(base, provided, f".{entry.name}")
+        try:
+            factory = entry.factory()
+        except Exception as error:  # not importable here: say so, accept any arguments
+            reason = f"{type(error).__name__}: {error}"
+            if key not in self.defs:
+                self.note(f"{base.__name__} {entry.name!r} ({entry.target_path})", reason)
+                self.defs[key] = {"type": "object", "description": f"not described: {reason}"}
+            return _pointer(key), ""
+        summary = first_paragraph(factory)
+        if key not in self.defs:
+            self.defs[key] = {}
+            self.defs[key] = self.arguments(factory, provided, type_schema={"const": entry.name})
+        return _pointer(key), summary
+
+    def arguments(
+        self, factory: Callable[..., Any], provided: _Provided, type_schema: Optional[dict[str, Any]] = None
+    ) -> dict[str, Any]:
+        """An object schema of `factory`'s keyword parameters."""
+        signature = signature_of(factory)
+        init = getattr(factory, "__init__", None) if isinstance(factory, type) else None
+        docs = {**arg_docs(init), **arg_docs(factory)}
+        properties: dict[str, Any] = {} if type_schema is None else {"type": type_schema}
+        required = []
+        for name, parameter in signature.parameters.items():
+            schema = dict(self.annotation(parameter.annotation, provided))
+            if docs.get(name):
+                schema["description"] = docs[name]
+            has_default, default = _json_default(parameter.default)
+            if parameter.default is not EMPTY and has_default:
+                schema["default"] = default
+            properties[name] = schema
+            if parameter.default is EMPTY and provided is not None and name not in provided:
+                required.append(name)
+        result: dict[str, Any] = {"type": "object"}
+        summary = first_paragraph(factory)
+        if summary:
+            result["description"] = summary
+        result["properties"] = properties
+        if required:
+            result["required"] = required
+        if not signature.accepts_extra:
+            result["additionalProperties"] = False
+        return result

@@ -1,0 +1,185 @@
+"""What a constructor accepts: its parameters, their resolved annotations, its docs.
+
+Config checking and building (`framework.config`) and the JSON Schema
+(`framework._schema`) read constructors through this one module, so the two can
+never disagree about which keys a component takes.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import re
+import types
+import typing
+from collections.abc import Callable
+from typing import Any, Optional, TypeVar
+
+import attrs
+
+__all__ = [
+    "EMPTY",
+    "AtLeast",
+    "Given",
+    "Parameter",
+    "Signature",
+    "Unresolved",
+    "accepts_anything",
+    "arg_docs",
+    "first_paragraph",
+    "signature_of",
+]
+
+EMPTY: Any = inspect.Parameter.empty
+
+
+@attrs.frozen
+class Unresolved:
+    """An annotation that does not resolve: a value given for it cannot be checked."""
+
+    owner: str
+    name: str
+    text: str
+    reason: str
+
+    def message(self) -> str:
+        return (
+            f"cannot check the value for {self.owner}.{self.name}: its annotation {self.text!r} "
+            f"does not resolve ({self.reason}). Import that name at the top of the module that "
+            "defines the class (not under `if TYPE_CHECKING:`), or leave this key out"
+        )
+
+
+@attrs.frozen
+class AtLeast:
+    """``Annotated`` metadata: a number of at least `minimum`, or a string that long."""
+
+    minimum: int
+
+
+@attrs.frozen
+class Given:
+    """``Annotated`` metadata: these arguments come from code (`from_config` extras)."""
+
+    names: tuple[str, ...]
+
+
+@attrs.frozen
+class Parameter:
+    name: str
+    annotation: Any
+    default: Any  # EMPTY when the key is required
+
+
+@attrs.frozen
+class Signature:
+    """The keys a factory takes; `accepts_extra`: unknown keys go to its ``**kwargs``."""
+
+    owner: str
+    parameters: dict[str, Parameter]
+    accepts_extra: bool
+
+
+def _init_definer(cls: type) -> type:
+    return next((k for k in cls.__mro__ if "__init__" in vars(k)), object)
+
+
+@functools.lru_cache(maxsize=4096)
+def signature_of(factory: Callable[..., Any]) -> Signature:
+    """The parameters of a class's ``__init__`` (or of a function), cached per factory.
+
+    A constructor that takes ``**kwargs`` is taken to forward them to its parent's
+    ``__init__`` (as AllenNLP assumes), so the parent's parameters are its keys too.
+    Keys that no constructor names are passed through to ``**kwargs`` only where the
+    chain ends in a ``**kwargs`` that nothing forwards: anywhere else the parent
+    would reject them, so they are unknown keys.
+    """
+    if isinstance(factory, type):
+        definer = _init_definer(factory)
+        if definer is object:
+            return Signature(factory.__name__, {}, False)
+        function: Callable[..., Any] = definer.__init__  # type: ignore[misc]
+        owner, skip_first = factory.__name__, True
+    else:
+        function, owner, skip_first = factory, getattr(factory, "__qualname__", repr(factory)), False
+    try:
+        signature = inspect.signature(function)
+    except (TypeError, ValueError):  # a builtin without a signature: accept anything
+        return Signature(owner, {}, True)
+    hints = _type_hints(function, owner)
+    parameters: dict[str, Parameter] = {}
+    takes_kwargs = False
+    for index, parameter in enumerate(signature.parameters.values()):
+        if skip_first and index == 0:
+            continue
+        if parameter.kind is inspect.Parameter.VAR_KEYWORD:
+            takes_kwargs = True
+        elif parameter.kind is not inspect.Parameter.VAR_POSITIONAL:
+            annotation = hints.get(parameter.name, parameter.annotation)
+            parameters[parameter.name] = Parameter(parameter.name, annotation, parameter.default)
+    accepts_extra = takes_kwargs
+    if takes_kwargs and isinstance(factory, type):
+        parent = next((k for k in _init_definer(factory).__mro__[1:] if "__init__" in vars(k)), object)
+        if parent is not object:
+            inherited = signature_of(parent)
+            for name, spec in inherited.parameters.items():
+                parameters.setdefault(name, spec)
+            accepts_extra = inherited.accepts_extra
+    return Signature(owner, parameters, accepts_extra)
+
+
+def _type_hints(function: Callable[..., Any], owner: str) -> dict[str, Any]:
+    """Resolved annotations; one that does not resolve becomes `Unresolved`, alone."""
+    try:
+        return typing.get_type_hints(function, include_extras=True)
+    except Exception:
+        pass
+    hints: dict[str, Any] = {}
+    namespace = getattr(function, "__globals__", {})
+    for name, annotation in getattr(function, "__annotations__", {}).items():
+        try:
+            probe = types.SimpleNamespace(__annotations__={name: annotation})
+            hints[name] = typing.get_type_hints(probe, namespace, include_extras=True)[name]
+        except Exception as error:
+            text = annotation if isinstance(annotation, str) else repr(annotation)
+            hints[name] = Unresolved(owner, name, text, f"{type(error).__name__}: {error}")
+    return hints
+
+
+def accepts_anything(annotation: Any) -> bool:
+    """No annotation, or one that allows any value."""
+    return annotation is EMPTY or annotation is Any or annotation is object or isinstance(annotation, TypeVar)
+
+
+def first_paragraph(obj: Any) -> str:
+    """The first paragraph of `obj`'s docstring, on one line."""
+    doc = inspect.getdoc(obj) or ""
+    return " ".join(doc.strip().split("\n\n", 1)[0].split())
+
+
+def arg_docs(obj: Any) -> dict[str, str]:
+    """Parameter descriptions from a Google-style ``Args:`` section of `obj`'s docstring."""
+    doc = inspect.getdoc(obj) or ""
+    described: dict[str, str] = {}
+    in_args = False
+    current: Optional[str] = None
+    for line in doc.splitlines():
+        if line.strip() in ("Args:", "Arguments:", "Parameters:"):
+            in_args, current = True, None
+            continue
+        if not in_args:
+            continue
+        if line and not line.startswith(" "):
+            in_args = False  # the next section
+            continue
+        match = re.match(r"^ {4}([\w, ]+?)(?: \([^)]*\))?: (.*)$", line)
+        if match:
+            names = [name.strip() for name in match.group(1).split(",")]
+            current = names[0]
+            for name in names:
+                described[name] = match.group(2).strip()
+        elif current is not None and line.strip():
+            for name, text in list(described.items()):
+                if name == current or text == described[current]:
+                    described[name] = f"{text} {line.strip()}"
+    return described

@@ -7,7 +7,6 @@ another scheme, or from https down to http, are refused.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 from typing import Any, Final, Optional
 from urllib.parse import urljoin, urlsplit
@@ -16,14 +15,13 @@ import requests
 from requests.adapters import HTTPAdapter
 from urllib3.util.retry import Retry
 
-from framework.download.backend import ByteStream, DownloadBackend, RemoteInfo
+from framework.download.backend import ByteStream, DownloadBackend, RemoteInfo, parse_content_range
 from framework.errors import DownloadError, HTTPStatusError, NetworkError
 
 __all__ = ["HttpBackend"]
 
 CHUNK_SIZE: Final = 1 << 20
 RETRY_STATUSES: Final = frozenset({408, 429, *range(500, 600)})
-_CONTENT_RANGE: Final = re.compile(r"bytes\s+(?:(\d+)-\d+|\*)/(\d+|\*)")
 
 
 # A server's Retry-After is honoured up to this many seconds, so a 429 cannot park us for hours.
@@ -107,29 +105,31 @@ class HttpBackend(DownloadBackend):
             )
         return response
 
-    def open(self, url: str, offset: int = 0) -> ByteStream:
+    def open(self, url: str, offset: int = 0, *, if_range: Optional[str] = None) -> ByteStream:
         # Byte offsets must count stored bytes, so ask for no content encoding.
         headers = {"Accept-Encoding": "identity"}
         if offset:
             headers["Range"] = f"bytes={offset}-"
+            if if_range:  # another version comes whole (200), never as a spliced range
+                headers["If-Range"] = if_range
         response = self._request("GET", url, headers)
-        etag = response.headers.get("ETag")
+        etag, modified = response.headers.get("ETag"), response.headers.get("Last-Modified")
         start, size = 0, _int(response.headers.get("Content-Length"))
-        if response.status_code in (206, 416):
-            match = _CONTENT_RANGE.match(response.headers.get("Content-Range", ""))
-            total = _int(match.group(2)) if match else None
+        if response.status_code in (206, 416):  # reported as is; the manager decides
+            first, size = parse_content_range(response.headers.get("Content-Range"))
             if response.status_code == 416:
                 response.close()
-                if total is not None and total == offset:  # nothing left to read
-                    return ByteStream(iter(()), start=offset, size=total, etag=etag)
-                return self.open(url, 0)  # this range cannot be served: start over
-            start = int(match.group(1)) if match and match.group(1) else offset
-            size = total
+                return ByteStream(
+                    iter(()), start=offset, size=size, etag=etag, last_modified=modified, status=416
+                )
+            start = offset if first is None else first
         return ByteStream(
             self._chunks(response, url),
             start=start,
             size=size,
             etag=etag,
+            last_modified=modified,
+            status=response.status_code,
             close_callback=response.close,
         )
 
@@ -146,7 +146,8 @@ class HttpBackend(DownloadBackend):
     def stat(self, url: str) -> RemoteInfo:
         response = self._request("HEAD", url, {"Accept-Encoding": "identity"})
         response.close()
-        return RemoteInfo(_int(response.headers.get("Content-Length")), response.headers.get("ETag"))
+        size, headers = _int(response.headers.get("Content-Length")), response.headers
+        return RemoteInfo(size, headers.get("ETag"), headers.get("Last-Modified"))
 
     def close(self) -> None:
         self.session.close()

@@ -7,18 +7,16 @@ Credentials come from boto3's usual chain (environment, profiles, instance roles
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Iterator
 from typing import Any, Final, Optional
 from urllib.parse import unquote, urlsplit
 
-from framework.download.backend import ByteStream, DownloadBackend, RemoteInfo
+from framework.download.backend import ByteStream, DownloadBackend, RemoteInfo, parse_content_range
 from framework.errors import DownloadError, HTTPStatusError, NetworkError
 
 __all__ = ["S3Backend"]
 
 CHUNK_SIZE: Final = 1 << 20
-_CONTENT_RANGE: Final = re.compile(r"bytes\s+(\d+)-\d+/(\d+)")
 
 
 def _split(url: str) -> tuple[str, str]:
@@ -72,7 +70,9 @@ class S3Backend(DownloadBackend):
         except (bce.EndpointConnectionError, bce.ConnectionError, bce.ReadTimeoutError) as error:
             raise NetworkError(url, str(error)) from error
 
-    def open(self, url: str, offset: int = 0) -> ByteStream:
+    def open(self, url: str, offset: int = 0, *, if_range: Optional[str] = None) -> ByteStream:
+        # `if_range` is not sent: S3 has no If-Range, and every answer's ETag names the
+        # version its bytes belong to, which the manager compares.
         from botocore.exceptions import ClientError
 
         bucket, key = _split(url)
@@ -81,21 +81,22 @@ class S3Backend(DownloadBackend):
             kwargs["Range"] = f"bytes={offset}-"
         try:
             response = self._call(url, "get_object", **kwargs)
-        except ClientError:  # InvalidRange: the offset is at or past the end
-            info = self.stat(url)
-            if info.size != offset:
-                return self.open(url, 0)
-            return ByteStream(iter(()), start=offset, size=info.size, etag=info.etag)
+        except ClientError:  # InvalidRange (416): reported as is; the manager decides
+            return ByteStream(iter(()), start=offset, status=416)
         start, size = 0, response.get("ContentLength")
-        match = _CONTENT_RANGE.match(response.get("ContentRange") or "")
-        if match:
-            start, size = int(match.group(1)), int(match.group(2))
+        range_header = response.get("ContentRange")
+        if range_header:
+            first, size = parse_content_range(range_header)
+            start = offset if first is None else first
         body = response["Body"]
+        modified = response.get("LastModified")
         return ByteStream(
             self._chunks(body, url),
             start=start,
             size=size,
             etag=response.get("ETag"),
+            last_modified=modified.isoformat() if modified is not None else None,
+            status=206 if range_header else 200,
             close_callback=body.close,
         )
 
@@ -112,4 +113,5 @@ class S3Backend(DownloadBackend):
         bucket, key = _split(url)
         response = self._call(url, "head_object", Bucket=bucket, Key=key)
         size: Optional[int] = response.get("ContentLength")
-        return RemoteInfo(size, response.get("ETag"))
+        modified = response.get("LastModified")
+        return RemoteInfo(size, response.get("ETag"), modified.isoformat() if modified is not None else None)

@@ -2,8 +2,15 @@
 
 An entry is named by a stable hash of the URL plus a readable suffix taken from
 the file name, so ``ls`` in the cache folder still tells entries apart. The
-sidecar JSON (url, etag, size, sha256, time) is what makes a cache hit cheap: a
-``stat`` of the file and one small read, never a re-hash.
+sidecar JSON (url, validators, size, sha256, time) is what makes a cache hit cheap: a
+``stat`` of the file and one small read, never a re-hash. The sidecar names the
+file's inode, size and mtime, so it vouches only for the very file it was written
+for: it is written before that file is renamed into place, and a crash (or a reader)
+between the two sees a sidecar that matches nothing, never old metadata on new bytes.
+
+Anything in the cache folder may have been planted by another user of a shared
+cache: small files are read with ``O_NOFOLLOW | O_NONBLOCK`` (a symlink is refused,
+a FIFO never blocks) and written through fresh ``O_EXCL`` names.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ import os
 import re
 import secrets
 import socket
+import stat
 import time
 from pathlib import Path
 from typing import Any, Final, Optional, TypedDict
@@ -21,19 +29,45 @@ from urllib.parse import unquote, urlsplit
 
 __all__ = [
     "HOST",
+    "NEW_FILE_FLAGS",
     "Entry",
     "Metadata",
     "dead_leftovers",
+    "file_identity",
     "is_alive_local",
     "parse_owner",
     "read_metadata",
+    "read_small_file",
     "unique_token",
     "write_json_atomic",
 ]
 
 _SUFFIX_CHARS: Final = re.compile(r"[^A-Za-z0-9._-]+")
-# This host, as it appears in temporary file names (no dots: names are split on them).
-HOST: Final = re.sub(r"[^A-Za-z0-9-]+", "-", socket.gethostname()) or "host"
+
+
+def _pid_namespace() -> str:
+    """This process's PID namespace (the inode of /proc/self/ns/pid), '' when unknown.
+
+    Two containers can share a hostname (and a cache folder) while their pids mean
+    different processes, so a pid is only checked inside its own namespace."""
+    try:
+        return str(os.stat("/proc/self/ns/pid").st_ino)
+    except OSError:
+        return ""
+
+
+# This host and PID namespace, as they appear in temporary file names (no dots: names
+# are split on them). Another container with the same hostname is another "host".
+HOST: Final = "-".join(
+    part
+    for part in (re.sub(r"[^A-Za-z0-9-]+", "-", socket.gethostname()) or "host", _pid_namespace())
+    if part
+)
+# Open flags for reading a small file that anyone may have planted.
+_READ_FLAGS: Final = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+# Open flags for a new file under a fresh name: never an existing file or a symlink.
+NEW_FILE_FLAGS: Final = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+_MAX_SMALL_FILE: Final = 1 << 16
 
 
 class Metadata(TypedDict):
@@ -41,9 +75,12 @@ class Metadata(TypedDict):
 
     url: str
     etag: Optional[str]
+    last_modified: Optional[str]
     size: int
     sha256: str
     time: float
+    inode: int
+    mtime_ns: int
 
 
 def unique_token() -> str:
@@ -63,7 +100,8 @@ def parse_owner(name: str) -> Optional[tuple[str, int]]:
 
 
 def is_alive_local(host: str, pid: int) -> bool:
-    """Whether `pid` still runs; True (unknown, so assume alive) for another host."""
+    """Whether `pid` still runs; True (unknown, so assume alive) for another host or
+    PID namespace."""
     if host != HOST:
         return True
     if pid == os.getpid():
@@ -117,37 +155,78 @@ class Entry:
         self.extracted = cache_dir / f"{name}-extracted"
 
     def lookup(self, sha256: Optional[str]) -> Optional[Metadata]:
-        """The sidecar if the file is published, its size matches, and so does `sha256`.
+        """The sidecar if the published file is a regular file and is the very file
+        the sidecar was written for (inode, size, mtime), and `sha256` matches.
 
-        Costs one ``stat`` and one small read; the file itself is never read.
+        Costs one ``lstat`` and one small read; the file itself is never read.
         """
-        try:
-            size = os.stat(self.final).st_size
-        except OSError:
-            return None
-        meta = read_metadata(self.sidecar)
-        if meta is None or meta.get("size") != size:
-            return None
-        if sha256 is not None and meta.get("sha256") != sha256.lower():
+        meta = self.cached()
+        if meta is None or (sha256 is not None and meta.get("sha256") != sha256.lower()):
             return None
         return meta
 
-    def publish_metadata(self, etag: Optional[str], size: int, sha256: str) -> None:
+    def cached(self) -> Optional[Metadata]:
+        """The sidecar of the published file, whatever its sha256 (see `lookup`)."""
+        try:
+            info = os.lstat(self.final)
+        except OSError:
+            return None
+        meta = read_metadata(self.sidecar)
+        if meta is None or not stat.S_ISREG(info.st_mode):
+            return None
+        if (meta.get("inode"), meta.get("size"), meta.get("mtime_ns")) != file_identity(info):
+            return None
+        return meta
+
+    def publish_metadata(
+        self,
+        etag: Optional[str],
+        last_modified: Optional[str],
+        sha256: str,
+        info: os.stat_result,
+    ) -> None:
+        """Write the sidecar for the file `info` describes (not yet renamed into place)."""
+        inode, size, mtime_ns = file_identity(info)
         meta: Metadata = {
             "url": self.url,
             "etag": etag,
+            "last_modified": last_modified,
             "size": size,
             "sha256": sha256,
             "time": time.time(),
+            "inode": inode,
+            "mtime_ns": mtime_ns,
         }
         write_json_atomic(self.sidecar, dict(meta))
 
 
-def read_metadata(path: Path) -> Optional[Metadata]:
+def file_identity(info: os.stat_result) -> tuple[int, int, int]:
+    """What binds a sidecar to one file: inode, size and mtime survive a rename, and a
+    new file, or a file written again, differs in at least one of them."""
+    return info.st_ino, info.st_size, info.st_mtime_ns
+
+
+def read_small_file(path: Path) -> Optional[bytes]:
+    """The bytes of a small regular file; None for anything else (missing, a symlink,
+    a FIFO, a folder, too large), without ever blocking."""
     try:
-        with open(path, "rb") as file:
-            data: Any = json.loads(file.read())
-    except (OSError, ValueError):
+        fd = os.open(path, _READ_FLAGS)
+    except OSError:
+        return None
+    try:
+        data = os.read(fd, _MAX_SMALL_FILE + 1)
+    except OSError:  # a folder (EISDIR), a FIFO with nobody writing (EAGAIN)
+        return None
+    finally:
+        os.close(fd)
+    return data if len(data) <= _MAX_SMALL_FILE else None
+
+
+def read_metadata(path: Path) -> Optional[Metadata]:
+    raw = read_small_file(path)
+    try:
+        data: Any = json.loads(raw) if raw is not None else None
+    except ValueError:
         return None
     if not isinstance(data, dict):
         return None
@@ -159,12 +238,12 @@ def write_json_atomic(path: Path, data: dict[str, Any], durable: bool = True) ->
     """Write JSON to a unique temporary name (fsynced if `durable`), then ``os.replace``."""
     temp = path.with_name(f"{path.name}.{unique_token()}.tmp")
     try:
-        with open(temp, "w", encoding="utf-8") as file:
+        with os.fdopen(os.open(temp, NEW_FILE_FLAGS, 0o644), "w", encoding="utf-8") as file:
             json.dump(data, file)
             if durable:
                 file.flush()
                 os.fsync(file.fileno())
-        os.replace(temp, path)
+        os.replace(temp, path)  # replaces a planted symlink itself, never its target
     except BaseException:
         try:
             os.unlink(temp)

@@ -2,7 +2,13 @@
 
 The lock only saves work; correctness never depends on it (every process
 publishes through its own temporary file and ``os.replace``), so a filesystem
-whose locks silently do nothing still ends up with complete, identical bytes.
+whose locks silently do nothing still ends up with complete, identical bytes. For
+the same reason a lock path that is not a regular file (a symlink, FIFO or folder
+someone planted) is never opened: the call goes on without the lock.
+
+While the holder works (`EntryLock.working`: fetching, extracting), a heartbeat
+thread touches the owner file, so waiters wait as long as the holder is alive and
+working, however long that takes, and time out only on a holder that stopped.
 """
 
 from __future__ import annotations
@@ -10,15 +16,18 @@ from __future__ import annotations
 import json
 import logging
 import os
-import socket
+import stat
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Callable, Literal, Optional, Union
 
 import filelock
 
-from framework.download._cache import write_json_atomic
+from framework.download._cache import HOST, is_alive_local, read_small_file, write_json_atomic
 from framework.errors import LockTimeoutError
 
 __all__ = ["EntryLock", "LockKind"]
@@ -59,6 +68,7 @@ class EntryLock:
         self._on_wait = on_wait
         self._done = done
         self.held = False
+        self._beat_stop: Optional[threading.Event] = None
         self._lock: Optional[filelock.BaseFileLock] = None
         if kind == "filelock":
             self._lock = filelock.FileLock(str(path), thread_local=False)
@@ -77,12 +87,68 @@ class EntryLock:
         return f"pid {owner.get('pid')} on {owner.get('host')}{ago}"
 
     def _read_owner(self) -> dict[str, Any]:
+        raw = read_small_file(self.owner_path)
         try:
-            with open(self.owner_path, "rb") as file:
-                data = json.loads(file.read())
-        except (OSError, ValueError):
+            data = json.loads(raw) if raw is not None else None
+        except ValueError:
             return {}
         return data if isinstance(data, dict) else {}
+
+    def _heartbeat(self) -> int:
+        """When the holder last said it is working (the owner file's mtime), 0 if unknown."""
+        try:
+            return os.lstat(self.owner_path).st_mtime_ns
+        except OSError:
+            return 0
+
+    def _advice(self) -> str:
+        """What to do about a holder that made no progress: never 'delete it' while it lives."""
+        owner = self._read_owner()
+        pid, host = owner.get("pid"), owner.get("host")
+        if isinstance(pid, int) and host == HOST and is_alive_local(HOST, pid):
+            return (
+                f"Its holder, pid {pid}, is alive but stopped working (suspended or hung?): "
+                "do not delete the lock; look at that process, or raise the lock timeout"
+            )
+        if self.kind == "filelock":
+            return (
+                "The lock is held by a live process, here or on another host (a dead one "
+                "releases it): deleting the file does not help; raise the lock timeout"
+            )
+        return "If no process is downloading, the lock is stale: delete it, or raise the lock timeout"
+
+    @contextmanager
+    def working(self) -> Iterator[None]:
+        """Beat (touch the owner file) while the holder works, so waiters keep waiting."""
+        if not self.held:
+            yield
+            return
+        stop = threading.Event()
+        interval = min(5.0, self.timeout / 4)
+
+        def beat() -> None:
+            while not stop.wait(interval):
+                try:
+                    os.utime(self.owner_path, follow_symlinks=False)
+                except OSError:  # informative only
+                    pass
+
+        thread = threading.Thread(target=beat, name="framework-lock-heartbeat", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()
+
+    def _usable(self) -> bool:
+        """False when something other than a regular file sits at the lock path."""
+        try:
+            return stat.S_ISREG(os.lstat(self.path).st_mode)
+        except FileNotFoundError:
+            return True
+        except OSError:
+            return False
 
     def record(self, **fields: Union[int, str, float, None]) -> None:
         """Write (or update) the owner file while holding the lock."""
@@ -90,7 +156,7 @@ class EntryLock:
             return
         data: dict[str, Any] = {
             "pid": os.getpid(),
-            "host": socket.gethostname(),
+            "host": HOST,  # with the PID namespace: a pid means nothing outside it
             "since": time.time(),
             "url": self.url,
         }
@@ -107,8 +173,11 @@ class EntryLock:
     def __enter__(self) -> EntryLock:
         if self._lock is None:
             return self
+        if not self._usable():
+            logger.warning("%s is not a regular file (planted?); going on without the lock", self.path)
+            return self
         deadline = time.monotonic() + self.timeout
-        last_seen = -1
+        last_seen: tuple[int, int] = (-1, -1)
         logged = False
         while True:
             wait = max(0.0, min(_POLL_S, deadline - time.monotonic()))
@@ -117,11 +186,14 @@ class EntryLock:
                 break
             except filelock.Timeout:
                 pass
+            except OSError as error:  # swapped for a symlink or folder since `_usable`
+                logger.warning("cannot use the lock %s (%s); going on without it", self.path, error)
+                return self
             if self._done is not None and self._done():
                 return self
             seen = self._progress() if self._progress is not None else 0
-            if seen != last_seen:
-                last_seen = seen
+            if (seen, beat := self._heartbeat()) != last_seen:  # pulse: fetching or extracting
+                last_seen = (seen, beat)
                 deadline = time.monotonic() + self.timeout  # the holder is making progress
             if not logged:
                 logged = True
@@ -133,7 +205,7 @@ class EntryLock:
             if self._on_wait is not None:
                 self._on_wait(seen, self.expected_size())
             if time.monotonic() >= deadline:
-                raise LockTimeoutError(self.url, str(self.path), self.timeout, self.holder())
+                raise LockTimeoutError(self.url, str(self.path), self.timeout, self.holder(), self._advice())
         self.held = True
         self.record()
         return self

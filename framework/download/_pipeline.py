@@ -62,6 +62,7 @@ class Pipeline:
         self._batch: list[bytes] = []
         self._batch_bytes = 0
         self._offset = self._synced = start
+        self._error: Optional[BaseException] = None  # what stopped the hash thread
         self._queue: queue.Queue[Optional[list[bytes]]] = queue.Queue(_QUEUE_BATCHES)
         self._thread = threading.Thread(target=self._hash, daemon=True)
         self._thread.start()
@@ -75,6 +76,7 @@ class Pipeline:
     def _flush(self) -> None:
         if not self._batch:
             return
+        self._check()
         batch, self._batch, self._batch_bytes = self._batch, [], 0
         write_all(self.fd, batch, self.url, self.where)
         self._queue.put(batch)  # hashed only once written: bytes and digest agree
@@ -91,10 +93,18 @@ class Pipeline:
         self._flush()
 
     def close(self) -> None:
-        """Wait for the hash thread to take in everything written (idempotent)."""
+        """Wait for the hash thread to take in everything written (idempotent); raise
+        if it failed, since the digest then covers only part of the file."""
         if self._thread.is_alive():
             self._queue.put(None)
             self._thread.join()
+        self._check()
+
+    def _check(self) -> None:
+        if self._error is not None:
+            raise DownloadError(
+                self.url, f"hashing the download failed: {type(self._error).__name__}: {self._error}"
+            ) from self._error
 
     def finish(self, flush: bool = True) -> None:
         """Write what is batched (unless `flush` is false) and wait for the hash thread."""
@@ -107,5 +117,10 @@ class Pipeline:
     def _hash(self) -> None:
         update = self.hasher.update
         while (batch := self._queue.get()) is not None:
-            for chunk in batch:
-                update(chunk)
+            if self._error is not None:
+                continue  # keep draining, so the writer never blocks on a full queue
+            try:
+                for chunk in batch:
+                    update(chunk)
+            except BaseException as error:  # reported by the writer's next put or close
+                self._error = error

@@ -1,10 +1,21 @@
-"""Streaming a remote object into a temporary file, and publishing it atomically.
+"""Streaming a remote object into a partial file, and publishing it atomically.
 
-Bytes go to a temporary file that only this process writes (named with its host,
-pid and a random token), are hashed in the same pass, checked against the
-expected size and sha256, fsynced, and only then renamed to the final path.
-An interrupted download leaves its ``.part`` file behind; a later process adopts
-it by renaming it to its own name first, so two processes never append to one file.
+Bytes go to a partial file that only this process writes (`PartialName`: named
+with the version's tag, its host, pid and a random token), are hashed in the same
+pass, checked against the expected size and sha256, fsynced, and only then renamed
+to the final path. An interrupted download leaves its partial file behind; a later
+call adopts it by renaming it to its own name first, so two processes never append
+to one file.
+
+The cache folder may be shared with people we do not trust: only a regular file
+owned by this user is adopted, it is opened with ``O_NOFOLLOW`` and checked with
+``fstat`` on the descriptor that is then written, so a planted symlink, FIFO or
+folder is never followed, written through or waited on.
+
+Range answers are decided here, once, for every backend (`_place`): a body is
+appended to a partial file only when it starts at the partial's offset and carries
+the same version tag (ETag, else Last-Modified); without a validator a partial is
+never resumed, since two versions' bytes must never mix.
 """
 
 from __future__ import annotations
@@ -12,26 +23,37 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import stat
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Final, Optional
+from typing import Any, Callable, Final, Optional, Union
 
 import attrs
 
 from framework.download._cache import (
     HOST,
+    NEW_FILE_FLAGS,
     dead_leftovers,
     is_alive_local,
     parse_owner,
     unique_token,
 )
 from framework.download._pipeline import Pipeline
-from framework.download.backend import ByteStream, DownloadBackend
-from framework.errors import ChecksumError, NetworkError
+from framework.download.backend import ByteStream, DownloadBackend, RemoteInfo
+from framework.errors import ChecksumError, DownloadError, NetworkError
 
-__all__ = ["Fetched", "fetch", "partial_bytes", "publish_file", "remove_quietly"]
+__all__ = [
+    "Fetched",
+    "PartialName",
+    "Validators",
+    "discard",
+    "fetch",
+    "partial_bytes",
+    "publish_file",
+    "remove_quietly",
+]
 
 logger = logging.getLogger("framework.download")
 
@@ -39,103 +61,369 @@ _READ_CHUNK: Final = 1 << 20
 # A partial file of another host's process, untouched this long, is taken to be orphaned;
 # longer than any read timeout, so a stalled but live writer is not robbed.
 STALE_AFTER_S: Final = 300.0
-
-
-@attrs.frozen
-class Fetched:
-    """A verified temporary file, ready for `publish_file`."""
-
-    temp: Path
-    size: int
-    sha256: str
-    etag: Optional[str]
+# The tag of a partial file whose bytes no validator names: it is never resumed.
+NO_VALIDATOR: Final = "noetag"
+# Module-level so a test can inject a failing hash.
+_new_hasher: Callable[[], Any] = hashlib.sha256
+# Partial files this process is writing right now; any other partial of this process
+# is left over from an interrupted call (Ctrl-C) and may be adopted like a dead one's.
+_ACTIVE: set[str] = set()
 
 
 def _etag_tag(etag: Optional[str]) -> str:
     if not etag:
-        return "noetag"
+        return NO_VALIDATOR
     return hashlib.sha256(etag.encode("utf-8")).hexdigest()[:12]
 
 
-def _resumable(stream: ByteStream, offset: int, tag: str) -> bool:
-    """Whether `stream` continues our partial file: not if the server ignored the
-    Range (200), or the object changed (another etag, or now shorter than our file)."""
-    if stream.start != offset:
-        return False
-    if stream.etag is not None and _etag_tag(stream.etag) != tag:
-        return False
-    return stream.size is None or offset <= stream.size
+@attrs.frozen
+class Validators:
+    """What names one version of a remote object (HTTP ETag and Last-Modified)."""
+
+    etag: Optional[str] = None
+    last_modified: Optional[str] = None
+
+    @classmethod
+    def of(cls, source: Union[ByteStream, RemoteInfo]) -> Validators:
+        return cls(source.etag, source.last_modified)
+
+    @property
+    def if_range(self) -> Optional[str]:
+        """The value for ``If-Range``: a strong ETag, else Last-Modified (a weak ETag
+        cannot promise identical bytes)."""
+        if self.etag and not self.etag.startswith("W/"):
+            return self.etag
+        return self.last_modified or None
+
+    @property
+    def tag(self) -> str:
+        """A file-name-safe digest of `if_range`: what a partial file is tagged with."""
+        value = self.if_range
+        if value is None:
+            return NO_VALIDATOR
+        if value == self.etag:
+            return _etag_tag(value)
+        return "lm" + hashlib.sha256(value.encode("utf-8")).hexdigest()[:10]
 
 
-def _partials(final: Path) -> list[Path]:
-    prefix = final.name + "."
-    try:
-        names = os.listdir(final.parent)
-    except OSError:
-        return []
-    return [final.parent / n for n in names if n.startswith(prefix) and n.endswith(".part")]
+@attrs.frozen
+class PartialName:
+    """The one place that knows a partial file's name:
+    ``<final>.<tag>.<host>.<pid>.<random>.part`` (see `unique_token`)."""
+
+    final: Path
+    tag: str
+    token: str = attrs.field(factory=unique_token)
+
+    @property
+    def path(self) -> Path:
+        return self.final.with_name(f"{self.final.name}.{self.tag}.{self.token}.part")
+
+    @property
+    def owner(self) -> Optional[tuple[str, int]]:
+        return parse_owner(self.path.name)
+
+    def renamed(self, tag: Optional[str] = None) -> PartialName:
+        """This process's own name for the same file (a fresh token), optionally retagged."""
+        return PartialName(self.final, self.tag if tag is None else tag)
+
+    @classmethod
+    def all(cls, final: Path) -> list[PartialName]:
+        """Every partial file of `final`, whoever wrote it."""
+        prefix = final.name + "."
+        try:
+            names = os.listdir(final.parent)
+        except OSError:
+            return []
+        found = []
+        for name in names:
+            if name.startswith(prefix) and name.endswith(".part"):
+                fields = name[len(prefix) : -len(".part")].split(".")
+                if len(fields) == 4:
+                    found.append(cls(final, fields[0], ".".join(fields[1:])))
+        return found
+
+
+@attrs.frozen
+class Fetched:
+    """A verified partial file, ready for `publish_file`; `info` is its ``fstat``."""
+
+    temp: Path
+    size: int
+    sha256: str
+    validators: Validators
+    info: os.stat_result
 
 
 def partial_bytes(final: Path) -> int:
     """Bytes in every partial file of `final`: a waiter's view of the holder's progress."""
     total = 0
-    for path in _partials(final):
+    for name in PartialName.all(final):
         try:
-            total += os.stat(path).st_size
+            info = os.lstat(name.path)
         except OSError:
-            pass
+            continue
+        if stat.S_ISREG(info.st_mode):
+            total += info.st_size
     return total
 
 
 def remove_quietly(path: Path) -> None:
     try:
-        os.unlink(path)
+        os.unlink(path)  # a symlink is removed itself, never its target
     except OSError:
         pass
 
 
-def _adopt(final: Path) -> Optional[tuple[Path, str]]:
-    """Take over the largest orphaned partial file by renaming it to our own name.
+def discard(temp: Path) -> None:
+    """Remove a fetched file that will not be published."""
+    _ACTIVE.discard(str(temp))
+    remove_quietly(temp)
 
-    A partial is an orphan when its writer is dead (a pid on this host), or, for a
-    writer on another host, when the file has not changed for `STALE_AFTER_S`.
-    This does not trust the lock, which may silently not work on a shared
-    filesystem: a live writer's file is never taken. Other orphans are removed.
-    """
-    orphans = []
-    now = time.time()
-    for path in _partials(final):
-        owner = parse_owner(path.name)
-        if owner is None:
-            continue
+
+def _ours(info: os.stat_result) -> bool:
+    """A plain file of this user, with no other name (a hard link to elsewhere)."""
+    return stat.S_ISREG(info.st_mode) and info.st_uid == os.geteuid() and info.st_nlink == 1
+
+
+def _orphaned(name: PartialName, info: os.stat_result, now: float) -> bool:
+    """Whether nobody writes `name` any more. A pid is only checked on this host and in
+    this PID namespace; elsewhere, a file untouched for `STALE_AFTER_S` is orphaned."""
+    owner = name.owner
+    if owner is None:
+        return False
+    if owner == (HOST, os.getpid()):
+        return str(name.path) not in _ACTIVE
+    if owner[0] == HOST:
+        return not is_alive_local(*owner)
+    return now - info.st_mtime >= STALE_AFTER_S
+
+
+class _Partial:
+    """The partial file this process writes: its name, checked descriptor, hash and length."""
+
+    def __init__(self, name: PartialName, fd: int) -> None:
+        self.name = name
+        self.fd = fd
+        self.hasher = _new_hasher()
+        self.offset = 0
+        self._verified = False  # a verified file stays active until it is published
+        # The version the bytes belong to, once a response said so (unknown for an
+        # adopted file until the server confirms its tag).
+        self.validators: Optional[Validators] = None
+
+    @classmethod
+    def create(cls, final: Path) -> _Partial:
+        name = PartialName(final, NO_VALIDATOR)
+        _ACTIVE.add(str(name.path))
         try:
-            stat = os.stat(path)
-        except OSError:
-            continue
-        if is_alive_local(*owner) and (owner[0] == HOST or now - stat.st_mtime < STALE_AFTER_S):
-            continue
-        orphans.append((stat.st_size, path))
-    _sweep_temp_files(final)
-    orphans.sort(reverse=True)
-    adopted: Optional[tuple[Path, str]] = None
-    for _size, path in orphans:
-        tag = path.name.split(".")[-5]
-        if adopted is None:
-            mine = final.with_name(f"{final.name}.{tag}.{unique_token()}.part")
+            return cls(name, os.open(name.path, NEW_FILE_FLAGS, 0o644))
+        except BaseException:
+            _ACTIVE.discard(str(name.path))
+            raise
+
+    @classmethod
+    def adopt(cls, final: Path) -> Optional[_Partial]:
+        """Take over the largest orphaned partial file by renaming it to our own name.
+
+        Only regular files of this user, written for a version a validator names,
+        are candidates; this does not trust the lock, which may silently not work on
+        a shared filesystem: a live writer's file is never taken. Our other orphans
+        are removed; what another user left, or planted, is never touched.
+        """
+        now = time.time()
+        orphans = []
+        for name in PartialName.all(final):
             try:
-                os.rename(path, mine)  # atomic: at most one adopter wins
+                info = os.lstat(name.path)
             except OSError:
                 continue
-            adopted = (mine, tag)
-        else:
-            remove_quietly(path)
-    return adopted
+            if _ours(info) and _orphaned(name, info, now):
+                orphans.append((info.st_size, name))
+        for leftover in dead_leftovers(final, (".tmp",)):
+            remove_quietly(leftover)
+        orphans.sort(key=lambda pair: pair[0], reverse=True)
+        adopted: Optional[_Partial] = None
+        for _size, name in orphans:
+            if adopted is None and name.tag != NO_VALIDATOR:
+                adopted = cls._take(name)
+                if adopted is not None:
+                    continue
+            remove_quietly(name.path)
+        return adopted
+
+    @classmethod
+    def _take(cls, name: PartialName) -> Optional[_Partial]:
+        mine = name.renamed()
+        _ACTIVE.add(str(mine.path))
+        try:
+            os.rename(name.path, mine.path)  # atomic: at most one adopter wins
+            fd = os.open(mine.path, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError:
+            _ACTIVE.discard(str(mine.path))
+            return None
+        if not _ours(os.fstat(fd)):  # swapped between the lstat and the open
+            os.close(fd)
+            _ACTIVE.discard(str(mine.path))
+            return None
+        partial = cls(mine, fd)
+        while chunk := os.read(fd, _READ_CHUNK):
+            partial.hasher.update(chunk)
+            partial.offset += len(chunk)
+        return partial
+
+    def restart(self, validators: Validators) -> None:
+        """Start the file over, empty, for the version `validators` name."""
+        if self.offset:
+            os.ftruncate(self.fd, 0)
+            self.offset, self.hasher = 0, _new_hasher()
+        self.validators = validators
+        if validators.tag != self.name.tag:
+            renamed = self.name.renamed(validators.tag)
+            _ACTIVE.add(str(renamed.path))
+            os.rename(self.name.path, renamed.path)
+            _ACTIVE.discard(str(self.name.path))
+            self.name = renamed
+
+    def close(self, keep: bool) -> None:
+        """Close the descriptor; remove the file unless `keep` (a resumable failure, or
+        a verified file that is about to be published)."""
+        os.close(self.fd)
+        if not self._verified and (self.offset == 0 or self.name.tag == NO_VALIDATOR):
+            keep = False  # nothing a later call could resume
+        if not keep:
+            discard(self.name.path)
+        elif not self._verified:  # left for a later call, of this process too
+            _ACTIVE.discard(str(self.name.path))
+
+    def verified(self, url: str, sha256: Optional[str]) -> Fetched:
+        info = os.fstat(self.fd)
+        digest = self.hasher.hexdigest()
+        if sha256 is not None and digest != sha256:
+            raise ChecksumError(url, sha256, digest)
+        self._verified = True
+        return Fetched(self.name.path, self.offset, digest, self.validators or Validators(), info)
 
 
-def _sweep_temp_files(final: Path) -> None:
-    """Remove sidecar and owner temp files (``*.tmp``) left by dead processes on this host."""
-    for leftover in dead_leftovers(final, (".tmp",)):
-        remove_quietly(leftover)
+def _place(backend: DownloadBackend, url: str, stream: ByteStream, partial: _Partial) -> bool:
+    """Make `partial` ready for `stream`'s body: True if the body goes on at the
+    partial's offset, False to ask again from byte 0.
+
+    The one place where range answers are decided for every backend: 416, a 200
+    for a Range request (or If-Range finding another version), and a body of
+    another version are all told apart here. Asking again from 0 sends no Range,
+    so it happens at most once per attempt.
+    """
+    offset = partial.offset
+    if stream.status == 416:
+        if offset == 0:
+            raise DownloadError(
+                url, "the server answered 416 (range not satisfiable) to a request without a Range"
+            )
+        got, size = Validators.of(stream), stream.size
+        if got.if_range is None or size is None:  # a 416 need not name the version: ask
+            info = backend.stat(url)
+            got, size = Validators.of(info), info.size
+        if size == offset and got.tag == partial.name.tag != NO_VALIDATOR:
+            partial.validators = got
+            return True  # the partial file is the whole object
+        logger.info("cannot resume %s at byte %d (416); starting over", url, offset)
+        partial.restart(got)
+        return False
+    got = Validators.of(stream)
+    if stream.start == 0:  # the whole object: the first request, or a Range not honoured
+        if offset:
+            logger.info("%s came whole instead of from byte %d; starting over", url, offset)
+        partial.restart(got)
+        return True
+    if offset == 0:
+        raise DownloadError(url, f"asked for the whole object, the server sent bytes from {stream.start} on")
+    same = got.tag == partial.name.tag != NO_VALIDATOR
+    if stream.start == offset and same and (stream.size is None or offset <= stream.size):
+        partial.validators = got
+        return True
+    logger.info("cannot resume %s at byte %d (another version); starting over", url, offset)
+    partial.restart(got)
+    return False
+
+
+def _receive(
+    stream: ByteStream,
+    partial: _Partial,
+    url: str,
+    bar: Any,
+    on_size: Optional[Callable[[int], None]],
+) -> Pipeline:
+    """Write `stream`'s body after the partial's bytes, hashing on the side. Returns
+    the pipeline, whose hash thread may still be working through its backlog."""
+    if stream.size is not None:
+        if on_size is not None:
+            on_size(stream.size)
+        if bar is not None:
+            bar.total, bar.n = stream.size, partial.offset
+            bar.refresh()
+    os.lseek(partial.fd, partial.offset, os.SEEK_SET)
+    pipeline = Pipeline(partial.fd, partial.hasher, partial.offset, url, partial.name.path)
+    try:
+        for chunk in stream.chunks:
+            pipeline.put(chunk)
+            partial.offset += len(chunk)
+            if bar is not None:
+                bar.update(len(chunk))
+        pipeline.flush()
+        if stream.size is not None and partial.offset != stream.size:
+            pipeline.finish()  # file, offset and digest agree before a retry resumes
+            if partial.offset > stream.size:
+                raise ChecksumError(url, str(stream.size), str(partial.offset), what="size")
+            raise NetworkError(url, f"connection closed after {partial.offset} of {stream.size} bytes")
+    except BaseException as error:
+        # Keep what arrived before a network failure (the retry resumes after it),
+        # and wait for the hash: file, offset and digest agree.
+        pipeline.finish(flush=isinstance(error, NetworkError))
+        raise
+    return pipeline
+
+
+def _download(
+    backend: DownloadBackend,
+    url: str,
+    partial: _Partial,
+    attempts: int,
+    backoff_factor: float,
+    bar: Any,
+    on_size: Optional[Callable[[int], None]],
+) -> Pipeline:
+    """The retry loop: a body that breaks off is resumed, up to `attempts` times."""
+    failures = 0
+    while True:
+        if_range = partial.validators.if_range if partial.offset and partial.validators else None
+        # A NetworkError from open is final: the backend already retried opening.
+        # `if_range` goes only to backends that are given one, so older backends still work.
+        opened = (
+            backend.open(url, partial.offset, if_range=if_range)
+            if if_range
+            else backend.open(url, partial.offset)
+        )
+        with opened as stream:
+            if not _place(backend, url, stream, partial):
+                continue
+            try:
+                return _receive(stream, partial, url, bar, on_size)
+            except NetworkError as error:
+                failures += 1
+                if failures >= attempts:
+                    raise
+                broken = error
+        delay = backoff_factor * (2 ** (failures - 1))
+        logger.warning(
+            "%s; resuming from byte %d in %.1fs (attempt %d of %d)",
+            broken,
+            partial.offset,
+            delay,
+            failures + 1,
+            attempts,
+        )
+        time.sleep(delay)
 
 
 @contextmanager
@@ -160,127 +448,38 @@ def fetch(
     progress: bool,
     on_size: Optional[Callable[[int], None]] = None,
 ) -> Fetched:
-    """Download `url` into a temporary file next to `final`, resuming where possible.
+    """Download `url` into a partial file next to `final`, resuming where possible.
 
-    A stream that breaks off (`NetworkError`) is resumed from the bytes already
-    written, up to `attempts` times. On a network failure the partial file is
-    kept for a later run; on any other failure it is removed.
+    On a network failure or Ctrl-C the partial file is kept for a later call (of
+    this or another process); on any other failure it is removed.
     """
-    adopted = _adopt(final)
-    temp, tag = adopted if adopted else (None, "")
-    hasher = hashlib.sha256()
-    offset = 0
-    fd = -1
-    keep_partial = False
-    pending: Optional[Pipeline] = None
+    partial = _Partial.adopt(final)
+    if partial is not None:
+        logger.info("resuming %s from byte %d", url, partial.offset)
+    else:
+        partial = _Partial.create(final)
+    keep = False
     try:
-        if temp is not None:
-            offset = _rehash(temp, hasher)
-            logger.info("resuming %s from byte %d", url, offset)
-        failures = 0
-        bar_ctx = _progress_bar(progress, None, final.name.split("-", 1)[-1])
-        with bar_ctx as bar:
-            while True:
-                opened = False
-                try:
-                    with backend.open(url, offset) as stream:
-                        opened = True
-                        if temp is not None and offset and not _resumable(stream, offset, tag):
-                            logger.info("cannot resume %s at byte %d; starting over", url, offset)
-                            os.truncate(temp, 0)
-                            offset, hasher = 0, hashlib.sha256()
-                            tag = _etag_tag(stream.etag)
-                            renamed = final.with_name(f"{final.name}.{tag}.{unique_token()}.part")
-                            os.rename(temp, renamed)
-                            temp = renamed
-                            if stream.start != 0:
-                                continue  # this body starts mid-file: ask again from 0
-                        if temp is None:
-                            tag = _etag_tag(stream.etag)
-                            temp = final.with_name(f"{final.name}.{tag}.{unique_token()}.part")
-                        if fd < 0:
-                            fd = os.open(temp, os.O_WRONLY | os.O_CREAT, 0o644)
-                        os.lseek(fd, offset, os.SEEK_SET)
-                        if stream.size is not None:
-                            if on_size is not None:
-                                on_size(stream.size)
-                            if bar is not None:
-                                bar.total = stream.size
-                                bar.n = offset
-                                bar.refresh()
-                        pipeline = Pipeline(fd, hasher, offset, url, temp)
-                        try:
-                            for chunk in stream.chunks:
-                                pipeline.put(chunk)
-                                offset += len(chunk)
-                                if bar is not None:
-                                    bar.update(len(chunk))
-                            pipeline.flush()
-                        except BaseException as error:
-                            # Keep what arrived before a network failure (the retry resumes
-                            # after it), and wait for the hash: file, offset, digest agree.
-                            pipeline.finish(flush=isinstance(error, NetworkError))
-                            raise
-                        pending = pipeline  # still hashing its backlog: joined after fsync
-                        size, etag = stream.size, stream.etag
-                    if size is not None and offset < size:
-                        raise NetworkError(url, f"connection closed after {offset} of {size} bytes")
-                    if size is not None and offset > size:
-                        raise ChecksumError(url, str(size), str(offset), what="size")
-                    break
-                except NetworkError as error:
-                    if pending is not None:  # the next attempt goes on with the same hasher
-                        pending.close()
-                        pending = None
-                    failures += 1
-                    # The backend already retried opening; resuming is for broken bodies.
-                    if failures >= attempts or not opened:
-                        keep_partial = True
-                        raise
-                    delay = backoff_factor * (2 ** (failures - 1))
-                    logger.warning(
-                        "%s; resuming from byte %d in %.1fs (attempt %d of %d)",
-                        error,
-                        offset,
-                        delay,
-                        failures + 1,
-                        attempts,
-                    )
-                    time.sleep(delay)
-        os.fsync(fd)  # meanwhile the hash thread works through its backlog
-        if pending is not None:
-            pending.close()
-            pending = None
-        os.close(fd)
-        fd = -1
-        digest = hasher.hexdigest()
-        if sha256 is not None and digest != sha256.lower():
-            raise ChecksumError(url, sha256.lower(), digest)
-        assert temp is not None
-        return Fetched(temp, offset, digest, etag)
-    except BaseException as error:
-        if pending is not None:
-            pending.close()
-        if fd >= 0:
-            os.close(fd)
-        if temp is not None and not (keep_partial or isinstance(error, KeyboardInterrupt)):
-            remove_quietly(temp)
+        with _progress_bar(progress, None, final.name.split("-", 1)[-1]) as bar:
+            pending = _download(backend, url, partial, attempts, backoff_factor, bar, on_size)
+        os.fsync(partial.fd)  # meanwhile the hash thread works through its backlog
+        pending.close()
+        result = partial.verified(url, sha256)
+        keep = True
+        return result
+    except (NetworkError, KeyboardInterrupt):
+        keep = True
         raise
-
-
-def _rehash(path: Path, hasher: Any) -> int:
-    """Hash the bytes already in an adopted partial file; returns their count."""
-    size = 0
-    with open(path, "rb") as file:
-        while chunk := file.read(_READ_CHUNK):
-            hasher.update(chunk)
-            size += len(chunk)
-    return size
+    finally:
+        partial.close(keep)
 
 
 def publish_file(temp: Path, final: Path) -> None:
     """Rename `temp` onto `final` (atomic) and make the rename durable."""
-    os.replace(temp, final)
+    try:
+        os.replace(temp, final)  # a symlink at `final` is replaced itself, never followed
+    finally:
+        _ACTIVE.discard(str(temp))
     try:
         dir_fd = os.open(final.parent, os.O_RDONLY)
     except OSError:

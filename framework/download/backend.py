@@ -7,15 +7,28 @@ and progress all live once, in `DownloadManager`.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from types import TracebackType
-from typing import Callable, Optional
+from typing import Callable, ClassVar, Optional
 
 import attrs
 
 from framework.registry import Registrable
 
-__all__ = ["ByteStream", "DownloadBackend", "RemoteInfo"]
+__all__ = ["ByteStream", "DownloadBackend", "RemoteInfo", "parse_content_range"]
+
+_CONTENT_RANGE = re.compile(r"bytes\s+(?:(\d+)-\d+|\*)/(\d+|\*)\s*$")
+
+
+def parse_content_range(value: Optional[str]) -> tuple[Optional[int], Optional[int]]:
+    """(first byte, total size) of a ``Content-Range`` value; None where it says ``*``
+    or cannot be read (``bytes 5-9/10``, ``bytes 5-9/*``, ``bytes */10``)."""
+    match = _CONTENT_RANGE.match(value or "")
+    if match is None:
+        return None, None
+    first, total = match.groups()
+    return (int(first) if first else None), (int(total) if total != "*" else None)
 
 
 @attrs.frozen
@@ -24,6 +37,7 @@ class RemoteInfo:
 
     size: Optional[int] = None
     etag: Optional[str] = None
+    last_modified: Optional[str] = None
 
 
 @attrs.define
@@ -32,15 +46,19 @@ class ByteStream:
 
     `start` is the offset the body really begins at: the requested offset, or 0
     when the backend could not resume (an HTTP server answering 200 to a Range
-    request). `size` is the object's total size when known. An offset exactly at
-    the end of the object gives an empty `chunks` with ``start == offset``; an
-    offset the backend cannot serve (HTTP 416) is answered from 0 instead.
+    request). `size` is the object's total size when known. `etag` and
+    `last_modified` identify the version the body belongs to. An offset the
+    backend cannot serve is reported, not handled: an empty `chunks` with
+    ``status=416`` (and `size` when the answer says it). The manager decides what
+    to do about ranges, once, for every backend.
     """
 
     chunks: Iterator[bytes]
     start: int = 0
     size: Optional[int] = None
     etag: Optional[str] = None
+    last_modified: Optional[str] = None
+    status: Optional[int] = None
     close_callback: Optional[Callable[[], None]] = attrs.field(default=None, repr=False)
 
     def close(self) -> None:
@@ -61,31 +79,59 @@ class ByteStream:
 
 
 class DownloadBackend(Registrable):
-    """Reads objects of one URL scheme; registered by name (``"http"``, ``"s3"``, ...).
+    """Reads objects of the URL schemes in `schemes`; registered by name (``"http"``, ...).
 
-    The manager maps a URL scheme to the backend registered under that name
-    (``http``/``https`` -> ``"http"``, ``file`` and plain paths -> ``"local"``), so a
-    plugin adds a scheme by registering a backend under the scheme's name.
+    The manager serves a URL's scheme with, in this order: the instance given for it
+    in ``DownloadManager(backends={scheme: instance})``; the backend registered under
+    the scheme's own name; the registered backend whose class lists the scheme in
+    `schemes` (``HttpBackend.schemes == ("http", "https")``); a registered backend
+    whose `accepts` takes any scheme nobody claims (the fsspec backend). So a plugin
+    adds a scheme by listing it in `schemes`, or by registering under its name.
 
-    Subclasses implement `open` and may override `stat`. Failures are raised as
-    `framework.errors.DownloadError` subclasses naming the URL: `HTTPStatusError`
-    for a final refusal, `NetworkError` for a connection that failed or broke off
-    (the manager resumes from the bytes it already has).
+    Subclasses implement `open` and may override `stat` and `close`. Failures are
+    raised as `framework.errors.DownloadError` subclasses naming the URL:
+    `HTTPStatusError` for a final refusal, `NetworkError` for a connection that failed
+    or broke off (the manager resumes from the bytes it already has). A backend is a
+    context manager whose exit closes it.
     """
+
+    schemes: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, *, retries: int = 5, backoff_factor: float = 0.5, timeout: float = 60.0) -> None:
         self.retries = retries
         self.backoff_factor = backoff_factor
         self.timeout = timeout
 
-    def open(self, url: str, offset: int = 0) -> ByteStream:
-        """Open `url` for reading from byte `offset` (see `ByteStream.start`)."""
+    def open(self, url: str, offset: int = 0, *, if_range: Optional[str] = None) -> ByteStream:
+        """Open `url` for reading from byte `offset` (see `ByteStream.start`).
+
+        `if_range` (an ETag or a Last-Modified date) asks for the range only if the
+        object is still that version, else for the whole object (HTTP ``If-Range``);
+        a backend without such a condition may ignore it: the manager also compares
+        the stream's validators with the ones its partial file was made from.
+        """
         raise NotImplementedError
 
     def stat(self, url: str) -> RemoteInfo:
-        """Size and etag of `url`; by default taken from a stream opened at 0."""
+        """Size and validators of `url`; by default taken from a stream opened at 0."""
         with self.open(url, 0) as stream:
-            return RemoteInfo(stream.size, stream.etag)
+            return RemoteInfo(stream.size, stream.etag, stream.last_modified)
+
+    @classmethod
+    def accepts(cls, scheme: str) -> bool:
+        """Whether to serve `scheme` when no backend lists it in `schemes` (a fallback)."""
+        return False
 
     def close(self) -> None:
         """Release pooled connections; the backend may be used again afterwards."""
+
+    def __enter__(self) -> DownloadBackend:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: Optional[type[BaseException]],
+        exc: Optional[BaseException],
+        tb: Optional[TracebackType],
+    ) -> None:
+        self.close()

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Union
 from urllib.parse import urlsplit
 
-from framework.download._cache import Entry
+from framework.download._cache import Entry, Metadata
 from framework.download._extract import (
     DEFAULT_MAX_MEMBERS,
     DEFAULT_MAX_RATIO,
@@ -24,9 +24,9 @@ from framework.download._extract import (
     extract_archive,
 )
 from framework.download._lock import EntryLock, LockKind
-from framework.download._publish import fetch, partial_bytes, publish_file
-from framework.download.backend import DownloadBackend
-from framework.errors import DownloadError, OfflineError
+from framework.download._publish import Validators, discard, fetch, partial_bytes, publish_file
+from framework.download.backend import DownloadBackend, RemoteInfo
+from framework.errors import DownloadError, InvalidArgumentError, OfflineError
 
 __all__ = ["DownloadManager", "backend_name_for", "cached_path", "default_cache_dir"]
 
@@ -54,6 +54,23 @@ def _normalize(url_or_path: PathOrUrl) -> str:
     if "://" in text and len(scheme) > 1:
         return text
     return Path(text).expanduser().resolve().as_uri()
+
+
+def _check_sha256(url: str, sha256: Optional[str]) -> Optional[str]:
+    """`sha256` in lower case; an `InvalidArgumentError` (before any request) unless it
+    is 64 hex digits."""
+    if sha256 is None:
+        return None
+    if not isinstance(sha256, str) or len(sha256) != 64 or not all(c in _HEX for c in sha256):
+        raise InvalidArgumentError(
+            url,
+            f"sha256 must be 64 hexadecimal digits (the output of sha256sum), got {sha256!r}; "
+            "pass the file's full hex digest, or None to skip the check",
+        )
+    return sha256.lower()
+
+
+_HEX = frozenset("0123456789abcdefABCDEF")
 
 
 def backend_name_for(url: str) -> str:
@@ -174,22 +191,24 @@ class DownloadManager:
                 `LockTimeoutError`); nothing is published when one is raised.
         """
         url = _normalize(url_or_path)
+        sha256 = _check_sha256(url, sha256)
         root = Path(cache_dir).expanduser() if cache_dir is not None else self.cache_dir
         entry = Entry(root, url)
-        if revalidate and not force and not self.offline:
-            force = self._stale(entry, sha256)
-        if not force and entry.lookup(sha256) is not None:
+        # The server's current version when it differs from the cached copy: whoever
+        # gets the lock first fetches it, the others find it published.
+        newer = self._stale(entry, sha256) if revalidate and not force and not self.offline else None
+
+        def current() -> bool:
+            meta = entry.lookup(sha256)
+            return meta is not None and (newer is None or _same_version(meta, newer))
+
+        if not force and current():
             if not extract:
                 return entry.final
             if os.path.isdir(entry.extracted):
                 return entry.extracted
-        offline = self.offline
-        if offline and (force or entry.lookup(sha256) is None):
-            raise OfflineError(
-                url,
-                f"offline mode (FRAMEWORK_OFFLINE=1) and no verified copy in {root}; "
-                "run once online, or unset FRAMEWORK_OFFLINE",
-            )
+        if self.offline and (force or not current()):  # extracting a cached copy is fine
+            raise OfflineError(url, _offline_reason(entry, sha256, force, root))
         show = (self.progress if progress is None else progress) and sys.stderr.isatty()
         try:
             root.mkdir(parents=True, exist_ok=True)
@@ -201,13 +220,13 @@ class DownloadManager:
             ) from error
 
         def done() -> bool:  # another process published what we need: stop waiting
-            if force or entry.lookup(sha256) is None:
+            if force or not current():
                 return False
             return not extract or os.path.isdir(entry.extracted)
 
-        with self._lock(entry, show, done) as lock:
+        with self._lock(entry, show, done) as lock, lock.working():
             fetched = False
-            if force or entry.lookup(sha256) is None:
+            if force or not current():
                 self._fetch(entry, sha256, show, lock)
                 fetched = True
             if not extract:
@@ -217,19 +236,16 @@ class DownloadManager:
                 extract_archive(entry.final, entry.extracted, url, self.limits, replace=True)
             return entry.extracted
 
-    def _stale(self, entry: Entry, sha256: Optional[str]) -> bool:
-        """Whether the server's object differs from the cached copy (by etag, else size)."""
+    def _stale(self, entry: Entry, sha256: Optional[str]) -> Optional[RemoteInfo]:
+        """The server's description of the object if it differs from the cached copy."""
         meta = entry.lookup(sha256)
         if meta is None:
-            return False  # nothing cached: an ordinary fetch follows anyway
+            return None  # nothing cached: an ordinary fetch follows anyway
         info = self.backend_for(entry.url).stat(entry.url)
-        if info.etag is not None and meta.get("etag") is not None:
-            changed = info.etag != meta.get("etag")
-        else:
-            changed = info.size is not None and info.size != meta.get("size")
-        if changed:
-            logger.info("%s changed on the server; fetching it again", entry.url)
-        return changed
+        if _same_version(meta, info):
+            return None
+        logger.info("%s changed on the server; fetching it again", entry.url)
+        return info
 
     def _lock(self, entry: Entry, show: bool, done: Callable[[], bool]) -> EntryLock:
         on_wait: Optional[Callable[[int, Optional[int]], None]] = None
@@ -258,9 +274,42 @@ class DownloadManager:
             progress=show,
             on_size=lambda size: lock.record(size=size),
         )
-        publish_file(result.temp, entry.final)
-        entry.publish_metadata(result.etag, result.size, result.sha256)
+        # The sidecar names the new file's inode before the file takes the final name:
+        # a crash in between leaves a sidecar that matches no file, never old metadata
+        # vouching for new bytes (or new metadata for old ones).
+        try:
+            validators = result.validators
+            entry.publish_metadata(validators.etag, validators.last_modified, result.sha256, result.info)
+            publish_file(result.temp, entry.final)
+        except BaseException:
+            discard(result.temp)
+            raise
         logger.info("published %s (%d bytes, sha256 %s)", entry.final, result.size, result.sha256)
+
+
+def _same_version(meta: Metadata, info: RemoteInfo) -> bool:
+    """Whether the cached copy `meta` describes is the version the server describes
+    (by strong validator when both sides have one, else by size)."""
+    cached = Validators(meta.get("etag"), meta.get("last_modified")).if_range
+    remote = Validators.of(info).if_range
+    if cached is not None and remote is not None:
+        return cached == remote
+    return info.size is None or info.size == meta.get("size")
+
+
+def _offline_reason(entry: Entry, sha256: Optional[str], force: bool, root: Path) -> str:
+    """Why offline mode cannot serve `entry`, saying what the cache does hold."""
+    what = "offline mode (FRAMEWORK_OFFLINE=1)"
+    fix = "run once online, or unset FRAMEWORK_OFFLINE"
+    cached = entry.cached()
+    if cached is None:
+        return f"{what} and no verified copy in {root}; {fix}"
+    if force:
+        return f"{what} cannot fetch again (force=True); the cached copy is {entry.final}"
+    return (
+        f"{what}: the cached copy {entry.final} has sha256 {cached.get('sha256')}, not the "
+        f"requested {sha256}; {fix}, or ask for the cached digest"
+    )
 
 
 class _WaitBar:

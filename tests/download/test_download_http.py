@@ -300,7 +300,9 @@ def test_orphan_partial_is_adopted_and_range_answers_handled(
 @pytest.mark.parametrize(
     ("host", "pid", "age", "adopted"),
     [
-        ("", os.getpid(), 0, False),  # a live writer on this host: never taken
+        # A live writer on this host: never taken (our parent; a partial of this very
+        # process that no call is writing is left over from Ctrl-C, and is taken).
+        ("", os.getppid(), 0, False),
         ("", 999_999, 0, True),  # a dead writer on this host
         ("elsewhere", 1, 0, False),  # another host, recently written: maybe alive
         ("elsewhere", 1, 3600, True),  # another host, untouched for an hour: orphaned

@@ -29,6 +29,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Optional
 
+from framework._redact import redact_url
+
 __all__ = [
     "ChecksumError",
     "CollateError",
@@ -170,12 +172,16 @@ class CollateError(FrameworkError, TypeError):
 
 
 class DownloadError(FrameworkError):
-    """Fetching `url` failed; nothing was published at the destination."""
+    """Fetching `url` failed; nothing was published at the destination.
+
+    `url` is the URL as given; the message (and `reason`) show it, and any URL they
+    quote, through `redact_url`, so passwords and tokens in URLs are never printed.
+    """
 
     def __init__(self, url: str, message: str) -> None:
         self.url = url
-        self.reason = message
-        super().__init__(f"{message} ({url})")
+        self.reason = redact_url(message)
+        super().__init__(f"{self.reason} ({redact_url(url)})")
 
     def __reduce__(self) -> Any:
         return (_rebuild, (type(self), self.__dict__, self.args))

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import multiprocessing
-from typing import Any, Optional
+from collections.abc import Mapping
+from typing import Any, Optional, get_args
 
+from framework.data._transfer import TransferMode
 from framework.data.reader import DatasetReader, current_distributed_info
 from framework.data.sampler import BatchSampler
 
-__all__ = ["TRANSFERS", "no_instances", "validate"]
+__all__ = ["TRANSFERS", "check_resumable", "describe", "no_instances", "validate"]
 
-TRANSFERS = ("pickle5", "shared_memory")
+TRANSFERS: tuple[str, ...] = get_args(TransferMode)
 
 
 def no_instances(reader: DatasetReader, data_path: Any) -> ValueError:
@@ -29,6 +31,7 @@ def no_instances(reader: DatasetReader, data_path: Any) -> ValueError:
 
 
 def validate(
+    *,
     batch_size: Optional[int],
     drop_last: bool,
     shuffle: bool,
@@ -63,6 +66,16 @@ def validate(
                 f"max_instances_in_memory ({max_instances_in_memory}) must be at least "
                 f"batch_size ({batch_size}); raise it (10x batch_size is a good start)"
             )
+        # A lazy sampler sees max_instances_in_memory instances at a time, so it could
+        # only make smaller batches (or none, with drop_last).
+        sampler_size = batch_sampler.get_batch_size() if batch_sampler is not None else None
+        if sampler_size is not None and max_instances_in_memory < sampler_size:
+            raise ValueError(
+                f"max_instances_in_memory ({max_instances_in_memory}) must be at least the "
+                f"batch_sampler's batch size ({sampler_size}): the sampler sees that many "
+                "instances at a time. Raise max_instances_in_memory (10x the batch size is a "
+                "good start) or lower the sampler's batch_size"
+            )
         if max_instances_in_memory < 1:
             raise ValueError(
                 f"max_instances_in_memory must be at least 1, got {max_instances_in_memory}"
@@ -78,3 +91,42 @@ def validate(
         raise ValueError(f"transfer must be one of {TRANSFERS}, got {transfer!r}")
     if timeout is not None and timeout <= 0:
         raise ValueError(f"timeout must be positive seconds or None, got {timeout}")
+
+
+def describe(component: Any) -> dict[str, Any]:
+    """A component's type and its plain public settings, as JSON data (for `state_dict`).
+
+    Only numbers, flags and strings: a None or a list may be filled in on first use
+    (a sampler's guessed sorting keys), which is not a change of settings.
+    """
+    kind = type(component)
+    settings = {
+        name: value
+        for name, value in sorted(vars(component).items())
+        if not name.startswith("_") and isinstance(value, (bool, int, float, str))
+    }
+    return {"type": f"{kind.__module__}.{kind.__qualname__}", **settings}
+
+
+def check_resumable(saved: Mapping[str, Any], current: Mapping[str, Any]) -> None:
+    """ValueError unless a state saved under `saved` settings resumes exactly under `current`.
+
+    Resuming across another split of the data (workers, ranks) or another batching
+    would silently repeat or skip instances. Eager mode reads every instance into this
+    process in the reader's order, so there num_workers may change.
+    """
+    if bool(saved.get("lazy")) != current["lazy"]:
+        raise ValueError(
+            "the state was saved by a loader in the other mode (eager/lazy); build the "
+            "loader with the same max_instances_in_memory to resume it"
+        )
+    for key, value in current.items():
+        if key not in saved or (key == "num_workers" and not current["lazy"]):
+            continue  # a key older states lack
+        if saved[key] != value:
+            raise ValueError(
+                f"the state was saved by a loader with {key}={saved[key]!r}, but this loader "
+                f"has {key}={value!r}: resuming would repeat or skip instances. Build the "
+                f"loader with {key}={saved[key]!r} to resume this state (resuming across "
+                "another split of the data is not supported yet), or start without it"
+            )

@@ -23,6 +23,7 @@ can say exactly where an epoch stands.
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import multiprocessing
 import pickle
@@ -33,7 +34,7 @@ from typing import Any, Optional, Union
 import torch
 
 from framework.data._batching import BatchPlan, derive_seed
-from framework.data._checks import no_instances, validate
+from framework.data._checks import check_resumable, describe, no_instances, validate
 from framework.data._distributed import agree, even
 from framework.data._pool import Position, WorkerPool, main_thread
 from framework.data._worker import WorkerSpec, seed_everything
@@ -124,8 +125,11 @@ class MultiProcessDataLoader(DataLoader):
         timeout: Optional[float] = None,
     ) -> None:
         validate(
-            batch_size, drop_last, shuffle, batch_sampler, batches_per_epoch, num_workers,
-            max_instances_in_memory, start_method, persistent_workers, transfer, timeout,
+            batch_size=batch_size, drop_last=drop_last, shuffle=shuffle,
+            batch_sampler=batch_sampler, batches_per_epoch=batches_per_epoch,
+            num_workers=num_workers, max_instances_in_memory=max_instances_in_memory,
+            start_method=start_method, persistent_workers=persistent_workers,
+            transfer=transfer, timeout=timeout,
         )
         self.reader = reader
         self.data_path = data_path
@@ -234,22 +238,11 @@ class MultiProcessDataLoader(DataLoader):
     def state_dict(self) -> dict[str, Any]:
         """Where iteration stands; `load_state_dict` on a like-built loader resumes there."""
         position = self._current or self._next_position()
-        return {
-            "position": position.to_dict(),
-            "num_workers": self.num_workers,
-            "lazy": self.max_instances_in_memory is not None,
-        }
+        return {"position": position.to_dict(), **self._topology()}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         position = Position.from_dict(dict(state["position"]))
-        lazy = self.max_instances_in_memory is not None
-        if bool(state.get("lazy")) != lazy:
-            raise ValueError("the state was saved by a loader in the other mode (eager/lazy)")
-        if lazy and position.per_worker and len(position.per_worker) != self.num_workers:
-            raise ValueError(
-                f"the state was saved with num_workers={len(position.per_worker)}; build "
-                f"the loader with the same num_workers to resume it (got {self.num_workers})"
-            )
+        check_resumable(state, self._topology())
         if self._batch_generator is not None:
             self._batch_generator.close()
             self._batch_generator = None
@@ -264,6 +257,24 @@ class MultiProcessDataLoader(DataLoader):
             self._batch_generator.close()
             self._batch_generator = None
         self._close_pool()
+
+    def _topology(self) -> dict[str, Any]:
+        """What a saved position is valid for: the same settings split and batch the same."""
+        info = current_distributed_info()
+        sampler = self.batch_sampler
+        return {
+            "lazy": self.max_instances_in_memory is not None,
+            "num_workers": self.num_workers,
+            "world_size": info.world_size if info else 1,
+            "rank": info.global_rank if info else 0,
+            "max_instances_in_memory": self.max_instances_in_memory,
+            "batch_size": self.batch_size,
+            "drop_last": self.drop_last,
+            "shuffle": self.shuffle,
+            "batch_sampler": None if sampler is None else describe(sampler),
+            "data_path": json.loads(json.dumps(self.data_path, default=str)),
+            "reader": describe(self.reader)["type"],
+        }
 
     # -- passes over the data -------------------------------------------------------------
 

@@ -226,7 +226,7 @@ class Registry:
             if self._discovered or self._builder == threading.get_ident():
                 return
             self._building, self._builder = {}, threading.get_ident()
-            self._failures = {}
+            self._failures, self._manager = {}, None  # a retry starts from a clean slate
             try:
                 self._discover(self)
                 for entry, exist_ok in self._decorated:

@@ -1,0 +1,369 @@
+"""The registry and plugin loading under odd conditions: threads, clashing and broken
+plugins, bad names, interrupts, config-driven imports. Each test failed before the fix.
+
+Plugins here are real distributions found by `importlib.metadata` (a ``.dist-info``
+folder with ``entry_points.txt`` on ``sys.path``), used from fresh interpreters.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from framework import Registrable
+from framework.errors import DuplicateNameError, RegistryError, UnknownNameError
+from framework.registry import Registrar
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+READER = """\
+from framework.data.reader import DatasetReader
+
+
+class {cls}(DatasetReader):
+    def _read(self, file_path):
+        yield {{"path": file_path}}
+"""
+
+
+def make_dist(site: Path, dist: str, modules: dict[str, str], entry_points: dict[str, str]) -> None:
+    """Install `dist` into `site` the way pip would leave it: modules plus a dist-info."""
+    site.mkdir(exist_ok=True)
+    for name, text in modules.items():
+        (site / f"{name}.py").write_text(textwrap.dedent(text))
+    info = site / f"{dist.replace('-', '_')}-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 1.0\n")
+    lines = "".join(f"{name} = {target}\n" for name, target in entry_points.items())
+    (info / "entry_points.txt").write_text(f"[framework.plugins]\n{lines}")
+
+
+def hooks(body: str) -> str:
+    return (
+        "from framework import hookimpl\n"
+        "from framework.data.reader import DatasetReader\n\n"
+        "@hookimpl\n"
+        "def framework_register_components(registrar):\n"
+        + textwrap.indent(textwrap.dedent(body), "    ")
+    )
+
+
+def run_python(
+    site: Path, code: str, *, site_first: bool = True, **env: str
+) -> subprocess.CompletedProcess[str]:
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("FRAMEWORK_")}
+    paths = [str(site), str(REPO_ROOT)] if site_first else [str(REPO_ROOT), str(site)]
+    environ["PYTHONPATH"] = os.pathsep.join(paths)
+    environ.update(env)
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True, text=True, env=environ, timeout=60, cwd=site,
+    )  # fmt: skip
+
+
+# -- 1. threads ---------------------------------------------------------------------------
+def test_two_threads_on_a_cold_registry_both_see_every_plugin(tmp_path: Path) -> None:
+    slow = hooks('registrar.add(DatasetReader, "slowreader", "slow_impl:SlowReader")')
+    loading = (
+        "import os, pathlib, time\n"
+        "pathlib.Path(os.environ['LOADING']).write_text('started')\n"
+        "time.sleep(1.0)  # widens the window in which the registry is half-built\n"
+    )
+    make_dist(
+        tmp_path, "slow-plugin",
+        {"slow_hooks": loading + slow, "slow_impl": READER.format(cls="SlowReader")},
+        {"slow": "slow_hooks"},
+    )  # fmt: skip
+    code = """
+        import os, pathlib, threading, time
+        from framework import DatasetReader, DataLoader
+        first = threading.Thread(target=DatasetReader.list_available)
+        first.start()
+        while not pathlib.Path(os.environ['LOADING']).exists():
+            time.sleep(0.005)
+        # The first thread is loading plugins now; this one must wait for it, not see half.
+        print(sorted(DatasetReader.list_available()), DataLoader.by_name('multiprocess').__name__)
+        first.join()
+    """
+    result = run_python(tmp_path, code, LOADING=str(tmp_path / "loading"))
+    assert result.returncode == 0, result.stderr
+    assert "'slowreader'" in result.stdout and "'text'" in result.stdout
+    assert result.stdout.split()[-1] == "MultiProcessDataLoader"
+
+
+# -- 2. clashing plugins --------------------------------------------------------------------
+@pytest.mark.parametrize("site_first", [True, False])
+def test_third_party_entry_point_named_like_a_builtin_replaces_nothing(
+    tmp_path: Path, site_first: bool
+) -> None:
+    body = 'registrar.add(DatasetReader, "thirdcore", "core_impl:ThirdCore")'
+    make_dist(
+        tmp_path, "other-core",
+        {"other_core": hooks(body), "core_impl": READER.format(cls="ThirdCore")},
+        {"core": "other_core"},
+    )  # fmt: skip
+    code = """
+        from framework import DataLoader, DatasetReader
+        print(DataLoader.by_name('multiprocess').__name__, 'thirdcore' in DatasetReader.list_available())
+    """
+    result = run_python(tmp_path, code, site_first=site_first)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["MultiProcessDataLoader", "True"]
+
+
+@pytest.mark.parametrize("site_first", [True, False])
+def test_a_plugin_replacing_one_builtin_on_purpose_keeps_the_others(tmp_path: Path, site_first: bool) -> None:
+    body = 'registrar.add(DatasetReader, "text", "mytext_impl:MyText", exist_ok=True)'
+    make_dist(
+        tmp_path, "my-text",
+        {"mytext": hooks(body), "mytext_impl": READER.format(cls="MyText")},
+        {"mytext": "mytext"},
+    )  # fmt: skip
+    code = """
+        import warnings
+        warnings.simplefilter('error')
+        from framework import DatasetReader
+        print(DatasetReader.by_name('text').__name__, DatasetReader.by_name('csv').__name__)
+    """
+    result = run_python(tmp_path, code, site_first=site_first)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["MyText", "CsvReader"]
+
+
+@pytest.mark.parametrize("site_first", [True, False])
+def test_a_clash_without_exist_ok_skips_only_that_entry_and_names_both(
+    tmp_path: Path, site_first: bool
+) -> None:
+    body = """\
+        registrar.add(DatasetReader, "csv", "clash_impl:Clash")
+        registrar.add(DatasetReader, "mine", "clash_impl:Clash")
+    """
+    make_dist(
+        tmp_path, "clashing",
+        {"clash": hooks(body), "clash_impl": READER.format(cls="Clash")},
+        {"clash": "clash"},
+    )  # fmt: skip
+    code = """
+        from framework import DatasetReader
+        names = DatasetReader.list_available()
+        print(DatasetReader.by_name('csv').__name__, 'mine' in names, 'text' in names)
+    """
+    result = run_python(tmp_path, code, site_first=site_first)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["CsvReader", "True", "True"]
+    assert "PluginWarning" in result.stderr and "'csv'" in result.stderr
+    assert "clashing 1.0" in result.stderr and "framework 0.1.0" in result.stderr
+
+
+# -- 3. registrar atomicity and names ---------------------------------------------------------
+class Animal(Registrable):
+    pass
+
+
+class Dog(Animal):
+    pass
+
+
+class Cat(Animal):
+    pass
+
+
+def test_staging_one_name_twice_registers_nothing() -> None:
+    registrar = Registrar(provider="twice 1.0")
+    with pytest.raises(DuplicateNameError):
+        registrar.add(Animal, "pet", Dog)
+        registrar.add(Animal, "pet", Cat)
+        registrar.commit()
+    assert "pet" not in Animal.list_available()
+
+
+@pytest.mark.parametrize("name", [5, None, "", "two words", "tab\there"])
+def test_bad_names_are_refused_with_a_clear_error(name: object) -> None:
+    with pytest.raises(RegistryError, match="non-empty string without whitespace"):
+        Registrar(provider="bad 1.0").add(Animal, name, Dog)  # type: ignore[arg-type]
+    with pytest.raises(RegistryError, match="non-empty string without whitespace"):
+        Animal.register(name)(Dog)  # type: ignore[arg-type]
+    assert Animal.list_available() == []
+    assert isinstance(Registrable.list_available(), list)
+
+
+# -- 4. broken plugins ------------------------------------------------------------------------
+def test_a_plugin_raising_system_exit_is_a_failed_plugin(tmp_path: Path) -> None:
+    make_dist(tmp_path, "exiting", {"exiting": "raise SystemExit(3)\n"}, {"exiting": "exiting"})
+    code = """
+        from framework import DataLoader
+        print(DataLoader.by_name('multiprocess').__name__)
+    """
+    result = run_python(tmp_path, code)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["MultiProcessDataLoader"]
+    assert "framework plugin 'exiting'" in result.stderr and "SystemExit" in result.stderr
+
+
+def test_an_interrupt_while_loading_leaves_the_registry_to_retry(tmp_path: Path) -> None:
+    interrupting = (
+        "import os, pathlib\n"
+        "marker = pathlib.Path(os.environ['ONCE'])\n"
+        "if not marker.exists():\n"
+        "    marker.write_text('interrupted')\n"
+        "    raise KeyboardInterrupt\n"
+    )
+    make_dist(tmp_path, "ctrl-c", {"ctrlc": interrupting}, {"ctrlc": "ctrlc"})
+    code = """
+        from framework import DataLoader
+        try:
+            DataLoader.list_available()
+        except KeyboardInterrupt:
+            print('interrupted')
+        print(DataLoader.by_name('multiprocess').__name__)
+    """
+    result = run_python(tmp_path, code, ONCE=str(tmp_path / "once"))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["interrupted", "MultiProcessDataLoader"]
+
+
+def test_a_misspelled_hook_is_reported(tmp_path: Path) -> None:
+    misspelled = (
+        "from framework import hookimpl\n\n"
+        "@hookimpl\n"
+        "def framework_register_component(registrar):\n"
+        "    pass\n"
+    )
+    make_dist(tmp_path, "typo", {"typo": misspelled}, {"typo": "typo"})
+    result = run_python(tmp_path, "from framework import DataLoader\nDataLoader.list_available()\n")
+    assert result.returncode == 0, result.stderr
+    assert "'typo'" in result.stderr and "'framework_register_component'" in result.stderr
+
+
+def test_a_plugin_may_be_a_class(tmp_path: Path) -> None:
+    plugin = (
+        "from framework import hookimpl\n"
+        "from framework.data.reader import DatasetReader\n\n"
+        "class ClassPlugin:\n"
+        "    @hookimpl\n"
+        "    def framework_register_components(self, registrar):\n"
+        "        registrar.add(DatasetReader, 'classy', 'classy_impl:Classy')\n"
+    )
+    make_dist(
+        tmp_path, "classy",
+        {"classy": plugin, "classy_impl": READER.format(cls="Classy")},
+        {"classy": "classy:ClassPlugin"},
+    )  # fmt: skip
+    code = "from framework import DatasetReader\nprint(DatasetReader.by_name('classy').__name__)\n"
+    result = run_python(tmp_path, code)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["Classy"] and "failed" not in result.stderr
+
+
+# -- 5. targets and config-driven imports -------------------------------------------------------
+def test_both_spellings_of_one_target_are_not_a_duplicate() -> None:
+    first = Registrar(provider="one 1.0")
+    first.add(Animal, "dog", f"{__name__}:Dog")
+    first.commit()
+    second = Registrar(provider="two 1.0")
+    second.add(Animal, "dog", f"{__name__}.Dog")
+    second.commit()
+    Animal.register("dog")(Dog)
+    assert Animal.by_name("dog") is Dog
+
+
+def test_registered_types_only_imports_nothing_for_a_dotted_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "config_payload_mod.py").write_text(
+        "import os, pathlib\npathlib.Path(os.environ['PAYLOAD']).write_text('ran')\n"
+        "from framework import Registrable\nclass Thing(Registrable):\n    pass\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PAYLOAD", str(tmp_path / "payload"))
+    monkeypatch.setenv("FRAMEWORK_REGISTERED_TYPES_ONLY", "1")
+    with pytest.raises(UnknownNameError, match="FRAMEWORK_REGISTERED_TYPES_ONLY"):
+        Registrable.by_name("config_payload_mod:Thing")
+    assert "config_payload_mod" not in sys.modules and not (tmp_path / "payload").exists()
+    # A path that is a registered target is still accepted, as is its name.
+    Animal.register("dog")(Dog)
+    assert Animal.by_name(f"{__name__}.Dog") is Dog
+    monkeypatch.delenv("FRAMEWORK_REGISTERED_TYPES_ONLY")
+    with pytest.raises(UnknownNameError):
+        Animal.by_name(f"{__name__}:Cat", allow_import=False)
+    assert Animal.by_name(f"{__name__}:Cat") is Cat
+
+
+# -- 8. decorator tier --------------------------------------------------------------------------
+def test_registering_a_class_scans_no_plugin(tmp_path: Path) -> None:
+    marker = "import os, pathlib\npathlib.Path(os.environ['SCANNED']).write_text('scanned')\n"
+    make_dist(tmp_path, "marker", {"marker_plugin": marker}, {"marker": "marker_plugin"})
+    code = """
+        import os, pathlib, sys
+        from framework import Registrable
+        class Base(Registrable):
+            pass
+        @Base.register("x")
+        class X(Base):
+            pass
+        scanned = pathlib.Path(os.environ['SCANNED'])
+        print(scanned.exists(), 'framework_plugins.builtin' in sys.modules)
+        print(Base.by_name('x').__name__, scanned.exists())
+    """
+    result = run_python(tmp_path, code, SCANNED=str(tmp_path / "scanned"))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["False", "False", "X", "True"]
+
+
+class Sampler(Registrable):
+    pass
+
+
+class FromPlugin(Sampler):
+    pass
+
+
+class Mine(Sampler):
+    pass
+
+
+def _plugin_tier(registry: Any) -> None:
+    registrar = Registrar(provider="someplugin 1.0", registry=registry)
+    registrar.add(Sampler, "bucket", FromPlugin)
+    registry.commit(registrar.staged, on_clash="warn")
+
+
+@pytest.mark.parametrize("discover_first", [True, False])
+def test_decorator_and_plugin_clash_resolve_the_same_whatever_the_order(discover_first: bool) -> None:
+    from framework.registry import Registry, use_registry
+
+    with use_registry(Registry(_plugin_tier)) as registry:
+        if discover_first:
+            registry.ensure_discovered()
+        Sampler.register("bucket", exist_ok=True)(Mine)
+        assert Sampler.by_name("bucket") is Mine
+    with use_registry(Registry(_plugin_tier)) as registry:
+        if discover_first:
+            registry.ensure_discovered()
+            with pytest.raises(DuplicateNameError):
+                Sampler.register("bucket")(Mine)
+        else:
+            Sampler.register("bucket")(Mine)
+            with pytest.warns(UserWarning, match="someplugin 1.0"):
+                registry.ensure_discovered()
+        assert Sampler.by_name("bucket") is FromPlugin
+
+
+def test_a_fresh_registry_discovers_once_on_first_lookup() -> None:
+    from framework.registry import Registry, RegistryEntry, use_registry
+
+    calls: list[Registry] = []
+    registry = Registry(calls.append)
+    with use_registry(registry):
+        Sampler.register("mine")(Mine)
+        assert calls == []
+        assert Sampler.list_available() == ["mine"]
+        assert Sampler.by_name("mine") is Mine
+    assert calls == [registry]
+    assert isinstance(registry.entries(Sampler)["mine"], RegistryEntry)

@@ -17,6 +17,7 @@ FrameworkError
       ├── CorruptArchiveError   an archive that is truncated or damaged
       ├── OfflineError          FRAMEWORK_OFFLINE=1 and the file is not cached
       ├── InvalidArgumentError  (also a ValueError) refused before any request
+      ├── MissingDependencyError (also an ImportError) a backend's package is not installed
       └── LockTimeoutError      another process held the lock for too long
 ```
 
@@ -39,9 +40,10 @@ __all__ = [
     "DownloadError",
     "DuplicateNameError",
     "FrameworkError",
-    "InvalidArgumentError",
     "HTTPStatusError",
+    "InvalidArgumentError",
     "LockTimeoutError",
+    "MissingDependencyError",
     "NetworkError",
     "OfflineError",
     "PluginError",
@@ -246,6 +248,11 @@ class InvalidArgumentError(DownloadError, ValueError):
     digits); raised before any request is made."""
 
 
+class MissingDependencyError(DownloadError, ImportError):
+    """The backend for the URL's scheme needs a package that is not installed; the
+    message says what to ``pip install``."""
+
+
 class LockTimeoutError(DownloadError):
     """Another process held the download lock for longer than the timeout."""
 
@@ -254,5 +261,7 @@ class LockTimeoutError(DownloadError):
         self.timeout = timeout
         self.holder = holder
         who = f" (held by {holder})" if holder else ""
-        advice = advice or "If no process is downloading, the lock is stale: delete it, or raise the lock timeout"
+        advice = (
+            advice or "If no process is downloading, the lock is stale: delete it, or raise the lock timeout"
+        )
         super().__init__(url, f"timed out after {timeout:g}s waiting for the lock {lock_path}{who}. {advice}")

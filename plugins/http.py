@@ -2,13 +2,14 @@
 
 Retries (connection errors, 5xx, 408, 429, with exponential backoff and
 ``Retry-After``) are urllib3's `Retry`; other 4xx answers are final. Redirects to
-another scheme, or from https down to http, are refused.
+another scheme, or from https down to http, are refused. Configured headers and
+auth go only to the URL's host: a redirect to another host drops them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any, Final, Optional
+from collections.abc import Iterator, Mapping
+from typing import Any, ClassVar, Final, Optional, Union
 from urllib.parse import urljoin, urlsplit
 
 import requests
@@ -39,7 +40,17 @@ class _Retry(Retry):
 
 
 class _Session(requests.Session):
-    """A session that refuses redirects to other schemes and https -> http downgrades."""
+    """A session that refuses redirects to other schemes and https -> http downgrades,
+    and drops the backend's own headers on a redirect to another host."""
+
+    own_headers: frozenset[str] = frozenset()
+
+    def rebuild_auth(self, prepared_request: requests.PreparedRequest, response: requests.Response) -> None:
+        super().rebuild_auth(prepared_request, response)  # type: ignore[no-untyped-call]  # drops Authorization
+        old, new = response.request.url or "", prepared_request.url or ""
+        if self.should_strip_auth(old, new):  # type: ignore[no-untyped-call]
+            for name in self.own_headers:
+                prepared_request.headers.pop(name, None)
 
     def get_redirect_target(self, resp: requests.Response) -> Optional[str]:
         location = super().get_redirect_target(resp)
@@ -64,9 +75,27 @@ def _network_errors() -> tuple[type[BaseException], ...]:
 
 
 class HttpBackend(DownloadBackend):
-    """HTTP(S) with connection pooling, urllib3 retries and 1 MiB streamed chunks."""
+    """HTTP(S) with connection pooling, urllib3 retries and 1 MiB streamed chunks.
 
-    def __init__(self, *, retries: int = 5, backoff_factor: float = 0.5, timeout: float = 60.0) -> None:
+    Args:
+        headers: sent with every request, e.g. ``{"Authorization": "Bearer ..."}``.
+        auth: a ``(user, password)`` pair or a `requests.auth.AuthBase`.
+        retries, backoff_factor, timeout: as in `DownloadManager`.
+
+    Headers and auth go to the URL's host only; a redirect elsewhere does not get them.
+    """
+
+    schemes: ClassVar[tuple[str, ...]] = ("http", "https")
+
+    def __init__(
+        self,
+        *,
+        headers: Optional[Mapping[str, str]] = None,
+        auth: Union[tuple[str, str], requests.auth.AuthBase, None] = None,
+        retries: int = 5,
+        backoff_factor: float = 0.5,
+        timeout: float = 60.0,
+    ) -> None:
         super().__init__(retries=retries, backoff_factor=backoff_factor, timeout=timeout)
         retry = _Retry(
             total=retries,
@@ -82,6 +111,9 @@ class HttpBackend(DownloadBackend):
             raise_on_status=False,  # hand back the last answer: its status goes in the error
         )
         self.session = _Session()
+        self.session.headers.update(headers or {})
+        self.session.own_headers = frozenset(headers or ())
+        self.session.auth = auth
         adapter = HTTPAdapter(max_retries=retry, pool_connections=4, pool_maxsize=16)
         self.session.mount("http://", adapter)
         self.session.mount("https://", adapter)

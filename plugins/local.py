@@ -1,11 +1,17 @@
-"""`LocalBackend`: plain paths and ``file://`` URLs."""
+"""`LocalBackend`: plain paths and ``file://`` URLs.
+
+A ``file://`` URL is percent-decoded exactly once; a plain path is never decoded
+(the manager turns it into a ``file://`` URL with its ``%`` escaped). Only regular
+files are read: a folder, FIFO or device is refused at once, never waited on.
+"""
 
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Iterator
-from typing import BinaryIO, Final
-from urllib.parse import unquote, urlsplit
+from typing import BinaryIO, ClassVar, Final
+from urllib.parse import urlsplit
 from urllib.request import url2pathname
 
 from framework.download.backend import ByteStream, DownloadBackend, RemoteInfo
@@ -22,7 +28,7 @@ def _path(url: str) -> str:
         return url
     if parts.netloc not in ("", "localhost"):
         raise DownloadError(url, f"file:// URLs on another host ({parts.netloc}) are not supported")
-    return url2pathname(unquote(parts.path))
+    return url2pathname(parts.path)  # which percent-decodes, once
 
 
 def _chunks(file: BinaryIO) -> Iterator[bytes]:
@@ -30,19 +36,36 @@ def _chunks(file: BinaryIO) -> Iterator[bytes]:
         yield chunk
 
 
+def _kind(mode: int) -> str:
+    if stat.S_ISDIR(mode):
+        return "a folder"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    return "a socket" if stat.S_ISSOCK(mode) else "not a regular file"
+
+
 class LocalBackend(DownloadBackend):
     """Reads a local file (a plain path or a ``file://`` URL)."""
+
+    schemes: ClassVar[tuple[str, ...]] = ("file",)
 
     def _open_file(self, url: str) -> BinaryIO:
         path = _path(url)
         try:
-            return open(path, "rb")
+            # Non-blocking, so that opening a FIFO with no writer returns at once.
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
         except FileNotFoundError as error:
             raise DownloadError(url, f"no such file: {path}") from error
-        except IsADirectoryError as error:
-            raise DownloadError(url, f"{path} is a directory, not a file") from error
         except OSError as error:
             raise DownloadError(url, f"cannot read {path}: {error.strerror}") from error
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            os.close(fd)
+            raise DownloadError(url, f"{path} is {_kind(mode)}, not a regular file; give the path of a file")
+        os.set_blocking(fd, True)
+        return open(fd, "rb")
 
     def open(self, url: str, offset: int = 0) -> ByteStream:
         file = self._open_file(url)

@@ -1,37 +1,69 @@
 """`S3Backend`: ``s3://bucket/key`` through boto3 (``pip install framework[s3]``).
 
-Credentials come from boto3's usual chain (environment, profiles, instance roles);
-``AWS_ENDPOINT_URL`` points it at any S3-speaking server.
+Credentials come from boto3's usual chain (environment, profiles, instance roles),
+or from the profile given; ``endpoint_url`` (else ``AWS_ENDPOINT_URL``) points it at
+any S3-speaking server. The key is everything after ``s3://bucket/``, taken
+literally as the AWS CLI does: ``?``, ``#``, ``%`` and ``//`` are part of it.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from typing import Any, Final, Optional
-from urllib.parse import unquote, urlsplit
+from typing import Any, ClassVar, Final, Optional
 
 from framework.download.backend import ByteStream, DownloadBackend, RemoteInfo, parse_content_range
-from framework.errors import DownloadError, HTTPStatusError, NetworkError
+from framework.errors import (
+    DownloadError,
+    HTTPStatusError,
+    InvalidArgumentError,
+    MissingDependencyError,
+    NetworkError,
+)
 
 __all__ = ["S3Backend"]
 
 CHUNK_SIZE: Final = 1 << 20
 
 
+_NEEDS_BOTO3: Final = "s3:// URLs need boto3: pip install 'framework[s3]'"
+
+
 def _split(url: str) -> tuple[str, str]:
-    parts = urlsplit(url)
-    key = unquote(parts.path.lstrip("/"))
-    if not parts.netloc or not key:
-        raise DownloadError(url, "an S3 URL looks like s3://bucket/key")
-    return parts.netloc, key
+    """(bucket, key); not `urlsplit`, which would cut the key at ``?`` or ``#``."""
+    bucket, _, key = url.partition("://")[2].partition("/")
+    if not bucket or not key:
+        raise InvalidArgumentError(url, "an S3 URL looks like s3://bucket/key")
+    return bucket, key
 
 
 class S3Backend(DownloadBackend):
-    """S3 objects, read with ranged ``GetObject`` calls."""
+    """S3 objects, read with ranged ``GetObject`` calls.
 
-    def __init__(self, *, retries: int = 5, backoff_factor: float = 0.5, timeout: float = 60.0) -> None:
+    Args:
+        profile: a profile of ``~/.aws/config``; `None` for boto3's default chain.
+        endpoint_url: an S3-speaking server (MinIO, Ceph...); `None` reads
+            ``AWS_ENDPOINT_URL``.
+        region: the bucket's region; `None` for boto3's default.
+        retries, backoff_factor, timeout: as in `DownloadManager`.
+    """
+
+    schemes: ClassVar[tuple[str, ...]] = ("s3",)
+
+    def __init__(
+        self,
+        *,
+        profile: Optional[str] = None,
+        endpoint_url: Optional[str] = None,
+        region: Optional[str] = None,
+        retries: int = 5,
+        backoff_factor: float = 0.5,
+        timeout: float = 60.0,
+    ) -> None:
         super().__init__(retries=retries, backoff_factor=backoff_factor, timeout=timeout)
+        self.profile = profile
+        self.endpoint_url = endpoint_url
+        self.region = region
         self._client: Any = None
 
     @property
@@ -41,22 +73,29 @@ class S3Backend(DownloadBackend):
                 import boto3
                 from botocore.config import Config
             except ImportError as error:
-                raise ImportError("s3:// URLs need boto3: pip install 'framework[s3]'") from error
+                raise ImportError(_NEEDS_BOTO3) from error
             config = Config(
                 retries={"max_attempts": self.retries, "mode": "standard"},
                 connect_timeout=self.timeout,
                 read_timeout=self.timeout,
             )
-            self._client = boto3.session.Session().client(
-                "s3", endpoint_url=os.environ.get("AWS_ENDPOINT_URL") or None, config=config
-            )
+            session = boto3.session.Session(profile_name=self.profile, region_name=self.region)
+            endpoint = self.endpoint_url or os.environ.get("AWS_ENDPOINT_URL") or None
+            self._client = session.client("s3", endpoint_url=endpoint, config=config)
         return self._client
 
-    def _call(self, url: str, method: str, **kwargs: Any) -> Any:
-        from botocore import exceptions as bce
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
 
+    def _call(self, url: str, method: str, **kwargs: Any) -> Any:
         try:
+            from botocore import exceptions as bce
+
             return getattr(self.client, method)(**kwargs)
+        except ImportError as error:
+            raise MissingDependencyError(url, _NEEDS_BOTO3) from error
         except bce.ClientError as error:
             status = int(error.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0))
             code = error.response.get("Error", {}).get("Code", "")
@@ -69,6 +108,10 @@ class S3Backend(DownloadBackend):
             ) from error
         except (bce.EndpointConnectionError, bce.ConnectionError, bce.ReadTimeoutError) as error:
             raise NetworkError(url, str(error)) from error
+        except bce.ParamValidationError as error:  # e.g. a bucket name S3 cannot have
+            raise InvalidArgumentError(url, f"S3 refused the request before sending it: {error}") from error
+        except bce.BotoCoreError as error:  # a missing profile or region, bad settings
+            raise DownloadError(url, f"S3: {type(error).__name__}: {error}") from error
 
     def open(self, url: str, offset: int = 0, *, if_range: Optional[str] = None) -> ByteStream:
         # `if_range` is not sent: S3 has no If-Range, and every answer's ETag names the

@@ -11,10 +11,13 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
+from types import TracebackType
 from typing import Any, Callable, Optional, Union
 from urllib.parse import urlsplit
 
+from framework._redact import RedactingFilter
 from framework.download._cache import Entry, Metadata
 from framework.download._extract import (
     DEFAULT_MAX_MEMBERS,
@@ -25,16 +28,16 @@ from framework.download._extract import (
 )
 from framework.download._lock import EntryLock, LockKind
 from framework.download._publish import Validators, discard, fetch, partial_bytes, publish_file
+from framework.download._schemes import backend_name_for, describe_schemes, url_scheme
 from framework.download.backend import DownloadBackend, RemoteInfo
 from framework.errors import DownloadError, InvalidArgumentError, OfflineError
 
 __all__ = ["DownloadManager", "backend_name_for", "cached_path", "default_cache_dir"]
 
 logger = logging.getLogger("framework.download")
+logger.addFilter(RedactingFilter())  # no URL's password or token reaches a log
 
 PathOrUrl = Union[str, os.PathLike[str]]
-
-_FIXED_SCHEMES = {"http": "http", "https": "http", "s3": "s3", "file": "local", "": "local"}
 
 
 def default_cache_dir() -> Path:
@@ -73,16 +76,20 @@ def _check_sha256(url: str, sha256: Optional[str]) -> Optional[str]:
 _HEX = frozenset("0123456789abcdefABCDEF")
 
 
-def backend_name_for(url: str) -> str:
-    """The backend name for `url`'s scheme (an unregistered scheme maps to itself)."""
-    scheme = urlsplit(url).scheme.lower() if "://" in url else ""
-    return _FIXED_SCHEMES.get(scheme, scheme)
-
-
-def _known_schemes() -> list[str]:
-    names = set(DownloadBackend.list_available())
-    schemes = {s for s, n in _FIXED_SCHEMES.items() if s and n in names}
-    return sorted(schemes | (names - set(_FIXED_SCHEMES.values())))
+def _check_backends(backends: Optional[Mapping[str, DownloadBackend]]) -> dict[str, DownloadBackend]:
+    """`backends` keyed by lower-case scheme, or a `TypeError` naming the bad entry."""
+    checked: dict[str, DownloadBackend] = {}
+    for scheme, backend in (backends or {}).items():
+        if not isinstance(scheme, str) or not scheme or "://" in scheme:
+            raise TypeError(f"backends: keys are URL schemes such as 's3' or 'https', got {scheme!r}")
+        if not isinstance(backend, DownloadBackend):
+            what = f"the class {backend.__name__}" if isinstance(backend, type) else repr(backend)
+            raise TypeError(
+                f"backends[{scheme!r}] must be a DownloadBackend instance, got {what}; "
+                "pass a configured one, e.g. {'s3': S3Backend(profile='research')}"
+            )
+        checked[scheme.lower()] = backend
+    return checked
 
 
 class DownloadManager:
@@ -100,6 +107,15 @@ class DownloadManager:
         progress: show tqdm bars (only when stderr is a terminal).
         max_extract_size, max_extract_ratio, max_extract_members: caps on what an
             archive may expand to (bytes, bytes per archive byte, members).
+        backends: configured backends by URL scheme, as httpx takes transports:
+            ``{"s3": S3Backend(profile="lab"), "https": HttpBackend(headers={...})}``.
+            They are used as given (their own retries and timeouts); other schemes get
+            the registered backend, made with this manager's settings.
+
+    The manager is a context manager; `close` (or leaving the ``with`` block) closes
+    every backend it holds, the ones given to it included. A closed backend opens new
+    connections when used again, so the manager, and a backend shared with another
+    manager, stay usable.
     """
 
     def __init__(
@@ -116,6 +132,7 @@ class DownloadManager:
         max_extract_size: int = DEFAULT_MAX_SIZE,
         max_extract_ratio: float = DEFAULT_MAX_RATIO,
         max_extract_members: int = DEFAULT_MAX_MEMBERS,
+        backends: Optional[Mapping[str, DownloadBackend]] = None,
     ) -> None:
         if lock not in ("filelock", "softfilelock", "none"):
             raise ValueError(f"lock must be 'filelock', 'softfilelock' or 'none', got {lock!r}")
@@ -128,7 +145,8 @@ class DownloadManager:
         self._offline = offline
         self.progress = progress
         self.limits = ExtractLimits(max_extract_size, max_extract_ratio, max_extract_members)
-        self._backends: dict[str, DownloadBackend] = {}
+        self._given = _check_backends(backends)
+        self._made: dict[str, DownloadBackend] = {}  # by registered name: http and https share one
         self._backends_pid = os.getpid()
 
     @property
@@ -142,23 +160,41 @@ class DownloadManager:
         return self._offline if self._offline is not None else _env_offline()
 
     def backend_for(self, url: str) -> DownloadBackend:
-        """The backend for `url`'s scheme, one instance per name (connections are pooled)."""
+        """The backend for `url`'s scheme: the one given for it, else one instance per
+        registered name (connections are pooled)."""
         if self._backends_pid != os.getpid():  # never share pooled sockets across fork
-            self._backends, self._backends_pid = {}, os.getpid()
+            self.close()
+            self._backends_pid = os.getpid()
+        given = self._given.get(url_scheme(url))
+        if given is not None:
+            return given
         name = backend_name_for(url)
-        backend = self._backends.get(name)
+        backend = self._made.get(name)
         if backend is None:
-            if name not in DownloadBackend.list_available():
-                raise DownloadError(
-                    url,
-                    f"no download backend for the scheme {name!r}; known schemes: "
-                    f"{', '.join(_known_schemes())}. A plugin adds one by registering a "
-                    f"DownloadBackend under the scheme's name",
-                )
+            if name not in DownloadBackend.registry_entries():
+                raise DownloadError(url, _no_backend(url_scheme(url)))
             cls = DownloadBackend.by_name(name)
             backend = cls(retries=self.retries, backoff_factor=self.backoff_factor, timeout=self.timeout)
-            self._backends[name] = backend
+            self._made[name] = backend
         return backend
+
+    def close(self) -> None:
+        """Close every backend this manager holds, given or made; they reopen on use."""
+        held = {id(b): b for b in (*self._given.values(), *self._made.values())}
+        self._made = {}
+        for backend in held.values():
+            backend.close()
+
+    def __enter__(self) -> DownloadManager:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: Optional[type[BaseException]],
+        exc: Optional[BaseException],
+        tb: Optional[TracebackType],
+    ) -> None:
+        self.close()
 
     def cached_path(
         self,
@@ -309,6 +345,17 @@ def _offline_reason(entry: Entry, sha256: Optional[str], force: bool, root: Path
     return (
         f"{what}: the cached copy {entry.final} has sha256 {cached.get('sha256')}, not the "
         f"requested {sha256}; {fix}, or ask for the cached digest"
+    )
+
+
+def _no_backend(scheme: str) -> str:
+    schemes, fallbacks = describe_schemes()
+    message = f"no download backend for the scheme {scheme!r}; known schemes: {', '.join(schemes)}"
+    if fallbacks:
+        message += f" (and any scheme the {' or '.join(map(repr, fallbacks))} backend accepts)"
+    return (
+        message + ". Pass one in DownloadManager(backends={...}), or add one in a plugin: "
+        "a DownloadBackend listing the scheme in `schemes`, or registered under its name"
     )
 
 

@@ -43,6 +43,7 @@ class Route:
     full_gets: int = 0  # GETs that started at byte 0
     heads: int = 0
     ranges: list[str] = attrs.field(factory=list)
+    headers: list[dict[str, str]] = attrs.field(factory=list)  # every request's headers
 
 
 class FaultServer(ThreadingHTTPServer):
@@ -108,6 +109,7 @@ class _Handler(BaseHTTPRequestHandler):
             if self.command == "GET":
                 route.gets += 1
                 route.ranges.append(range_header or "")
+            route.headers.append(dict(self.headers))
             else:
                 route.heads += 1
             fail = route.fail_statuses.pop(0) if route.fail_statuses and self.command == "GET" else None

@@ -106,10 +106,10 @@ class _Handler(BaseHTTPRequestHandler):
             return
         range_header = self.headers.get("Range")
         with self.server.lock:
+            route.headers.append(dict(self.headers))
             if self.command == "GET":
                 route.gets += 1
                 route.ranges.append(range_header or "")
-            route.headers.append(dict(self.headers))
             else:
                 route.heads += 1
             fail = route.fail_statuses.pop(0) if route.fail_statuses and self.command == "GET" else None

@@ -226,16 +226,13 @@ class _Builder:
             mapping["required"] = ["type"]
         if rules:
             mapping["allOf"] = rules
+        # a name alone, or a mapping; if/else (not anyOf) so errors inside a mapping show one by one
         self.defs[key] = {
             "description": first_paragraph(cls),
-            "anyOf": [
-                mapping,
-                {
-                    "type": "string",
-                    "anyOf": type_schema["anyOf"],
-                    "description": "a registered name alone: no arguments",
-                },
-            ],
+            "type": ["object", "string"],
+            "if": {"type": "string"},
+            "then": type_schema,
+            "else": mapping,
         }
         return _pointer(key)
 

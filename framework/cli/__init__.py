@@ -1,4 +1,4 @@
-"""The ``framework`` command: ``plugins``, ``download`` and ``run``.
+"""The ``framework`` command: ``plugins``, ``download``, ``run`` and ``config``.
 
 Each subcommand lives in its own module with ``add_parser(subparsers)``; heavy
 imports happen inside the handlers, so ``--help`` and ``plugins`` start fast.
@@ -17,7 +17,12 @@ from framework import __version__
 
 __all__ = ["build_parser", "main"]
 
-_COMMANDS = ("framework.cli.plugins", "framework.cli.download", "framework.cli.run")
+_COMMANDS = (
+    "framework.cli.plugins",
+    "framework.cli.download",
+    "framework.cli.run",
+    "framework.cli.config",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -58,7 +63,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         code: int = args.handler(args)
     except ConfigError as exc:  # the dotted path of the bad key says it all
-        error(str(exc))
+        for each in exc.errors:  # a checked config: every error, one line each
+            error(str(each))
         return 2
     except FileNotFoundError as exc:
         error(str(exc))

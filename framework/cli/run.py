@@ -91,32 +91,10 @@ def load_run_config(config_path: Optional[str], overrides: list[str]) -> tuple[d
 
 
 def _check_top_level(config: Mapping[str, Any]) -> None:
-    import difflib
+    """Every error in the config at once (keys, types, names), before anything is built."""
+    from framework.config import check
 
-    for key in config:
-        if key not in TOP_LEVEL_KEYS:
-            close = difflib.get_close_matches(key, TOP_LEVEL_KEYS, n=1)
-            hint = f" Did you mean {close[0]!r}?" if close else ""
-            raise ConfigError(key, f"unknown top-level key.{hint} Accepted keys: {', '.join(TOP_LEVEL_KEYS)}")
-    for key in ("dataset_reader", "data_path"):
-        if key not in config:
-            raise ConfigError(key, "missing required key")
-    if not isinstance(config["dataset_reader"], (Mapping, str)):
-        raise ConfigError(
-            "dataset_reader",
-            "expected a mapping with a 'type'",
-            "a mapping",
-            config["dataset_reader"],
-        )
-    data_path = config["data_path"]
-    if not isinstance(data_path, str) or not data_path:
-        raise ConfigError("data_path", f"expected a URL or a path, got {data_path!r}", "str", data_path)
-    loader = config.get("data_loader", {})
-    if not isinstance(loader, Mapping):
-        raise ConfigError("data_loader", f"expected a mapping, got {loader!r}", "a mapping", loader)
-    epochs = config.get("epochs", 1)
-    if not isinstance(epochs, int) or isinstance(epochs, bool) or epochs < 1:
-        raise ConfigError("epochs", f"expected a positive int, got {epochs!r}", "int", epochs)
+    check(config)
 
 
 def _prefixed(prefix: str, error: ConfigError) -> ConfigError:
@@ -221,7 +199,8 @@ def main(args: argparse.Namespace) -> int:
         )
     except ConfigError as error:
         raise _prefixed("dataset_reader", error) from None
-    loader_config = dict(config.get("data_loader", {}))
+    loader_config = config.get("data_loader", {})
+    loader_config = {"type": loader_config} if isinstance(loader_config, str) else dict(loader_config)
     if not progress and "quiet" in _loader_parameters(loader_config):
         loader_config.setdefault("quiet", True)
     data_path = _resolve_data_path(config["data_path"], base_dir)

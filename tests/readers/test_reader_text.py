@@ -5,13 +5,13 @@ from __future__ import annotations
 import pickle
 import sys
 from pathlib import Path
-from typing import Any, Callable
 
 import pytest
 import torch
 
 from framework import DatasetReader
 from framework.errors import ConfigError
+from framework.testing import assert_reader_shards_exactly_once
 
 HERE = Path(__file__).resolve().parent
 LINES = [f"sentence number {i} " + "word " * (i % 7) for i in range(31)]
@@ -108,10 +108,7 @@ def test_reader_with_tokenizer_pickles_by_path(tmp_path: Path) -> None:
     assert clone.tokenize("a b") == ["a", "b"]
 
 
-@pytest.mark.parametrize(("workers", "world"), [(2, 1), (3, 1), (1, 2), (2, 2)])
-def test_shards_are_disjoint_and_complete(
-    corpus: str, shard_reader: Callable[..., list[list[Any]]], workers: int, world: int
-) -> None:
-    shards = shard_reader(DatasetReader.by_name("text")(), corpus, workers, world)
-    texts = [i["text"] for shard in shards for i in shard]
-    assert sorted(texts) == sorted(LINES)
+def test_shards_are_disjoint_and_complete(corpus: str) -> None:
+    reader = DatasetReader.by_name("text")()
+    instances = assert_reader_shards_exactly_once(reader, corpus, key=lambda i: i["text"])
+    assert sorted(i["text"] for i in instances) == sorted(LINES)

@@ -1,7 +1,8 @@
 """The hooks a framework plugin can implement (pluggy project name ``framework``).
 
-A plugin is any module or object with ``@hookimpl`` functions, named under the
-``framework.plugins`` entry-point group of its distribution.
+A plugin is a module, an object, or a class (made with no arguments) with ``@hookimpl``
+functions, named under the ``framework.plugins`` entry-point group of its distribution.
+An ``@hookimpl`` whose name is not a hook below is reported as a likely misspelling.
 """
 
 from __future__ import annotations

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import pickle
-import random
 import signal
 import sys
 import threading
@@ -23,6 +22,7 @@ from typing import Any, Optional
 import torch
 
 from framework.data._batching import BatchPlan, derive_seed, groups_of
+from framework.data._rng import seed_everything
 from framework.data._transfer import TransferMode, write_frame
 from framework.data.collate import DataCollator
 from framework.data.loader import move_to_device
@@ -50,23 +50,6 @@ class WorkerSpec:
     set_death_signal: bool
     start_method: str
     prefetch: int  # batches a worker may run ahead of the main process
-
-
-def seed_everything(seed: int) -> None:
-    """Seed random, numpy's global RNG (if imported) and torch in this process.
-
-    Cheap on purpose (it runs at the start of every worker epoch): torch's CPU
-    generator directly (``torch.manual_seed`` also visits every device backend,
-    ~3 ms), CUDA's when there is CUDA, and numpy's only when ``numpy.random``
-    is already imported (touching it first imports it, ~15-25 ms).
-    """
-    random.seed(seed)
-    torch.default_generator.manual_seed(seed)
-    if torch.cuda.is_available():
-        torch.cuda.manual_seed_all(seed)  # queued until CUDA is initialised: cheap
-    numpy_random = sys.modules.get("numpy.random")
-    if numpy_random is not None:
-        numpy_random.seed(seed % 2**32)
 
 
 def _die_with_parent(main_pid: int, start_method: str, set_death_signal: bool) -> None:

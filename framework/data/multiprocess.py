@@ -37,7 +37,8 @@ from framework.data._batching import BatchPlan, derive_seed
 from framework.data._checks import check_resumable, describe, no_instances, validate
 from framework.data._distributed import agree, even
 from framework.data._pool import Position, WorkerPool, main_thread
-from framework.data._worker import WorkerSpec, seed_everything
+from framework.data._rng import PrivateRandom
+from framework.data._worker import WorkerSpec
 from framework.data.collate import DataCollator, DefaultDataCollator
 from framework.data.loader import DataLoader, TensorDict, move_to_device, pin_memory
 from framework.data.reader import (
@@ -194,11 +195,14 @@ class MultiProcessDataLoader(DataLoader):
         if self.batches_per_epoch is None:
             yield from self._pass()
             return
-        generator = self._batch_generator or self._pass()
+        # As AllenNLP's: the pass that is not used up carries over into the next epoch.
+        generator: Optional[Generator[TensorDict, None, None]] = (
+            self._batch_generator or self._pass()
+        )
         self._batch_generator = None
-        finished = False
         try:
-            for _ in range(self.batches_per_epoch):
+            for index in range(self.batches_per_epoch):
+                assert generator is not None
                 try:
                     batch = next(generator)
                 except StopIteration:
@@ -211,13 +215,14 @@ class MultiProcessDataLoader(DataLoader):
                             f"batches_per_epoch={self.batches_per_epoch} can never be met; "
                             "check the data, or drop_last with fewer instances than batch_size"
                         ) from None
+                if index == self.batches_per_epoch - 1:
+                    # Hand the pass over before the last yield: a consumer that takes
+                    # exactly len(loader) batches (islice, zip) never resumes us.
+                    self._batch_generator, generator = generator, None
                 yield batch
-            finished = True
         finally:
-            if finished:
-                self._batch_generator = generator  # carried over into the next epoch
-            else:
-                generator.close()
+            if generator is not None:
+                generator.close()  # stopped early: the pass is abandoned, as in AllenNLP
 
     def iter_instances(self) -> Iterator[Instance]:
         """Yield every instance after `apply_token_indexers` (cached in eager mode)."""
@@ -314,8 +319,8 @@ class MultiProcessDataLoader(DataLoader):
             close = getattr(stream, "close", None)
             if close is not None:
                 close()  # stops the workers at once when the consumer stops early
-        if self._current is position:
-            self._current = None
+            if self._current is position:
+                self._current = None  # ended or abandoned: state_dict() describes the next
 
     def _evened(self) -> bool:
         """Whether ranks agree on batch counts (and so must fail together, never alone)."""
@@ -341,16 +346,23 @@ class MultiProcessDataLoader(DataLoader):
 
     def _lazy_pass_in_process(self, position: Position) -> Iterator[Any]:
         worker_seed = derive_seed(position.seed, "worker", 0)
-        if self.seed is not None:
-            seed_everything(worker_seed)  # the reader's own randomness, as in a worker
-        seed = derive_seed(worker_seed, "batches")
         counter = itertools.count()
         instances = (x for x, _ in zip(self.reader.read(self.data_path), counter))
-        for index, batch in enumerate(self._plan.stream(instances, seed)):
-            if index < position.consumed:
-                continue
-            position.consumed = index + 1
-            yield self.collate_fn(batch)
+
+        def collated() -> Iterator[Any]:
+            stream = self._plan.stream(instances, derive_seed(worker_seed, "batches"))
+            for index, batch in enumerate(stream):
+                if index < position.consumed:
+                    continue  # resuming: these batches were consumed before the state was saved
+                position.consumed = index + 1
+                yield self.collate_fn(batch)
+
+        if self.seed is None:
+            yield from collated()  # unseeded: the reader draws from the caller's streams
+        else:
+            # Seeded as worker 0 would be, in streams of its own: the caller's draws
+            # between batches change nothing, and the caller's streams stay untouched.
+            yield from PrivateRandom(worker_seed).wrap(collated())
         if next(counter) == 0 and position.consumed == 0:
             raise no_instances(self.reader, self.data_path)
 
@@ -390,7 +402,7 @@ class MultiProcessDataLoader(DataLoader):
         if self._instances is None:
             error: Optional[Exception] = None
             try:
-                instances = list(self._read_instances())
+                instances = list(self._read_instances(step=None))
                 if not instances:
                     error = no_instances(self.reader, self.data_path)
             except Exception as raised:
@@ -402,11 +414,17 @@ class MultiProcessDataLoader(DataLoader):
             self._instances = instances
         return self._instances
 
-    def _read_instances(self) -> Iterator[Instance]:
+    def _read_instances(self, step: Optional[int] = 1) -> Iterator[Instance]:
+        """The reader's instances; in this process `step` are read per swap of the
+        loader's random streams (None: all in one, when no caller code runs between)."""
         if self.num_workers == 0:
-            if self.seed is not None:  # as worker 0 would be: same data with 0 or 1 workers
-                seed_everything(derive_seed(self._epoch_seed(0), "worker", 0))
-            yield from self._progress(self.reader.read(self.data_path))
+            instances = self._progress(self.reader.read(self.data_path))
+            if self.seed is None:
+                yield from instances
+                return
+            # Seeded as worker 0 would be (the same data with 0 or 1 workers).
+            private = PrivateRandom(derive_seed(self._epoch_seed(0), "worker", 0))
+            yield from private.wrap(instances, step)
             return
         pool = self._start_pool(current_distributed_info())
         position = Position(epoch=0, seed=self._epoch_seed(0))

@@ -42,6 +42,17 @@ class ListReader(DatasetReader):
         return [make_instance(i) for i in self.shard_iterable(range(self.n))]
 
 
+class ForgetfulListReader(DatasetReader):
+    """Sets manual_multiprocess_sharding but never shards: every worker reads everything."""
+
+    def __init__(self, n: int = 8) -> None:
+        super().__init__(manual_multiprocess_sharding=True)
+        self.n = n
+
+    def _read(self, file_path: Any) -> list[dict[str, Any]]:
+        return [make_instance(i) for i in range(self.n)]
+
+
 CASES: dict[str, dict[str, Any]] = {
     # Fewer instances (2) than ranks (3): rank 2's shard is empty.
     "eager_0": {"reader": ("counting", 2), "num_workers": 0},

@@ -2,12 +2,24 @@
 
 from __future__ import annotations
 
+import itertools
 import json
+import random
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import hardening_helpers
+import numpy.random
 import pytest
+import torch
 import torch.multiprocessing as mp
-from hardening_helpers import CASES, empty_or_failing_rank
+from hardening_helpers import CASES, ForgetfulListReader, ListReader, empty_or_failing_rank
+from loader_helpers import CountingReader, RandomReader, ShardingReader
+
+from framework.data.multiprocess import MultiProcessDataLoader
+from framework.data.reader import DatasetReader, WorkerInfo
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -30,3 +42,193 @@ def test_an_empty_or_failing_rank_ends_the_epoch_on_every_rank(free_port: int, t
         for rank, outcome in enumerate(outcomes):
             if rank != victim:
                 assert f"rank {victim}" in outcome["message"], (name, outcome)
+
+
+# -- resume: refuse what would be silently wrong --------------------------------------
+
+
+def _loader(reader: DatasetReader | None = None, **options: Any) -> MultiProcessDataLoader:
+    settings: dict[str, Any] = {"batch_size": 2, "quiet": True, "seed": 0}
+    settings.update(options)
+    return MultiProcessDataLoader(reader or CountingReader(40), settings.pop("data_path", "x"), **settings)
+
+
+def _ids(batches: Iterator[dict[str, Any]]) -> list[list[int]]:
+    return [batch["id"].tolist() for batch in batches]
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_lazy_state_saved_with_other_num_workers_is_refused(workers: int) -> None:
+    # Before: per_worker was empty for num_workers=0, so the check passed and the
+    # workers replayed the pass from the start (12 duplicates out of 40).
+    saved = _loader(max_instances_in_memory=8)
+    iterator = iter(saved)
+    for _ in range(6):
+        next(iterator)
+    state = json.loads(json.dumps(saved.state_dict()))
+    other = _loader(max_instances_in_memory=8, num_workers=workers)
+    with pytest.raises(ValueError, match=rf"num_workers=0.*num_workers={workers}"):
+        other.load_state_dict(state)
+    same = _loader(max_instances_in_memory=8)
+    same.load_state_dict(state)
+    assert _ids(iter(same)) == _ids(iterator)  # a like-built loader still resumes exactly
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"batch_size": 4}, "batch_size"),
+        ({"batch_size": None, "batch_sampler": "bucket"}, "batch_s"),
+        ({"data_path": "y"}, "data_path"),
+        ({"reader": "other"}, "reader"),
+        ({"max_instances_in_memory": 16}, "max_instances_in_memory"),
+        ({"shuffle": True}, "shuffle"),
+    ],
+)
+def test_a_state_from_another_topology_is_refused(change: dict[str, Any], field: str) -> None:
+    from framework_plugins.samplers import BucketBatchSampler
+
+    saved = _loader(max_instances_in_memory=8)
+    iterator = iter(saved)
+    next(iterator)
+    state = saved.state_dict()
+    options: dict[str, Any] = {"max_instances_in_memory": 8, **change}
+    reader: DatasetReader = CountingReader(40)
+    if options.pop("reader", None) == "other":
+        reader = ShardingReader(40)
+    if options.get("batch_sampler") == "bucket":
+        options["batch_sampler"] = BucketBatchSampler(batch_size=2, sorting_keys=["tokens"])
+    other = _loader(reader, **options)
+    with pytest.raises(ValueError, match=field):
+        other.load_state_dict(state)
+
+
+def test_a_state_from_another_world_size_or_rank_is_refused() -> None:
+    saved = _loader()
+    state = saved.state_dict()
+    for key, value in (("world_size", 2), ("rank", 1)):
+        with pytest.raises(ValueError, match=key):
+            _loader().load_state_dict({**state, key: value})
+
+
+# -- batches_per_epoch carry-over and checkpoints -------------------------------------
+
+
+@pytest.mark.parametrize("stop", ["islice", "zip"])
+@pytest.mark.parametrize("options", [{}, {"max_instances_in_memory": 4, "num_workers": 2}])
+def test_carry_over_survives_a_consumer_that_stops_at_len(stop: str, options: dict[str, Any]) -> None:
+    # Before: the epoch's generator was still suspended at its last batch, so when it
+    # was collected it closed the carried-over pass: instances 6..9 never came.
+    loader = _loader(CountingReader(10), batch_size=3, batches_per_epoch=2, **options)
+    seen: list[int] = []
+    for _ in range(3):
+        if stop == "islice":
+            batches = list(itertools.islice(loader, len(loader)))
+        else:
+            batches = [batch for _, batch in zip(range(len(loader)), loader)]
+        seen += [i for batch in batches for i in batch["id"].tolist()]
+    assert sorted(seen[:10]) == list(range(10)), seen  # the first pass, every instance once
+    loader.close()
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"max_instances_in_memory": 8}, {"max_instances_in_memory": 8, "num_workers": 2},
+     {"batches_per_epoch": 5}, {"batches_per_epoch": 5, "max_instances_in_memory": 8}],
+)
+def test_state_after_an_early_break_describes_what_comes_next(options: dict[str, Any]) -> None:
+    # Before: state_dict() still described the abandoned pass (3 batches in), so a
+    # resumed run replayed its rest while the live loader had moved on.
+    loader = _loader(shuffle=True, **options)
+    for index, _ in enumerate(loader):
+        if index == 2:
+            break
+    state = json.loads(json.dumps(loader.state_dict()))
+    resumed = _loader(shuffle=True, **options)
+    resumed.load_state_dict(state)
+    assert _ids(iter(resumed)) == _ids(iter(loader))
+    loader.close()
+
+
+# -- the caller's global random streams -------------------------------------------------
+
+
+def _global_state() -> tuple[Any, ...]:
+    return random.getstate(), torch.get_rng_state().tolist(), str(numpy.random.get_state())
+
+
+@pytest.mark.parametrize("options", [{}, {"max_instances_in_memory": 8}])
+def test_building_and_iterating_leaves_the_callers_rng_untouched(options: dict[str, Any]) -> None:
+    # Before: the loader reseeded the global random/numpy/torch streams in this process.
+    random.seed(7)
+    torch.manual_seed(7)
+    numpy.random.seed(7)
+    before = _global_state()
+    loader = _loader(RandomReader(20), shuffle=True, **options)
+    for _ in loader:
+        pass
+    assert _global_state() == before
+
+
+def test_lazy_resume_is_exact_while_the_training_loop_draws_from_random() -> None:
+    # Before: the reader shared the caller's stream, so the caller's draws between
+    # batches changed the data, and a resumed run differed from an uninterrupted one.
+    def noise(draw: bool, state: dict[str, Any] | None = None, stop: int | None = None) -> Any:
+        loader = _loader(RandomReader(24), max_instances_in_memory=8)
+        if state is not None:
+            loader.load_state_dict(state)
+        out = []
+        for index, batch in enumerate(loader):
+            out.append(batch["noise"].tolist())
+            if draw:
+                random.random()
+                torch.rand(())
+            if index == stop:
+                return out, loader.state_dict()
+        return out, None
+
+    quiet, _ = noise(draw=False)
+    whole, _ = noise(draw=True)
+    assert whole == quiet
+    head, state = noise(draw=True, stop=4)
+    tail, _ = noise(draw=True, state=json.loads(json.dumps(state)))
+    assert head + tail == whole
+
+
+# -- validation -------------------------------------------------------------------------
+
+
+def test_a_sampler_batch_larger_than_max_instances_in_memory_is_refused() -> None:
+    # Before: accepted; the sampler saw 4 instances at a time and made batches of 4
+    # (or none with drop_last) instead of 8.
+    from framework_plugins.samplers import BucketBatchSampler
+
+    sampler = BucketBatchSampler(batch_size=8, sorting_keys=["tokens"], drop_last=True)
+    with pytest.raises(ValueError, match=r"max_instances_in_memory \(4\).*batch size \(8\)"):
+        _loader(batch_size=None, batch_sampler=sampler, max_instances_in_memory=4)
+
+
+# -- the sharding warning -------------------------------------------------------------
+
+
+def test_a_reader_whose_read_returns_a_list_and_shards_does_not_warn() -> None:
+    # Before: read() reset the "did it shard?" flags after _read had already run (a
+    # list is built at once), so a reader that did shard was warned about duplicates.
+    reader = ListReader(12)
+    reader._set_worker_info(WorkerInfo(2, 0))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert [x["id"] for x in reader.read("x")] == [0, 2, 4, 6, 8, 10]
+
+
+def test_the_unsharded_warning_names_the_reader_once_per_process() -> None:
+    reader = ForgetfulListReader(8)
+    reader._set_worker_info(WorkerInfo(2, 0))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")
+        for _ in range(3):  # three epochs
+            assert len(list(reader.read("x"))) == 8
+    messages = [str(w.message) for w in caught if issubclass(w.category, UserWarning)]
+    assert len(messages) == 1, messages
+    assert "ForgetfulListReader sets manual_multiprocess_sharding=True" in messages[0]
+    assert caught[0].filename == hardening_helpers.__file__  # points at the reader's _read

@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import json
+import multiprocessing
+import socket
+from pathlib import Path
 from typing import Any, Union
 
 import pytest
 
 from framework import Registrable
-from framework.config import construct
-from framework.errors import ConfigError
+from framework.cli import main
+from framework.config import construct, validate
+from framework.data import BatchSampler
+from framework.errors import ConfigError, UnknownNameError
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 class Shape(Registrable):
@@ -89,3 +97,131 @@ def test_unresolvable_annotation_is_a_clear_error_not_a_free_pass() -> None:
     message = str(info.value)
     assert message.startswith("other: "), message
     assert "Thing" in message and "'NoSuchName'" in message and "resolve" in message
+
+
+BUNDLED = json.loads((REPO_ROOT / "framework" / "examples" / "default.json").read_text(encoding="utf-8"))
+
+
+def test_validate_reports_every_error_of_a_config_together() -> None:
+    config = {
+        "dataset_reader": {"type": "txt"},
+        "data_loader": {"batch_sampler": {"type": "bucket", "batch_size": "x"}, "num_wrkers": 2},
+        "epoch": 3,
+        "epochs": 0,
+    }
+    errors = validate(config)
+    assert [str(e).split(" Accepted keys")[0] for e in errors] == [
+        "dataset_reader.type: 'txt' is not a registered name for DatasetReader. Did you mean 'text'?"
+        + " Available: 'csv', 'jsonl', 'text'. A dotted path such as 'package.module:ClassName' also works.",
+        "data_path: missing required key",
+        "data_loader.batch_sampler.batch_size: expected int, got 'x'",
+        "data_loader.num_wrkers: unknown key for MultiProcessDataLoader. Did you mean 'num_workers'?",
+        "epochs: expected a positive int, got 0",
+        "epoch: unknown top-level key. Did you mean 'epochs'?",
+    ]
+    assert all(isinstance(e, ConfigError) for e in errors)
+
+
+def test_from_config_raises_the_same_errors_that_validate_lists() -> None:
+    config = {"type": "circle", "radius": "big", "colour": "red"}
+    listed = validate(config, Shape)
+    with pytest.raises(ConfigError) as info:
+        Shape.from_config(config)
+    assert [str(e) for e in info.value.errors] == [str(e) for e in listed]
+    assert [e.path for e in listed] == ["radius", "colour"]
+    assert str(info.value).startswith("radius: expected float, got 'big' (and 1 more: colour: unknown key")
+
+
+def test_validate_takes_a_base_by_class_or_name_and_rejects_unknown_bases() -> None:
+    assert validate({"type": "bucket", "batch_size": 4}, "BatchSampler") == []
+    assert [e.path for e in validate({"type": "bucket"}, BatchSampler)] == ["batch_size"]
+    with pytest.raises(UnknownNameError, match="Did you mean 'BatchSampler'"):
+        validate({}, "BatchSamplr")
+    assert [str(e) for e in validate([1], None)] == ["<root>: expected a mapping (a run config), got a list"]
+
+
+class Explosive(Shape):
+    """Its constructor has side effects: it writes a file and starts a process."""
+
+    def __init__(self, marker: str, size: int = 1) -> None:
+        Path(marker).write_text("constructed")
+        multiprocessing.get_context("spawn").Process(target=print).start()
+
+
+def test_validate_constructs_nothing_reads_nothing_and_connects_nowhere(tmp_path: Path) -> None:
+    Shape.register("explosive")(Explosive)
+    marker = tmp_path / "marker"
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(0.2)
+    port = listener.getsockname()[1]
+    data = tmp_path / "data.txt"
+    data.write_text("a b c\n")
+    data.chmod(0)  # reading it would fail
+    try:
+        assert validate({"type": "explosive", "marker": str(marker)}, Shape) == []
+        assert validate({"type": "explosive", "marker": str(marker), "size": "x"}, Shape)
+        run = with_data_path(f"http://127.0.0.1:{port}/corpus.txt")
+        assert validate(run) == []
+        assert validate(with_data_path(str(data))) == []
+        with pytest.raises(socket.timeout):
+            listener.accept()  # nobody connected
+    finally:
+        listener.close()
+        data.chmod(0o600)
+    assert not marker.exists()
+    assert multiprocessing.active_children() == []
+
+
+def with_data_path(data_path: str) -> dict[str, Any]:
+    return {**BUNDLED, "data_path": data_path}
+
+
+def test_cli_validate_prints_one_line_per_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "config.json"
+    path.write_text(
+        json.dumps({**BUNDLED, "epochs": "two", "dataset_reader": {"type": "text", "max_token": 3}})
+    )
+    assert main(["config", "validate", str(path)]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0] for line in lines] == ["dataset_reader.max_token", "epochs"]
+    assert "Did you mean 'max_tokens'?" in lines[0]
+    fixed = ["--override", '{"epochs": 2}', "--override", '{"dataset_reader": "text"}']
+    assert main(["config", "validate", str(path), *fixed]) == 0
+    assert capsys.readouterr().out == f"{path}: valid\n"
+    assert main(["config", "validate", str(path), "--override", "[1]"]) == 1
+    assert "--override #1 must be a JSON object" in capsys.readouterr().out
+    assert main(["config", "validate", str(tmp_path / "missing.json")]) == 1
+    assert "cannot read config file" in capsys.readouterr().out
+
+
+def test_run_prints_every_error_and_stops_before_any_download(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], isolated_cache: Path
+) -> None:
+    path = tmp_path / "config.json"
+    config = {**BUNDLED, "data_path": "http://127.0.0.1:9/corpus.txt", "epochs": 0}
+    config["data_loader"] = {"batch_sampler": {"type": "bucket", "batch_size": "ten"}}
+    path.write_text(json.dumps(config))
+    assert main(["run", "--no-progress", str(path)]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "framework run: error: data_loader.batch_sampler.batch_size: expected int, got 'ten'",
+        "framework run: error: epochs: expected a positive int, got 0",
+    ]
+    assert not any(isolated_cache.iterdir())
+
+
+def test_a_run_config_may_name_components_by_name_alone(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "config.json"
+    data = tmp_path / "corpus.txt"
+    data.write_text("a b\nc d e\n")
+    config = {"dataset_reader": "text", "data_path": str(data), "data_loader": {"batch_size": 2}}
+    path.write_text(json.dumps(config))
+    assert main(["run", "--no-progress", "--json", str(path)]) == 0, capsys.readouterr().err
+    assert json.loads(capsys.readouterr().out)["instances"] == 2
+    # a loader by name alone reaches its constructor, which wants a batch size: one clear line
+    path.write_text(json.dumps({**config, "data_loader": "multiprocess"}))
+    assert main(["run", "--no-progress", str(path)]) == 2
+    assert capsys.readouterr().err.startswith(
+        "framework run: error: data_loader: MultiProcessDataLoader: batch_size"
+    )

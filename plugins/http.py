@@ -8,6 +8,7 @@ auth go only to the URL's host: a redirect to another host drops them.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator, Mapping
 from typing import Any, ClassVar, Final, Optional, Union
 from urllib.parse import urljoin, urlsplit
@@ -16,6 +17,7 @@ import requests
 from requests.adapters import HTTPAdapter
 from urllib3.util.retry import Retry
 
+from framework._redact import RedactingFilter
 from framework.download.backend import ByteStream, DownloadBackend, RemoteInfo, parse_content_range
 from framework.errors import DownloadError, HTTPStatusError, NetworkError
 
@@ -24,6 +26,9 @@ __all__ = ["HttpBackend"]
 CHUNK_SIZE: Final = 1 << 20
 RETRY_STATUSES: Final = frozenset({408, 429, *range(500, 600)})
 
+
+# urllib3 logs each retry with the request's path and query: keep tokens out of the logs.
+logging.getLogger("urllib3.connectionpool").addFilter(RedactingFilter())
 
 # A server's Retry-After is honoured up to this many seconds, so a 429 cannot park us for hours.
 MAX_RETRY_AFTER_S: Final = 60.0

@@ -1,0 +1,111 @@
+"""Names taken literally (file:// decoded once, plain paths never, S3 keys as the AWS
+CLI reads them) and secrets in URLs never shown."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from pathlib import Path
+
+import pytest
+from dl_helpers import FaultServer
+
+from framework._redact import redact_url
+from framework.download import DownloadManager
+from framework.errors import DownloadError, HTTPStatusError, NetworkError
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+def twins(tmp_path: Path) -> Path:
+    """A file literally named ``x%41.txt`` next to ``xA.txt``, what it decodes to."""
+    (tmp_path / "x%41.txt").write_bytes(b"the literal name")
+    (tmp_path / "xA.txt").write_bytes(b"the decoded name")
+    return tmp_path
+
+
+def test_file_url_is_decoded_exactly_once(twins: Path, manager: DownloadManager) -> None:
+    base = twins.resolve().as_uri()
+    assert manager.cached_path(f"{base}/x%2541.txt").read_bytes() == b"the literal name"
+    assert manager.cached_path(f"{base}/x%41.txt").read_bytes() == b"the decoded name"
+
+
+def test_plain_path_is_never_decoded(twins: Path, manager: DownloadManager) -> None:
+    literal = twins / "x%41.txt"
+    assert manager.cached_path(literal).read_bytes() == b"the literal name"
+    assert manager.cached_path(str(literal)).read_bytes() == b"the literal name"
+    odd = twins / "100%.txt"  # not even valid percent-encoding
+    odd.write_bytes(b"odd")
+    assert manager.cached_path(odd).read_bytes() == b"odd"
+
+
+KEYS = ["report?v=2", "report", "frag#1", "frag", "a//b", "a/b", "x%41", "xA", "sp ace+plus"]
+
+
+def test_s3_key_is_taken_literally(s3_env: str, manager: DownloadManager) -> None:
+    import boto3
+
+    bucket = f"names-{os.getpid()}-{os.urandom(3).hex()}"
+    client = boto3.client("s3", endpoint_url=s3_env)
+    client.create_bucket(Bucket=bucket)
+    for key in KEYS:
+        client.put_object(Bucket=bucket, Key=key, Body=f"object {key}".encode())
+    for key in KEYS:
+        path = manager.cached_path(f"s3://{bucket}/{key}")
+        assert path.read_bytes() == f"object {key}".encode(), key
+
+
+SECRETS = ("hunter2", "sigsecret", "toksecret", "credsecret")
+
+
+def _secret_url(base: str, path: str) -> str:
+    host = base.split("://", 1)[1]
+    query = "X-Amz-Credential=credsecret&X-Amz-Signature=sigsecret&token=toksecret&v=2"
+    return f"http://alice:hunter2@{host}{path}?{query}"
+
+
+def _assert_no_secret(text: str) -> None:
+    for secret in SECRETS:
+        assert secret not in text, text
+
+
+def test_redact_url_keeps_what_is_not_secret() -> None:
+    url = "https://user:pw@h.org/d/f.bin?X-Amz-Signature=abc&v=2&api_key=k#part"
+    assert redact_url(url) == "https://***@h.org/d/f.bin?X-Amz-Signature=***&v=2&api_key=***#part"
+    assert redact_url("s3://bucket/report?v=2") == "s3://bucket/report?v=2"
+
+
+def test_secrets_never_appear_in_errors_or_logs(
+    http_server: FaultServer, manager: DownloadManager, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="framework.download")
+    missing = _secret_url(http_server.base, "/missing.bin")
+    with pytest.raises(HTTPStatusError) as status:
+        manager.cached_path(missing)
+    assert status.value.url == missing  # the field keeps the URL as given
+    _assert_no_secret(str(status.value))
+    assert "v=2" in str(status.value) and "missing.bin" in str(status.value)
+
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    refused = _secret_url(f"http://127.0.0.1:{port}", "/gone.bin")
+    quick = DownloadManager(manager.cache_dir, retries=1, backoff_factor=0.01, progress=False)
+    with pytest.raises(NetworkError) as network:
+        quick.cached_path(refused)
+    _assert_no_secret(str(network.value))
+    _assert_no_secret(repr(network.value))
+
+    served = _secret_url(http_server.base, "/served.bin")
+    http_server.add(served.split(str(http_server.server_address[1]), 1)[1], b"served")
+    assert manager.cached_path(served).read_bytes() == b"served"
+    assert any("served.bin" in record.getMessage() for record in caplog.records)
+    _assert_no_secret(caplog.text)
+
+
+def test_download_error_redacts_urls_quoted_in_its_message() -> None:
+    error = DownloadError("https://h/x?token=toksecret", "redirected to https://u:hunter2@o/y?sig=sigsecret")
+    _assert_no_secret(str(error))
+    _assert_no_secret(error.reason)

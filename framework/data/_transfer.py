@@ -1,15 +1,19 @@
 """Moving objects between loader processes over a pipe, tensors out of band.
 
-A message is one frame: a 16-byte header (frame length, metadata length), a pickle
-(protocol 5) of the object in which every CPU tensor is replaced by a reference to
-an out-of-band buffer, then the raw tensor bytes, each aligned to 64 bytes. The
-sender writes the parts with one ``writev`` (no copy into a joined buffer); the
-receiver reads the frame into one ``bytearray`` and rebuilds each tensor as a view
-of it (no per-tensor copy, no shared-memory segment to clean up).
+A message is one frame: a 16-byte header (frame length, metadata length), a table
+of the out-of-band buffers (sizes, and which are tensors), a pickle (protocol 5) of
+the object in which every CPU tensor is replaced by a reference to an out-of-band
+buffer, then the raw tensor bytes, each aligned to 64 bytes. The sender writes the
+parts with one ``writev`` (no copy into a joined buffer); the receiver reads each
+tensor's bytes straight into that tensor's own storage with a scatter ``readv`` (no
+copy, and no tensor keeps another alive: keeping a batch's labels does not keep its
+images). A dense tensor keeps its strides (channels_last stays channels_last), as
+``clone()`` does; other views arrive compacted.
 
 ``mode="shared_memory"`` instead pickles with torch's ``ForkingPickler`` reductions
 (tensors moved to shared memory, file descriptors passed through a socket); it is
-what CUDA tensors need, and the benchmark compares the two.
+what CUDA tensors need, and the benchmark compares the two. In ``"pickle5"`` frames a
+CUDA tensor is copied to the CPU by the sender.
 """
 
 from __future__ import annotations
@@ -19,13 +23,16 @@ import io
 import os
 import pickle
 import struct
-from typing import Any, Literal
+import typing
+from collections.abc import Callable
+from typing import Any, Literal, Optional
 
 import torch
 
-__all__ = ["TransferMode", "read_frame", "write_frame"]
+__all__ = ["TRANSFERS", "TransferMode", "read_frame", "set_pipe_size", "write_frame"]
 
 TransferMode = Literal["pickle5", "shared_memory"]
+TRANSFERS: tuple[str, ...] = typing.get_args(TransferMode)  # the one list of the names
 
 _HEADER = struct.Struct("<QQ")  # frame length after the header, metadata length
 _ALIGN = 64
@@ -33,39 +40,63 @@ _IOV_MAX = 512
 _PAD = bytes(_ALIGN)
 
 
-def _rebuild_tensor(dtype: str, shape: tuple[int, ...], buffer: Any) -> torch.Tensor:
+def _rebuild_tensor(
+    dtype: str, shape: tuple[int, ...], strides: tuple[int, ...], raw: Any
+) -> torch.Tensor:
+    """`raw` is the uint8 tensor `read_frame` read this tensor's bytes into."""
     kind = getattr(torch, dtype)
-    numel = 1
-    for size in shape:
-        numel *= size
-    if numel == 0:
-        return torch.empty(shape, dtype=kind)
-    return torch.frombuffer(buffer, dtype=kind, count=numel).view(shape)
+    if not isinstance(raw, torch.Tensor):  # not from read_frame: a plain buffer
+        raw = torch.frombuffer(bytearray(raw), dtype=torch.uint8) if len(raw) else None
+    if raw is None or raw.numel() == 0:
+        return torch.empty_strided(shape, strides, dtype=kind)
+    rebuilt: torch.Tensor = raw.view(kind).as_strided(shape, strides)
+    return rebuilt
+
+
+def _dense(tensor: torch.Tensor) -> bool:
+    """Whether the elements fill exactly numel() slots from data_ptr() (any dim order)."""
+    if tensor.is_contiguous():
+        return True
+    expected = 1
+    for stride, size in sorted((st, si) for si, st in zip(tensor.shape, tensor.stride()) if si > 1):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def _memory(tensor: torch.Tensor, nbytes: int) -> memoryview:
+    """A writable byte view of `nbytes` bytes at the tensor's data pointer (no copy)."""
+    if nbytes == 0:
+        return memoryview(bytearray(0))
+    return memoryview((ctypes.c_char * nbytes).from_address(tensor.data_ptr())).cast("B")
 
 
 class _TensorPickler(pickle.Pickler):
-    """Pickles plain CPU tensors as (dtype, shape, out-of-band buffer)."""
+    """Pickles plain CPU (and CUDA, via a CPU copy) tensors as out-of-band buffers."""
 
     def __init__(self, file: io.BytesIO, keep: list[Any], buffers: list[pickle.PickleBuffer]):
         super().__init__(file, protocol=5, buffer_callback=buffers.append)
         self._keep = keep
+        self.tensor_buffers: set[int] = set()  # ids of the buffers that hold tensors
 
     def reducer_override(self, obj: Any) -> Any:
         if type(obj) is not torch.Tensor:
             return NotImplemented
-        if obj.device.type != "cpu" or obj.layout != torch.strided or obj.requires_grad:
+        if obj.device.type not in ("cpu", "cuda") or obj.layout != torch.strided:
             return NotImplemented
-        if obj.is_quantized or obj.is_conj() or obj.is_neg():
+        if obj.requires_grad or obj.is_quantized or obj.is_conj() or obj.is_neg():
             return NotImplemented
-        tensor = obj.contiguous()
+        tensor = obj.cpu() if obj.device.type == "cuda" else obj
+        if not _dense(tensor):
+            tensor = tensor.contiguous()
         nbytes = tensor.numel() * tensor.element_size()
         self._keep.append(tensor)  # the memory must outlive the write
-        if nbytes == 0:
-            view = memoryview(bytearray(0))
-        else:
-            view = memoryview((ctypes.c_char * nbytes).from_address(tensor.data_ptr())).cast("B")
+        buffer = pickle.PickleBuffer(_memory(tensor, nbytes))
+        self.tensor_buffers.add(id(buffer))
+        self._keep.append(buffer)  # and the id must stay unique until the table is made
         dtype = str(tensor.dtype).rpartition(".")[2]
-        return _rebuild_tensor, (dtype, tuple(tensor.shape), pickle.PickleBuffer(view))
+        return _rebuild_tensor, (dtype, tuple(tensor.shape), tuple(tensor.stride()), buffer)
 
 
 def _aligned(n: int) -> int:
@@ -76,6 +107,7 @@ def write_frame(fd: int, obj: Any, mode: TransferMode = "pickle5") -> None:
     """Write `obj` to the pipe `fd` as one frame (raises what pickling raises)."""
     buffers: list[pickle.PickleBuffer] = []
     keep: list[Any] = []
+    tensor_buffers: set[int] = set()
     if mode == "shared_memory":
         from multiprocessing.reduction import ForkingPickler
 
@@ -84,66 +116,88 @@ def write_frame(fd: int, obj: Any, mode: TransferMode = "pickle5") -> None:
         meta = bytes(ForkingPickler.dumps(obj, protocol=5))
     else:
         stream = io.BytesIO()
-        _TensorPickler(stream, keep, buffers).dump(obj)
+        pickler = _TensorPickler(stream, keep, buffers)
+        pickler.dump(obj)
         meta = stream.getvalue()
+        tensor_buffers = pickler.tensor_buffers
     views = [buffer.raw() for buffer in buffers]
     sizes = [view.nbytes for view in views]
-    table = struct.pack(f"<I{len(sizes)}Q", len(sizes), *sizes)
+    flags = [id(buffer) in tensor_buffers for buffer in buffers]
+    table = struct.pack(f"<I{len(sizes)}Q{len(flags)}?", len(sizes), *sizes, *flags)
     head = table + meta
     parts: list[Any] = [None, head, _PAD[: _aligned(len(head)) - len(head)]]
     total = _aligned(len(head))
     for view, size in zip(views, sizes):
         parts.append(view)
-        pad = _aligned(size) - size
-        if pad:
-            parts.append(_PAD[:pad])
-        total += size + pad
+        parts.append(_PAD[: _aligned(size) - size])
+        total += _aligned(size)
     parts[0] = _HEADER.pack(total, len(head))
-    _write_all(fd, [part for part in parts if len(part)])
+    _vectored(os.writev, fd, parts, None)
     del keep
 
 
-def _write_all(fd: int, parts: list[Any]) -> None:
-    views = [memoryview(part).cast("B") for part in parts]
+def _vectored(
+    call: Callable[[int, list[memoryview]], int],
+    fd: int,
+    parts: list[Any],
+    wait: Optional[Callable[[], None]],
+) -> None:
+    """Move all of `parts` with `os.writev` or `os.readv`, however many calls it takes.
+
+    On a non-blocking `fd` with nothing to read, `wait()` is called (it returns when
+    the fd may be ready, or raises); end of file raises `EOFError`.
+    """
+    views = [memoryview(part).cast("B") for part in parts if len(part)]
     while views:
-        written = os.writev(fd, views[:_IOV_MAX])
-        while views and written >= views[0].nbytes:
-            written -= views[0].nbytes
+        try:
+            done = call(fd, views[:_IOV_MAX])
+        except BlockingIOError:
+            if wait is None:
+                raise
+            wait()
+            continue
+        if done == 0:
+            raise EOFError("the pipe closed before the whole message came")
+        while views and done >= views[0].nbytes:
+            done -= views[0].nbytes
             views.pop(0)
-        if written:
-            views[0] = views[0][written:]
+        if done:
+            views[0] = views[0][done:]
 
 
-def _read_exact(fd: int, view: memoryview) -> bool:
-    """Fill `view` from `fd`; False on end of file (the writer is gone)."""
-    pos = 0
-    while pos < view.nbytes:
-        got = os.readv(fd, [view[pos:]])
-        if got == 0:
-            return False
-        pos += got
-    return True
+def read_frame(fd: int, wait: Optional[Callable[[], None]] = None) -> Any:
+    """Read one frame from `fd` and rebuild its object; EOFError if the writer closed.
 
-
-def read_frame(fd: int) -> Any:
-    """Read one frame from `fd` and rebuild its object; EOFError if the writer closed."""
+    `fd` may be non-blocking: whenever nothing is there yet, `wait()` is called
+    (so a caller can also watch the writer's process and a timeout, even in the
+    middle of a frame, where another holder of the pipe would keep EOF from coming).
+    """
     header = bytearray(_HEADER.size)
-    if not _read_exact(fd, memoryview(header)):
-        raise EOFError("the pipe closed before a message began")
+    _vectored(os.readv, fd, [header], wait)
     total, head_len = _HEADER.unpack(header)
-    frame = bytearray(total)
-    view = memoryview(frame)
-    if not _read_exact(fd, view):
-        raise EOFError("the pipe closed in the middle of a message")
-    (count,) = struct.unpack_from("<I", frame)
-    sizes = struct.unpack_from(f"<{count}Q", frame, 4)
-    meta = view[4 + 8 * count : head_len]
-    offset = _aligned(head_len)
-    out_of_band = []
-    for size in sizes:
-        out_of_band.append(view[offset : offset + size])
-        offset += _aligned(size)
-    return pickle.loads(meta, buffers=out_of_band)
+    head = bytearray(_aligned(head_len))
+    _vectored(os.readv, fd, [head], wait)
+    (count,) = struct.unpack_from("<I", head)
+    sizes = struct.unpack_from(f"<{count}Q", head, 4)
+    flags = struct.unpack_from(f"<{count}?", head, 4 + 8 * count)
+    meta = memoryview(head)[4 + 9 * count : head_len]
+    # Each buffer gets its own memory, read in place: tensors into their own storage.
+    scratch = bytearray(_ALIGN)
+    buffers: list[Any] = []
+    parts: list[Any] = []
+    for size, is_tensor in zip(sizes, flags):
+        if is_tensor:
+            tensor = torch.empty(size, dtype=torch.uint8)
+            buffers.append(tensor)
+            parts.append(_memory(tensor, size))
+        else:
+            buffers.append(bytearray(size))
+            parts.append(buffers[-1])
+        parts.append(memoryview(scratch)[: _aligned(size) - size])
+    if total != len(head) + sum(_aligned(size) for size in sizes):
+        raise ValueError(f"a corrupt frame: {total} bytes announced for {count} buffers")
+    _vectored(os.readv, fd, parts, wait)
+    return pickle.loads(meta, buffers=buffers)
 
 
 def set_pipe_size(fd: int, size: int = 1 << 20) -> None:

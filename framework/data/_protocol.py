@@ -1,0 +1,75 @@
+"""The messages between the main process and a loader worker, one frozen class each.
+
+Main process -> worker, on the worker's control pipe:
+
+- `Start`: serve one pass (batches or instances) from a seed, skipping batches
+  already consumed;
+- `Stop`: finish the current batch and exit (also checked between batches, so a
+  busy worker stops cooperatively and cleans up).
+
+Worker -> main process, as frames on the worker's data pipe:
+
+- `Batch` (a collated batch), `Instances` (a list of instances);
+- `Progress`: the reader is still producing (sent only when a `timeout` is set, so
+  the timeout measures silence, not the time to fill a frame);
+- `Done`: the pass ended, after reading `instances` instances;
+- `Failed`: the pass raised; the worker keeps serving commands.
+
+A worker only counts what it sends; the pool is the only writer of the iteration
+position (`Position`), so what `state_dict()` reports is what the consumer received.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal, Optional, Union
+
+__all__ = [
+    "Batch", "Done", "Failed", "Instances", "PassKind", "Progress", "Start", "Stop",
+    "ToMain", "ToWorker",
+]
+
+PassKind = Literal["batches", "instances"]
+
+
+@dataclass(frozen=True, slots=True)
+class Start:
+    kind: PassKind
+    seed: int
+    skip: int  # batches of this pass the consumer already has (resuming)
+
+
+@dataclass(frozen=True, slots=True)
+class Stop:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    payload: Any
+
+
+@dataclass(frozen=True, slots=True)
+class Instances:
+    instances: list[Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Done:
+    instances: int
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    summary: str  # "TypeName: message", safe even when the exception's __str__ raises
+    traceback: str
+    original: Optional[BaseException]  # None when it cannot be rebuilt in the main process
+
+
+ToWorker = Union[Start, Stop]
+ToMain = Union[Batch, Instances, Progress, Done, Failed]

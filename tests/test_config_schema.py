@@ -12,7 +12,7 @@ from types import ModuleType
 from typing import Any, Dict, List, Literal, Optional, Tuple, Union
 
 import pytest
-from jsonschema import Draft202012Validator
+from jsonschema import Draft202012Validator  # type: ignore[import-untyped]
 
 from framework import Lazy, Registrable
 from framework.cli import main

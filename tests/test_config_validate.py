@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import multiprocessing
 import socket
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any, Union
 
@@ -225,3 +227,27 @@ def test_a_run_config_may_name_components_by_name_alone(
     assert capsys.readouterr().err.startswith(
         "framework run: error: data_loader: MultiProcessDataLoader: batch_size"
     )
+
+
+@pytest.mark.timeout(120)
+def test_the_main_job_declares_numpy_and_runs_without_warnings(cli_env: dict[str, str]) -> None:
+    # torch warns on every import when NumPy is missing; the loader needs it, so a plain
+    # install must bring it
+    import configparser
+
+    setup = configparser.ConfigParser()
+    setup.read(REPO_ROOT / "setup.cfg")
+    required = [
+        line.split(">")[0].split("=")[0].strip() for line in setup["options"]["install_requires"].split()
+    ]
+    assert "numpy" in required
+    result = subprocess.run(
+        [sys.executable, "-W", "default", "-m", "framework", "run", "--no-progress"],
+        capture_output=True,
+        text=True,
+        timeout=100,
+        env=cli_env,
+        cwd=REPO_ROOT,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "Warning" not in result.stderr and "NumPy" not in result.stderr, result.stderr

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import inspect
 import logging
-import re
-from typing import Any, Optional
+from typing import Any
 
 COMPONENTS_PAGE = "components.md"
 log = logging.getLogger("mkdocs.hooks.components")
@@ -31,31 +30,9 @@ def _escape(text: str) -> str:
 
 
 def _arg_docs(obj: Any) -> dict[str, str]:
-    """Parameter descriptions from a Google-style ``Args:`` section of `obj`'s docstring."""
-    doc = inspect.getdoc(obj) or ""
-    described: dict[str, str] = {}
-    in_args = False
-    current: Optional[str] = None
-    for line in doc.splitlines():
-        if line.strip() in ("Args:", "Arguments:", "Parameters:"):
-            in_args, current = True, None
-            continue
-        if not in_args:
-            continue
-        if line and not line.startswith(" "):
-            in_args = False  # the next section
-            continue
-        match = re.match(r"^ {4}([\w, ]+?)(?: \([^)]*\))?: (.*)$", line)
-        if match:
-            names = [name.strip() for name in match.group(1).split(",")]
-            current = names[0]
-            for name in names:
-                described[name] = match.group(2).strip()
-        elif current is not None and line.strip():
-            for name, text in list(described.items()):
-                if name == current or text == described[current]:
-                    described[name] = f"{text} {line.strip()}"
-    return described
+    from framework._signatures import arg_docs  # the one parser, shared with the JSON Schema
+
+    return arg_docs(obj)
 
 
 def _default_text(value: Any) -> str:
@@ -186,6 +163,16 @@ def render_components() -> str:
 
 
 CLI_PAGE = "cli.md"
+SCHEMA_FILE = "schema/framework-run.schema.json"
+
+
+def render_schema() -> str:
+    """The JSON Schema of run configs, served with the site for editors (``"$schema"``)."""
+    import json
+
+    from framework.config import json_schema
+
+    return json.dumps(json_schema(), indent=2) + "\n"
 
 
 def render_cli() -> str:
@@ -206,7 +193,6 @@ def render_cli() -> str:
 
 
 def _render_cli(parser: Any) -> str:
-    import argparse
 
     out = [
         "# Command line",
@@ -219,11 +205,22 @@ def _render_cli(parser: Any) -> str:
         "```",
         "",
     ]
+    out += _render_subcommands(parser, "framework", "##")
+    return "\n".join(out)
+
+
+def _render_subcommands(parser: Any, prefix: str, level: str) -> list[str]:
+    """Each subcommand's --help, and its own subcommands' one level deeper."""
+    import argparse
+
+    out: list[str] = []
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
             for name, subparser in action.choices.items():
-                out += [f"## `framework {name}`", "", "```text", subparser.format_help().rstrip(), "```", ""]
-    return "\n".join(out)
+                usage = subparser.format_help().rstrip()
+                out += [f"{level} `{prefix} {name}`", "", "```text", usage, "```", ""]
+                out += _render_subcommands(subparser, f"{prefix} {name}", level + "#")
+    return out
 
 
 def on_files(files: Any, config: Any, **kwargs: Any) -> Any:
@@ -236,7 +233,11 @@ def on_files(files: Any, config: Any, **kwargs: Any) -> Any:
         # a warning fails `mkdocs build --strict`: the page would be missing components
         log.warning("framework plugin %r failed to load: %s: %s", plugin, type(error).__name__, error)
 
-    for page, render in ((COMPONENTS_PAGE, render_components), (CLI_PAGE, render_cli)):
+    for page, render in (
+        (COMPONENTS_PAGE, render_components),
+        (CLI_PAGE, render_cli),
+        (SCHEMA_FILE, render_schema),
+    ):
         existing = files.get_file_from_path(page)
         if existing is not None:
             files.remove(existing)

@@ -259,3 +259,17 @@ def test_a_third_party_plugin_component_appears_in_the_schema(tmp_path: Path) ->
     result = helpers._run(site, tmp_path, ["-m", "framework", "config", "validate", str(tmp_path / "c.json")])
     assert result.returncode == 1
     assert result.stdout.splitlines() == ["dataset_reader.depth: expected int, got 'deep'"]
+
+
+def test_the_docs_build_serves_the_schema_and_the_how_to_is_in_the_nav() -> None:
+    spec = importlib.util.spec_from_file_location("docs_hooks", REPO_ROOT / "docs" / "hooks.py")
+    assert spec is not None and spec.loader is not None
+    hooks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hooks)
+    assert hooks.SCHEMA_FILE == "schema/framework-run.schema.json"
+    assert json.loads(hooks.render_schema()) == json_schema()
+    how_to = (REPO_ROOT / "docs" / "howto" / "editor-completion.md").read_text(encoding="utf-8")
+    assert "../schema/framework-run.schema.json" in how_to and '"json.schemas"' in how_to
+    assert "howto/editor-completion.md" in (REPO_ROOT / "mkdocs.yml").read_text(encoding="utf-8")
+    cli_page = hooks.render_cli()
+    assert "### `framework config schema`" in cli_page and "### `framework config validate`" in cli_page

@@ -37,6 +37,7 @@ from framework.data._batching import BatchPlan, derive_seed
 from framework.data._checks import check_resumable, describe, no_instances, validate
 from framework.data._distributed import agree, even
 from framework.data._pool import Position, WorkerPool, main_thread
+from framework.data._protocol import Batch, Instances
 from framework.data._rng import PrivateRandom
 from framework.data._worker import WorkerSpec
 from framework.data.collate import DataCollator, DefaultDataCollator
@@ -170,7 +171,6 @@ class MultiProcessDataLoader(DataLoader):
         self._pending: Optional[Position] = None  # where the next pass starts
         self._current: Optional[Position] = None  # the pass in progress
         self._batch_generator: Optional[Generator[TensorDict, None, None]] = None
-        self._spawn_lock: Any = None
         if max_instances_in_memory is None:
             self._load_instances()  # eager mode reads everything up front, as AllenNLP does
 
@@ -200,21 +200,20 @@ class MultiProcessDataLoader(DataLoader):
             self._batch_generator or self._pass()
         )
         self._batch_generator = None
+        # Lazy ranks have no collective of their own here: each batch's failure is shared.
+        shared = self._evened() and self.max_instances_in_memory is not None
         try:
             for index in range(self.batches_per_epoch):
                 assert generator is not None
                 try:
-                    batch = next(generator)
-                except StopIteration:
-                    generator = self._pass()  # the data ran out: start a fresh pass
-                    try:
-                        batch = next(generator)
-                    except StopIteration:
-                        raise ValueError(
-                            f"a full pass over {self.data_path!r} yields no batches, so "
-                            f"batches_per_epoch={self.batches_per_epoch} can never be met; "
-                            "check the data, or drop_last with fewer instances than batch_size"
-                        ) from None
+                    generator, batch = self._next_batch(generator)
+                except Exception as error:
+                    if not shared:
+                        raise
+                    agree(0, error)  # raises on every rank
+                    raise
+                if shared:
+                    agree(1, None)
                 if index == self.batches_per_epoch - 1:
                     # Hand the pass over before the last yield: a consumer that takes
                     # exactly len(loader) batches (islice, zip) never resumes us.
@@ -223,6 +222,24 @@ class MultiProcessDataLoader(DataLoader):
         finally:
             if generator is not None:
                 generator.close()  # stopped early: the pass is abandoned, as in AllenNLP
+
+    def _next_batch(
+        self, generator: Generator[TensorDict, None, None]
+    ) -> tuple[Generator[TensorDict, None, None], TensorDict]:
+        """The next batch of `generator`, or of a fresh pass when the data ran out."""
+        try:
+            return generator, next(generator)
+        except StopIteration:
+            pass
+        generator = self._pass()
+        try:
+            return generator, next(generator)
+        except StopIteration:
+            raise ValueError(
+                f"a full pass over {self.data_path!r} yields no batches, so "
+                f"batches_per_epoch={self.batches_per_epoch} can never be met; "
+                "check the data, or drop_last with fewer instances than batch_size"
+            ) from None
 
     def iter_instances(self) -> Iterator[Instance]:
         """Yield every instance after `apply_token_indexers` (cached in eager mode)."""
@@ -373,13 +390,13 @@ class MultiProcessDataLoader(DataLoader):
         finished = False
         resumed = position.consumed > 0
         try:
-            for kind, payload in pool.run(position, "batches", self.timeout):
-                if kind == "instances":
-                    for instance in payload:
-                        self.reader.apply_token_indexers(instance)
-                    payload = self.collate_fn(payload)
-                position.consumed += 1
-                yield payload
+            for message in pool.run(position, "batches", self.timeout):  # counts `consumed`
+                if isinstance(message, Batch):
+                    yield message.payload
+                    continue
+                for instance in message.instances:
+                    self.reader.apply_token_indexers(instance)
+                yield self.collate_fn(message.instances)
             finished = True
         finally:
             if not finished or not self.persistent_workers or pool is not self._pool:
@@ -429,16 +446,17 @@ class MultiProcessDataLoader(DataLoader):
         pool = self._start_pool(current_distributed_info())
         position = Position(epoch=0, seed=self._epoch_seed(0))
         try:
-            yield from self._progress(self._interleave(pool.run(position, "instances", self.timeout)))
+            messages = pool.run(position, "instances", self.timeout)
+            yield from self._progress(self._interleave(messages))  # type: ignore[arg-type]
         finally:
             pool.shutdown()
 
-    def _interleave(self, messages: Iterator[Any]) -> Iterator[Instance]:
+    def _interleave(self, messages: Iterator[Instances]) -> Iterator[Instance]:
         # Worker w holds items w, w + n, ...: taking one instance from each worker's
         # chunk in turn restores the reader's order.
         chunks: list[list[Instance]] = []
-        for _, chunk in messages:
-            chunks.append(chunk)
+        for message in messages:
+            chunks.append(message.instances)
             if len(chunks) == self.num_workers:
                 yield from self._hooked(_zip_longest(chunks))
                 chunks = []
@@ -459,8 +477,10 @@ class MultiProcessDataLoader(DataLoader):
     # -- workers ------------------------------------------------------------------------
 
     def _spec(self, info: Optional[DistributedInfo]) -> WorkerSpec:
+        # Only CUDA IPC (shared_memory) carries CUDA tensors between processes; a
+        # pickle-5 frame carries bytes, so then the batch moves in this process.
         device = None
-        if self._worker_cuda_safe and self.cuda_device is not None:
+        if self._worker_cuda_safe and self.transfer == "shared_memory":
             device = self.cuda_device
         return WorkerSpec(
             reader=self.reader,
@@ -472,10 +492,11 @@ class MultiProcessDataLoader(DataLoader):
             distributed=info,
             device=device,
             transfer=self.transfer,  # type: ignore[arg-type]
-            quiet=self.quiet,
             set_death_signal=main_thread(),
             start_method=self.start_method,
             prefetch=self._prefetch(),
+            # Progress messages a few times per timeout, so it measures silence only.
+            heartbeat=None if self.timeout is None else self.timeout / 4,
         )
 
     def _prefetch(self) -> int:
@@ -483,20 +504,6 @@ class MultiProcessDataLoader(DataLoader):
         size = self.batch_size or (self.batch_sampler and self.batch_sampler.get_batch_size())
         chunk = self.max_instances_in_memory or 1024
         return max(2, 2 * chunk // (size or 1))
-
-    def _tqdm_lock(self) -> Any:
-        if self.quiet:
-            return None
-        from tqdm import tqdm
-
-        if self.start_method == "fork":
-            return tqdm.get_lock()  # one lock shared by every worker's bar and ours
-        # A lock made by the fork context cannot go to spawned children: make one in
-        # their context and share it with this process's bars too.
-        if self._spawn_lock is None:
-            self._spawn_lock = multiprocessing.get_context(self.start_method).RLock()
-            tqdm.set_lock(self._spawn_lock)
-        return self._spawn_lock
 
     def _get_pool(self, info: Optional[DistributedInfo]) -> WorkerPool:
         if self._pool is not None and self._pool.closed:
@@ -512,7 +519,7 @@ class MultiProcessDataLoader(DataLoader):
     def _start_pool(self, info: Optional[DistributedInfo]) -> WorkerPool:
         context = multiprocessing.get_context(self.start_method)
         try:
-            return WorkerPool(self._spec(info), self.num_workers, context, self._tqdm_lock())
+            return WorkerPool(self._spec(info), self.num_workers, context, self.quiet)
         except (TypeError, AttributeError, ValueError, pickle.PicklingError) as error:
             if self.start_method == "fork":
                 raise

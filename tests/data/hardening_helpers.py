@@ -59,11 +59,16 @@ CASES: dict[str, dict[str, Any]] = {
     "eager_2": {"reader": ("counting", 2), "num_workers": 2},
     "lazy_0": {"reader": ("counting", 2), "num_workers": 0, "max_instances_in_memory": 4},
     "lazy_2": {"reader": ("counting", 2), "num_workers": 2, "max_instances_in_memory": 4},
+    "lazy_bpe_2": {"reader": ("counting", 2), "num_workers": 2, "max_instances_in_memory": 4,
+                   "batches_per_epoch": 3},
+    "eager_bpe_0": {"reader": ("counting", 2), "num_workers": 0, "batches_per_epoch": 3},
     # Rank 1's reader raises (at once in eager mode, mid-shard in lazy mode).
     "fail_eager_0": {"reader": ("failing", 0), "num_workers": 0},
     "fail_eager_2": {"reader": ("failing", 0), "num_workers": 2},
     "fail_lazy_0": {"reader": ("failing", 3), "num_workers": 0, "max_instances_in_memory": 4},
     "fail_lazy_2": {"reader": ("failing", 3), "num_workers": 2, "max_instances_in_memory": 4},
+    "fail_lazy_bpe_0": {"reader": ("failing", 3), "num_workers": 0, "max_instances_in_memory": 4,
+                        "batches_per_epoch": 5},
 }
 
 

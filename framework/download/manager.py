@@ -11,7 +11,8 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Callable, Optional, Union
@@ -260,7 +261,7 @@ class DownloadManager:
                 return False
             return not extract or os.path.isdir(entry.extracted)
 
-        with self._lock(entry, show, done) as lock, lock.working():
+        with _cache_writes(url, root), self._lock(entry, show, done) as lock, lock.working():
             fetched = False
             if force or not current():
                 self._fetch(entry, sha256, show, lock)
@@ -346,6 +347,20 @@ def _offline_reason(entry: Entry, sha256: Optional[str], force: bool, root: Path
         f"{what}: the cached copy {entry.final} has sha256 {cached.get('sha256')}, not the "
         f"requested {sha256}; {fix}, or ask for the cached digest"
     )
+
+
+@contextmanager
+def _cache_writes(url: str, root: Path) -> Iterator[None]:
+    """Turn a failed write in the cache folder (read-only, no permission) into a `DownloadError`."""
+    try:
+        yield
+    except OSError as error:
+        where = f" ({error.filename})" if error.filename else ""
+        raise DownloadError(
+            url,
+            f"cannot write in the cache folder {root}: {error.strerror or error}{where}; "
+            "set FRAMEWORK_CACHE (or cache_dir) to a writable folder",
+        ) from error
 
 
 def _no_backend(scheme: str) -> str:

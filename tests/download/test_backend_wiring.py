@@ -10,14 +10,14 @@ from typing import Any, ClassVar
 
 import pytest
 from dl_helpers import FORK, FaultServer
+from framework_plugins.http import HttpBackend
+from framework_plugins.local import LocalBackend
+from framework_plugins.s3 import S3Backend
 
 from framework.download import DownloadBackend, DownloadManager
 from framework.download._schemes import backend_name_for
 from framework.errors import DownloadError
 from framework.testing import MemoryBackend
-from framework_plugins.http import HttpBackend
-from framework_plugins.local import LocalBackend
-from framework_plugins.s3 import S3Backend
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -466,9 +466,12 @@ class Registrable:
                 )
             try:
                 target = import_target(name)
-            except (ImportError, AttributeError) as error:
+            except (Exception, SystemExit) as error:  # the module is someone else's code
                 raise UnknownNameError(
-                    cls.__name__, name, cls.list_available(), note=f"Importing it failed: {error}"
+                    cls.__name__,
+                    name,
+                    cls.list_available(),
+                    note=f"Importing it failed: {type(error).__name__}: {error}",
                 ) from error
             if not (isinstance(target, type) and issubclass(target, cls)):
                 raise RegistryError(f"{name!r} is {target!r}, not a subclass of {cls.__name__}")

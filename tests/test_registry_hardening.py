@@ -7,6 +7,7 @@ folder with ``entry_points.txt`` on ``sys.path``), used from fresh interpreters.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -367,3 +368,96 @@ def test_a_fresh_registry_discovers_once_on_first_lookup() -> None:
         assert Sampler.by_name("mine") is Mine
     assert calls == [registry]
     assert isinstance(registry.entries(Sampler)["mine"], RegistryEntry)
+
+
+# -- 7. the command line: relative paths and hostile inputs ---------------------------------------
+def _summary(capsys: pytest.CaptureFixture[str], *args: str) -> dict[str, Any]:
+    from framework.cli import main
+
+    code = main(["run", "--no-progress", "--json", *args])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    summary: dict[str, Any] = json.loads(out)
+    return summary
+
+
+def test_a_relative_data_path_in_an_override_is_relative_to_the_current_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "mine.txt").write_text("one two\nthree four\nfive\n")
+    monkeypatch.chdir(tmp_path)
+    summary = _summary(capsys, "--override", '{"data_path": "mine.txt", "epochs": 1}')
+    assert summary["data_path"] == str(tmp_path / "mine.txt") and summary["instances"] == 3
+
+
+def test_a_relative_data_path_in_a_config_file_is_relative_to_its_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "lines.txt").write_text("a\nb\n")
+    config = {"dataset_reader": {"type": "text"}, "data_path": "lines.txt",
+              "data_loader": {"batch_size": 1}}  # fmt: skip
+    (project / "config.json").write_text(json.dumps(config))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    summary = _summary(capsys, str(Path("..") / "project" / "config.json"))
+    assert summary["data_path"] == str(project / "lines.txt") and summary["instances"] == 2
+
+
+HOSTILE_FILES = {
+    "broken.json": '{"dataset_reader": ',
+    "list.json": "[1, 2]",
+    "typeint.json": '{"dataset_reader": {"type": 5}, "data_path": "x"}',
+    "notutf8.json": b'{"data_path": "\xff\xfe"}',
+    "exits.json": '{"dataset_reader": {"type": "exiting_type_mod:Reader"}, "data_path": "x"}',
+    "raises.json": '{"dataset_reader": {"type": "raising_type_mod:Reader"}, "data_path": "x"}',
+    "bad.yaml": "dataset_reader: [unclosed\n",
+    "exiting_type_mod.py": "import sys\nsys.exit(4)\n",
+    "raising_type_mod.py": "raise RuntimeError('boom while importing')\n",
+}
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["run", "missing.json"],
+        ["run", "a_folder"],
+        ["run", "broken.json"],
+        ["run", "list.json"],
+        ["run", "typeint.json"],
+        ["run", "notutf8.json"],
+        ["run", "bad.yaml"],
+        ["run", "exits.json"],
+        ["run", "raises.json"],
+        ["run", "--override", "not json"],
+        ["run", "--override", "[1, 2]"],
+        ["run", "--override", '{"data_path": "no_such_file.txt"}'],
+        ["download", "gopher://example.org/x"],
+        ["download", "no_such_file.bin"],
+        ["download", "--sha256", "zz", "raises.json"],
+    ],
+    ids=lambda args: " ".join(args),
+)
+def test_every_bad_input_is_one_line_and_a_failure(tmp_path: Path, args: list[str]) -> None:
+    for name, content in HOSTILE_FILES.items():
+        path = tmp_path / name
+        path.write_bytes(content) if isinstance(content, bytes) else path.write_text(content)
+    (tmp_path / "a_folder").mkdir()
+    result = run_python(tmp_path, f"import sys\nfrom framework.cli import main\nsys.exit(main({args!r}))\n")
+    lines = result.stderr.splitlines()
+    assert result.returncode != 0, result.stdout
+    assert len(lines) == 1 and lines[0].startswith("framework "), result.stderr
+
+
+def test_plugins_with_a_broken_plugin_lists_it_in_one_line(tmp_path: Path) -> None:
+    make_dist(tmp_path, "broken", {"broken_mod": "raise RuntimeError('broken on purpose')\n"},
+              {"broken": "broken_mod"})  # fmt: skip
+    result = run_python(tmp_path, "import sys\nfrom framework.cli import main\nsys.exit(main(['plugins']))\n")
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.splitlines() == [
+        "framework: warning: PluginWarning: framework plugin 'broken' (broken_mod, from broken 1.0) "
+        "failed to load and was skipped: RuntimeError: broken on purpose"
+    ]
+    assert "failed plugin broken: RuntimeError: broken on purpose" in result.stdout

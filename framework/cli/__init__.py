@@ -10,8 +10,9 @@ import argparse
 import importlib
 import logging
 import sys
+import warnings
 from collections.abc import Sequence
-from typing import Optional
+from typing import Optional, Union
 
 from framework import __version__
 
@@ -44,6 +45,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _one_line_warning(
+    message: Union[Warning, str],
+    category: type[Warning],
+    filename: str,
+    lineno: int,
+    line: Optional[str] = None,
+) -> str:
+    """A warning on the command line is one line, like an error, without source lines."""
+    return f"framework: warning: {category.__name__}: {' '.join(str(message).split())}\n"
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -51,6 +63,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",
     )
+    warnings.formatwarning = _one_line_warning
     if not getattr(args, "handler", None):
         parser.print_help(sys.stderr)
         return 2
@@ -75,4 +88,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except KeyboardInterrupt:
         error("interrupted")
         return 130
+    except Exception as exc:  # a component's own failure: one line, the traceback on -v
+        if args.verbose:
+            raise
+        error(f"{type(exc).__name__}: {exc} (run with -v for the traceback)")
+        return 1
     return code

@@ -5,6 +5,10 @@ serves, or a local path), a ``data_loader`` (``"multiprocess"`` by default) and
 ``epochs``. Everything is built, and so checked, before any data is fetched or read:
 a config error prints the dotted path of the bad key and stops. Without CONFIG the
 bundled example (``framework/examples/default.json``) runs on a bundled corpus.
+
+A relative ``data_path`` written in a config file is relative to that file's folder (so
+a config and its data move together); one given with ``--override`` is relative to the
+current folder, like any path typed on a command line.
 """
 
 from __future__ import annotations
@@ -35,7 +39,12 @@ def add_parser(subparsers: Any) -> None:
         "reader and data loader by name, iterate the epochs, and print a summary. Without "
         "CONFIG, runs the bundled example on a bundled corpus (no network needed).",
     )
-    parser.add_argument("config", nargs="?", help="a JSON or YAML config file (default: the bundled example)")
+    parser.add_argument(
+        "config",
+        nargs="?",
+        help="a JSON or YAML config file (default: the bundled example); a relative data_path "
+        "in it is relative to the file's folder",
+    )
     parser.add_argument(
         "-o",
         "--override",
@@ -43,7 +52,7 @@ def add_parser(subparsers: Any) -> None:
         default=[],
         metavar="JSON",
         help='JSON deep-merged into the config, e.g. \'{"data_loader": {"num_workers": 2}}\' '
-        "(may be repeated)",
+        "(may be repeated); a relative data_path given here is relative to the current folder",
     )
     parser.add_argument("--device", help="move batches to this torch device, e.g. cuda:0")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
@@ -67,15 +76,14 @@ def _bundled_examples() -> Path:
 
 
 def load_run_config(config_path: Optional[str], overrides: list[str]) -> tuple[dict[str, Any], Path]:
-    """The merged, checked config and the folder relative data paths resolve against."""
+    """The merged, checked config and the folder a relative ``data_path`` resolves against:
+    the config file's folder for a path written in the file, the current folder for one
+    given in an ``--override``."""
     from framework.config import load_config
 
-    if config_path is None:
-        config = load_config(_bundled_examples() / DEFAULT_CONFIG)
-        base_dir = _bundled_examples()
-    else:
-        config = load_config(config_path)
-        base_dir = Path.cwd()
+    file = _bundled_examples() / DEFAULT_CONFIG if config_path is None else Path(config_path)
+    config = load_config(file)
+    base_dir = file.resolve().parent
     for index, text in enumerate(overrides):
         try:
             override = json.loads(text)
@@ -86,6 +94,8 @@ def load_run_config(config_path: Optional[str], overrides: list[str]) -> tuple[d
         if not isinstance(override, dict):
             raise ConfigError("", f"--override #{index + 1} must be a JSON object, got {text!r}")
         config = deep_merge(config, override)
+        if "data_path" in override:
+            base_dir = Path.cwd()
     _check_top_level(config)
     return config, base_dir
 

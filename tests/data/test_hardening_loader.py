@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import random
+import re
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -232,3 +233,13 @@ def test_the_unsharded_warning_names_the_reader_once_per_process() -> None:
     assert len(messages) == 1, messages
     assert "ForgetfulListReader sets manual_multiprocess_sharding=True" in messages[0]
     assert caught[0].filename == hardening_helpers.__file__  # points at the reader's _read
+
+
+def test_every_test_named_in_the_failure_model_exists() -> None:
+    docs = Path(__file__).resolve().parents[2] / "docs" / "concepts" / "loader.md"
+    section = docs.read_text().split("## Failure model", 1)[1]
+    named = re.findall(r"`(test_\w+\.py)::(test_\w+)", section)
+    assert named
+    here = Path(__file__).resolve().parent
+    missing = [f"{f}::{t}" for f, t in named if f"def {t}(" not in (here / f).read_text()]
+    assert missing == []

@@ -65,8 +65,10 @@ class MultiProcessDataLoader(DataLoader):
         shuffle: shuffle instances each epoch (without a `batch_sampler`); in lazy mode
             within chunks of `max_instances_in_memory`.
         batch_sampler: a `BatchSampler`, instead of batch_size/drop_last/shuffle.
-        batches_per_epoch: yield exactly this many batches per `iter()`; an epoch left
-            half-used carries over into the next, and a new pass starts when data runs out.
+        batches_per_epoch: yield exactly this many batches per `iter()`; a pass left
+            half-used carries over into the next epoch (once the epoch's last batch is
+            taken; a `break` before it abandons the pass, as in AllenNLP), and a new pass
+            starts when data runs out.
         num_workers: worker processes; 0 reads in this process.
         max_instances_in_memory: turns on lazy mode, holding about this many instances
             per worker at a time.
@@ -76,7 +78,9 @@ class MultiProcessDataLoader(DataLoader):
         quiet: no tqdm progress bars.
         collate_fn: turns a list of instances into a batch.
         seed: seeds shuffling, samplers and the workers' random/numpy/torch (from
-            seed, epoch, rank and worker id); the same seed gives the same batches.
+            seed, epoch, rank and worker id); the same seed gives the same batches. With
+            num_workers=0 the reader draws from streams of the loader's own, and the
+            caller's random/numpy/torch streams are left untouched.
         persistent_workers: keep lazy-mode workers alive between epochs.
         pin_memory: copy batches into pinned memory (when CUDA is available).
         even_batches: under torch.distributed, every rank yields the same number of
@@ -100,7 +104,13 @@ class MultiProcessDataLoader(DataLoader):
     Under torch.distributed (set up before the loader is built) each rank reads a
     disjoint shard. With `even_batches`, eager mode trims every rank's epoch to the
     shortest rank's (one `all_reduce` per epoch; `len()` stays the local count) and
-    lazy mode stops all ranks when any runs out (one tiny `all_reduce` per batch).
+    lazy mode stops all ranks when any runs out (one tiny `all_reduce` per batch). Those
+    collectives carry an error flag: a rank that fails before them, or whose shard is
+    empty, makes every rank raise (a copy of its error, naming it), never wait.
+
+    `load_state_dict` refuses (ValueError naming the setting) a state saved by a loader
+    that splits or batches the data differently: another num_workers (lazy mode), world
+    size or rank, batch settings or sampler, data_path or reader type.
     """
 
     def __init__(

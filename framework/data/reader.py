@@ -228,6 +228,8 @@ class DatasetReader(Registrable):
             return
         dist_info = self._dist_info()
         worker_info = self._worker_info
+        if worker_info is not None and worker_info.id != 0:
+            return  # every worker reads the same way: one of them says so, not all
         unsharded = []
         if self.manual_multiprocess_sharding and worker_info and worker_info.num_workers > 1:
             unsharded.append("manual_multiprocess_sharding")

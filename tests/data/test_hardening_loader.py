@@ -233,6 +233,11 @@ def test_the_unsharded_warning_names_the_reader_once_per_process() -> None:
     assert len(messages) == 1, messages
     assert "ForgetfulListReader sets manual_multiprocess_sharding=True" in messages[0]
     assert caught[0].filename == hardening_helpers.__file__  # points at the reader's _read
+    other_worker = ForgetfulListReader(8)
+    other_worker._set_worker_info(WorkerInfo(2, 1))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        list(other_worker.read("x"))  # worker 0 speaks for every worker
 
 
 def test_every_test_named_in_the_failure_model_exists() -> None:

@@ -461,3 +461,21 @@ def test_plugins_with_a_broken_plugin_lists_it_in_one_line(tmp_path: Path) -> No
         "failed to load and was skipped: RuntimeError: broken on purpose"
     ]
     assert "failed plugin broken: RuntimeError: broken on purpose" in result.stdout
+
+
+# -- 6. the Python versions we declare are the ones we check --------------------------------------
+def test_declared_python_matches_what_is_checked() -> None:
+    import configparser
+    import tomllib
+
+    setup = configparser.ConfigParser()
+    setup.read(REPO_ROOT / "setup.cfg", encoding="utf-8")
+    requires = setup["options"]["python_requires"]
+    assert requires.startswith(">=")
+    lowest = tuple(int(part) for part in requires[2:].split("."))
+    pyproject = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    assert pyproject["tool"]["ruff"]["target-version"] == (
+        "py" + "".join(map(str, lowest))
+    )
+    assert pyproject["tool"]["mypy"]["python_version"] == ".".join(map(str, lowest))
+    assert sys.version_info[:2] >= lowest

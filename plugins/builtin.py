@@ -10,7 +10,7 @@ from __future__ import annotations
 from framework.hookspecs import hookimpl
 from framework.registry import Registrar, import_target
 
-__all__ = ["BuiltinPlugin", "core", "http", "local", "readers", "s3", "samplers"]
+__all__ = ["BuiltinPlugin", "core", "fsspec", "http", "local", "readers", "s3", "samplers"]
 
 
 class BuiltinPlugin:
@@ -47,3 +47,4 @@ readers = BuiltinPlugin(
 http = BuiltinPlugin((_BACKEND, "http", "framework_plugins.http:HttpBackend"))
 s3 = BuiltinPlugin((_BACKEND, "s3", "framework_plugins.s3:S3Backend"))
 local = BuiltinPlugin((_BACKEND, "local", "framework_plugins.local:LocalBackend"))
+fsspec = BuiltinPlugin((_BACKEND, "fsspec", "framework_plugins.fsspec:FsspecBackend"))

@@ -17,6 +17,8 @@ from framework_plugins.s3 import S3Backend
 from framework.download import DownloadBackend, DownloadManager
 from framework.download._schemes import backend_name_for
 from framework.errors import DownloadError
+from framework.hookspecs import hookimpl
+from framework.registry import Registrar, get_registry
 from framework.testing import MemoryBackend
 
 pytestmark = pytest.mark.timeout(60)
@@ -155,3 +157,22 @@ def test_a_forked_child_closes_inherited_connections(cache: Path) -> None:
     child.join(timeout=30)
     assert child.exitcode == 0  # the child closed the pooled connections it inherited
     assert ClosingBackend.closes == 0  # the parent's are untouched
+
+
+class BrokenPlugin:
+    """A plugin whose backend cannot be imported."""
+
+    @staticmethod
+    @hookimpl
+    def framework_register_components(registrar: Registrar) -> None:
+        registrar.add(DownloadBackend, "broken", "no_such_module_anywhere:Backend")
+
+
+def test_a_broken_backend_plugin_does_not_take_other_schemes_down(
+    tmp_path: Path, manager: DownloadManager, caplog: pytest.LogCaptureFixture
+) -> None:
+    assert get_registry().add_plugin(BrokenPlugin, name="broken", provider="broken-plugin 0.1")
+    source = tmp_path / "still-works.bin"
+    source.write_bytes(b"fine")
+    assert manager.cached_path(source.as_uri()).read_bytes() == b"fine"  # found by declared scheme
+    assert "skipping the download backend 'broken'" in caplog.text

@@ -75,7 +75,7 @@ def _same_target(a: str, b: str) -> bool:
     return a.replace(":", ".") == b.replace(":", ".")
 
 
-def check_name(name: object, where: str) -> str:
+def _check_name(name: object, where: str) -> str:
     """`name` if it can be registered; a clear error if not (nothing is registered then)."""
     if not isinstance(name, str) or not name or any(c.isspace() or not c.isprintable() for c in name):
         raise RegistryError(
@@ -173,7 +173,7 @@ class Registrar:
         """Register `target` (``"pkg.module:Class"`` or a class) as `name` for `base`."""
         if not (isinstance(base, type) and issubclass(base, Registrable)):
             raise RegistryError(f"registrar.add: {base!r} is not a Registrable base class")
-        check_name(name, f"registrar.add({base.__name__}, ...) from {self.provider}")
+        _check_name(name, f"registrar.add({base.__name__}, ...) from {self.provider}")
         if not isinstance(target, (str, type)):
             raise RegistryError(
                 f"registrar.add: target for {name!r} must be 'package.module:ClassName' or a "
@@ -404,7 +404,7 @@ class Registrable:
         Scans no plugin: a plugin's entry of the same name is replaced only with
         ``exist_ok=True``, whichever is seen first.
         """
-        check_name(name, f"{cls.__name__}.register")
+        _check_name(name, f"{cls.__name__}.register")
 
         def decorate(subclass: type[_T]) -> type[_T]:
             if not (isinstance(subclass, type) and issubclass(subclass, cls)):

@@ -58,3 +58,21 @@ def test_error_tree_is_drawn_in_the_docstring() -> None:
     doc = framework.errors.__doc__ or ""
     for name in framework.errors.__all__:
         assert name in doc, f"{name} missing from the tree in framework/errors.py's docstring"
+
+
+def test_registry_and_testing_modules_export_what_they_define() -> None:
+    # (ruff's RUF022 keeps their __all__ sorted, constants first)
+    import framework.registry
+    import framework.testing
+
+    for module in (framework.registry, framework.testing):
+        defined = {
+            name
+            for name, value in vars(module).items()
+            if not name.startswith("_")
+            and (isinstance(value, type) or callable(value))
+            and getattr(value, "__module__", None) == module.__name__
+        }
+        assert defined <= set(module.__all__), f"{module.__name__}: {defined - set(module.__all__)}"
+        for name in module.__all__:
+            assert hasattr(module, name), f"{module.__name__}.{name}"

@@ -188,12 +188,12 @@ def test_trace_logs_hook_calls(plugin_site: Path, tmp_path: Path) -> None:
 def test_builtin_plugins_use_the_entry_point_path() -> None:
     from importlib.metadata import entry_points
 
-    from framework import _plugins
+    from framework.registry import get_registry
 
-    group = entry_points(group=_plugins.ENTRY_POINT_GROUP)
+    group = entry_points(group="framework.plugins")
     ours = {ep.name for ep in group if ep.dist and ep.dist.name == "framework"}
     assert {"core", "samplers", "readers", "http", "s3", "local"} <= ours
-    manager = _plugins.plugin_manager()
+    manager = get_registry().plugin_manager
     registered = {manager.get_name(p) for p in manager.get_plugins()}
     assert ours <= registered
 

@@ -19,9 +19,9 @@ def add_parser(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from framework import _plugins
-    from framework.registry import all_entries
+    from framework.registry import get_registry
 
+    registry = get_registry()
     rows = [
         {
             "base": entry.base.__name__,
@@ -29,9 +29,9 @@ def run(args: argparse.Namespace) -> int:
             "target": entry.target_path,
             "provider": entry.provider,
         }
-        for entry in all_entries()
+        for entry in registry.all_entries()
     ]
-    failures = {name: f"{type(e).__name__}: {e}" for name, e in _plugins.failures().items()}
+    failures = {name: f"{type(e).__name__}: {e}" for name, e in registry.failures().items()}
     if args.json:
         print(json.dumps({"components": rows, "failed_plugins": failures}, indent=2))
         return 0

@@ -307,6 +307,7 @@ class MultiProcessDataLoader(DataLoader):
             "batch_sampler": None if sampler is None else describe(sampler),
             "data_path": json.loads(json.dumps(self.data_path, default=str)),
             "reader": describe(self.reader)["type"],
+            "max_instances": self.reader.max_instances,  # the reader's, which changes the data
         }
 
     # -- passes over the data -------------------------------------------------------------

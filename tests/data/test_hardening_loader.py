@@ -82,6 +82,7 @@ def test_a_lazy_state_saved_with_other_num_workers_is_refused(workers: int) -> N
         ({"batch_size": None, "batch_sampler": "bucket"}, "batch_s"),
         ({"data_path": "y"}, "data_path"),
         ({"reader": "other"}, "reader"),
+        ({"reader": "capped"}, "max_instances"),
         ({"max_instances_in_memory": 16}, "max_instances_in_memory"),
         ({"shuffle": True}, "shuffle"),
     ],
@@ -95,8 +96,11 @@ def test_a_state_from_another_topology_is_refused(change: dict[str, Any], field:
     state = saved.state_dict()
     options: dict[str, Any] = {"max_instances_in_memory": 8, **change}
     reader: DatasetReader = CountingReader(40)
-    if options.pop("reader", None) == "other":
+    kind = options.pop("reader", None)
+    if kind == "other":
         reader = ShardingReader(40)
+    elif kind == "capped":
+        reader = CountingReader(40, max_instances=30)
     if options.get("batch_sampler") == "bucket":
         options["batch_sampler"] = BucketBatchSampler(batch_size=2, sorting_keys=["tokens"])
     other = _loader(reader, **options)
@@ -248,3 +252,11 @@ def test_every_test_named_in_the_failure_model_exists() -> None:
     here = Path(__file__).resolve().parent
     missing = [f"{f}::{t}" for f, t in named if f"def {t}(" not in (here / f).read_text()]
     assert missing == []
+
+
+def test_the_data_package_uses_dataclasses_not_attrs() -> None:
+    # One way to write value classes in framework.data: the standard library's.
+    package = Path(__file__).resolve().parents[2] / "framework" / "data"
+    pattern = re.compile(r"^\s*(import attr|from attr)", re.M)
+    users = [p.name for p in package.rglob("*.py") if pattern.search(p.read_text())]
+    assert users == []

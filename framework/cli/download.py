@@ -10,7 +10,8 @@ def add_parser(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "download",
         help="fetch a URL or path into the cache and print the local path",
-        description="Fetch URL (http, https, s3, file, a plain path, or a plugin's scheme) "
+        description="Fetch URL (http, https, s3, file, a plain path, a plugin's scheme, or "
+        "with the [fsspec] extra gs, az, hf and the other schemes fsspec knows) "
         "into the cache, verify it, and print the path of the cached file (or of the "
         "extracted folder with --extract). Racing processes fetch it once.",
     )
@@ -24,15 +25,16 @@ def add_parser(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from framework.download import cached_path
+    """Fetch and print the path; a failure is a `DownloadError`, which `main` prints as one line."""
+    from framework.download import DownloadManager
 
-    path = cached_path(
-        args.url,
-        cache_dir=args.cache_dir,
-        sha256=args.sha256,
-        extract=args.extract,
-        force=args.force,
-        progress=not args.no_progress,
-    )
+    with DownloadManager(args.cache_dir) as manager:  # closes the backends' connections
+        path = manager.cached_path(
+            args.url,
+            sha256=args.sha256,
+            extract=args.extract,
+            force=args.force,
+            progress=not args.no_progress,
+        )
     print(path)
     return 0

@@ -259,7 +259,8 @@ class MultiProcessDataLoader(DataLoader):
         if self.max_instances_in_memory is None:
             yield from self._load_instances()
             return
-        yield from self._read_instances()
+        # One swap of the loader's random streams per chunk (memory stays bounded).
+        yield from self._read_instances(step=self.max_instances_in_memory)
 
     def set_target_device(self, device: Union[int, str, torch.device]) -> None:
         new = device if isinstance(device, torch.device) else torch.device(device)
@@ -449,7 +450,7 @@ class MultiProcessDataLoader(DataLoader):
             self._instances = instances
         return self._instances
 
-    def _read_instances(self, step: Optional[int] = 1) -> Iterator[Instance]:
+    def _read_instances(self, step: Optional[int]) -> Iterator[Instance]:
         """The reader's instances; in this process `step` are read per swap of the
         loader's random streams (None: all in one, when no caller code runs between)."""
         if self.num_workers == 0:

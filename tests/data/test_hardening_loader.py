@@ -172,6 +172,7 @@ def test_building_and_iterating_leaves_the_callers_rng_untouched(options: dict[s
     loader = _loader(RandomReader(20), shuffle=True, **options)
     for _ in loader:
         pass
+    assert len(list(loader.iter_instances())) == 20
     assert _global_state() == before
 
 

@@ -105,7 +105,9 @@ class _Builder:
         self._names: dict[type, str] = {}
 
     def note(self, what: str, reason: str) -> None:
-        self.undescribed.append({"component": what, "reason": reason})
+        item = {"component": what, "reason": reason}
+        if item not in self.undescribed:  # met again under another def (e.g. a Lazy one)
+            self.undescribed.append(item)
 
     def key(self, cls: type, provided: _Provided, suffix: str = "") -> str:
         name = self._names.get(cls)

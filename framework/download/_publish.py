@@ -63,8 +63,12 @@ _READ_CHUNK: Final = 1 << 20
 STALE_AFTER_S: Final = 300.0
 # The tag of a partial file whose bytes no validator names: it is never resumed.
 NO_VALIDATOR: Final = "noetag"
-# Module-level so a test can inject a failing hash.
-_new_hasher: Callable[[], Any] = hashlib.sha256
+
+
+def _new_hasher() -> Any:
+    return hashlib.sha256()  # looked up at each call, so a test can inject a failing hash
+
+
 # Partial files this process is writing right now; any other partial of this process
 # is left over from an interrupted call (Ctrl-C) and may be adopted like a dead one's.
 _ACTIVE: set[str] = set()
@@ -396,6 +400,8 @@ def _download(
     """The retry loop: a body that breaks off is resumed, up to `attempts` times."""
     failures = 0
     while True:
+        if partial.offset and partial.name.tag == NO_VALIDATOR:
+            partial.restart(Validators())  # no validator can vouch for the bytes we have
         if_range = partial.validators.if_range if partial.offset and partial.validators else None
         # A NetworkError from open is final: the backend already retried opening.
         # `if_range` goes only to backends that are given one, so older backends still work.

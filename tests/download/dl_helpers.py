@@ -30,6 +30,7 @@ class Route:
 
     data: bytes
     etag: Optional[str] = None
+    last_modified: Optional[str] = None  # sent as Last-Modified; matched by If-Range
     status: Optional[int] = None  # a fixed answer, e.g. 404
     fail_statuses: list[int] = attrs.field(factory=list)  # answered first, one per GET
     range_mode: str = "honor"  # "honor" | "ignore" (answer 200) | "416"
@@ -37,6 +38,8 @@ class Route:
     drop_after: Optional[int] = None  # body bytes sent before the fault
     drops: int = 0  # how many GETs get the fault
     drop_kind: str = "reset"  # "reset" (RST) | "short" (clean close, body < Content-Length)
+    then: dict[str, Any] = attrs.field(factory=dict)  # route fields set after a fault: a new version
+    star_total: bool = False  # answer 206 with an unknown total: Content-Range bytes a-b/*
     chunk: int = 64 * 1024
     delay: float = 0.0  # seconds per chunk
     gets: int = 0
@@ -44,6 +47,7 @@ class Route:
     heads: int = 0
     ranges: list[str] = attrs.field(factory=list)
     headers: list[dict[str, str]] = attrs.field(factory=list)  # every request's headers
+    if_ranges: list[str] = attrs.field(factory=list)  # the If-Range header of each GET ('' if none)
 
 
 class FaultServer(ThreadingHTTPServer):
@@ -105,11 +109,13 @@ class _Handler(BaseHTTPRequestHandler):
             self._empty(404)
             return
         range_header = self.headers.get("Range")
+        if_range = self.headers.get("If-Range")
         with self.server.lock:
             route.headers.append(dict(self.headers))
             if self.command == "GET":
                 route.gets += 1
                 route.ranges.append(range_header or "")
+                route.if_ranges.append(if_range or "")
             else:
                 route.heads += 1
             fail = route.fail_statuses.pop(0) if route.fail_statuses and self.command == "GET" else None
@@ -125,6 +131,8 @@ class _Handler(BaseHTTPRequestHandler):
         data, size = route.data, len(route.data)
         start = 0
         status = 200
+        if if_range is not None and if_range not in (route.etag, route.last_modified):
+            range_header = None  # RFC 9110 If-Range: another version is sent whole
         if range_header and route.range_mode != "ignore":
             start = int(range_header.split("=", 1)[1].split("-", 1)[0])
             if route.range_mode == "416" or start >= size:
@@ -140,8 +148,11 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Accept-Ranges", "bytes")
         if route.etag:
             self.send_header("ETag", route.etag)
+        if route.last_modified:
+            self.send_header("Last-Modified", route.last_modified)
         if status == 206:
-            self.send_header("Content-Range", f"bytes {start}-{size - 1}/{size}")
+            total = "*" if route.star_total else str(size)
+            self.send_header("Content-Range", f"bytes {start}-{size - 1}/{total}")
         self.end_headers()
         if self.command == "HEAD":
             return
@@ -157,6 +168,10 @@ class _Handler(BaseHTTPRequestHandler):
                 self.wfile.write(body[sent:fault_at])
                 self.wfile.flush()
                 self._fault(route.drop_kind)
+                with self.server.lock:
+                    for key, value in route.then.items():
+                        setattr(route, key, value)
+                    route.then = {}
                 return
             self.wfile.write(body[sent:end])
             sent = end

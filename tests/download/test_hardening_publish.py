@@ -1,0 +1,509 @@
+"""The fetch -> verify -> publish -> metadata path under a hostile cache folder, a
+server whose object changes between requests, crashes and Ctrl-C, and odd answers.
+
+Each test here failed on the code before the hardening (see the security page,
+docs/concepts/security.md, for the threat each one attacks)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from dl_helpers import FORK, FaultServer, sha256, stray_files, wait_for
+
+from framework.download import DownloadManager
+from framework.download._cache import HOST, Entry, unique_token
+from framework.download._lock import EntryLock
+from framework.download._publish import NO_VALIDATOR, Validators
+from framework.errors import (
+    DownloadError,
+    InvalidArgumentError,
+    LockTimeoutError,
+    OfflineError,
+)
+
+pytestmark = pytest.mark.timeout(60)
+
+VICTIM = b"precious bytes outside the cache"
+
+
+def _dead_pid() -> int:
+    """A pid that is not running here (a child that has exited and been reaped)."""
+    child = FORK.Process(target=os._exit, args=(0,))
+    child.start()
+    child.join()
+    assert child.pid is not None
+    return child.pid
+
+
+def _partial_name(cache: Path, url: str, tag: str, host: str = HOST, pid: int = 0) -> Path:
+    """Where a crashed process (by default a dead one on this host) left its partial file."""
+    final = Entry(cache, url).final
+    cache.mkdir(parents=True, exist_ok=True)
+    _host, _pid, token = unique_token().split(".")
+    return final.with_name(f"{final.name}.{tag}.{host}.{pid or _dead_pid()}.{token}.part")
+
+
+def _tag(etag: str) -> str:
+    return Validators(etag).tag
+
+
+# Files planted in the cache -------------------------------------------------------
+
+
+def test_symlink_planted_as_a_partial_is_never_written_through(
+    http_server: FaultServer, manager: DownloadManager, cache: Path, payload: bytes, tmp_path: Path
+) -> None:
+    url = http_server.add("/planted/symlink-partial.bin", payload)
+    victim = tmp_path / "victim.txt"
+    victim.write_bytes(VICTIM)
+    _partial_name(cache, url, _tag(http_server.route(url).etag or "")).symlink_to(victim)
+    path = manager.cached_path(url, sha256=sha256(payload))
+    assert victim.read_bytes() == VICTIM
+    assert stat.S_ISREG(os.lstat(path).st_mode) and path.read_bytes() == payload
+
+
+def test_symlinks_planted_at_final_sidecar_and_lock_are_not_followed(
+    http_server: FaultServer, manager: DownloadManager, cache: Path, payload: bytes, tmp_path: Path
+) -> None:
+    url = http_server.add("/planted/symlink-final.bin", payload)
+    entry = Entry(cache, url)
+    cache.mkdir()
+    victim = tmp_path / "victim.txt"
+    victim.write_bytes(VICTIM)
+    # The planted sidecar vouches for the victim's bytes as if they were the payload.
+    fake = tmp_path / "fake.json"
+    fake.write_text(json.dumps({"url": url, "etag": None, "size": len(VICTIM), "sha256": sha256(payload)}))
+    entry.final.symlink_to(victim)
+    entry.sidecar.symlink_to(fake)
+    entry.lock.symlink_to(victim)
+    path = manager.cached_path(url, sha256=sha256(payload))
+    assert stat.S_ISREG(os.lstat(path).st_mode) and path.read_bytes() == payload
+    assert victim.read_bytes() == VICTIM
+
+
+def test_folder_planted_as_a_partial_is_ignored(
+    http_server: FaultServer, manager: DownloadManager, cache: Path, payload: bytes
+) -> None:
+    url = http_server.add("/planted/folder-partial.bin", payload)
+    planted = _partial_name(cache, url, _tag(http_server.route(url).etag or ""))
+    planted.mkdir()
+    assert manager.cached_path(url).read_bytes() == payload
+    assert planted.is_dir()  # not ours to remove
+
+
+_FIFO_CHILD = """
+import sys
+from framework.download import DownloadManager
+path = DownloadManager(sys.argv[1], progress=False, lock_timeout=5).cached_path(sys.argv[2])
+print(path.read_bytes() == bytes.fromhex(sys.argv[3]))
+"""
+
+
+@pytest.mark.parametrize("where", ["partial", "sidecar"])
+def test_fifo_planted_in_the_cache_never_hangs(
+    http_server: FaultServer, cache: Path, tmp_path: Path, where: str
+) -> None:
+    data = os.urandom(4096)
+    url = http_server.add(f"/planted/fifo-{where}.bin", data)
+    entry = Entry(cache, url)
+    if where == "partial":
+        os.mkfifo(_partial_name(cache, url, _tag(http_server.route(url).etag or "")))
+    else:  # a published-looking file whose sidecar is a FIFO
+        cache.mkdir()
+        entry.final.write_bytes(data)
+        os.mkfifo(entry.sidecar)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    try:
+        result = subprocess.run(
+            [sys.executable, "-c", _FIFO_CHILD, str(cache), url, data.hex()],
+            capture_output=True,
+            text=True,
+            timeout=40,
+            env=env,
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"a FIFO planted as the {where} made cached_path hang")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "True"
+
+
+# Crash windows ------------------------------------------------------------------
+
+
+def test_old_sidecar_never_vouches_for_new_bytes(
+    http_server: FaultServer, manager: DownloadManager, cache: Path, payload: bytes
+) -> None:
+    url = http_server.add("/crash/window.bin", payload)
+    path = manager.cached_path(url, sha256=sha256(payload))
+    # The state a crash leaves between "file replaced" and "sidecar written" (or what
+    # a reader sees in that window): other bytes of the same size, the old sidecar.
+    other = bytes(reversed(payload))
+    temp = path.with_name("elsewhere.tmp")
+    temp.write_bytes(other)
+    os.replace(temp, path)
+    got = manager.cached_path(url, sha256=sha256(payload))
+    assert hashlib.sha256(got.read_bytes()).hexdigest() == sha256(payload)
+    assert http_server.route(url).gets == 2  # fetched again, not served
+
+
+def _crash_before_rename(cache: str, url: str) -> None:
+    from framework.download import manager as manager_module
+
+    def crash(temp: Path, final: Path) -> None:
+        os._exit(3)  # the sidecar is written, the file not yet renamed into place
+
+    manager_module.publish_file = crash  # type: ignore[assignment]
+    DownloadManager(cache, progress=False).cached_path(url, force=True)
+
+
+def test_crash_between_sidecar_and_rename_serves_no_mixed_entry(
+    http_server: FaultServer, manager: DownloadManager, cache: Path, payload: bytes
+) -> None:
+    url = http_server.add("/crash/rename.bin", payload)
+    manager.cached_path(url)
+    route = http_server.route(url)
+    new = bytes(reversed(payload))
+    route.data, route.etag = new, '"v2"'
+    child = FORK.Process(target=_crash_before_rename, args=(str(cache), url))
+    child.start()
+    child.join(timeout=30)
+    assert child.exitcode == 3
+    # New sidecar, old file: neither digest may be served for the other's bytes.
+    assert Entry(cache, url).lookup(None) is None
+    assert manager.cached_path(url, sha256=sha256(new)).read_bytes() == new
+
+
+# Resume across versions ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("validator", ["none", "etag", "last_modified"])
+def test_resume_never_splices_two_versions(
+    http_server: FaultServer, manager: DownloadManager, payload: bytes, validator: str
+) -> None:
+    v2 = os.urandom(len(payload))
+    first = {
+        "none": {},
+        "etag": {"etag": '"v1"'},
+        "last_modified": {"last_modified": "Mon, 01 Jan 2024 00:00:00 GMT"},
+    }
+    second = {
+        "none": {},
+        "etag": {"etag": '"v2"'},
+        "last_modified": {"last_modified": "Tue, 02 Jan 2024 00:00:00 GMT"},
+    }
+    url = http_server.add(
+        f"/versions/{validator}.bin",
+        payload,
+        **{"etag": None, **first[validator]},
+        drop_after=300_000,
+        drops=1,
+        then={"data": v2, **second[validator]},
+    )
+    path = manager.cached_path(url)
+    assert path.read_bytes() == v2
+    assert json.loads(Path(f"{path}.json").read_text())["sha256"] == sha256(v2)
+    route = http_server.route(url)
+    if validator == "none":
+        assert route.ranges == ["", ""]  # no validator: never resumed
+    else:
+        assert route.if_ranges[1] == next(iter(first[validator].values()))
+        assert route.full_gets == 2
+
+
+def test_resume_with_the_same_last_modified_continues(
+    http_server: FaultServer, manager: DownloadManager, payload: bytes
+) -> None:
+    url = http_server.add(
+        "/versions/same-lm.bin",
+        payload,
+        etag=None,
+        last_modified="Mon, 01 Jan 2024 00:00:00 GMT",
+        drop_after=300_000,
+        drops=1,
+    )
+    assert manager.cached_path(url, sha256=sha256(payload)).read_bytes() == payload
+    route = http_server.route(url)
+    assert route.ranges[0] == "" and route.ranges[1].startswith("bytes=") and route.full_gets == 1
+
+
+def test_local_partial_without_validator_is_not_resumed(
+    manager: DownloadManager, cache: Path, tmp_path: Path
+) -> None:
+    source = tmp_path / "source.bin"
+    v1, v2 = os.urandom(100_000), os.urandom(100_000)
+    source.write_bytes(v2)
+    url = source.resolve().as_uri()
+    part = _partial_name(cache, url, NO_VALIDATOR)
+    part.write_bytes(v1[:30_000])  # a crashed earlier fetch of version 1
+    assert manager.cached_path(url).read_bytes() == v2
+    assert stray_files(cache) == []
+
+
+def test_206_with_unknown_total_resumes(
+    http_server: FaultServer, manager: DownloadManager, payload: bytes
+) -> None:
+    url = http_server.add("/star/total.bin", payload, star_total=True, drop_after=300_000, drops=1)
+    assert manager.cached_path(url, sha256=sha256(payload)).read_bytes() == payload
+    route = http_server.route(url)
+    assert route.ranges[0] == "" and route.ranges[1].startswith("bytes=") and route.full_gets == 1
+
+
+# Loops ------------------------------------------------------------------------------
+
+
+def test_server_answering_416_to_everything_is_one_clear_error(
+    http_server: FaultServer, manager: DownloadManager, cache: Path
+) -> None:
+    url = http_server.add("/loop/416.bin", b"x", status=416)
+    with pytest.raises(DownloadError, match="416") as info:
+        manager.cached_path(url)
+    assert info.value.url == url
+    assert http_server.route(url).gets == 1
+    assert stray_files(cache) == []
+
+
+def test_416_for_a_partial_then_416_again_is_bounded(
+    http_server: FaultServer, manager: DownloadManager, cache: Path, payload: bytes
+) -> None:
+    url = http_server.add("/loop/416-partial.bin", payload, range_mode="416")
+    _partial_name(cache, url, _tag(http_server.route(url).etag or "")).write_bytes(payload[:1000])
+    assert manager.cached_path(url).read_bytes() == payload
+    assert http_server.route(url).ranges == ["bytes=1000-", ""]
+
+
+# Coordination -------------------------------------------------------------------------
+
+
+def _revalidate_child(url: str, cache: str, barrier: Any, results: Any) -> None:
+    try:
+        manager = DownloadManager(cache, progress=False, backoff_factor=0.01)
+        barrier.wait(timeout=20)
+        path = manager.cached_path(url, revalidate=True)
+        results.put(hashlib.sha256(path.read_bytes()).hexdigest())
+    except BaseException as error:
+        results.put(repr(error))
+
+
+def test_revalidate_in_two_processes_fetches_a_changed_object_once(
+    http_server: FaultServer, manager: DownloadManager, payload: bytes
+) -> None:
+    url = http_server.add("/coord/revalidate.bin", payload)
+    manager.cached_path(url)
+    route = http_server.route(url)
+    new = os.urandom(2 << 20)
+    route.data, route.etag, route.delay = new, '"v2"', 0.005
+    barrier, results = FORK.Barrier(2), FORK.Queue()
+    procs = [
+        FORK.Process(target=_revalidate_child, args=(url, str(manager.cache_dir), barrier, results))
+        for _ in range(2)
+    ]
+    for proc in procs:
+        proc.start()
+    try:
+        assert [results.get(timeout=40) for _ in procs] == [sha256(new)] * 2
+    finally:
+        for proc in procs:
+            proc.join(timeout=10)
+    assert route.gets == 2  # the first fetch, then one for the new version (not two)
+
+
+def _extract_slowly(cache: str, url: str, holding: Any) -> None:
+    from framework.download import manager as manager_module
+
+    real = manager_module.extract_archive
+
+    def slow(*args: Any, **kwargs: Any) -> None:
+        holding.set()
+        time.sleep(2.0)  # a healthy holder, busy extracting: no partial file grows
+        real(*args, **kwargs)
+
+    manager_module.extract_archive = slow  # type: ignore[assignment]
+    DownloadManager(cache, progress=False, lock_timeout=0.5).cached_path(url, extract=True)
+
+
+def test_waiter_keeps_waiting_while_the_holder_extracts(
+    http_server: FaultServer, cache: Path, tmp_path: Path
+) -> None:
+    import zipfile
+
+    archive = tmp_path / "a.zip"
+    with zipfile.ZipFile(archive, "w") as zf:
+        zf.writestr("inside.txt", "hello")
+    url = http_server.add("/coord/extract.zip", archive.read_bytes())
+    holding = FORK.Event()
+    holder = FORK.Process(target=_extract_slowly, args=(str(cache), url, holding))
+    holder.start()
+    try:
+        assert holding.wait(timeout=20)
+        folder = DownloadManager(cache, progress=False, lock_timeout=0.5).cached_path(url, extract=True)
+        assert (folder / "inside.txt").read_text() == "hello"
+    finally:
+        holder.join(timeout=20)
+    assert holder.exitcode == 0
+    assert http_server.route(url).gets == 1
+
+
+def _hold_idle(lock_path: str, ready: Any) -> None:
+    with EntryLock(Path(lock_path), "filelock", 60, "http://holder/"):
+        ready.set()
+        time.sleep(60)
+
+
+def test_lock_timeout_never_says_to_delete_a_live_holders_lock(http_server: FaultServer, cache: Path) -> None:
+    url = http_server.add("/coord/live-holder.bin", b"payload")
+    cache.mkdir()
+    ready = FORK.Event()
+    holder = FORK.Process(target=_hold_idle, args=(str(Entry(cache, url).lock), ready))
+    holder.start()
+    try:
+        assert ready.wait(timeout=20)
+        with pytest.raises(LockTimeoutError) as info:
+            DownloadManager(cache, lock_timeout=0.5, progress=False).cached_path(url)
+        message = str(info.value)
+        assert f"pid {holder.pid}" in message and "alive" in message
+        assert "do not delete" in message and "delete it" not in message
+    finally:
+        os.kill(holder.pid or 0, signal.SIGKILL)
+        holder.join(timeout=10)
+
+
+def _interrupted_then_again(cache: str, url: str, results: Any) -> None:
+    manager = DownloadManager(cache, progress=False, backoff_factor=0.01)
+    try:
+        manager.cached_path(url)
+        results.put("not interrupted")
+        return
+    except KeyboardInterrupt:
+        pass
+    path = manager.cached_path(url)  # the same process, a later call
+    results.put(hashlib.sha256(path.read_bytes()).hexdigest())
+
+
+def test_after_ctrl_c_a_later_call_in_the_same_process_resumes(http_server: FaultServer, cache: Path) -> None:
+    data = os.urandom(2 << 20)
+    url = http_server.add("/coord/ctrl-c.bin", data, delay=0.05)
+    results = FORK.Queue()
+    child = FORK.Process(target=_interrupted_then_again, args=(str(cache), url, results))
+    child.start()
+    try:
+        wait_for(
+            lambda: any(p.name.endswith(".part") and p.stat().st_size > 256 * 1024 for p in cache.glob("*")),
+            what="a partial file",
+        )
+        http_server.route(url).delay = 0
+        os.kill(child.pid or 0, signal.SIGINT)
+        assert results.get(timeout=30) == sha256(data)
+    finally:
+        child.join(timeout=10)
+    route = http_server.route(url)
+    assert route.full_gets == 1 and route.ranges[-1].startswith("bytes=")  # resumed
+    assert stray_files(cache) == []
+
+
+# Also ----------------------------------------------------------------------------------
+
+
+class _FailingHash:
+    """A sha256 whose third update fails, as a MemoryError in the hash thread would."""
+
+    real = hashlib.sha256
+
+    def __init__(self, data: bytes = b"") -> None:
+        self._h = self.real(data)
+        self.updates = 0
+
+    def update(self, data: bytes) -> None:
+        self.updates += 1
+        if self.updates == 3:
+            raise MemoryError("injected")
+        self._h.update(data)
+
+    def hexdigest(self) -> str:
+        return self._h.hexdigest()
+
+
+def _fetch_with_failing_hash(source: str, cache: str, results: Any) -> None:
+    hashlib.sha256 = _FailingHash  # type: ignore[assignment,misc]
+    try:
+        DownloadManager(cache, progress=False).cached_path(source)
+        results.put("published")
+    except DownloadError as error:
+        results.put(f"DownloadError: {error}")
+
+
+@pytest.mark.parametrize("size_mib", [4, 48])  # 48 MiB: more than the hash queue holds
+def test_hash_thread_failure_is_an_error_never_a_hang_or_a_partial_digest(
+    http_server: FaultServer, cache: Path, size_mib: int
+) -> None:
+    url = http_server.add(f"/hash/fails-{size_mib}.bin", os.urandom(size_mib << 20))
+    results = FORK.Queue()
+    child = FORK.Process(target=_fetch_with_failing_hash, args=(url, str(cache), results))
+    child.start()
+    try:
+        outcome = results.get(timeout=40)
+    except Exception:
+        outcome = "hung"
+    finally:
+        child.kill()
+        child.join(timeout=10)
+    assert outcome.startswith("DownloadError: hashing the download failed: MemoryError"), outcome
+    assert not Entry(cache, url).final.exists()
+    assert stray_files(cache) == []
+
+
+@pytest.mark.parametrize("host_kind", ["same hostname, no namespace", "same hostname, other namespace"])
+def test_partial_from_another_pid_namespace_is_not_taken(
+    http_server: FaultServer, manager: DownloadManager, cache: Path, payload: bytes, host_kind: str
+) -> None:
+    hostname = HOST.rsplit("-", 1)[0] if "-" in HOST else HOST
+    host = hostname if host_kind.endswith("no namespace") else f"{hostname}-1"
+    url = http_server.add(f"/pidns/{host_kind.replace(' ', '-').replace(',', '')}.bin", payload)
+    part = _partial_name(cache, url, _tag(http_server.route(url).etag or ""), host=host)
+    part.write_bytes(payload[:5000])  # fresh: its writer, in another container, may be alive
+    assert manager.cached_path(url).read_bytes() == payload
+    assert http_server.route(url).ranges == [""]
+    assert part.read_bytes() == payload[:5000]
+
+
+@pytest.mark.parametrize("bad", ["abc", "g" * 64, sha256(b"x") + "0", 12345])
+def test_invalid_sha256_is_refused_before_any_request(
+    http_server: FaultServer, manager: DownloadManager, bad: Any
+) -> None:
+    url = http_server.add(f"/badsha/{bad!s:.8}.bin", b"data")
+    with pytest.raises(InvalidArgumentError, match="sha256 must be 64 hexadecimal digits") as info:
+        manager.cached_path(url, sha256=bad)
+    assert isinstance(info.value, ValueError) and info.value.url == url
+    assert http_server.route(url).gets == 0 and http_server.route(url).heads == 0
+
+
+def test_upper_case_sha256_is_accepted(http_server: FaultServer, manager: DownloadManager) -> None:
+    url = http_server.add("/badsha/upper.bin", b"data")
+    assert manager.cached_path(url, sha256=sha256(b"data").upper()).read_bytes() == b"data"
+
+
+def test_offline_message_names_the_cached_copy_with_another_digest(
+    http_server: FaultServer,
+    manager: DownloadManager,
+    cache: Path,
+    payload: bytes,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    url = http_server.add("/offline/other-digest.bin", payload)
+    manager.cached_path(url)
+    offline = DownloadManager(cache, offline=True, progress=False)
+    with pytest.raises(OfflineError) as info:
+        offline.cached_path(url, sha256=sha256(b"another version"))
+    message = str(info.value)
+    assert sha256(payload) in message and "no verified copy" not in message
+    with pytest.raises(OfflineError, match="force=True"):
+        offline.cached_path(url, force=True)

@@ -130,6 +130,9 @@ class ConfigError(FrameworkError, ValueError):
         self.errors: list[ConfigError] = [self]
         super().__init__(f"{path or '<root>'}: {message}")
 
+    def __reduce__(self) -> Any:
+        return (type(self), (self.path, self.reason, self.expected, self.got))
+
 
 class WorkerError(FrameworkError):
     """A loader worker failed; `str()` shows the message and the worker's traceback."""

@@ -275,3 +275,18 @@ def test_the_main_job_declares_numpy_and_runs_without_warnings(cli_env: dict[str
     )
     assert result.returncode == 0, result.stderr
     assert "Warning" not in result.stderr and "NumPy" not in result.stderr, result.stderr
+
+
+def test_a_config_error_survives_pickling() -> None:
+    # worker processes send errors back pickled: a ConfigError raised there must arrive
+    import pickle
+
+    error = ConfigError("data_loader.batch_size", "expected int, got 'x'", "int", "x")
+    copy = pickle.loads(pickle.dumps(error))
+    assert (copy.path, copy.reason, copy.expected, copy.got) == (
+        "data_loader.batch_size",
+        "expected int, got 'x'",
+        "int",
+        "x",
+    )
+    assert str(copy) == str(error)

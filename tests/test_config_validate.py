@@ -8,11 +8,11 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Union
+from typing import Any, Optional, Union
 
 import pytest
 
-from framework import Registrable
+from framework import Lazy, Registrable
 from framework.cli import main
 from framework.config import construct, validate
 from framework.data import BatchSampler
@@ -290,3 +290,31 @@ def test_a_config_error_survives_pickling() -> None:
         "x",
     )
     assert str(copy) == str(error)
+
+
+class Palette(Shape):
+    def __init__(self, later: Lazy[Color], fixed: Optional[Color] = None) -> None:
+        self.later = later
+        self.fixed = fixed
+
+
+def test_a_lazy_part_is_checked_up_front_but_may_miss_keys_given_later() -> None:
+    Shape.register("palette")(Palette)
+    Color.register("exact")(Exact)
+    # "value" is missing, but Lazy.construct(value=...) may still give it: valid
+    config = {"type": "palette", "later": {"type": "exact"}}
+    assert validate(config, Shape) == []
+    built: Any = Shape.from_config(config)
+    assert built.later.construct(value=3).value == 3
+    # a wrong name or type inside the Lazy is an error now, not when it is built
+    bad = {"type": "palette", "later": {"type": "exakt", "value": "x"}, "fixed": {"type": "exact"}}
+    assert [e.path for e in validate(bad, Shape)] == ["later.type", "fixed.value"]
+    with pytest.raises(
+        ConfigError, match=r"^later\.type: 'exakt' is not a registered name for Color\. Did you mean"
+    ):
+        Shape.from_config(bad)
+
+
+class Exact(Color):
+    def __init__(self, value: int) -> None:
+        self.value = value

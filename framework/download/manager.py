@@ -318,6 +318,13 @@ class DownloadManager:
             validators = result.validators
             entry.publish_metadata(validators.etag, validators.last_modified, result.sha256, result.info)
             publish_file(result.temp, entry.final)
+        except IsADirectoryError as error:  # os.replace never removes a folder
+            discard(result.temp)
+            raise DownloadError(
+                entry.url,
+                f"cannot publish {entry.final}: a folder sits at that name (not one this cache "
+                "makes); remove it, or use another cache folder",
+            ) from error
         except BaseException:
             discard(result.temp)
             raise

@@ -24,6 +24,7 @@ from framework.download import DownloadManager
 from framework.download._cache import HOST, Entry, unique_token
 from framework.download._lock import EntryLock
 from framework.download._publish import NO_VALIDATOR, Validators
+from framework.download.backend import parse_content_range
 from framework.errors import (
     DownloadError,
     InvalidArgumentError,
@@ -99,6 +100,18 @@ def test_folder_planted_as_a_partial_is_ignored(
     planted.mkdir()
     assert manager.cached_path(url).read_bytes() == payload
     assert planted.is_dir()  # not ours to remove
+
+
+def test_folder_planted_at_the_final_path_is_a_clear_error(
+    http_server: FaultServer, manager: DownloadManager, cache: Path, payload: bytes
+) -> None:
+    url = http_server.add("/planted/folder-final.bin", payload)
+    final = Entry(cache, url).final
+    (final / "inside").mkdir(parents=True)
+    with pytest.raises(DownloadError, match="a folder sits at that name") as info:
+        manager.cached_path(url)
+    assert info.value.url == url and (final / "inside").is_dir()
+    assert stray_files(cache) == []
 
 
 _FIFO_CHILD = """
@@ -507,3 +520,37 @@ def test_offline_message_names_the_cached_copy_with_another_digest(
     assert sha256(payload) in message and "no verified copy" not in message
     with pytest.raises(OfflineError, match="force=True"):
         offline.cached_path(url, force=True)
+
+
+@pytest.mark.parametrize(
+    ("value", "parsed"),
+    [
+        ("bytes 5-9/10", (5, 10)),
+        ("bytes 5-9/*", (5, None)),
+        ("bytes */10", (None, 10)),
+        ("junk", (None, None)),
+    ],
+)
+def test_content_range_forms(value: str, parsed: tuple[Any, Any]) -> None:
+    assert parse_content_range(value) == parsed
+
+
+def test_s3_206_with_unknown_total_keeps_its_offset(s3_env: str) -> None:
+    import io
+
+    from botocore.response import StreamingBody
+    from botocore.stub import Stubber
+    from framework_plugins.s3 import S3Backend
+
+    # moto always sends the total, so botocore's own stubber plays an S3-compatible
+    # server that answers a range with an unknown total ("bytes 6-9/*").
+    backend = S3Backend()
+    answer = {
+        "Body": StreamingBody(io.BytesIO(b"tail"), 4),
+        "ContentLength": 4,
+        "ContentRange": "bytes 6-9/*",
+    }
+    with Stubber(backend.client) as stub:
+        stub.add_response("get_object", answer, {"Bucket": "b", "Key": "k", "Range": "bytes=6-"})
+        stream = backend.open("s3://b/k", 6)
+    assert (stream.start, stream.size) == (6, None)  # not "a whole object of 4 bytes"

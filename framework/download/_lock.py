@@ -124,7 +124,7 @@ class EntryLock:
             yield
             return
         stop = threading.Event()
-        interval = min(5.0, self.timeout / 4)
+        interval = min(5.0, max(0.05, self.timeout / 4))  # several beats per timeout
 
         def beat() -> None:
             while not stop.wait(interval):

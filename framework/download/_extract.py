@@ -13,11 +13,14 @@ sparse members are refused; the member count, the total size and the expansion r
 are capped, counting declared sizes before writing and, for zip, the bytes really
 written. A damaged archive raises `CorruptArchiveError`. Everything is extracted into
 a temporary folder next to the target, which appears at the target only through
-``os.replace``.
+``os.replace``. A marker next to the folder (``<folder>.json``) records the sha256 of
+the archive it came from, so a folder left from an older archive is never served for
+a newer one; the old marker goes before the old folder does.
 """
 
 from __future__ import annotations
 
+import json
 import lzma
 import os
 import shutil
@@ -30,7 +33,7 @@ from typing import IO, Any, Final, Optional
 
 import attrs
 
-from framework.download._cache import dead_leftovers, unique_token
+from framework.download._cache import dead_leftovers, read_small_file, unique_token, write_json_atomic
 from framework.errors import CorruptArchiveError, DownloadError, UnsafeArchiveError
 
 __all__ = [
@@ -41,6 +44,7 @@ __all__ = [
     "archive_format",
     "check_member_path",
     "extract_archive",
+    "extracted_from",
 ]
 
 DEFAULT_MAX_SIZE: Final = 64 << 30
@@ -262,6 +266,22 @@ def _extract_zip(archive: Path, root: str, limits: ExtractLimits, url: str) -> N
                 _write_new(path, source, info.filename, written)
 
 
+def _marker(target: Path) -> Path:
+    return target.with_name(f"{target.name}.json")
+
+
+def extracted_from(target: Path, digest: str) -> bool:
+    """Whether `target` is a folder extracted from the archive whose sha256 is `digest`."""
+    if not os.path.isdir(target):
+        return False
+    raw = read_small_file(_marker(target))
+    try:
+        marker = json.loads(raw) if raw is not None else None
+    except ValueError:
+        return False
+    return isinstance(marker, dict) and marker.get("sha256") == digest
+
+
 def _sweep(target: Path) -> None:
     """Remove temporary folders left by dead extractors of `target` on this host."""
     for leftover in dead_leftovers(target, (".tmp", ".old")):
@@ -289,8 +309,17 @@ def _unpack(archive: Path, root: str, limits: ExtractLimits, url: str) -> None:
     _check_links_stay_inside(root, url)
 
 
-def extract_archive(archive: Path, target: Path, url: str, limits: ExtractLimits, *, replace: bool) -> Path:
-    """Extract `archive` to `target` atomically; with `replace`, swap out an old `target`."""
+def extract_archive(
+    archive: Path,
+    target: Path,
+    url: str,
+    limits: ExtractLimits,
+    *,
+    replace: bool,
+    digest: Optional[str] = None,
+) -> Path:
+    """Extract `archive` to `target` atomically; with `replace`, swap out an old `target`.
+    With `digest` (the archive's sha256), mark the folder as extracted from it."""
     try:
         _sweep(target)
         temp = target.with_name(f"{target.name}.{unique_token()}.tmp")
@@ -303,6 +332,7 @@ def extract_archive(archive: Path, target: Path, url: str, limits: ExtractLimits
         _unpack(archive, os.path.realpath(temp), limits, url)
         old: Optional[Path] = None
         if replace and target.exists():
+            _marker(target).unlink(missing_ok=True)  # no moment where it vouches for other files
             old = target.with_name(f"{target.name}.{unique_token()}.old")
             os.rename(target, old)
         try:
@@ -312,6 +342,8 @@ def extract_archive(archive: Path, target: Path, url: str, limits: ExtractLimits
                 raise
             # Another process published the same extraction first: use theirs.
             shutil.rmtree(temp, ignore_errors=True)
+        if digest is not None:
+            write_json_atomic(_marker(target), {"sha256": digest})
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
         return target

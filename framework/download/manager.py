@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -26,6 +27,7 @@ from framework.download._extract import (
     DEFAULT_MAX_SIZE,
     ExtractLimits,
     extract_archive,
+    extracted_from,
 )
 from framework.download._lock import EntryLock, LockKind
 from framework.download._publish import Validators, discard, fetch, partial_bytes, publish_file
@@ -65,7 +67,7 @@ def _check_sha256(url: str, sha256: Optional[str]) -> Optional[str]:
     is 64 hex digits."""
     if sha256 is None:
         return None
-    if not isinstance(sha256, str) or len(sha256) != 64 or not all(c in _HEX for c in sha256):
+    if not isinstance(sha256, str) or _SHA256.fullmatch(sha256) is None:
         raise InvalidArgumentError(
             url,
             f"sha256 must be 64 hexadecimal digits (the output of sha256sum), got {sha256!r}; "
@@ -74,7 +76,7 @@ def _check_sha256(url: str, sha256: Optional[str]) -> Optional[str]:
     return sha256.lower()
 
 
-_HEX = frozenset("0123456789abcdefABCDEF")
+_SHA256 = re.compile(r"[0-9a-fA-F]{64}")
 
 
 def _check_backends(backends: Optional[Mapping[str, DownloadBackend]]) -> dict[str, DownloadBackend]:
@@ -242,7 +244,7 @@ class DownloadManager:
         if not force and current():
             if not extract:
                 return entry.final
-            if os.path.isdir(entry.extracted):
+            if _extracted(entry):
                 return entry.extracted
         if self.offline and (force or not current()):  # extracting a cached copy is fine
             raise OfflineError(url, _offline_reason(entry, sha256, force, root))
@@ -259,7 +261,7 @@ class DownloadManager:
         def done() -> bool:  # another process published what we need: stop waiting
             if force or not current():
                 return False
-            return not extract or os.path.isdir(entry.extracted)
+            return not extract or _extracted(entry)
 
         with _cache_writes(url, root), self._lock(entry, show, done) as lock, lock.working():
             fetched = False
@@ -268,9 +270,10 @@ class DownloadManager:
                 fetched = True
             if not extract:
                 return entry.final
-            if fetched or force or not os.path.isdir(entry.extracted):
+            if fetched or force or not _extracted(entry):
                 logger.info("extracting %s to %s", entry.final, entry.extracted)
-                extract_archive(entry.final, entry.extracted, url, self.limits, replace=True)
+                digest = _digest(entry)
+                extract_archive(entry.final, entry.extracted, url, self.limits, replace=True, digest=digest)
             return entry.extracted
 
     def _stale(self, entry: Entry, sha256: Optional[str]) -> Optional[RemoteInfo]:
@@ -354,6 +357,18 @@ def _offline_reason(entry: Entry, sha256: Optional[str], force: bool, root: Path
         f"{what}: the cached copy {entry.final} has sha256 {cached.get('sha256')}, not the "
         f"requested {sha256}; {fix}, or ask for the cached digest"
     )
+
+
+def _digest(entry: Entry) -> Optional[str]:
+    """The sha256 of the file published now, from its sidecar."""
+    meta = entry.cached()
+    return meta["sha256"] if meta is not None else None
+
+
+def _extracted(entry: Entry) -> bool:
+    """Whether the extracted folder came from the file published now (not an older one)."""
+    digest = _digest(entry)
+    return digest is not None and extracted_from(entry.extracted, digest)
 
 
 @contextmanager

@@ -4,6 +4,7 @@ Python versions without it), and checks that nothing lands outside or gets publi
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
 import struct
@@ -287,3 +288,21 @@ def test_corrupt_archive_through_the_manager_publishes_no_folder(tmp_path: Path,
     entry = Entry(cache, archive.resolve().as_uri())
     assert not entry.extracted.exists()
     assert not [p for p in cache.iterdir() if p.name.endswith((".tmp", ".old"))]
+
+
+@pytest.mark.parametrize("refetch", ["force", "new-sha256"])
+def test_extracted_folder_follows_a_refetched_archive(tmp_path: Path, cache: Path, refetch: str) -> None:
+    # A refetch without extract=True, then extract=True: the folder must be the new archive's.
+    source = tmp_path / "data.tar"
+    _tar(source, [_file("version.txt", b"one")])
+    manager = DownloadManager(cache, progress=False)
+    assert (manager.cached_path(source, extract=True) / "version.txt").read_bytes() == b"one"
+    _tar(source, [_file("version.txt", b"two")])
+    digest = hashlib.sha256(source.read_bytes()).hexdigest()
+    if refetch == "force":
+        manager.cached_path(source, force=True)
+    else:
+        manager.cached_path(source, sha256=digest)
+    folder = manager.cached_path(source, sha256=digest, extract=True)
+    assert (folder / "version.txt").read_bytes() == b"two"
+    assert (manager.cached_path(source, extract=True) / "version.txt").read_bytes() == b"two"

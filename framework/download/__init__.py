@@ -13,7 +13,8 @@ path = cached_path("https://example.org/corpus.tar.gz", sha256="9f86d0...", extr
 Each entry in the cache folder (``$FRAMEWORK_CACHE``, else ``~/.cache/framework``)
 is named by a hash of its URL plus the file name, with files next to it:
 ``<name>`` (the bytes), ``<name>.json`` (url, etag, size, sha256, time),
-``<name>.lock`` (and ``.lock.owner``: who is downloading), ``<name>-extracted/``,
+``<name>.lock`` (and ``.lock.owner``: who is downloading), ``<name>-extracted/``
+(and ``<name>-extracted.json``: the sha256 of the archive it was extracted from),
 and, while a download runs, ``<name>.<etag>.<host>.<pid>.<token>.part``.
 """
 

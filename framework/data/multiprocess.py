@@ -104,9 +104,12 @@ class MultiProcessDataLoader(DataLoader):
     Under torch.distributed (set up before the loader is built) each rank reads a
     disjoint shard. With `even_batches`, eager mode trims every rank's epoch to the
     shortest rank's (one `all_reduce` per epoch; `len()` stays the local count) and
-    lazy mode stops all ranks when any runs out (one tiny `all_reduce` per batch). Those
-    collectives carry an error flag: a rank that fails before them, or whose shard is
-    empty, makes every rank raise (a copy of its error, naming it), never wait.
+    lazy mode stops all ranks when any runs out (one tiny `all_reduce` per batch; with
+    `batches_per_epoch`, where every rank yields that many, it carries only the error
+    flag). Those collectives carry an error flag: a rank that fails before them, or
+    whose shard is empty, makes every rank raise (a copy of its error, naming it), never
+    wait. (An eager rank that fails mid-epoch, after the once-per-epoch agreement, fails
+    alone.)
 
     `load_state_dict` refuses (ValueError naming the setting) a state saved by a loader
     that splits or batches the data differently: another num_workers (lazy mode), world

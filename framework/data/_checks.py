@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import multiprocessing
 from collections.abc import Mapping
-from typing import Any, Optional, get_args
+from typing import Any, Optional
 
-from framework.data._transfer import TransferMode
+from framework.data._transfer import TRANSFERS
 from framework.data.reader import DatasetReader, current_distributed_info
 from framework.data.sampler import BatchSampler
 
 __all__ = ["TRANSFERS", "check_resumable", "describe", "no_instances", "validate"]
-
-TRANSFERS: tuple[str, ...] = get_args(TransferMode)
 
 
 def no_instances(reader: DatasetReader, data_path: Any) -> ValueError:

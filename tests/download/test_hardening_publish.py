@@ -403,7 +403,7 @@ def _interrupted_then_again(cache: str, url: str, results: Any) -> None:
 
 
 def test_after_ctrl_c_a_later_call_in_the_same_process_resumes(http_server: FaultServer, cache: Path) -> None:
-    data = os.urandom(2 << 20)
+    data = os.urandom(4 << 20)  # 64 chunks, 50 ms apart: interrupted well before the end
     url = http_server.add("/coord/ctrl-c.bin", data, delay=0.05)
     results = FORK.Queue()
     child = FORK.Process(target=_interrupted_then_again, args=(str(cache), url, results))

@@ -390,6 +390,44 @@ def test_lock_timeout_never_says_to_delete_a_live_holders_lock(http_server: Faul
         holder.join(timeout=10)
 
 
+def _wait_for_lock(cache: str, url: str, results: Any) -> None:
+    try:
+        DownloadManager(cache, lock_timeout=0.5, progress=False).cached_path(url)
+        results.put("got the file")
+    except LockTimeoutError as error:
+        results.put(f"LockTimeoutError: {error}")
+
+
+def test_fifo_planted_as_the_lock_owner_file_never_hangs_a_waiter(
+    http_server: FaultServer, cache: Path
+) -> None:
+    url = http_server.add("/planted/fifo-owner.bin", b"payload")
+    cache.mkdir()
+    entry = Entry(cache, url)
+    ready = FORK.Event()
+    holder = FORK.Process(target=_hold_idle, args=(str(entry.lock), ready))
+    holder.start()
+    waiter = None
+    try:
+        assert ready.wait(timeout=20)
+        owner = entry.lock.with_name(entry.lock.name + ".owner")
+        owner.unlink()
+        os.mkfifo(owner)  # what a waiter reads to say who holds the lock
+        results = FORK.Queue()
+        waiter = FORK.Process(target=_wait_for_lock, args=(str(cache), url, results))
+        waiter.start()
+        try:
+            outcome = results.get(timeout=20)
+        except Exception:
+            outcome = "hung"
+        assert outcome.startswith("LockTimeoutError"), outcome
+    finally:
+        for proc in (holder, waiter):
+            if proc is not None:
+                proc.kill()
+                proc.join(timeout=10)
+
+
 def _interrupted_then_again(cache: str, url: str, results: Any) -> None:
     manager = DownloadManager(cache, progress=False, backoff_factor=0.01)
     try:

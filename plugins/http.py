@@ -14,12 +14,13 @@ from typing import Any, ClassVar, Final, Optional, Union
 from urllib.parse import urljoin, urlsplit
 
 import requests
+import urllib3.exceptions
 from requests.adapters import HTTPAdapter
 from urllib3.util.retry import Retry
 
 from framework._redact import RedactingFilter
 from framework.download.backend import ByteStream, DownloadBackend, RemoteInfo, parse_content_range
-from framework.errors import DownloadError, HTTPStatusError, NetworkError
+from framework.errors import DownloadError, HTTPStatusError, InvalidArgumentError, NetworkError
 
 __all__ = ["HttpBackend"]
 
@@ -36,6 +37,13 @@ MAX_RETRY_AFTER_S: Final = 60.0
 
 class _RedirectRefused(requests.exceptions.RequestException):
     pass
+
+
+_INVALID: Final = (
+    requests.exceptions.InvalidURL,
+    requests.exceptions.InvalidHeader,
+    urllib3.exceptions.LocationParseError,
+)
 
 
 class _Retry(Retry):
@@ -68,8 +76,6 @@ class _Session(requests.Session):
 
 
 def _network_errors() -> tuple[type[BaseException], ...]:
-    import urllib3.exceptions
-
     return (
         requests.exceptions.ConnectionError,
         requests.exceptions.ChunkedEncodingError,
@@ -130,6 +136,8 @@ class HttpBackend(DownloadBackend):
             )
         except _RedirectRefused as error:
             raise DownloadError(url, str(error)) from error
+        except _INVALID as error:  # no host, a bad port, a bad header value: retrying cannot help
+            raise InvalidArgumentError(url, f"not a usable HTTP request: {error}") from error
         except requests.exceptions.RetryError as error:
             raise NetworkError(url, f"still failing after {self.retries} retries: {error}") from error
         except _network_errors() as error:

@@ -10,20 +10,30 @@ claims (the fsspec backend).
 from __future__ import annotations
 
 import logging
-from urllib.parse import urlsplit
+import re
+from typing import Final, Optional
 
 from framework.download.backend import DownloadBackend
 from framework.errors import RegistryError
 
-__all__ = ["backend_name_for", "describe_schemes", "url_scheme"]
+__all__ = ["backend_name_for", "describe_schemes", "split_scheme", "url_scheme"]
 
 logger = logging.getLogger("framework.download")
+
+# RFC 3986 scheme; one letter is a Windows drive (C://), not a scheme.
+_SCHEME: Final = re.compile(r"[A-Za-z][A-Za-z0-9+.-]+")
+
+
+def split_scheme(text: str) -> Optional[str]:
+    """The lower-case scheme of ``scheme://...``; `None` for a plain path. Reads only the
+    text before ``://``, so a URL that `urlsplit` rejects still names its scheme."""
+    head, separator, _ = text.partition("://")
+    return head.lower() if separator and _SCHEME.fullmatch(head) else None
 
 
 def url_scheme(url: str) -> str:
     """`url`'s scheme in lower case; ``file`` for a plain path."""
-    scheme = urlsplit(url).scheme.lower() if "://" in url else ""
-    return scheme or "file"
+    return split_scheme(url) or "file"
 
 
 def _classes() -> dict[str, type[DownloadBackend]]:

@@ -31,7 +31,7 @@ from framework.download._extract import (
 )
 from framework.download._lock import EntryLock, LockKind
 from framework.download._publish import Validators, discard, fetch, partial_bytes, publish_file
-from framework.download._schemes import backend_name_for, describe_schemes, url_scheme
+from framework.download._schemes import backend_name_for, describe_schemes, split_scheme, url_scheme
 from framework.download.backend import DownloadBackend, RemoteInfo
 from framework.errors import DownloadError, InvalidArgumentError, OfflineError
 
@@ -56,8 +56,11 @@ def _env_offline() -> bool:
 def _normalize(url_or_path: PathOrUrl) -> str:
     """A URL for the cache key; plain paths become absolute ``file://`` URLs."""
     text = os.fspath(url_or_path)
-    scheme = urlsplit(text).scheme
-    if "://" in text and len(scheme) > 1:
+    if split_scheme(text) is not None:
+        try:
+            urlsplit(text)  # the cache entry's name is read from it
+        except ValueError as error:
+            raise InvalidArgumentError(text, f"not a valid URL: {error}") from error
         return text
     return Path(text).expanduser().resolve().as_uri()
 

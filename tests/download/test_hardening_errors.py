@@ -151,6 +151,9 @@ CASES: dict[str, Callable[[Path, FaultServer], tuple[list[str], list[str]]]] = {
     "corrupt-archive": lambda t, s: ([str(_truncated_archive(t)), "--extract"], ["damaged", "cut.tar.gz"]),
     "unsafe-archive": lambda t, s: ([str(_unsafe_archive(t)), "--extract"], ["../evil.txt"]),
     "missing-file": lambda t, s: ([str(t / "missing.bin")], ["no such file"]),
+    "no-host": lambda t, s: (["http:///nohost.bin"], ["InvalidArgumentError", "No host"]),
+    "bad-port": lambda t, s: (["http://host:notaport/x"], ["InvalidArgumentError", "notaport"]),
+    "bad-ipv6": lambda t, s: (["http://[::1/x"], ["not a valid URL", "http://[::1/x"]),
     "secret-url": lambda t, s: (
         [s.base.replace("//", "//bob:hunter2@") + "/x.bin?token=toksecret"],
         ["404", "***@", "token=***"],

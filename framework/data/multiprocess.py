@@ -278,7 +278,14 @@ class MultiProcessDataLoader(DataLoader):
         return {"position": position.to_dict(), **self._topology()}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        position = Position.from_dict(dict(state["position"]))
+        try:
+            position = Position.from_dict(dict(state["position"]))
+        except (KeyError, TypeError, ValueError) as error:
+            raise ValueError(
+                f"load_state_dict() expects what MultiProcessDataLoader.state_dict() "
+                f"returned (a mapping with a 'position'), got {type(state).__name__} "
+                f"({type(error).__name__}: {error}); pass the loader's own state_dict()"
+            ) from error
         check_resumable(state, self._topology())
         if self._batch_generator is not None:
             self._batch_generator.close()

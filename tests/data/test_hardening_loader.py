@@ -119,7 +119,7 @@ def test_a_state_from_another_world_size_or_rank_is_refused() -> None:
 @pytest.mark.parametrize("state", [{}, {"position": {"epoch": 0}}, {"position": None}, [1, 2]])
 def test_a_malformed_state_is_a_clear_error(state: Any) -> None:
     # Before: a bare KeyError/TypeError from deep inside.
-    with pytest.raises(ValueError, match="expects what MultiProcessDataLoader.state_dict"):
+    with pytest.raises(ValueError, match=r"expects what MultiProcessDataLoader\.state_dict"):
         _loader().load_state_dict(state)
 
 

@@ -386,7 +386,8 @@ def test_a_relative_data_path_in_an_override_is_relative_to_the_current_folder(
 ) -> None:
     (tmp_path / "mine.txt").write_text("one two\nthree four\nfive\n")
     monkeypatch.chdir(tmp_path)
-    summary = _summary(capsys, "--override", '{"data_path": "mine.txt", "epochs": 1}')
+    override = '{"data_path": "mine.txt", "epochs": 1, "data_loader": {"num_workers": 0}}'
+    summary = _summary(capsys, "--override", override)
     assert summary["data_path"] == str(tmp_path / "mine.txt") and summary["instances"] == 3
 
 

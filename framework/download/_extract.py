@@ -127,14 +127,20 @@ def _check_parents(root: str, path: str, member: str, url: str) -> None:
             raise UnsafeArchiveError(url, member, f"its folder {folder!r} is a file")
 
 
-def _clear_target(path: str, member: str, url: str, is_dir: bool) -> None:
-    """Make room for a member at `path`: never write through a link left by an earlier member."""
+def _clear_target(path: str, member: str, url: str, is_dir: bool, is_link: bool = False) -> None:
+    """Make room for a member at `path`: never write through a link left by an earlier member
+    (a new link may replace one: making a link does not follow the old one)."""
     try:
         mode = os.lstat(path).st_mode
     except FileNotFoundError:
         return
     if stat.S_ISLNK(mode):
-        raise UnsafeArchiveError(url, member, "it would be written through a symlink of an earlier member")
+        if not is_link:
+            raise UnsafeArchiveError(
+                url, member, "it would be written through a symlink of an earlier member"
+            )
+        os.unlink(path)
+        return
     if stat.S_ISDIR(mode):
         if not is_dir:
             raise UnsafeArchiveError(url, member, "a folder of an earlier member has that name")
@@ -222,8 +228,9 @@ def _extract_tar(archive: Path, root: str, limits: ExtractLimits, url: str) -> N
             if not (member.isfile() or member.isdir() or member.issym() or member.islnk()):
                 raise UnsafeArchiveError(url, member.name, "unsupported member type")
             _check_parents(root, path, member.name, url)
-            _clear_target(path, member.name, url, member.isdir())
-            if member.issym() or member.islnk():
+            is_link = member.issym() or member.islnk()
+            _clear_target(path, member.name, url, member.isdir(), is_link)
+            if is_link:
                 _check_link(root, member.name, path, member.linkname, url, hard=member.islnk())
             budget.add(member.name, member.size)
             try:

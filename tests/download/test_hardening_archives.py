@@ -133,11 +133,14 @@ def test_links_inside_the_tree_still_work(tmp_path: Path, out: Path, data_filter
         _link("top", "data"),
         _link("data/hard", "data/a.txt", tarfile.LNKTYPE),
         _file("data/a.txt", b"replaced"),  # a duplicate replaces the file, not its hard link
+        _link("data/other", "a.txt"),
+        _link("data/other", "hard"),  # a link may replace a link (appended tars repeat members)
     ]
     folder = _extract(_tar(tmp_path / "ok.tar", members), out)
     assert (folder / "data/link").read_bytes() == b"replaced"
     assert (folder / "top/a.txt").read_bytes() == b"replaced"
     assert (folder / "data/hard").read_bytes() == b"alpha"
+    assert os.readlink(folder / "data/other") == "hard"
 
 
 def test_format_detected_by_content_not_name(tmp_path: Path, out: Path) -> None:

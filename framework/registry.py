@@ -345,8 +345,10 @@ class Registry:
             other._entries = {base: dict(names) for base, names in self._entries.items()}
             other._decorated = list(self._decorated)
             other._failures = dict(self._failures)
-            other._manager = self._manager
             other._discovered = True
+            if self._manager is not None:  # its own manager: a plugin added to one stays there
+                for plugin in self._manager.get_plugins():
+                    other.plugin_manager.register(plugin, name=self._manager.get_name(plugin))
             return other
 
 

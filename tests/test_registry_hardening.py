@@ -480,3 +480,21 @@ def test_declared_python_matches_what_is_checked() -> None:
     )
     assert pyproject["tool"]["mypy"]["python_version"] == ".".join(map(str, lowest))
     assert sys.version_info[:2] >= lowest
+
+
+@pytest.mark.parametrize("round", [1, 2])
+def test_a_plugin_added_to_a_copy_stays_in_the_copy(round: int) -> None:
+    from framework import hookimpl
+    from framework.registry import get_registry
+
+    class Pet(Animal):
+        pass
+
+    class PetPlugin:
+        @hookimpl
+        def framework_register_components(self, registrar: Registrar) -> None:
+            registrar.add(Animal, "pet", Pet)
+
+    registry = get_registry()  # the per-test copy from the fresh_registry fixture
+    assert registry.add_plugin(PetPlugin, name="pets", provider="pets 1.0")  # twice: no leak
+    assert Animal.by_name("pet") is Pet and registry.plugin_manager.has_plugin("pets")

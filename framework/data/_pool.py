@@ -2,24 +2,32 @@
 
 Each worker has its own data pipe, so the main process reads batches in a fixed
 round-robin order (deterministic whatever the timing) and can tell which worker
-went quiet. Waiting is on the pipe *and* the process sentinel together, so a worker
-that dies (even by SIGKILL or a segfault) is noticed at once, never waited on.
+went quiet. Waiting is on the pipe *and* every worker's process sentinel together,
+even in the middle of a frame (the pipe is non-blocking), so a worker that dies
+(even by SIGKILL or a segfault, even while a process it forked still holds its
+pipe) is noticed at once, never waited on. The pool is the only writer of
+`Position`, and progress bars are drawn here, never in a worker.
 """
 
 from __future__ import annotations
 
+import math
+import multiprocessing
 import os
+import pickle
 import select
 import signal
+import sys
 import threading
 import time
 import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 from framework.data._batching import derive_seed
+from framework.data._protocol import Batch, Done, Failed, Instances, PassKind, Progress, Start, Stop
 from framework.data._transfer import read_frame, set_pipe_size
 from framework.data._worker import WorkerSpec, worker_main
 from framework.errors import WorkerError
@@ -32,6 +40,8 @@ _HINTS = {
     "SIGBUS": " (often /dev/shm is too small)",
     "SIGABRT": " (a native library called abort())",
 }
+
+GRACE = 1.0  # seconds a stopped worker gets to exit cleanly before it is signalled
 
 
 @dataclass
@@ -65,24 +75,36 @@ class Position:
 class WorkerPool:
     """`num_workers` worker processes; one `run()` per pass over the data."""
 
-    def __init__(self, spec: WorkerSpec, num_workers: int, context: Any, tqdm_lock: Any):
+    def __init__(self, spec: WorkerSpec, num_workers: int, context: Any, quiet: bool = True):
+        if multiprocessing.current_process().daemon:
+            raise RuntimeError(
+                "a loader with num_workers > 0 was built inside a loader worker; worker "
+                "processes are daemonic and cannot start processes of their own. Build "
+                "the inner loader with num_workers=0 (or read without a loader there)"
+            )
+        if spec.start_method != "fork":
+            _check_main_is_runnable(spec.start_method)
         self.num_workers = num_workers
+        self.quiet = quiet
         self.processes: list[Any] = []
         self.data: list[Connection] = []
         self.control: list[Connection] = []
         self.slots: list[Any] = []
         self.busy = False
         self.closed = False
+        # Under spawn/forkserver the worker unpickles the spec itself, so that a reader
+        # it cannot import is reported with the reason, not as "exit code 1".
+        payload = spec if spec.start_method == "fork" else pickle.dumps(spec, protocol=5)
         try:
             for worker_id in range(num_workers):
                 slots = context.Semaphore(spec.prefetch)
                 data_read, data_write = context.Pipe(duplex=False)
                 control_read, control_write = context.Pipe(duplex=False)
                 set_pipe_size(data_write.fileno())
+                os.set_blocking(data_read.fileno(), False)  # reads ask _wait, never block
                 process = context.Process(
                     target=worker_main,
-                    args=(worker_id, spec, data_write, control_read, os.getpid(), tqdm_lock,
-                          slots),
+                    args=(worker_id, payload, data_write, control_read, os.getpid(), slots),
                     name=f"framework-loader-worker-{worker_id}",
                     daemon=True,
                 )
@@ -108,78 +130,108 @@ class WorkerPool:
             for sentinel in self._sentinels:
                 poller.register(sentinel, select.POLLIN)
             self._pollers.append(poller)
-        self._finalizer = weakref.finalize(self, _reap, self.processes, self.data, self.control)
+        self._finalizer = weakref.finalize(
+            self, _reap, self.processes, self.data, self.control, self.slots
+        )
 
-    def run(self, position: Position, kind: str, timeout: Optional[float]) -> Iterator[Any]:
-        """Yield ``(kind, payload)`` messages of one pass, round-robin from `position`."""
+    def run(
+        self, position: Position, kind: PassKind, timeout: Optional[float]
+    ) -> Iterator[Union[Batch, Instances]]:
+        """Yield the `Batch` or `Instances` messages of one pass, round-robin from `position`."""
         if not position.per_worker:
             position.per_worker = [0] * self.num_workers
             position.done = [False] * self.num_workers
         self.busy = True
         for worker_id in range(self.num_workers):
             if not position.done[worker_id]:
-                skip = position.per_worker[worker_id]
-                self._command(worker_id, ("epoch", position.epoch, self._seed(position, worker_id),
-                                          skip, kind))
+                seed = self._seed(position, worker_id)
+                self._command(worker_id, Start(kind, seed, position.per_worker[worker_id]))
+        bars = self._bars(kind)
         worker_id = position.next_worker
-        while not all(position.done):
-            if position.done[worker_id]:
+        try:
+            while not all(position.done):
+                if position.done[worker_id]:
+                    worker_id = (worker_id + 1) % self.num_workers
+                    continue
+                message = self._receive(worker_id, timeout)
+                if isinstance(message, Progress):
+                    continue  # the reader is alive: wait again, with a fresh timeout
+                if isinstance(message, Done):
+                    position.done[worker_id] = True
+                    position.instances += message.instances
+                elif isinstance(message, Failed):
+                    raise _failure(worker_id, message)
+                else:
+                    if kind == "batches":
+                        self.slots[worker_id].release()
+                        position.consumed += 1
+                    position.per_worker[worker_id] += 1
+                    position.next_worker = (worker_id + 1) % self.num_workers
+                    if bars:
+                        bars[worker_id].update(1)
+                    yield message
                 worker_id = (worker_id + 1) % self.num_workers
-                continue
-            message = self._receive(worker_id, timeout)
-            if message[0] == "done":
-                position.done[worker_id] = True
-                position.instances += message[1]
-            elif message[0] == "error":
-                _, summary, text, original = message
-                raise WorkerError(
-                    f"loader worker {worker_id} raised {summary}", worker_id, text
-                ) from original
-            else:
-                if kind == "batches":
-                    self.slots[worker_id].release()
-                position.per_worker[worker_id] += 1
-                position.next_worker = (worker_id + 1) % self.num_workers
-                yield message
-            worker_id = (worker_id + 1) % self.num_workers
+        finally:
+            for bar in bars:
+                bar.close()
         self.busy = False
+
+    def _bars(self, kind: PassKind) -> list[Any]:
+        # Per-worker bars, drawn by this process only (instances have the loader's bar).
+        if self.quiet or kind != "batches":
+            return []
+        from tqdm import tqdm
+
+        return [
+            tqdm(desc=f"worker {worker_id}", unit="batch", position=worker_id + 1, leave=False)
+            for worker_id in range(self.num_workers)
+        ]
 
     @staticmethod
     def _seed(position: Position, worker_id: int) -> int:
         return derive_seed(position.seed, "worker", worker_id)
 
-    def _command(self, worker_id: int, command: tuple[Any, ...]) -> None:
+    def _command(self, worker_id: int, command: Start) -> None:
         try:
             self.control[worker_id].send(command)
         except (BrokenPipeError, OSError):
             raise self._death(worker_id) from None
 
     def _receive(self, worker_id: int, timeout: Optional[float]) -> Any:
-        conn = self.data[worker_id]
-        process = self.processes[worker_id]
-        poller = self._pollers[worker_id]
-        started = time.monotonic()
-        while True:
-            # One poll on the pipe and the process sentinel: data, or death, wakes us.
-            ready = {fd for fd, _ in poller.poll(1000)}
-            if conn.fileno() in ready or (ready and conn.poll(0)):
-                try:
-                    return read_frame(conn.fileno())
-                except EOFError:
-                    raise self._death(worker_id) from None
-            if ready:  # only sentinels: a worker exited without a word
-                dead = sorted(self._sentinels[fd] for fd in ready if fd in self._sentinels)
-                raise self._death(worker_id if worker_id in dead else dead[0])
-            if timeout is not None and time.monotonic() - started > timeout:
+        """The next message from `worker_id`; `timeout` bounds the silence before it."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            return read_frame(self.data[worker_id].fileno(),
+                              lambda: self._wait(worker_id, deadline, timeout))
+        except EOFError:
+            raise self._death(worker_id) from None
+
+    def _wait(self, worker_id: int, deadline: Optional[float], timeout: Optional[float]) -> None:
+        """Return when `worker_id`'s pipe has bytes (or end-of-file); raise on a death."""
+        if deadline is None:
+            ready = {fd for fd, _ in self._pollers[worker_id].poll()}
+        else:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                process = self.processes[worker_id]
                 raise WorkerError(
                     f"loader worker {worker_id} (pid {process.pid}) sent nothing for "
                     f"{timeout:g}s (timeout={timeout:g}); it may be stuck in the reader",
                     worker_id,
                 )
+            ready = {fd for fd, _ in self._pollers[worker_id].poll(math.ceil(remaining * 1000))}
+        if not ready or self.data[worker_id].fileno() in ready:
+            return
+        # Only sentinels: a worker exited. It may have said why first (a Failed).
+        dead = sorted(self._sentinels[fd] for fd in ready if fd in self._sentinels)
+        raise self._death(worker_id if worker_id in dead else dead[0])
 
     def _death(self, worker_id: int) -> WorkerError:
         process = self.processes[worker_id]
         process.join(timeout=5.0)
+        last = self._last_words(worker_id)
+        if last is not None:
+            return last
         code = process.exitcode
         if code is not None and code < 0:
             name = signal.Signals(-code).name
@@ -197,26 +249,76 @@ class WorkerPool:
             exitcode=code,
         )
 
+    def _last_words(self, worker_id: int) -> Optional[WorkerError]:
+        """A `Failed` a dead worker left in its pipe (it could not start, say)."""
+
+        def no_more() -> None:
+            raise EOFError
+
+        try:
+            while True:
+                message = read_frame(self.data[worker_id].fileno(), no_more)
+                if isinstance(message, Failed):
+                    return _failure(worker_id, message)
+        except (EOFError, OSError, ValueError):
+            return None
+
     def shutdown(self) -> None:
         """Stop every worker and release every pipe; safe to call twice."""
         self.closed = True
-        _reap(self.processes, self.data, self.control, graceful=not self.busy)
+        _reap(self.processes, self.data, self.control, self.slots)
+
+
+def _check_main_is_runnable(start_method: str) -> None:
+    """Refuse what would make every spawned worker die with only "exit code 1".
+
+    "spawn" and "forkserver" re-run the main module from its file in each new process
+    (as multiprocessing does); a script read from stdin names a file that is not there.
+    """
+    main = sys.modules["__main__"]
+    if getattr(getattr(main, "__spec__", None), "name", None) is not None:
+        return  # run with -m: re-imported by name
+    path = getattr(main, "__file__", None)
+    if path is None:
+        return  # interactive or a notebook: not re-run (a reader there is reported later)
+    start_dir = getattr(multiprocessing.process, "ORIGINAL_DIR", None) or ""  # as spawn joins it
+    if not os.path.exists(os.path.join(start_dir, path)):
+        raise RuntimeError(
+            f"start_method={start_method!r} starts each worker by re-running the main "
+            f"module from its file, and {path!r} is not a file (a script read from stdin?). "
+            "Run the script from a file, with the reader, sampler and collate_fn in an "
+            "importable module, or use start_method='fork'"
+        )
+
+
+def _failure(worker_id: int, message: Failed) -> WorkerError:
+    error = WorkerError(
+        f"loader worker {worker_id} raised {message.summary}", worker_id, message.traceback
+    )
+    error.__cause__ = message.original
+    return error
 
 
 def _reap(
-    processes: list[Any], data: list[Connection], control: list[Connection], graceful: bool = True
+    processes: list[Any], data: list[Connection], control: list[Connection], slots: list[Any]
 ) -> None:
-    """Stop workers: idle ones are asked to, busy ones (mid-epoch) get SIGTERM at once."""
-    # Closing the data pipes first unblocks workers stuck writing a batch (EPIPE).
-    for conn in data:
-        conn.close()
+    """Stop workers cooperatively; only one still busy after `GRACE` seconds gets a signal.
+
+    A worker exits at its next batch boundary on `Stop`: a free slot wakes one waiting
+    for backpressure, and closing its data pipe ends a write in progress (EPIPE). Its
+    normal exit releases what it holds (shared-memory segments, files); a signal would not.
+    """
     for conn in control:
         try:
-            conn.send(("stop",))
+            conn.send(Stop())
         except (OSError, ValueError):
             pass
         conn.close()
-    deadline = time.monotonic() + (2.0 if graceful else 0.0)
+    for slot in slots:
+        slot.release()
+    for conn in data:
+        conn.close()
+    deadline = time.monotonic() + GRACE
     for process in processes:
         process.join(timeout=max(0.0, deadline - time.monotonic()))
     for process in processes:

@@ -1,9 +1,14 @@
 """The loader worker process: reads its shard, batches it, ships frames to the main process.
 
-A worker serves one command at a time from its control pipe (``("epoch", ...)`` or
-``("stop",)``), so the same process can serve many epochs (persistent workers). It
-dies with the main process: ``PR_SET_PDEATHSIG`` on Linux, plus a watchdog thread
-that notices being re-parented.
+A worker serves one `Start` at a time from its control pipe, so the same process can
+serve many epochs (persistent workers), and checks that pipe between batches, so a
+`Stop` ends even a busy worker cooperatively (its shared-memory segments are released
+by a normal exit, not lost to a signal). It dies with the main process:
+``PR_SET_PDEATHSIG`` on Linux, plus a watchdog thread that notices being re-parented.
+
+A worker draws no progress bars and shares no lock with the main process: a lock
+inherited held by ``fork`` (another thread had it) or orphaned by a killed worker
+would hang the main process. Progress reaches the main process as messages.
 """
 
 from __future__ import annotations
@@ -17,11 +22,20 @@ import time
 import traceback
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 import torch
 
 from framework.data._batching import BatchPlan, derive_seed, groups_of
+from framework.data._protocol import (
+    Batch,
+    Done,
+    Failed,
+    Instances,
+    Progress,
+    Start,
+    ToMain,
+)
 from framework.data._rng import seed_everything
 from framework.data._transfer import TransferMode, write_frame
 from framework.data.collate import DataCollator
@@ -46,10 +60,14 @@ class WorkerSpec:
     distributed: Optional[DistributedInfo]
     device: Optional[torch.device]
     transfer: TransferMode
-    quiet: bool
     set_death_signal: bool
     start_method: str
     prefetch: int  # batches a worker may run ahead of the main process
+    heartbeat: Optional[float] = None  # send `Progress` this often while reading (timeout)
+
+
+class _Stopped(Exception):
+    """The main process asked this worker to stop, or stopped listening."""
 
 
 def _die_with_parent(main_pid: int, start_method: str, set_death_signal: bool) -> None:
@@ -78,116 +96,142 @@ def _die_with_parent(main_pid: int, start_method: str, set_death_signal: bool) -
     threading.Thread(target=watch, name="framework-loader-watchdog", daemon=True).start()
 
 
+def _private_tqdm_lock() -> None:
+    """Give tqdm in this process a lock of its own (the reader may draw bars).
+
+    After ``fork`` tqdm's lock is the main process's: its thread lock may have been
+    copied held, and its cross-process lock would stay held if this worker died
+    inside it. Only done if tqdm is already imported (importing it costs time).
+    """
+    module = sys.modules.get("tqdm.std")
+    if module is None:
+        return
+    classes = [module.tqdm]
+    while classes:
+        cls = classes.pop()
+        classes.extend(cls.__subclasses__())
+        if cls is module.tqdm or "_lock" in vars(cls):
+            cls._lock = threading.RLock()
+
+
 def worker_main(
     worker_id: int,
-    spec: WorkerSpec,
+    spec: Union[WorkerSpec, bytes],
     data_conn: Connection,
     control: Connection,
     parent_pid: int,
-    tqdm_lock: Any,
     slots: Any,
 ) -> None:
-    """Entry point of a worker process."""
+    """Entry point of a worker process (`spec` arrives pickled under spawn/forkserver)."""
+    fd = data_conn.fileno()
+    if isinstance(spec, bytes):
+        try:
+            spec = pickle.loads(spec)
+        except Exception as error:  # the pool reads this as the answer to its Start
+            _send_failure(fd, error, _unimportable(error))
+            return
+    assert isinstance(spec, WorkerSpec)
     _die_with_parent(parent_pid, spec.start_method, spec.set_death_signal)
     # Ctrl-C goes to the whole process group; the main process decides how to shut down.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     # Several intra-op threads per worker oversubscribe the cores and can deadlock
     # after fork (AllenNLP #4848).
     torch.set_num_threads(1)
-    if tqdm_lock is not None:
-        from tqdm import tqdm
-
-        tqdm.set_lock(tqdm_lock)
+    _private_tqdm_lock()
     spec.reader._set_worker_info(WorkerInfo(spec.num_workers, worker_id))
     spec.reader._set_distributed_info(spec.distributed)
-    fd = data_conn.fileno()
     while True:
         try:
             command = control.recv()
         except (EOFError, OSError):
             return
-        if command[0] != "epoch":
-            return
-        _, _epoch, seed, skip, kind = command
+        if not isinstance(command, Start):
+            return  # Stop
         try:
-            if kind == "instances":
-                _serve_instances(worker_id, spec, fd, seed)
+            if command.kind == "instances":
+                _serve_instances(spec, fd, control, command.seed)
             else:
-                _serve_batches(worker_id, spec, fd, seed, skip, slots)
-        except BrokenPipeError:
-            return  # the main process stopped listening
+                _serve_batches(spec, fd, control, command.seed, command.skip, slots)
+        except _Stopped:
+            return
         except BaseException as error:
-            _send_error(fd, worker_id, error, spec.transfer)
+            try:
+                _send_failure(fd, error)
+            except _Stopped:
+                return
 
 
-def _progress(spec: WorkerSpec, worker_id: int, unit: str) -> Any:
-    if spec.quiet:
-        return None
-    from tqdm import tqdm
+class _Sender:
+    """Writes messages to the main process; `Progress` at most every `heartbeat` s."""
 
-    return tqdm(desc=f"worker {worker_id}", unit=unit, position=worker_id + 1, leave=False)
+    def __init__(self, spec: WorkerSpec, fd: int, control: Connection) -> None:
+        self.spec = spec
+        self.fd = fd
+        self.control = control
+        self.last = time.monotonic()
+        self.count = 0  # instances read
 
+    def send(self, message: ToMain, what: str = "") -> None:
+        _send(self.fd, message, self.spec.transfer, what)
+        self.last = time.monotonic()
 
-def _serve_instances(worker_id: int, spec: WorkerSpec, fd: int, seed: int) -> None:
-    seed_everything(seed)
-    bar = _progress(spec, worker_id, "instance")
-    count = 0
-    for chunk in groups_of(spec.reader.read(spec.data_path), INSTANCE_CHUNK):
-        _ship(fd, ("instances", chunk), spec.transfer, "instance")
-        count += len(chunk)
-        if bar is not None:
-            bar.update(len(chunk))
-    if bar is not None:
-        bar.close()
-    write_frame(fd, ("done", count))
+    def check_stop(self) -> None:
+        if self.control.poll():  # only a Stop can come in the middle of a pass
+            raise _Stopped()
 
-
-def _serve_batches(
-    worker_id: int, spec: WorkerSpec, fd: int, seed: int, skip: int, slots: Any
-) -> None:
-    seed_everything(seed)
-    counted = _Counted(spec.reader.read(spec.data_path))
-    bar = _progress(spec, worker_id, "batch")
-    for index, instances in enumerate(spec.plan.stream(counted, derive_seed(seed, "batches"))):
-        if index < skip:
-            continue  # resuming: these batches were consumed before the state was saved
-        # Backpressure: at most `prefetch` batches in flight; the main process frees a
-        # slot per batch it takes. (The pipe alone bounds bytes, not batches.)
-        slots.acquire()
-        if spec.collate_in_worker:
-            payload = spec.collate_fn(instances)
-            if spec.device is not None:
-                payload = move_to_device(payload, spec.device)
-            _ship(fd, ("batch", payload), spec.transfer, "batch")
-        else:
-            _ship(fd, ("instances", instances), spec.transfer, "instance")
-        if bar is not None:
-            bar.update(1)
-    if bar is not None:
-        bar.close()
-    write_frame(fd, ("done", counted.count))
-
-
-class _Counted:
-    def __init__(self, iterable: Any) -> None:
-        self.iterable = iterable
-        self.count = 0
-
-    def __iter__(self) -> Any:
-        for item in self.iterable:
+    def counted(self, instances: Any) -> Any:
+        """The reader's instances, counted, with a heartbeat while it produces them."""
+        heartbeat = self.spec.heartbeat
+        for item in instances:
             self.count += 1
+            if heartbeat is not None and time.monotonic() - self.last > heartbeat:
+                self.send(Progress())
             yield item
 
 
-def _ship(fd: int, message: tuple[str, Any], mode: TransferMode, what: str) -> None:
+def _serve_instances(spec: WorkerSpec, fd: int, control: Connection, seed: int) -> None:
+    seed_everything(seed)
+    sender = _Sender(spec, fd, control)
+    for chunk in groups_of(sender.counted(spec.reader.read(spec.data_path)), INSTANCE_CHUNK):
+        sender.check_stop()
+        sender.send(Instances(chunk), "instance")
+    sender.send(Done(sender.count))
+
+
+def _serve_batches(
+    spec: WorkerSpec, fd: int, control: Connection, seed: int, skip: int, slots: Any
+) -> None:
+    seed_everything(seed)
+    sender = _Sender(spec, fd, control)
+    instances = sender.counted(spec.reader.read(spec.data_path))
+    for index, batch in enumerate(spec.plan.stream(instances, derive_seed(seed, "batches"))):
+        if index < skip:
+            continue  # resuming: these batches were consumed before the state was saved
+        # Backpressure: at most `prefetch` batches in flight; the main process frees a
+        # slot per batch it takes. (The pipe alone bounds bytes, not batches.) A Stop
+        # also frees one, so check for it after waking.
+        slots.acquire()
+        sender.check_stop()
+        if spec.collate_in_worker:
+            payload = spec.collate_fn(batch)
+            if spec.device is not None:
+                payload = move_to_device(payload, spec.device)
+            sender.send(Batch(payload), "batch")
+        else:
+            sender.send(Instances(batch), "instance")
+    sender.send(Done(sender.count))
+
+
+def _send(fd: int, message: ToMain, mode: TransferMode, what: str = "") -> None:
     try:
         write_frame(fd, message, mode)
     except BrokenPipeError:
-        raise
-    except Exception as error:
-        if not isinstance(error, (pickle.PicklingError, TypeError, AttributeError)):
+        raise _Stopped() from None  # the main process stopped listening
+    except (pickle.PicklingError, TypeError, AttributeError) as error:
+        if not isinstance(message, (Batch, Instances)):
             raise
-        raise TypeError(_unpicklable(message[1], what, error)) from error
+        payload = message.payload if isinstance(message, Batch) else message.instances
+        raise TypeError(_unpicklable(payload, what, error)) from error
 
 
 def _unpicklable(payload: Any, what: str, error: Exception) -> str:
@@ -215,14 +259,31 @@ def _unpicklable(payload: Any, what: str, error: Exception) -> str:
     )
 
 
-def _send_error(fd: int, worker_id: int, error: BaseException, mode: TransferMode) -> None:
-    text = traceback.format_exc()
+def _unimportable(error: BaseException) -> str:
+    return (
+        f"could not rebuild the reader, sampler or collate_fn in the new worker process "
+        f"({_summary(error)}). Under start_method='spawn' or 'forkserver' a worker imports "
+        "them by module and name: define them in an importable module (not in a script "
+        "run from stdin, a notebook or an interactive session), or use start_method='fork'"
+    )
+
+
+def _summary(error: BaseException) -> str:
+    """ "TypeName: message", even when the exception's __str__ itself raises."""
+    return traceback.format_exception_only(type(error), error)[-1].strip()
+
+
+def _send_failure(fd: int, error: BaseException, summary: Optional[str] = None) -> None:
+    text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
     original: Optional[BaseException] = error
     try:
         pickle.loads(pickle.dumps(error))  # some exceptions pickle but cannot be rebuilt
     except Exception:
         original = None
+    message = Failed(summary or _summary(error), text, original)
     try:
-        write_frame(fd, ("error", f"{type(error).__name__}: {error}", text, original))
+        _send(fd, message, "pickle5")
+    except _Stopped:
+        raise
     except Exception:
-        write_frame(fd, ("error", f"{type(error).__name__}: {error}", text, None))
+        _send(fd, Failed(message.summary, text, None), "pickle5")

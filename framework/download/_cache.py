@@ -27,6 +27,8 @@ from pathlib import Path
 from typing import Any, Final, Optional, TypedDict
 from urllib.parse import unquote, urlsplit
 
+from framework._redact import redact_url
+
 __all__ = [
     "HOST",
     "NEW_FILE_FLAGS",
@@ -188,7 +190,7 @@ class Entry:
         """Write the sidecar for the file `info` describes (not yet renamed into place)."""
         inode, size, mtime_ns = file_identity(info)
         meta: Metadata = {
-            "url": self.url,
+            "url": redact_url(self.url),  # a shared cache is read by others: no tokens
             "etag": etag,
             "last_modified": last_modified,
             "size": size,

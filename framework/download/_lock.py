@@ -27,6 +27,7 @@ from typing import Any, Callable, Literal, Optional, Union
 
 import filelock
 
+from framework._redact import redact_url
 from framework.download._cache import HOST, is_alive_local, read_small_file, write_json_atomic
 from framework.errors import LockTimeoutError
 
@@ -158,7 +159,7 @@ class EntryLock:
             "pid": os.getpid(),
             "host": HOST,  # with the PID namespace: a pid means nothing outside it
             "since": time.time(),
-            "url": self.url,
+            "url": redact_url(self.url),  # others can read the lock's owner file
         }
         data.update(fields)
         try:

@@ -3,9 +3,12 @@ CLI reads them) and secrets in URLs never shown."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -109,3 +112,33 @@ def test_download_error_redacts_urls_quoted_in_its_message() -> None:
     error = DownloadError("https://h/x?token=toksecret", "redirected to https://u:hunter2@o/y?sig=sigsecret")
     _assert_no_secret(str(error))
     _assert_no_secret(error.reason)
+
+
+def test_no_secret_is_written_into_the_shared_cache(http_server: FaultServer, cache: Path) -> None:
+    # Others read a group-readable cache folder: the sidecar and the lock's owner file
+    # must not hand them the token.
+    served = _secret_url(http_server.base, "/cached-secret.bin")
+    http_server.add(served.split(str(http_server.server_address[1]), 1)[1], b"payload", delay=0.2, chunk=2)
+    manager = DownloadManager(cache, progress=False)
+    seen: dict[str, bytes] = {}
+    done = threading.Event()
+
+    def watch() -> None:  # read every file in the cache while the download runs
+        while not done.is_set():
+            for path in cache.glob("*") if cache.exists() else []:
+                with contextlib.suppress(OSError):
+                    seen[path.name] = path.read_bytes()
+            time.sleep(0.02)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        assert manager.cached_path(served).read_bytes() == b"payload"
+    finally:
+        done.set()
+        watcher.join()
+    for path in cache.glob("*"):
+        seen[path.name] = path.read_bytes()
+    assert any(name.endswith(".owner") for name in seen) and any(name.endswith(".json") for name in seen)
+    for name, content in seen.items():
+        _assert_no_secret(f"{name}: {content!r}")

@@ -13,7 +13,7 @@ import importlib
 import os
 import threading
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from os import PathLike
 from typing import TYPE_CHECKING, Any, ClassVar, Final, Literal, Optional, TypeVar, Union
@@ -331,11 +331,11 @@ class Registry:
 
     def all_entries(self) -> list[RegistryEntry]:
         """Every entry, by base name, each base's default first; imports nothing."""
-        return [
-            self.entries(base)[name]
-            for base in sorted(self.bases(), key=lambda b: (b.__name__, b.__module__))
-            for name in base.list_available()
-        ]
+        result: list[RegistryEntry] = []
+        for base in sorted(self.bases(), key=lambda b: (b.__name__, b.__module__)):
+            entries = self.entries(base)
+            result.extend(entries[name] for name in _default_first(base, entries))
+        return result
 
     def copy(self) -> Registry:
         """A registry holding the same entries that later changes to either do not reach."""
@@ -379,6 +379,15 @@ def registered_bases() -> set[type[Registrable]]:
 def all_entries() -> list[RegistryEntry]:
     """Every registered entry, by base name, each base's default first; imports nothing."""
     return get_registry().all_entries()
+
+
+def _default_first(base: type[Registrable], names: Iterable[str]) -> list[str]:
+    ordered = sorted(names)
+    default = base.default_implementation if base is not Registrable else None
+    if default in ordered:
+        ordered.remove(default)
+        ordered.insert(0, default)
+    return ordered
 
 
 def _imports_allowed(allow_import: Optional[bool]) -> bool:
@@ -434,12 +443,7 @@ class Registrable:
     @classmethod
     def list_available(cls) -> list[str]:
         """Registered names, the `default_implementation` first; imports nothing."""
-        names = sorted(cls.registry_entries())
-        default = cls.default_implementation
-        if cls is not Registrable and default in names:
-            names.remove(default)
-            names.insert(0, default)
-        return names
+        return _default_first(cls, cls.registry_entries())
 
     @classmethod
     def resolve_class_name(

@@ -498,3 +498,13 @@ def test_a_plugin_added_to_a_copy_stays_in_the_copy(round: int) -> None:
     registry = get_registry()  # the per-test copy from the fresh_registry fixture
     assert registry.add_plugin(PetPlugin, name="pets", provider="pets 1.0")  # twice: no leak
     assert Animal.by_name("pet") is Pet and registry.plugin_manager.has_plugin("pets")
+
+
+def test_a_registry_that_is_not_active_lists_its_own_entries() -> None:
+    from framework.registry import Registry, RegistryEntry
+
+    registry = Registry(lambda registry: None)
+    registry.register(RegistryEntry(Animal, "b", Dog))
+    registry.register(RegistryEntry(Animal, "a", Cat))
+    assert [entry.name for entry in registry.all_entries()] == ["a", "b"]
+    assert Animal.list_available() == []  # the active registry never saw them

@@ -290,9 +290,13 @@ def extracted_from(target: Path, digest: str) -> bool:
 
 
 def _sweep(target: Path) -> None:
-    """Remove temporary folders left by dead extractors of `target` on this host."""
+    """Remove temporary folders (and marker files) left by dead extractors of `target` on
+    this host."""
     for leftover in dead_leftovers(target, (".tmp", ".old")):
-        shutil.rmtree(leftover, ignore_errors=True)
+        if leftover.is_dir() and not leftover.is_symlink():
+            shutil.rmtree(leftover, ignore_errors=True)
+        else:
+            leftover.unlink(missing_ok=True)
 
 
 def _unpack(archive: Path, root: str, limits: ExtractLimits, url: str) -> None:

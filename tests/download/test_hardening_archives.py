@@ -8,6 +8,8 @@ import hashlib
 import io
 import os
 import struct
+import subprocess
+import sys
 import tarfile
 import zipfile
 from pathlib import Path
@@ -17,7 +19,7 @@ import pytest
 
 from framework import errors
 from framework.download import DownloadManager
-from framework.download._cache import Entry
+from framework.download._cache import HOST, Entry
 from framework.download._extract import ExtractLimits, extract_archive
 from framework.errors import DownloadError, UnsafeArchiveError
 
@@ -309,3 +311,12 @@ def test_extracted_folder_follows_a_refetched_archive(tmp_path: Path, cache: Pat
     folder = manager.cached_path(source, sha256=digest, extract=True)
     assert (folder / "version.txt").read_bytes() == b"two"
     assert (manager.cached_path(source, extract=True) / "version.txt").read_bytes() == b"two"
+
+
+def test_a_dead_extractors_leftover_marker_file_is_swept(tmp_path: Path, out: Path) -> None:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()  # a pid that no longer runs
+    leftover = out / f"a-extracted.json.{HOST}.{child.pid}.deadbeef.tmp"
+    leftover.write_text("{}")
+    folder = _extract(_tar(tmp_path / "ok.tar", [_file("f.txt")]), out)
+    assert sorted(os.listdir(out)) == [folder.name]

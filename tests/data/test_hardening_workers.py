@@ -314,6 +314,13 @@ def test_cuda_target_under_spawn_with_pickle5_moves_in_the_main_process() -> Non
     assert shared._spec(None).device == torch.device("cuda:0")
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_tensor_in_a_pickle5_frame_arrives_on_the_cpu(pipe: tuple[int, int]) -> None:
+    sent = torch.arange(6, device="cuda").view(2, 3)
+    got = roundtrip(pipe, {"x": sent})
+    assert got["x"].device.type == "cpu" and torch.equal(got["x"], sent.cpu())
+
+
 # -- 7. timeouts -----------------------------------------------------------------------------
 
 

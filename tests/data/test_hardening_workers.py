@@ -158,7 +158,8 @@ def test_keeping_only_the_labels_does_not_keep_the_batches() -> None:
     labels = [batch["label"] for batch in data]  # 20 batches of 8 MiB
     assert len(labels) == 20
     assert all(label.untyped_storage().nbytes() == 8 * 8 for label in labels)
-    assert rss() - start < 60 * 2**20  # not the 160 MiB the batches took
+    growth = rss() - start
+    assert growth < 100 * 2**20, f"{growth / 2**20:.0f} MiB"  # the batches took 160 MiB
 
 
 @pytest.fixture

@@ -87,7 +87,9 @@ class MultiProcessDataLoader(DataLoader):
             batches (the shortest rank's), so collective ops never wait forever.
         transfer: "pickle5" (tensors as out-of-band bytes over a pipe) or
             "shared_memory" (torch's shared-memory tensors).
-        timeout: raise `WorkerError` if a worker sends nothing for this many seconds.
+        timeout: raise `WorkerError` if a worker sends nothing for this many seconds
+            (fractions work). A reader that is slow but still producing instances
+            sends progress messages, so only silence counts, not a slow batch.
 
     Failures never hang: a worker that raises ends iteration with `WorkerError`
     (its traceback in `str()`, the original exception as `__cause__`); a worker

@@ -111,7 +111,7 @@ class RegistryEntry:
         if self._loaded is None:
             try:
                 loaded = import_target(self.target)
-            except Exception as error:
+            except (Exception, SystemExit) as error:  # a module calling sys.exit() is broken
                 raise PluginError(
                     self.plugin or self.provider,
                     f"{self.base.__name__} {self.name!r} (from {self.provider}) could not be "

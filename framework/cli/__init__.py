@@ -88,6 +88,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except KeyboardInterrupt:
         error("interrupted")
         return 130
+    except SystemExit as exc:  # our handlers return their code: this came from other code
+        error(f"stopped by SystemExit({exc.code!r}) raised inside a component or plugin")
+        return exc.code if isinstance(exc.code, int) and exc.code != 0 else 1
     except Exception as exc:  # a component's own failure: one line, the traceback on -v
         if args.verbose:
             raise

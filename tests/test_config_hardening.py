@@ -1,0 +1,84 @@
+"""Config checking, the schema and the ``framework config``/``run`` commands under hostile
+input: each test here failed before its fix (the review of issue 13)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from framework.cli import main
+from framework.data import DatasetReader
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def make_plugin(site: Path, dist: str, modules: dict[str, str], hook_body: str) -> None:
+    """An installed distribution (a dist-info on `site`) whose hook runs `hook_body`."""
+    site.mkdir(exist_ok=True)
+    for name, text in modules.items():
+        (site / f"{name}.py").write_text(textwrap.dedent(text))
+    hooks = (
+        "from framework import hookimpl\n\n@hookimpl\n"
+        "def framework_register_components(registrar):\n"
+        "    from framework.data import DatasetReader\n"
+        f"    {hook_body}\n"
+    )
+    (site / f"{dist}_hooks.py").write_text(hooks)
+    info = site / f"{dist}-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text(f"[framework.plugins]\n{dist} = {dist}_hooks\n")
+
+
+def run_cli(site: Path, *argv: str) -> subprocess.CompletedProcess[str]:
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("FRAMEWORK_")}
+    environ["PYTHONPATH"] = os.pathsep.join([str(site), str(REPO_ROOT)])
+    return subprocess.run(
+        [sys.executable, "-m", "framework", *argv],
+        capture_output=True, text=True, env=environ, timeout=120, cwd=site,
+    )  # fmt: skip
+
+
+def write_json(path: Path, config: Any) -> str:
+    path.write_text(json.dumps(config))
+    return str(path)
+
+
+# -- 1. SystemExit from someone else's code is a failure, never a silent success ----------
+def test_a_component_module_calling_sys_exit_fails_validate_schema_and_run(tmp_path: Path) -> None:
+    make_plugin(
+        tmp_path, "exitplug", {"exitplug_comp": "import sys\nsys.exit(0)\n"},
+        "registrar.add(DatasetReader, 'boom', 'exitplug_comp:Boom')",
+    )  # fmt: skip
+    config = write_json(tmp_path / "cfg.json", {"dataset_reader": "boom", "data_path": "x", "bogus": 1})
+    checked = run_cli(tmp_path, "config", "validate", config)
+    assert checked.returncode == 1, checked
+    assert "dataset_reader.type" in checked.stdout and "SystemExit" in checked.stdout
+    assert "bogus" in checked.stdout  # the other errors are still listed
+    schema = run_cli(tmp_path, "config", "schema")
+    assert schema.returncode == 0, schema
+    undescribed = json.loads(schema.stdout)["x-framework-undescribed"]
+    assert any("boom" in item["component"] and "SystemExit" in item["reason"] for item in undescribed)
+    ran = run_cli(tmp_path, "run", config)
+    assert ran.returncode != 0 and "SystemExit" in ran.stderr, ran
+
+
+def test_sys_exit_inside_a_constructor_fails_the_command(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    @DatasetReader.register("quitter")
+    class Quitter(DatasetReader):
+        def __init__(self) -> None:
+            sys.exit(0)
+
+    (tmp_path / "data.txt").write_text("a b\n")
+    config = write_json(tmp_path / "cfg.json", {"dataset_reader": "quitter", "data_path": "data.txt"})
+    assert main(["run", config]) == 1
+    assert "SystemExit(0)" in capsys.readouterr().err

@@ -35,6 +35,7 @@ import attrs
 from framework.download._cache import (
     HOST,
     NEW_FILE_FLAGS,
+    Entry,
     dead_leftovers,
     is_alive_local,
     parse_owner,
@@ -51,6 +52,7 @@ __all__ = [
     "discard",
     "fetch",
     "partial_bytes",
+    "publish_fetched",
     "publish_file",
     "remove_quietly",
 ]
@@ -496,3 +498,26 @@ def publish_file(temp: Path, final: Path) -> None:
         pass
     finally:
         os.close(dir_fd)
+
+
+def publish_fetched(entry: Entry, result: Fetched) -> None:
+    """Publish a verified file as `entry`: its sidecar first, then the file (`publish_file`).
+
+    The sidecar names the new file's inode before the file takes the final name: a
+    crash in between leaves a sidecar that matches no file, never old metadata vouching
+    for new bytes (or new metadata for old ones). On failure the file is removed.
+    """
+    try:
+        validators = result.validators
+        entry.publish_metadata(validators.etag, validators.last_modified, result.sha256, result.info)
+        publish_file(result.temp, entry.final)
+    except IsADirectoryError as error:  # os.replace never removes a folder
+        discard(result.temp)
+        raise DownloadError(
+            entry.url,
+            f"cannot publish {entry.final}: a folder sits at that name (not one this cache "
+            "makes); remove it, or use another cache folder",
+        ) from error
+    except BaseException:
+        discard(result.temp)
+        raise

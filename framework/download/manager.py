@@ -30,7 +30,7 @@ from framework.download._extract import (
     extracted_from,
 )
 from framework.download._lock import EntryLock, LockKind
-from framework.download._publish import Validators, discard, fetch, partial_bytes, publish_file
+from framework.download._publish import Validators, fetch, partial_bytes, publish_fetched
 from framework.download._schemes import backend_name_for, describe_schemes, split_scheme, url_scheme
 from framework.download.backend import DownloadBackend, RemoteInfo
 from framework.errors import DownloadError, InvalidArgumentError, OfflineError
@@ -317,23 +317,7 @@ class DownloadManager:
             progress=show,
             on_size=lambda size: lock.record(size=size),
         )
-        # The sidecar names the new file's inode before the file takes the final name:
-        # a crash in between leaves a sidecar that matches no file, never old metadata
-        # vouching for new bytes (or new metadata for old ones).
-        try:
-            validators = result.validators
-            entry.publish_metadata(validators.etag, validators.last_modified, result.sha256, result.info)
-            publish_file(result.temp, entry.final)
-        except IsADirectoryError as error:  # os.replace never removes a folder
-            discard(result.temp)
-            raise DownloadError(
-                entry.url,
-                f"cannot publish {entry.final}: a folder sits at that name (not one this cache "
-                "makes); remove it, or use another cache folder",
-            ) from error
-        except BaseException:
-            discard(result.temp)
-            raise
+        publish_fetched(entry, result)
         logger.info("published %s (%d bytes, sha256 %s)", entry.final, result.size, result.sha256)
 
 

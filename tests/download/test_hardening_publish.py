@@ -170,12 +170,12 @@ def test_old_sidecar_never_vouches_for_new_bytes(
 
 
 def _crash_before_rename(cache: str, url: str) -> None:
-    from framework.download import manager as manager_module
+    from framework.download import _publish
 
     def crash(temp: Path, final: Path) -> None:
         os._exit(3)  # the sidecar is written, the file not yet renamed into place
 
-    manager_module.publish_file = crash  # type: ignore[assignment]
+    _publish.publish_file = crash  # type: ignore[assignment]
     DownloadManager(cache, progress=False).cached_path(url, force=True)
 
 

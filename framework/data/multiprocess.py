@@ -28,8 +28,9 @@ import math
 import multiprocessing
 import pickle
 import warnings
+import weakref
 from collections.abc import Generator, Iterator, Mapping
-from typing import Any, Optional, Union
+from typing import Any, Optional, Union, cast
 
 import torch
 
@@ -208,11 +209,11 @@ class MultiProcessDataLoader(DataLoader):
 
     def __iter__(self) -> Iterator[TensorDict]:
         if self.batches_per_epoch is None:
-            yield from self._pass()
+            yield from self._new_pass()
             return
         # As AllenNLP's: the pass that is not used up carries over into the next epoch.
         generator: Optional[Generator[TensorDict, None, None]] = (
-            self._batch_generator or self._pass()
+            self._batch_generator or self._new_pass()
         )
         self._batch_generator = None
         # Lazy ranks have no collective of their own here: each batch's failure is shared.
@@ -246,7 +247,7 @@ class MultiProcessDataLoader(DataLoader):
             return generator, next(generator)
         except StopIteration:
             pass
-        generator = self._pass()
+        generator = self._new_pass()
         try:
             return generator, next(generator)
         except StopIteration:
@@ -339,18 +340,31 @@ class MultiProcessDataLoader(DataLoader):
             return random.randrange(2**63)  # reproducible if the user seeds `random`
         return derive_seed(self.seed, "epoch", epoch, "rank", rank)
 
+    def _new_pass(self) -> Generator[TensorDict, None, None]:
+        """A pass whose generators hold this loader weakly.
+
+        A carried-over pass is kept on the loader (`_batch_generator`); were its frames
+        to hold the loader, `del loader` would leave a reference cycle, and the workers
+        running until the next `gc.collect()`. `__del__` closes the pass first.
+        """
+        loader = cast(MultiProcessDataLoader, weakref.proxy(self))
+        return MultiProcessDataLoader._pass(loader)
+
     def _pass(self) -> Generator[TensorDict, None, None]:
+        # `self` is a weak proxy (see _new_pass): call the stream generators through
+        # the class so that their frames hold the proxy too, not the loader.
+        cls = MultiProcessDataLoader
         position = self._next_position()
         self._pending = None
         self._current = position
         self._epoch = position.epoch + 1
         info = current_distributed_info()
         if self.max_instances_in_memory is None:
-            stream = self._eager_pass(position)
+            stream = cls._eager_pass(self, position)
         elif self.num_workers == 0:
-            stream = self._lazy_pass_in_process(position)
+            stream = cls._lazy_pass_in_process(self, position)
         else:
-            stream = self._lazy_pass_in_workers(position, info)
+            stream = cls._lazy_pass_in_workers(self, position, info)
         if self._evened() and self.max_instances_in_memory is not None:
             if self.batches_per_epoch is None:
                 stream = even(stream)
@@ -566,12 +580,16 @@ class MultiProcessDataLoader(DataLoader):
             self._pool = None
 
     def __del__(self) -> None:
+        # Close a carried-over pass while the weak proxies its frames hold still work.
+        generator = getattr(self, "_batch_generator", None)
         pool = getattr(self, "_pool", None)
-        if pool is not None:
-            try:
+        try:
+            if generator is not None:
+                generator.close()
+            if pool is not None:
                 pool.shutdown()
-            except Exception:  # interpreter shutdown: the pool's finalizer reaps instead
-                pass
+        except Exception:  # interpreter shutdown: the pool's finalizer reaps instead
+            pass
 
 
 def _zip_longest(chunks: list[list[Instance]]) -> Iterator[Instance]:

@@ -350,3 +350,30 @@ def test_transfer_names_come_from_one_place() -> None:
     assert _checks.TRANSFERS is _transfer.TRANSFERS
     with pytest.raises(ValueError, match="pickle5"):
         make(CountingReader(4), transfer="bogus")
+
+
+# -- 5. lifecycle: no reference cycle through a carried-over pass -----------------------------
+
+
+@pytest.mark.parametrize("lazy", [None, 8])
+def test_del_loader_after_a_carried_over_epoch_stops_workers_without_gc(lazy: Any) -> None:
+    import time
+    import weakref
+
+    gc.disable()
+    try:
+        before = child_pids()
+        data = make(CountingReader(40), num_workers=2, max_instances_in_memory=lazy,
+                    batches_per_epoch=3)
+        list(data)  # the rest of the pass carries over (in lazy mode, its workers stay up)
+        if lazy:
+            assert child_pids() - before
+        freed = weakref.ref(data)
+        del data
+        assert freed() is None  # no reference cycle: freed at once, without gc
+        deadline = time.monotonic() + 10
+        while child_pids() - before and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert child_pids() - before == set()
+    finally:
+        gc.enable()

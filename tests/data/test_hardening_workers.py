@@ -326,9 +326,9 @@ def test_cuda_tensor_in_a_pickle5_frame_arrives_on_the_cpu(pipe: tuple[int, int]
 
 
 def test_timeout_counts_progress_not_frames_in_eager_mode(no_leaks: None) -> None:
-    # 12 instances, one each 0.25 s: never silent for 1 s, though a 64-instance frame
-    # takes 3 s to fill.
-    data = make(SlowReader(n=12, delay=0.25), num_workers=1, timeout=1.0)
+    # 12 instances, one each 0.25 s: never silent for 2 s, though the frame (up to 64
+    # instances) takes 3 s to fill.
+    data = make(SlowReader(n=12, delay=0.25), num_workers=1, timeout=2.0)
     assert len(list(data)) == 3
 
 

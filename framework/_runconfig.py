@@ -9,15 +9,18 @@ from typing import Annotated, Any
 from framework._signatures import AtLeast, Given
 from framework.data import DataLoader, DatasetReader
 
-__all__ = ["run_config"]
+__all__ = ["LOADER", "run_config"]
 
 _NO_OPTIONS: Mapping[str, Any] = MappingProxyType({})
+
+# `framework run` passes the loader its reader and data_path: a config may not set them
+LOADER = Annotated[DataLoader, Given(("reader", "data_path"))]
 
 
 def run_config(
     dataset_reader: DatasetReader,
     data_path: Annotated[str, AtLeast(1)],
-    data_loader: Annotated[DataLoader, Given(("reader", "data_path"))] = _NO_OPTIONS,  # type: ignore[assignment]
+    data_loader: LOADER = _NO_OPTIONS,  # type: ignore[assignment]
     epochs: Annotated[int, AtLeast(1)] = 1,
 ) -> None:
     """A `framework run` config: what to read, from where, how to batch it, how many times.
@@ -27,6 +30,6 @@ def run_config(
         data_path: a URL that a download backend serves (``https://...``, ``s3://...``)
             or a local file or folder.
         data_loader: the loader (``"multiprocess"`` when it has no ``"type"``); its
-            `reader` and `data_path` come from the keys above.
+            `reader` and `data_path` come from the keys above, and may not be set here.
         epochs: how many passes over the data.
     """

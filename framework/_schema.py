@@ -109,18 +109,26 @@ class _Builder:
         if item not in self.undescribed:  # met again under another def (e.g. a Lazy one)
             self.undescribed.append(item)
 
-    def key(self, cls: type, provided: _Provided, suffix: str = "") -> str:
+    def key(
+        self, cls: type, provided: _Provided, suffix: str = "", explicit: frozenset[str] = frozenset()
+    ) -> str:
         name = self._names.get(cls)
         if name is None:  # two classes of one name (from two modules) get their full names
             taken = cls.__name__ in self._names.values()
             name = self._names[cls] = f"{cls.__module__}.{cls.__qualname__}" if taken else cls.__name__
+        if explicit:  # a def of its own: these keys are not properties here
+            suffix = f"{suffix} (receives {', '.join(sorted(explicit))})"
+            provided = None if provided is None else provided - explicit
         if provided is None:
             return f"{name}{suffix} (lazy)"
         if provided:
             return f"{name}{suffix} (given {', '.join(sorted(provided))})"
         return f"{name}{suffix}"
 
-    def annotation(self, annotation: Any, provided: _Provided) -> dict[str, Any]:
+    def annotation(
+        self, annotation: Any, provided: _Provided, explicit: frozenset[str] = frozenset()
+    ) -> dict[str, Any]:
+        """The schema of `annotation`; `explicit`: keys that the object it makes receives in code."""
         if accepts_anything(annotation):
             return {}
         if isinstance(annotation, Unresolved):
@@ -129,7 +137,7 @@ class _Builder:
         origin = typing.get_origin(annotation)
         args = typing.get_args(annotation)
         if origin in _UNION_TYPES:
-            alternatives = [self.annotation(a, provided) for a in args]
+            alternatives = [self.annotation(a, provided, explicit) for a in args]
             return {} if {} in alternatives else {"anyOf": alternatives}
         if origin is typing.Literal:
             return {"enum": [a.value if isinstance(a, enum.Enum) else a for a in args]}
@@ -146,11 +154,11 @@ class _Builder:
             return self.plain(origin, provided)
         if origin is not None:
             return {}
-        return self.plain(annotation, provided)
+        return self.plain(annotation, provided, explicit)
 
     def annotated(self, annotation: Any, metadata: tuple[Any, ...], provided: _Provided) -> dict[str, Any]:
         given = frozenset(name for m in metadata if isinstance(m, Given) for name in m.names)
-        schema = dict(self.annotation(annotation, None if provided is None else provided | given))
+        schema = dict(self.annotation(annotation, None if provided is None else provided | given, given))
         for limit in (m for m in metadata if isinstance(m, AtLeast)):
             schema["minLength" if schema.get("type") == "string" else "minimum"] = limit.minimum
         return schema
@@ -162,7 +170,7 @@ class _Builder:
         items_schema = self.annotation(args[0], provided) if args else {}
         return {"type": "array", **({"items": items_schema} if items_schema else {})}
 
-    def plain(self, cls: Any, provided: _Provided) -> dict[str, Any]:
+    def plain(self, cls: Any, provided: _Provided, explicit: frozenset[str] = frozenset()) -> dict[str, Any]:
         if cls in _PRIMITIVES:
             return dict(_PRIMITIVES[cls])
         if not isinstance(cls, type):
@@ -177,31 +185,33 @@ class _Builder:
         if cls is dict:
             return {"type": "object"}
         if issubclass(cls, Registrable):
-            return {"$ref": self.registrable(cls, provided)}
+            return {"$ref": self.registrable(cls, provided, explicit)}
         if _is_constructible(cls) and cls.__module__ != "builtins":
-            key = self.key(cls, provided)
+            key = self.key(cls, provided, explicit=explicit)
             if key not in self.defs:
                 self.defs[key] = {}  # claimed first: a class may nest itself
-                self.defs[key] = self.arguments(cls, provided)
+                self.defs[key] = self.arguments(cls, provided, explicit=explicit)
             return {"$ref": _pointer(key)}
         return {}  # made in code, not in JSON: the schema cannot check it
 
-    def registrable(self, cls: type[Registrable], provided: _Provided) -> str:
+    def registrable(
+        self, cls: type[Registrable], provided: _Provided, explicit: frozenset[str] = frozenset()
+    ) -> str:
         """The ``$ref`` to `cls`'s definition: its string and mapping forms."""
-        key = self.key(cls, provided)
+        key = self.key(cls, provided, explicit=explicit)
         if key in self.defs:
             return _pointer(key)
         self.defs[key] = {}
         entries = cls.registry_entries()
         is_base = inspect.isabstract(cls) or bool(entries)
         if not is_base:  # a concrete class: its own parameters, "type" optional
-            self.defs[key] = self.arguments(cls, provided, type_schema={"type": "string"})
+            self.defs[key] = self.arguments(cls, provided, {"type": "string"}, explicit)
             return _pointer(key)
         names = cls.list_available()
         choices: list[dict[str, Any]] = []
         rules: list[dict[str, Any]] = []
         for name in names:
-            component, summary = self.component(cls, entries[name], provided)
+            component, summary = self.component(cls, entries[name], provided, explicit)
             choices.append({"const": name, **({"description": summary} if summary else {})})
             rules.append(
                 {
@@ -214,7 +224,7 @@ class _Builder:
             rules.append(
                 {
                     "if": {"not": {"required": ["type"]}},
-                    "then": {"$ref": self.component(cls, entries[default], provided)[0]},
+                    "then": {"$ref": self.component(cls, entries[default], provided, explicit)[0]},
                 }
             )
         dotted = {
@@ -238,9 +248,11 @@ class _Builder:
         }
         return _pointer(key)
 
-    def component(self, base: type, entry: RegistryEntry, provided: _Provided) -> tuple[str, str]:
+    def component(
+        self, base: type, entry: RegistryEntry, provided: _Provided, explicit: frozenset[str] = frozenset()
+    ) -> tuple[str, str]:
         """The ``$ref`` to one registered component's parameters, and its summary."""
-        key = self.key(base, provided, f".{entry.name}")
+        key = self.key(base, provided, f".{entry.name}", explicit)
         try:
             factory = entry.factory()
         except Exception as error:  # not importable here: say so, accept any arguments
@@ -252,19 +264,25 @@ class _Builder:
         summary = first_paragraph(factory)
         if key not in self.defs:
             self.defs[key] = {}
-            self.defs[key] = self.arguments(factory, provided, type_schema={"const": entry.name})
+            self.defs[key] = self.arguments(factory, provided, {"const": entry.name}, explicit)
         return _pointer(key), summary
 
     def arguments(
-        self, factory: Callable[..., Any], provided: _Provided, type_schema: Optional[dict[str, Any]] = None
+        self,
+        factory: Callable[..., Any],
+        provided: _Provided,
+        type_schema: Optional[dict[str, Any]] = None,
+        explicit: frozenset[str] = frozenset(),
     ) -> dict[str, Any]:
-        """An object schema of `factory`'s keyword parameters."""
+        """An object schema of `factory`'s keyword parameters, less those in `explicit`."""
         signature = signature_of(factory)
         init = getattr(factory, "__init__", None) if isinstance(factory, type) else None
         docs = {**arg_docs(init), **arg_docs(factory)}
         properties: dict[str, Any] = {} if type_schema is None else {"type": type_schema}
         required = []
         for name, parameter in signature.parameters.items():
+            if name in explicit:
+                continue
             schema = dict(self.annotation(parameter.annotation, provided))
             if docs.get(name):
                 schema["description"] = docs[name]

@@ -212,12 +212,17 @@ class _Walk:
     runs on a config that checked clean, so it only meets errors that constructors
     raise. `extras` are arguments given in code; while checking only their names
     count, and inside a `Lazy` any missing key may still come from `construct`.
+    `given` (from ``Annotated[.., Given(..)]``) names the extras that the next object
+    built receives itself: there, a config key of that name is an error.
     """
 
-    def __init__(self, build: bool, extras: Mapping[str, Any], lazy: bool = False) -> None:
+    def __init__(
+        self, build: bool, extras: Mapping[str, Any], lazy: bool = False, given: frozenset[str] = frozenset()
+    ) -> None:
         self.build = build
         self.extras = extras
         self.lazy = lazy
+        self.given = given
         self.errors: list[ConfigError] = []
 
     def fail(self, error: ConfigError) -> None:
@@ -225,8 +230,8 @@ class _Walk:
             raise error
         self.errors.append(error)
 
-    def _child(self, extras: Mapping[str, Any], lazy: bool) -> _Walk:
-        child = _Walk(self.build, extras, lazy)
+    def _child(self, extras: Mapping[str, Any], lazy: bool, given: frozenset[str] = frozenset()) -> _Walk:
+        child = _Walk(self.build, extras, lazy, given)
         child.errors = self.errors  # one list: errors from anywhere are reported together
         return child
 
@@ -264,12 +269,9 @@ class _Walk:
 
     def annotated(self, annotation: Any, metadata: tuple[Any, ...], value: Any, path: str) -> Any:
         # names given in code: while checking, they count as present
-        given = [name for m in metadata if isinstance(m, Given) for name in m.names]
-        walk = (
-            self._child({**dict.fromkeys(given), **self.extras}, self.lazy)
-            if given and not self.build
-            else self
-        )
+        given = frozenset(name for m in metadata if isinstance(m, Given) for name in m.names)
+        extras = self.extras if self.build else {**dict.fromkeys(given), **self.extras}
+        walk = self._child(extras, self.lazy, given) if given else self
         before = len(self.errors)
         built = walk.value(annotation, value, path)
         for limit in (m for m in metadata if isinstance(m, AtLeast)):
@@ -308,7 +310,7 @@ class _Walk:
             return None
         tried: list[list[ConfigError]] = []
         for candidate in (a for a in args if a is not _NONE):
-            trial = _Walk(build=False, extras=self.extras, lazy=self.lazy)
+            trial = _Walk(build=False, extras=self.extras, lazy=self.lazy, given=self.given)
             trial.value(candidate, value, path)
             if not trial.errors:
                 return self.value(candidate, value, path) if self.build else value
@@ -356,6 +358,9 @@ class _Walk:
         }
 
     def instance(self, cls: type, config: Mapping[str, Any], path: str, explicit: Mapping[str, Any]) -> Any:
+        if self.given:  # this object receives them; objects inside it see them as extras
+            explicit = {**{name: self.extras[name] for name in self.given if name in self.extras}, **explicit}
+            return self._child(self.extras, self.lazy).instance(cls, config, path, explicit)
         params = dict(config)
         type_name = params.pop("type", None)
         factory: Callable[..., Any] = cls
@@ -393,6 +398,15 @@ class _Walk:
         owner = signature.owner
         before = len(self.errors)
         kwargs: dict[str, Any] = dict(explicit)
+        for name in [key for key in params if key in explicit]:
+            params.pop(name)
+            self.fail(
+                ConfigError(
+                    _join(path, name),
+                    f"{owner} receives {name!r} from the code that builds it, not from the config: "
+                    "remove this key",
+                )
+            )
         for name, parameter in signature.parameters.items():
             if name in kwargs:
                 continue
@@ -412,7 +426,7 @@ class _Walk:
         if signature.accepts_extra:
             kwargs.update(params)  # what **kwargs takes as it is
         else:
-            known = list(signature.parameters)
+            known = [name for name in signature.parameters if name not in explicit]
             what = "top-level key" if top_level else f"key for {owner}"
             for key in params:
                 close = difflib.get_close_matches(str(key), known, n=1)

@@ -82,3 +82,35 @@ def test_sys_exit_inside_a_constructor_fails_the_command(
     config = write_json(tmp_path / "cfg.json", {"dataset_reader": "quitter", "data_path": "data.txt"})
     assert main(["run", config]) == 1
     assert "SystemExit(0)" in capsys.readouterr().err
+
+
+def schema_errors(config: Any, base: Any = None) -> list[str]:
+    from jsonschema import Draft202012Validator  # type: ignore[import-untyped]
+
+    from framework.config import json_schema
+
+    return [error.message for error in Draft202012Validator(json_schema(base)).iter_errors(config)]
+
+
+# -- 2. keys that `framework run` passes the loader itself -------------------------------
+@pytest.mark.parametrize("key", ["data_path", "reader"])
+def test_a_loader_key_that_run_supplies_is_rejected_by_validate_schema_and_run(
+    key: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from framework.config import validate
+
+    (tmp_path / "corpus.txt").write_text("one\ntwo\n")
+    (tmp_path / "other.txt").write_text("".join(f"line {i}\n" for i in range(7)))
+    value = str(tmp_path / "other.txt") if key == "data_path" else "text"
+    config = {
+        "dataset_reader": "text",
+        "data_path": "corpus.txt",
+        "data_loader": {"batch_size": 1, key: value},
+    }
+    errors = validate(config)
+    assert [e.path for e in errors] == [f"data_loader.{key}"]
+    assert "remove this key" in errors[0].reason
+    assert schema_errors(config)
+    assert main(["run", write_json(tmp_path / "cfg.json", config), "--json", "--no-progress"]) == 2
+    captured = capsys.readouterr()
+    assert f"data_loader.{key}" in captured.err and captured.out == ""

@@ -112,6 +112,17 @@ def _prefixed(prefix: str, error: ConfigError) -> ConfigError:
     return ConfigError(path, error.reason, error.expected, error.got)
 
 
+def _build_loader(loader_config: Mapping[str, Any], reader: Any, data_path: str) -> Any:
+    """The loader, through the run config's own annotation of ``data_loader``: `reader`
+    and `data_path` are passed as the run's, so a config that sets them is rejected."""
+    from framework._runconfig import LOADER
+    from framework.config import construct
+
+    return construct(
+        LOADER, loader_config, path="data_loader", extras={"reader": reader, "data_path": data_path}
+    )
+
+
 def _loader_parameters(loader_config: Mapping[str, Any]) -> set[str]:
     """The constructor parameters of the loader type the config names (empty if unknown)."""
     import inspect
@@ -133,18 +144,13 @@ def _preflight_loader(loader_config: Mapping[str, Any], reader: Any, data_path: 
     an unbounded ``max_instances_in_memory``), which checks every key, value and
     combination the same way and reads nothing until iterated. It is then dropped.
     """
-    from framework import DataLoader
-
     config = copy.deepcopy(dict(loader_config))
     if (
         "max_instances_in_memory" in _loader_parameters(config)
         and config.get("max_instances_in_memory") is None
     ):
         config["max_instances_in_memory"] = 2**62
-    try:
-        DataLoader.from_config(config, reader=reader, data_path=data_path)
-    except ConfigError as error:
-        raise _prefixed("data_loader", error) from None
+    _build_loader(config, reader, data_path)
 
 
 def _resolve_data_path(data_path: str, base_dir: Path) -> str:
@@ -190,7 +196,7 @@ def main(args: argparse.Namespace) -> int:
 
     import torch
 
-    from framework import DataLoader, DatasetReader, cached_path
+    from framework import DatasetReader, cached_path
 
     device: Optional[torch.device] = None
     if args.device:
@@ -225,10 +231,7 @@ def main(args: argparse.Namespace) -> int:
         cached = cached_path(data_path, progress=progress)
 
     start = time.perf_counter()  # eager loaders read everything while being built
-    try:
-        loader = DataLoader.from_config(loader_config, reader=reader, data_path=str(cached))
-    except ConfigError as error:
-        raise _prefixed("data_loader", error) from None
+    loader = _build_loader(loader_config, reader, str(cached))
     if device is not None:
         loader.set_target_device(device)
         if device.type == "cuda":

@@ -212,6 +212,7 @@ class DownloadManager:
         force: bool = False,
         progress: Optional[bool] = None,
         revalidate: bool = False,
+        distributed: bool = False,
     ) -> Path:
         """The local path of `url_or_path`'s verified bytes inside the cache folder.
 
@@ -226,12 +227,30 @@ class DownloadManager:
             progress: overrides the manager's setting for this call.
             revalidate: ask the server whether a cached copy is still current (one
                 ``stat``, e.g. an HTTP HEAD); refetch when its etag or size changed.
+            distributed: a collective over torch.distributed's default group (every
+                rank calls it with the same arguments): one rank fetches from the origin,
+                ranks with their own cache folder get the bytes over the process group
+                (see ``docs/howto/torchrun.md``). A plain call when torch.distributed is
+                not initialized.
 
         Raises:
             DownloadError: or a subclass (`HTTPStatusError`, `NetworkError`,
                 `ChecksumError`, `UnsafeArchiveError`, `OfflineError`,
                 `LockTimeoutError`); nothing is published when one is raised.
         """
+        if distributed:
+            from framework.download._cluster import cluster_cached_path  # imports torch
+
+            return cluster_cached_path(
+                self,
+                url_or_path,
+                cache_dir=cache_dir,
+                sha256=sha256,
+                extract=extract,
+                force=force,
+                progress=progress,
+                revalidate=revalidate,
+            )
         url = _normalize(url_or_path)
         sha256 = _check_sha256(url, sha256)
         root = Path(cache_dir).expanduser() if cache_dir is not None else self.cache_dir
@@ -422,8 +441,10 @@ def cached_path(
     extract: bool = False,
     force: bool = False,
     progress: bool = True,
+    distributed: bool = False,
 ) -> Path:
-    """`DownloadManager.cached_path` on a default manager (settings from the environment)."""
+    """`DownloadManager.cached_path` on a default manager (settings from the environment);
+    ``distributed=True`` makes it a collective with one fetch per job (see there)."""
     global _default_manager
     if _default_manager is None:
         _default_manager = DownloadManager()
@@ -434,4 +455,5 @@ def cached_path(
         extract=extract,
         force=force,
         progress=progress,
+        distributed=distributed,
     )

@@ -1,0 +1,511 @@
+"""``cached_path(..., distributed=True)``: one fetch from the origin for a whole job.
+
+Every rank of torch.distributed's default group calls it with the same arguments:
+
+1. **Who shares a cache folder** is asked of the filesystem itself: each rank writes a
+   marker file with a random name into its cache folder and, after a collective, looks
+   for every rank's marker in its own folder. Ranks that see each other's markers share
+   a folder (a group); its lowest rank is the group's leader. Hostnames are never used:
+   containers and simulated nodes share one, and hosts mounting NFS share a folder.
+2. **Who already holds a verified copy** is agreed on next; when every group does (the
+   same sha256), nothing moves and no connection is opened.
+3. **One rank gets the file**: a leader whose cache holds it, else rank 0, from the origin
+   through the ordinary locked, atomic-publish path.
+4. **One rank per other cache folder receives the bytes** from it over the process group
+   (a broadcast in `CHUNK_BYTES` pieces of uint8 tensors, on the current CUDA device for
+   NCCL) and publishes them like a download: a private partial file hashed while
+   written, checked against the sender's sha256 (and the caller's), fsynced, the sidecar,
+   then ``os.replace``.
+5. ``extract=True``: each leader then extracts its own copy through the ordinary path.
+
+**Failures.** Every local step runs to its end on every rank and its outcome is
+gathered; a failure anywhere is raised on every rank as the same `DownloadError`
+subclass (rebuilt by name from `framework.errors`). A receiver whose write fails keeps
+taking part in the broadcasts, dropping the bytes, so the ranks' collectives never
+diverge.
+
+**Bounds.** Long local steps (the origin download, publishing, extracting) run in a
+thread while the rank takes part in a heartbeat ``all_gather`` every `POLL_S` seconds, so
+a download may last longer than the process group's timeout, while no single collective
+waits longer than that timeout (``init_process_group(timeout=...)``) unless a rank stopped
+answering. A rank that dies makes the others' next collective fail (gloo: as soon as its
+connections close, else at the timeout), raised as a `DownloadError`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import threading
+from collections.abc import Sequence
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Final, Optional, Union
+
+import attrs
+import torch
+import torch.distributed as dist
+
+import framework.errors
+from framework.download._cache import NEW_FILE_FLAGS, Entry, Metadata, file_identity
+from framework.download._pipeline import write_all
+from framework.download._publish import Validators, _Partial, publish_fetched
+from framework.errors import ChecksumError, DownloadError, InvalidArgumentError, _rebuild
+
+if TYPE_CHECKING:
+    from framework.download.manager import DownloadManager
+
+__all__ = ["CHUNK_BYTES", "POLL_S", "cluster_cached_path"]
+
+logger = logging.getLogger("framework.download")
+
+CHUNK_BYTES: Final = 8 << 20  # memory per rank during a transfer: one chunk
+POLL_S: Final = 0.5  # the longest gap between heartbeats while a rank works
+_MARKER_PREFIX: Final = ".framework-cluster-"
+
+PathOrUrl = Union[str, "os.PathLike[str]"]
+# One rank's outcome of a step: (True, value) or (False, (error class name, state, args)).
+Outcome = tuple[bool, Any]
+
+
+def cluster_cached_path(
+    manager: DownloadManager,
+    url_or_path: PathOrUrl,
+    *,
+    cache_dir: Optional[PathOrUrl],
+    sha256: Optional[str],
+    extract: bool,
+    force: bool,
+    progress: Optional[bool],
+    revalidate: bool,
+) -> Path:
+    """`manager.cached_path` as a collective over the default process group (see the
+    module docstring); a plain call when torch.distributed is not initialized."""
+    call = _Call(manager, url_or_path, cache_dir, sha256, extract, force, progress, revalidate)
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return call.plain()
+    return call.run()
+
+
+@attrs.frozen
+class _Probe:
+    """What one rank tells the others first."""
+
+    args: tuple[Any, ...]  # the arguments that must agree across ranks
+    marker: Optional[str]  # the marker file it wrote into its cache folder, if it could
+    held: Optional[str]  # the sha256 of the verified copy its cache holds
+
+
+@attrs.frozen
+class _Source:
+    """What the sending rank tells the receivers about the file."""
+
+    sha256: str
+    size: int
+    etag: Optional[str]
+    last_modified: Optional[str]
+
+
+class _Call:
+    """One collective call; every rank makes the same decisions from the gathered facts."""
+
+    def __init__(
+        self,
+        manager: DownloadManager,
+        url_or_path: PathOrUrl,
+        cache_dir: Optional[PathOrUrl],
+        sha256: Optional[str],
+        extract: bool,
+        force: bool,
+        progress: Optional[bool],
+        revalidate: bool,
+    ) -> None:
+        self.manager = manager
+        self.url = os.fspath(url_or_path)  # normalized in the first step, where errors are shared
+        self.cache_dir = cache_dir
+        self.sha256 = sha256
+        self.extract = extract
+        self.force = force
+        self.progress = progress
+        self.revalidate = revalidate
+        self.root = Path(cache_dir).expanduser() if cache_dir is not None else manager.cache_dir
+        self.entry = Entry(self.root, self.url)
+        self.marker: Optional[Path] = None
+
+    def plain(self, **changes: Any) -> Path:
+        arguments: dict[str, Any] = dict(
+            cache_dir=self.root,
+            sha256=self.sha256,
+            extract=self.extract,
+            force=self.force,
+            progress=self.progress,
+            revalidate=self.revalidate,
+        )
+        arguments.update(changes)
+        return self.manager.cached_path(self.url, **arguments)
+
+    def run(self) -> Path:
+        rank = dist.get_rank()
+        try:
+            probes: list[_Probe] = self._step(self._probe)
+            first = probes[0].args
+            for other, probe in enumerate(probes):
+                if probe.args != first:
+                    raise InvalidArgumentError(
+                        self.url,
+                        "cached_path(distributed=True) is a collective: every rank must pass the "
+                        f"same arguments (cache_dir may differ); rank 0 passed {first}, rank {other} "
+                        f"passed {probe.args}",
+                    )
+            seen: list[list[int]] = self._step(partial(self._look, probes))
+        finally:
+            if self.marker is not None:
+                _remove_quietly(self.marker)
+        leader_of = _groups(seen)
+        leaders = sorted(set(leader_of))
+        held = {leader: probes[leader].held for leader in leaders}
+        holders = [leader for leader in leaders if held[leader] is not None]
+        from_origin = self.force or self.revalidate or not holders
+        source = 0 if from_origin else holders[0]
+        digest = held[source]
+        if from_origin or any(held[leader] != digest for leader in leaders):
+            sender = _Sender(self) if rank == source else None
+            try:
+                info: _Source = self._step(sender.prepare if sender else None)[source]
+                receivers = [
+                    leader
+                    for leader in leaders
+                    if leader != source and (self.force or held[leader] != info.sha256)
+                ]
+                if receivers:
+                    self._transfer(info, source, receivers, sender)
+            finally:
+                if sender is not None:
+                    sender.close()
+            digest = info.sha256
+        assert digest is not None
+        if self.extract:
+            self._step(partial(self._extract, digest) if leader_of[rank] == rank else None)
+        path: list[Path] = self._step(partial(self._resolve, digest))
+        return path[rank]
+
+    # Steps: every rank runs its part, then all outcomes are gathered ----------------
+
+    def _step(self, work: Optional[Callable[[], Any]]) -> list[Any]:
+        """Run `work` here (None: nothing) while answering heartbeats; the values of all
+        ranks, or the first failure (by rank) raised on every rank."""
+        box: list[Outcome] = []
+        mine: list[BaseException] = []  # this rank's own failure, chained to what it raises
+        thread: Optional[threading.Thread] = None
+        if work is None:
+            box.append((True, None))
+        else:
+
+            def run() -> None:
+                try:
+                    box.append((True, work()))
+                except BaseException as error:  # reported to every rank, raised there
+                    mine.append(error)
+                    box.append((False, _encode(error, self.url, dist.get_rank())))
+
+            thread = threading.Thread(target=run, name="framework-cluster-step", daemon=True)
+            thread.start()
+        wait = 0.002
+        while True:
+            if thread is not None:
+                thread.join(wait)
+                wait = min(2 * wait, POLL_S)
+            outcomes: list[Optional[Outcome]] = self._gather(box[0] if box else None)
+            if all(outcome is not None for outcome in outcomes):
+                break
+        values = []
+        for outcome in outcomes:
+            assert outcome is not None
+            ok, value = outcome
+            if not ok:
+                raise _decode(*value) from (mine[0] if mine else None)
+            values.append(value)
+        return values
+
+    def _gather(self, obj: Any) -> list[Any]:
+        gathered: list[Any] = [None] * dist.get_world_size()
+        try:
+            dist.all_gather_object(gathered, obj)
+        except RuntimeError as error:  # DistBackendError, a timeout, a closed connection
+            raise DownloadError(self.url, _group_failed(error)) from error
+        return gathered
+
+    def _probe(self) -> _Probe:
+        from framework.download.manager import _cache_writes, _check_sha256, _normalize
+
+        self.url = _normalize(self.url)
+        self.sha256 = _check_sha256(self.url, self.sha256)
+        self.entry = Entry(self.root, self.url)
+        with _cache_writes(self.url, self.root):
+            self.root.mkdir(parents=True, exist_ok=True)
+        self.marker = _write_marker(self.root)
+        meta = None if self.force else self.entry.lookup(self.sha256)
+        args = (self.url, self.sha256, self.extract, self.force, self.revalidate)
+        return _Probe(args, self.marker.name if self.marker else None, meta["sha256"] if meta else None)
+
+    def _look(self, probes: Sequence[_Probe]) -> list[int]:
+        """The ranks whose marker is in this rank's cache folder."""
+        return [
+            rank
+            for rank, probe in enumerate(probes)
+            if probe.marker is not None and _exists(self.root / probe.marker)
+        ]
+
+    def _transfer(self, info: _Source, source: int, receivers: list[int], sender: Optional[_Sender]) -> None:
+        """Broadcast the file from `source` to `receivers`, each publishing its copy."""
+        rank = dist.get_rank()
+        members = sorted([source, *receivers])
+        try:
+            group = dist.new_group(members)  # every rank of the job takes part in making it
+        except RuntimeError as error:
+            raise DownloadError(self.url, _group_failed(error)) from error
+        receiver = _Receiver(self, info) if rank in receivers else None
+        try:
+            if rank in members:
+                logger.info(
+                    "rank %d %s %s (%d bytes) over the process group",
+                    rank,
+                    "sends" if rank == source else "receives",
+                    self.url,
+                    info.size,
+                )
+                self._broadcast(info.size, source, group, sender, receiver)
+            self._step(receiver.publish if receiver else sender.check if sender else None)
+        finally:
+            if receiver is not None:
+                receiver.close()
+            if rank in members:
+                dist.destroy_process_group(group)
+
+    def _broadcast(
+        self,
+        size: int,
+        source: int,
+        group: Any,
+        sender: Optional[_Sender],
+        receiver: Optional[_Receiver],
+    ) -> None:
+        """Every member makes the same broadcasts whatever fails locally: a failure is
+        reported in the next step, never by leaving the others waiting."""
+        device = torch.device("cpu")
+        if dist.get_backend(group) == "nccl":
+            device = torch.device("cuda", torch.cuda.current_device())
+        buffer = torch.empty(min(CHUNK_BYTES, max(size, 1)), dtype=torch.uint8, device=device)
+        for offset in range(0, size, CHUNK_BYTES):
+            chunk = buffer[: min(CHUNK_BYTES, size - offset)]
+            if sender is not None:
+                sender.read(offset, chunk)
+            try:
+                dist.broadcast(chunk, src=source, group=group)
+            except RuntimeError as error:
+                raise DownloadError(self.url, _group_failed(error)) from error
+            if receiver is not None:
+                receiver.write(chunk)
+
+    def _extract(self, digest: str) -> Path:
+        """A leader extracts its cache's copy through the ordinary path."""
+        self._verified(digest)
+        return self.plain(sha256=digest, force=False, revalidate=False)
+
+    def _resolve(self, digest: str) -> Path:
+        self._verified(digest)
+        if not self.extract:
+            return self.entry.final
+        from framework.download.manager import _extracted
+
+        if not _extracted(self.entry):
+            raise DownloadError(self.url, f"the extracted folder {self.entry.extracted} went away meanwhile")
+        return self.entry.extracted
+
+    def _verified(self, digest: str) -> None:
+        """This rank's cache holds the agreed bytes, or a clear error (never a fetch)."""
+        if self.entry.lookup(digest) is None:
+            raise DownloadError(
+                self.url,
+                f"the verified copy (sha256 {digest}) in {self.root} was replaced or removed "
+                "by another process during the call; call again",
+            )
+
+
+class _Sender:
+    """The rank that holds the file: fetched from the origin, or found in its cache."""
+
+    def __init__(self, call: _Call) -> None:
+        self.call = call
+        self.fd: Optional[int] = None
+        self.error: Optional[BaseException] = None
+
+    def prepare(self) -> _Source:
+        call = self.call
+        if call.force or call.revalidate or call.entry.lookup(call.sha256) is None:
+            call.plain(extract=False)  # the one fetch from the origin, locked and atomic
+        meta = call.entry.cached()
+        fd = os.open(call.entry.final, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        self.fd = fd
+        if meta is None or file_identity(os.fstat(fd)) != _identity(meta):
+            raise DownloadError(call.url, f"{call.entry.final} was replaced during the call; call again")
+        return _Source(meta["sha256"], meta["size"], meta.get("etag"), meta.get("last_modified"))
+
+    def read(self, offset: int, chunk: torch.Tensor) -> None:
+        """Fill `chunk` with the file's bytes at `offset`; after a failure, leave it as is."""
+        if self.error is not None or self.fd is None:
+            return
+        try:
+            host = chunk if chunk.device.type == "cpu" else torch.empty_like(chunk, device="cpu")
+            view = host.numpy().data
+            done = 0
+            while done < len(view):
+                got = os.preadv(self.fd, [view[done:]], offset + done)
+                if got == 0:
+                    raise DownloadError(self.call.url, f"{self.call.entry.final} shrank while being sent")
+                done += got
+            if host is not chunk:
+                chunk.copy_(host)
+        except BaseException as error:
+            self.error = error
+
+    def check(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+class _Receiver:
+    """A leader receiving the file into a private partial file in its cache folder."""
+
+    def __init__(self, call: _Call, info: _Source) -> None:
+        from framework.download.manager import _cache_writes
+
+        self.call = call
+        self.info = info
+        self.writes = partial(_cache_writes, call.url, call.root)
+        self.partial: Optional[_Partial] = None
+        self.error: Optional[BaseException] = None
+        try:
+            with self.writes():
+                self.partial = _Partial.create(call.entry.final)
+            self.partial.validators = Validators(info.etag, info.last_modified)
+        except BaseException as error:
+            self.error = error
+
+    def write(self, chunk: torch.Tensor) -> None:
+        """Write and hash `chunk`; after a failure, drop it (the broadcasts go on)."""
+        if self.error is not None or self.partial is None:
+            return
+        data = chunk.cpu().numpy().tobytes()
+        try:
+            with self.writes():
+                write_all(self.partial.fd, [data], self.call.url, self.partial.name.path)
+            self.partial.hasher.update(data)
+            self.partial.offset += len(data)
+        except BaseException as error:
+            self.error = error
+
+    def publish(self) -> None:
+        """Verify against the sender's sha256 (and the caller's), then publish atomically."""
+        call, partial_file = self.call, self.partial
+        if self.error is not None:
+            raise self.error
+        assert partial_file is not None
+        with self.writes():
+            os.fsync(partial_file.fd)
+            fetched = partial_file.verified(call.url, self.info.sha256)
+            if call.sha256 is not None and fetched.sha256 != call.sha256:
+                raise ChecksumError(call.url, call.sha256, fetched.sha256)
+            self.partial = None
+            partial_file.close(keep=True)
+            publish_fetched(call.entry, fetched)
+        logger.info("published %s (%d bytes, sha256 %s)", call.entry.final, fetched.size, fetched.sha256)
+
+    def close(self) -> None:
+        if self.partial is not None:  # not published: remove the partial file
+            self.partial.close(keep=False)
+            self.partial = None
+
+
+def _identity(meta: Metadata) -> tuple[int, int, int]:
+    return meta["inode"], meta["size"], meta["mtime_ns"]
+
+
+def _groups(seen: Sequence[Sequence[int]]) -> list[int]:
+    """Each rank's group leader: ranks are in one group when one saw the other's marker
+    (directly or through others); the leader is the group's lowest rank."""
+    leader = list(range(len(seen)))
+
+    def find(rank: int) -> int:
+        while leader[rank] != rank:
+            leader[rank] = leader[leader[rank]]
+            rank = leader[rank]
+        return rank
+
+    for rank, others in enumerate(seen):
+        for other in others:
+            a, b = find(rank), find(other)
+            leader[max(a, b)] = min(a, b)
+    return [find(rank) for rank in range(len(seen))]
+
+
+def _write_marker(root: Path) -> Optional[Path]:
+    """A new empty file with a random name in `root`; None if the folder is read-only
+    (the rank then only looks for the others' markers)."""
+    marker = root / f"{_MARKER_PREFIX}{secrets.token_hex(16)}"
+    try:
+        os.close(os.open(marker, NEW_FILE_FLAGS, 0o644))
+    except OSError:
+        return None
+    return marker
+
+
+def _exists(path: Path) -> bool:
+    try:
+        os.lstat(path)
+    except OSError:
+        return False
+    return True
+
+
+def _remove_quietly(path: Path) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def _encode(error: BaseException, url: str, rank: int) -> tuple[str, dict[str, Any], tuple[Any, ...]]:
+    """`error` as the name of its nearest class in `framework.errors`, its fields and
+    args; anything else becomes a `DownloadError` that names it."""
+    if not isinstance(error, DownloadError):
+        what = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+        error = DownloadError(url, f"rank {rank} failed: {what}")
+    cls = next(
+        c for c in type(error).__mro__ if getattr(framework.errors, c.__name__, None) is c
+    )  # a plugin's own subclass arrives as the framework class it derives from
+    state = {k: v for k, v in vars(error).items() if k != "__notes__"}
+    return cls.__name__, state, error.args
+
+
+def _decode(name: str, state: dict[str, Any], args: tuple[Any, ...]) -> DownloadError:
+    cls = getattr(framework.errors, name, DownloadError)
+    if not (isinstance(cls, type) and issubclass(cls, DownloadError)):
+        cls = DownloadError
+    error = _rebuild(cls, state, args)
+    assert isinstance(error, DownloadError)
+    return error
+
+
+def _group_failed(error: BaseException) -> str:
+    return (
+        f"the process group failed during cached_path(distributed=True): {error}. A rank died, "
+        "left the call, or did not answer within the process group's timeout "
+        "(init_process_group(timeout=...))"
+    )

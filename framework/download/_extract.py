@@ -20,6 +20,7 @@ a newer one; the old marker goes before the old folder does.
 
 from __future__ import annotations
 
+import copy
 import json
 import lzma
 import os
@@ -150,7 +151,9 @@ def _clear_target(path: str, member: str, url: str, is_dir: bool, is_link: bool 
     os.unlink(path)  # a duplicate member replaces the file, not a hard link's other names
 
 
-def _check_link(root: str, member: str, path: str, link: str, url: str, *, hard: bool) -> None:
+def _check_link(root: str, member: str, path: str, link: str, url: str, *, hard: bool) -> str:
+    """Refuse a link reaching outside `root`; return the link target to write: a hard
+    link's normalised path from `root` (what was checked), a symlink's own text."""
     kind = "hard link" if hard else "symlink"
     if not link or os.path.isabs(link) or link.startswith(("/", "\\")):
         raise UnsafeArchiveError(url, member, f"{kind} to an absolute path {link!r}")
@@ -168,6 +171,8 @@ def _check_link(root: str, member: str, path: str, link: str, url: str, *, hard:
             regular = False
         if not regular:
             raise UnsafeArchiveError(url, member, f"hard link to {link!r}, which is not an extracted file")
+        return os.path.relpath(textual, root)
+    return link
 
 
 def _check_links_stay_inside(root: str, url: str) -> None:
@@ -230,13 +235,31 @@ def _extract_tar(archive: Path, root: str, limits: ExtractLimits, url: str) -> N
             _check_parents(root, path, member.name, url)
             is_link = member.issym() or member.islnk()
             _clear_target(path, member.name, url, member.isdir(), is_link)
+            linkname = member.linkname
             if is_link:
-                _check_link(root, member.name, path, member.linkname, url, hard=member.islnk())
+                linkname = _check_link(root, member.name, path, member.linkname, url, hard=member.islnk())
             budget.add(member.name, member.size)
             try:
-                tar.extract(member, root, **extra)
+                tar.extract(_checked_member(member, os.path.relpath(path, root), linkname), root, **extra)
             except _TAR_REFUSED as error:  # the stdlib's second opinion
                 raise UnsafeArchiveError(url, member.name, str(error)) from error
+
+
+def _checked_member(member: tarfile.TarInfo, name: str, linkname: str) -> tarfile.TarInfo:
+    """A copy of `member` that writes exactly what was checked, with safe attributes.
+
+    tarfile joins the raw name (``a/../x``) and the kernel resolves it through links made
+    earlier, so the copy carries the normalised name and hard-link target. Without the data
+    filter, modes and owners are applied as the archive says: no setuid/setgid/sticky bits,
+    no group or other write, folders 0o755, owned by us (chown happens only as root)."""
+    safe = copy.copy(member)
+    safe.name, safe.linkname = name, linkname
+    if member.isdir():
+        safe.mode = 0o755
+    elif member.isfile():
+        safe.mode = (member.mode & 0o755) | 0o600
+    safe.uid, safe.gid, safe.uname, safe.gname = os.getuid(), os.getgid(), "", ""
+    return safe
 
 
 def _write_new(path: str, source: IO[bytes], member: str, written: _Budget) -> None:

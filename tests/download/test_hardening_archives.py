@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import stat
 import struct
 import subprocess
 import sys
@@ -320,3 +321,43 @@ def test_a_dead_extractors_leftover_marker_file_is_swept(tmp_path: Path, out: Pa
     leftover.write_text("{}")
     folder = _extract(_tar(tmp_path / "ok.tar", [_file("f.txt")]), out)
     assert sorted(os.listdir(out)) == [folder.name]
+
+
+def test_member_named_through_a_link_is_written_inside(tmp_path: Path, out: Path, data_filter: str) -> None:
+    # tarfile joins the raw name: root/a/../escaped.txt resolves through a -> . to `out`.
+    members = [_link("a", "."), _file("a/../escaped.txt", b"planted")]
+    try:
+        folder = _extract(_tar(tmp_path / "through.tar", members), out)
+    except UnsafeArchiveError:
+        _assert_nothing_left(out)
+        return
+    assert sorted(os.listdir(out)) == [folder.name]
+    assert (folder / "escaped.txt").read_bytes() == b"planted"
+
+
+def test_hard_link_named_through_a_link_stays_inside(tmp_path: Path, out: Path, data_filter: str) -> None:
+    victim = out / "victim.txt"
+    victim.write_bytes(b"secret next to the extraction folder")
+    members = [_link("a", "."), _file("victim.txt", b"decoy"), _link("h", "a/../victim.txt", tarfile.LNKTYPE)]
+    try:
+        folder = _extract(_tar(tmp_path / "hard.tar", members), out)
+    except UnsafeArchiveError:
+        assert sorted(os.listdir(out)) == ["victim.txt"]
+        return
+    assert not os.path.samefile(folder / "h", victim)
+    assert (folder / "h").read_bytes() == b"decoy"
+    assert victim.stat().st_nlink == 1
+
+
+def test_unsafe_modes_are_not_applied(tmp_path: Path, out: Path, data_filter: str) -> None:
+    root_info, _ = _file(".")
+    root_info.type, root_info.mode = tarfile.DIRTYPE, 0o777
+    tool, body = _file("tool", b"#!/bin/sh\nid\n")
+    tool.mode = 0o6777
+    sub, _ = _file("sub")
+    sub.type, sub.mode = tarfile.DIRTYPE, 0o1777
+    folder = _extract(_tar(tmp_path / "modes.tar", [(root_info, b""), (tool, body), (sub, b"")]), out)
+    risky = stat.S_ISUID | stat.S_ISGID | stat.S_ISVTX | stat.S_IWGRP | stat.S_IWOTH
+    for path in (folder, folder / "tool", folder / "sub"):
+        assert stat.S_IMODE(os.stat(path).st_mode) & risky == 0, path
+    assert os.stat(folder / "tool").st_mode & stat.S_IXUSR  # an executable stays executable

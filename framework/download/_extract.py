@@ -83,20 +83,40 @@ class ExtractLimits:
     max_members: int = DEFAULT_MAX_MEMBERS
 
 
+def _tar_header(head: bytes) -> bool:
+    """Whether `head` is a tar header whose checksum holds (v7, ustar, GNU or PAX)."""
+    try:
+        tarfile.TarInfo.frombuf(head, "utf-8", "surrogateescape")
+    except (tarfile.HeaderError, ValueError):
+        return False
+    return True
+
+
 def archive_format(path: Path) -> Optional[str]:
-    """``"zip"``, ``"tar"`` or `None`, from the file's content (its name is ignored)."""
+    """``"zip"``, ``"tar"``, ``"ambiguous"`` or `None`, from the file's content (its name
+    is ignored).
+
+    A valid tar header is checked first: a tar whose first member is named ``PK\x03\x04``
+    starts with the zip magic, and a zip appended as its last member would then be read in
+    its place. A file that is both a valid tar header and starts like a zip is
+    ``"ambiguous"``, which the extractor refuses."""
     with open(path, "rb") as file:
         head = file.read(512)
-    if head.startswith(_ZIP_MAGIC):
+    zip_magic = head.startswith(_ZIP_MAGIC)
+    if len(head) == 512 and _tar_header(head):
+        return "ambiguous" if zip_magic else "tar"
+    if zip_magic:
         return "zip"
+    # A ustar magic with a bad checksum is a damaged tar (CorruptArchiveError), not "no archive".
     if head.startswith(_TAR_COMPRESSED_MAGIC) or head[257:262] == b"ustar":
         return "tar"
-    # Old v7 tars have no magic: let tarfile try the header checksum.
-    return "tar" if len(head) == 512 and tarfile.is_tarfile(path) else None
+    return None
 
 
 def check_member_path(root: str, name: str, url: str) -> str:
     """The absolute path `name` extracts to under `root`, or `UnsafeArchiveError`."""
+    if "\x00" in name:
+        raise UnsafeArchiveError(url, name, "NUL byte in the name")
     if name.startswith(("/", "\\")) or os.path.isabs(name) or (len(name) > 1 and name[1] == ":"):
         raise UnsafeArchiveError(url, name, "absolute path")
     path = os.path.normpath(os.path.join(root, name))
@@ -155,6 +175,8 @@ def _check_link(root: str, member: str, path: str, link: str, url: str, *, hard:
     """Refuse a link reaching outside `root`; return the link target to write: a hard
     link's normalised path from `root` (what was checked), a symlink's own text."""
     kind = "hard link" if hard else "symlink"
+    if "\x00" in link:
+        raise UnsafeArchiveError(url, member, f"NUL byte in the {kind} target")
     if not link or os.path.isabs(link) or link.startswith(("/", "\\")):
         raise UnsafeArchiveError(url, member, f"{kind} to an absolute path {link!r}")
     # A hard link's target is named from the archive's root, a symlink's from its folder.
@@ -282,6 +304,10 @@ def _extract_zip(archive: Path, root: str, limits: ExtractLimits, url: str) -> N
             mode = info.external_attr >> 16
             if stat.S_ISLNK(mode) or stat.S_ISCHR(mode) or stat.S_ISBLK(mode) or stat.S_ISFIFO(mode):
                 raise UnsafeArchiveError(url, info.filename, "link, device or FIFO member")
+            if info.flag_bits & 1:
+                raise UnsafeArchiveError(
+                    url, info.filename, "encrypted member (a password is needed): extract it yourself"
+                )
             declared.add(info.filename, info.file_size)
         for info in infos:
             path = check_member_path(root, info.filename, url)
@@ -327,6 +353,12 @@ def _unpack(archive: Path, root: str, limits: ExtractLimits, url: str) -> None:
     kind = archive_format(archive)
     if kind is None:
         raise DownloadError(url, "--extract: not a tar or zip archive (judged by its content)")
+    if kind == "ambiguous":
+        raise DownloadError(
+            url,
+            "--extract: the file reads both as a tar (a valid tar header) and as a zip (it starts "
+            "with the zip magic); refusing to guess. Extract it yourself with the tool you trust",
+        )
     try:
         if kind == "zip":
             _extract_zip(archive, root, limits, url)
@@ -339,7 +371,9 @@ def _unpack(archive: Path, root: str, limits: ExtractLimits, url: str) -> None:
     except OSError as error:
         if error.errno is None:  # bz2 and gzip say "invalid data" this way
             raise CorruptArchiveError(url, str(error)) from error
-        raise
+        raise  # a real I/O error (disk full, permissions): extract_archive names the folder
+    except Exception as error:  # hostile headers: NaN/huge mtimes, bad hdrcharset, ...
+        raise CorruptArchiveError(url, f"{type(error).__name__}: {error}") from error
     _check_links_stay_inside(root, url)
 
 

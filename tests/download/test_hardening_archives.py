@@ -361,3 +361,60 @@ def test_unsafe_modes_are_not_applied(tmp_path: Path, out: Path, data_filter: st
     for path in (folder, folder / "tool", folder / "sub"):
         assert stat.S_IMODE(os.stat(path).st_mode) & risky == 0, path
     assert os.stat(folder / "tool").st_mode & stat.S_IXUSR  # an executable stays executable
+
+
+def _pax_tar(path: Path, pax: dict[str, str]) -> Path:
+    info, data = _file("ok.txt", b"x")
+    info.pax_headers = pax
+    return _tar(path, [(info, data)])
+
+
+HOSTILE_HEADERS = {
+    "nul-name": lambda p: _pax_tar(p, {"path": "a\x00b.txt"}),
+    "nan-mtime": lambda p: _pax_tar(p, {"mtime": "nan"}),
+    "inf-mtime": lambda p: _pax_tar(p, {"mtime": "1e400"}),
+    "bad-hdrcharset": lambda p: p.write_bytes(
+        _pax_tar(p, {"hdrcharset": "ZZ"}).read_bytes().replace(b"hdrcharset=ZZ", b"hdrcharset=\xff\xfe")
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE_HEADERS))
+def test_hostile_tar_headers_are_download_errors(tmp_path: Path, cache: Path, case: str) -> None:
+    archive = tmp_path / "hostile.tar"
+    HOSTILE_HEADERS[case](archive)
+    with pytest.raises((errors.CorruptArchiveError, UnsafeArchiveError)) as info:
+        DownloadManager(cache, progress=False).cached_path(archive, extract=True)
+    assert info.value.url == archive.resolve().as_uri()
+    assert not Entry(cache, archive.resolve().as_uri()).extracted.exists()
+
+
+def test_encrypted_zip_member_refused(tmp_path: Path, out: Path) -> None:
+    raw = bytearray(
+        _zip(tmp_path / "enc.zip", {"secret.txt": b"0123456789"}, zipfile.ZIP_STORED).read_bytes()
+    )
+    raw[6] |= 1  # the "encrypted" flag, in the local header and the central directory
+    raw[raw.find(b"PK\x01\x02") + 8] |= 1
+    (tmp_path / "enc.zip").write_bytes(bytes(raw))
+    with pytest.raises(UnsafeArchiveError, match="encrypted") as info:
+        _extract(tmp_path / "enc.zip", out)
+    assert info.value.member == "secret.txt"
+    _assert_nothing_left(out)
+
+
+def test_tar_starting_with_the_zip_magic_is_not_read_as_its_inner_zip(tmp_path: Path, out: Path) -> None:
+    # A valid tar whose first member is named PK\x03\x04..., ending in a zip member.
+    inner = _zip(tmp_path / "inner.zip", {"from_inner_zip.txt": b"hidden"}).read_bytes()
+    archive = tmp_path / "data.tar"
+    with tarfile.open(archive, "w", format=tarfile.USTAR_FORMAT) as tar:
+        for info, data in (_file("PK\x03\x04readme.txt", b"benign"), _file("inner.zip", inner)):
+            tar.addfile(info, io.BytesIO(data))
+    raw = archive.read_bytes().rstrip(b"\0")  # the zip's end record at the end of the file
+    archive.write_bytes(raw + b"\0" * (-len(raw) % 512))
+    try:
+        folder = _extract(archive, out)
+    except DownloadError as error:
+        assert "both as a tar" in str(error)
+        _assert_nothing_left(out)
+        return
+    assert "from_inner_zip.txt" not in os.listdir(folder)

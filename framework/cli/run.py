@@ -225,10 +225,15 @@ def main(args: argparse.Namespace) -> int:
 
     if "://" not in data_path and not Path(data_path).exists():
         raise FileNotFoundError(f"data_path: {data_path} does not exist")
+    from framework.download._cluster import torchrun_group
+
+    # Under torchrun: join the job's group (gloo), so ranks read disjoint shards and the
+    # whole job fetches data_path once (docs/howto/torchrun.md).
+    distributed = torchrun_group()
     if "://" not in data_path and Path(data_path).is_dir():
         cached = Path(data_path)  # a folder of files (for readers that take one): read in place
     else:
-        cached = cached_path(data_path, progress=progress)
+        cached = cached_path(data_path, progress=progress, distributed=distributed)
 
     start = time.perf_counter()  # eager loaders read everything while being built
     loader = _build_loader(loader_config, reader, str(cached))

@@ -34,6 +34,7 @@ connections close, else at the timeout), raised as a `DownloadError`.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import secrets
@@ -56,7 +57,7 @@ from framework.errors import ChecksumError, DownloadError, InvalidArgumentError,
 if TYPE_CHECKING:
     from framework.download.manager import DownloadManager
 
-__all__ = ["CHUNK_BYTES", "POLL_S", "cluster_cached_path"]
+__all__ = ["CHUNK_BYTES", "POLL_S", "cluster_cached_path", "torchrun_group"]
 
 logger = logging.getLogger("framework.download")
 
@@ -509,3 +510,16 @@ def _group_failed(error: BaseException) -> str:
         "left the call, or did not answer within the process group's timeout "
         "(init_process_group(timeout=...))"
     )
+
+
+def torchrun_group() -> bool:
+    """Join the process group torchrun describes (gloo, ``env://``) unless one exists;
+    whether a group of more than one rank is there. A group joined here is left at exit."""
+    if not dist.is_available():
+        return False
+    if not dist.is_initialized():
+        if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or "MASTER_ADDR" not in os.environ:
+            return False
+        dist.init_process_group("gloo")
+        atexit.register(dist.destroy_process_group)
+    return dist.get_world_size() > 1

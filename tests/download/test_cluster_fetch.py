@@ -223,3 +223,17 @@ def test_without_a_process_group_it_is_a_plain_call(http_server: FaultServer, tm
     path = manager.cached_path(url, distributed=True)
     assert path.read_bytes() == data
     assert http_server.route(url).gets == 1
+
+
+def test_two_torchrun_launches_example_fetches_once(tmp_path: Path) -> None:
+    """`examples/two_node_fetch.py`: two torchrun launches (2 ranks each, c10d on
+    127.0.0.1) running `framework run` with separate caches; one GET from its origin."""
+    result = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "examples" / "two_node_fetch.py"), "--workdir", str(tmp_path),
+         "--timeout", "80"],
+        capture_output=True, text=True, env=rank_env(), timeout=100,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads(result.stdout[: result.stdout.rindex("}") + 1])
+    assert report["origin_gets"] == 1
+    assert list(report["caches"].values()) == [[True], [True]]

@@ -29,6 +29,18 @@ def _inject(kind: str) -> None:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
         _pipeline._writev = full  # type: ignore[assignment]
+    elif kind in ("corrupt", "die"):  # a flipped bit on the way in; a rank killed mid-transfer
+        from framework.download import _cluster
+
+        receive = _cluster._Receiver.write
+
+        def write(self: Any, chunk: Any) -> None:
+            if kind == "die":
+                os._exit(7)
+            chunk[0] ^= 1
+            receive(self, chunk)
+
+        _cluster._Receiver.write = write  # type: ignore[method-assign]
 
 
 def main(spec: dict[str, Any]) -> None:

@@ -45,10 +45,15 @@ def rank_env() -> dict[str, str]:
 
 
 def run_group(
-    tmp_path: Path, url: str, caches: list[Path], timeout: float = 90, **spec: Any
+    tmp_path: Path,
+    url: str,
+    caches: list[Path],
+    timeout: float = 90,
+    exits: dict[int, int] | None = None,
+    **spec: Any,
 ) -> list[dict[str, Any]]:
     """Start one process per rank, wait for all (killing them all at `timeout`), and
-    return each rank's outcome."""
+    return each rank's outcome; `exits` are the exit codes expected other than 0."""
     out = tmp_path / f"out-{os.urandom(4).hex()}"
     out.mkdir()
     port = free_port()
@@ -76,8 +81,12 @@ def run_group(
         for proc in procs:
             proc.communicate(timeout=10)
         pytest.fail(f"the ranks did not finish within {timeout}s (a hang)")
-    assert all(proc.returncode == 0 for proc in procs), "\n".join(logs)
-    results = [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(len(caches))]
+    codes = {rank: 0 for rank in range(len(caches))} | (exits or {})
+    assert [proc.returncode for proc in procs] == list(codes.values()), "\n".join(logs)
+    results = [
+        json.loads((out / f"rank{rank}.json").read_text()) if code == 0 else {"exit": code}
+        for rank, code in codes.items()
+    ]
     for result, log in zip(results, logs):
         result["log"] = log
     return results
@@ -205,6 +214,30 @@ def test_a_full_disk_on_one_rank_makes_every_rank_raise(
     failing_cache = two_nodes(tmp_path)[failing]
     assert Entry(failing_cache, url).cached() is None
     assert stray_files(failing_cache) == []
+
+
+def test_bytes_damaged_in_transfer_are_refused_on_every_rank(
+    http_server: FaultServer, tmp_path: Path
+) -> None:
+    data = os.urandom(3 << 20)
+    url = http_server.add("/cluster/flipped.bin", data)
+    results = run_group(tmp_path, url, two_nodes(tmp_path), inject={"2": "corrupt"})
+    assert [r.get("error") for r in results] == ["ChecksumError"] * WORLD, results
+    assert len({r["message"] for r in results}) == 1
+    assert Entry(tmp_path / "node1", url).cached() is None  # the damaged copy is not published
+    assert stray_files(tmp_path / "node1") == []
+    verified_hit(tmp_path / "node0", url, data)  # the fetching node's good copy stays
+
+
+def test_a_rank_dying_mid_transfer_fails_the_others_instead_of_hanging(
+    http_server: FaultServer, tmp_path: Path
+) -> None:
+    data = os.urandom(3 << 20)
+    url = http_server.add("/cluster/dies.bin", data)
+    results = run_group(tmp_path, url, two_nodes(tmp_path), exits={2: 7}, inject={"2": "die"}, pg_timeout=15)
+    others = [results[rank] for rank in (0, 1, 3)]
+    assert [r.get("error") for r in others] == ["DownloadError"] * 3, results
+    assert all("process group failed" in r["message"] for r in others), results
 
 
 def test_ranks_passing_different_arguments_all_raise(http_server: FaultServer, tmp_path: Path) -> None:

@@ -27,7 +27,7 @@ from framework._signatures import EMPTY, AtLeast, Given, Unresolved, accepts_any
 from framework.errors import ConfigError
 from framework.registry import Registrable
 
-__all__ = ["Lazy", "check", "construct", "json_schema", "load_config", "validate"]
+__all__ = ["AtLeast", "Lazy", "check", "construct", "json_schema", "load_config", "validate"]
 
 T = TypeVar("T")
 
@@ -407,13 +407,17 @@ class _Walk:
                     "remove this key",
                 )
             )
+        given = dict(explicit)  # what the constructor gets, as configs (for its config_checks)
         for name, parameter in signature.parameters.items():
             if name in kwargs:
                 continue
             if name in params:
-                kwargs[name] = self.value(parameter.annotation, params.pop(name), _join(path, name))
+                given[name] = params.pop(name)
+                kwargs[name] = self.value(parameter.annotation, given[name], _join(path, name))
             elif name in self.extras:
-                kwargs[name] = self.extras[name]
+                kwargs[name] = given[name] = self.extras[name]
+            elif top_level and isinstance(parameter.default, Mapping) and not self.build:
+                self.value(parameter.annotation, parameter.default, _join(path, name))  # a default config
             elif parameter.default is EMPTY and not self.lazy:
                 where = "" if top_level else f" for {owner}"
                 self.fail(
@@ -437,6 +441,8 @@ class _Walk:
                         f"unknown {what}.{hint} Accepted keys: {', '.join(known) or 'none'}",
                     )
                 )
+        if not self.build and not self.lazy:  # building, the constructor runs them itself
+            self.config_checks(factory, given, path, before)
         if not self.build or len(self.errors) > before:
             return None
         try:
@@ -445,6 +451,21 @@ class _Walk:
             raise
         except (TypeError, ValueError) as error:
             raise ConfigError(path, f"{owner}: {error}") from error
+
+    def config_checks(
+        self, factory: Callable[..., Any], given: Mapping[str, Any], path: str, before: int
+    ) -> None:
+        """The rules `factory` declares on its arguments (`config_checks`), on this config."""
+        checks = getattr(factory, "config_checks", None)
+        if not callable(checks):
+            return
+        parameters = signature_of(factory).parameters
+        own = {path, *(_join(path, name) for name in parameters)}
+        if any(error.path in own for error in self.errors[before:]):
+            return  # one of its own keys is wrong: its rules would misread it
+        arguments = {name: given.get(name, parameter.default) for name, parameter in parameters.items()}
+        for key, problem in checks(arguments):
+            self.fail(ConfigError(_join(path, key), problem))
 
 
 def _accepts_int(value: Any) -> bool:
@@ -482,7 +503,7 @@ def _describe_at_least(annotation: Any, limit: AtLeast) -> str:
         return "a non-empty str" if limit.minimum == 1 else f"a str of at least {limit.minimum} characters"
     if limit.minimum == 1 and annotation is int:
         return "a positive int"
-    return f"{_describe(annotation)} >= {limit.minimum}"
+    return f"{_describe(annotation)} of at least {limit.minimum}"
 
 
 def _mismatch(path: str, expected: str, got: Any) -> ConfigError:

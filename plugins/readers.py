@@ -19,8 +19,9 @@ import json
 import zlib
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path, PurePath
-from typing import Any, Optional, TextIO, Union
+from typing import Annotated, Any, Optional, TextIO, Union
 
+from framework.config import AtLeast
 from framework.data.reader import DatasetReader, DatasetReaderInput
 
 __all__ = ["CsvReader", "JsonlReader", "TextReader"]
@@ -151,8 +152,8 @@ class TextReader(_ShardedReader):
         self,
         tokenizer: Optional[str] = None,
         lowercase: bool = False,
-        max_tokens: Optional[int] = None,
-        num_buckets: Optional[int] = None,
+        max_tokens: Optional[Annotated[int, AtLeast(1)]] = None,  # limits: config validate checks them too
+        num_buckets: Optional[Annotated[int, AtLeast(3)]] = None,
         vocabulary: Optional[str] = None,
         keep_text: bool = True,
         **kwargs: Any,

@@ -11,8 +11,9 @@ import logging
 import math
 import random
 from collections.abc import Iterator, Sequence
-from typing import Any, Optional
+from typing import Annotated, Any, Optional
 
+from framework.config import AtLeast
 from framework.data.sampler import BatchSampler, field_length, guess_sorting_keys
 
 __all__ = ["BucketBatchSampler", "MaxTokensBatchSampler"]
@@ -40,7 +41,7 @@ class BucketBatchSampler(BatchSampler):
 
     def __init__(
         self,
-        batch_size: int,
+        batch_size: Annotated[int, AtLeast(1)],  # limits: config validate checks them too
         sorting_keys: Optional[list[str]] = None,
         padding_noise: float = 0.1,
         drop_last: bool = False,
@@ -93,7 +94,7 @@ class MaxTokensBatchSampler(BucketBatchSampler):
 
     def __init__(
         self,
-        max_tokens: int,
+        max_tokens: Annotated[int, AtLeast(1)],
         sorting_keys: Optional[list[str]] = None,
         padding_noise: float = 0.1,
     ) -> None:

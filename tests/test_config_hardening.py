@@ -79,7 +79,10 @@ def test_sys_exit_inside_a_constructor_fails_the_command(
             sys.exit(0)
 
     (tmp_path / "data.txt").write_text("a b\n")
-    config = write_json(tmp_path / "cfg.json", {"dataset_reader": "quitter", "data_path": "data.txt"})
+    config = write_json(
+        tmp_path / "cfg.json",
+        {"dataset_reader": "quitter", "data_path": "data.txt", "data_loader": {"batch_size": 1}},
+    )
     assert main(["run", config]) == 1
     assert "SystemExit(0)" in capsys.readouterr().err
 
@@ -114,3 +117,53 @@ def test_a_loader_key_that_run_supplies_is_rejected_by_validate_schema_and_run(
     assert main(["run", write_json(tmp_path / "cfg.json", config), "--json", "--no-progress"]) == 2
     captured = capsys.readouterr()
     assert f"data_loader.{key}" in captured.err and captured.out == ""
+
+
+# -- 3. validate knows the value rules that construction enforces ------------------------
+def test_validate_reports_what_run_rejects_and_run_reports_it_all_at_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from framework.config import validate
+
+    (tmp_path / "corpus.txt").write_text("a b\nc d\n")
+    no_loader = {"dataset_reader": "text", "data_path": "corpus.txt"}
+    assert [str(e) for e in validate(no_loader)] == [
+        "data_loader.batch_size: batch_size is required when batch_sampler is not given"
+    ]
+    three_wrong = {
+        "dataset_reader": {"type": "text", "num_buckets": 2},
+        "data_path": "corpus.txt",
+        "data_loader": {"batch_sampler": {"type": "bucket", "batch_size": 0}, "num_workers": -1},
+    }
+    paths = ["dataset_reader.num_buckets", "data_loader.batch_sampler.batch_size", "data_loader.num_workers"]
+    assert [e.path for e in validate(three_wrong)] == paths
+    assert main(["config", "validate", write_json(tmp_path / "b.json", three_wrong)]) == 1
+    assert [line.split(":")[0] for line in capsys.readouterr().out.splitlines()] == paths
+    assert main(["run", write_json(tmp_path / "b.json", three_wrong), "--no-progress"]) == 2
+    assert [line.split(": ")[2] for line in capsys.readouterr().err.splitlines()] == paths
+
+
+def test_loader_cross_field_rules_are_one_function_for_validate_and_the_constructor() -> None:
+    from framework.config import validate
+    from framework.data import MultiProcessDataLoader
+    from framework.errors import ConfigError
+
+    loader = {"batch_sampler": "bucket", "batch_size": 4, "persistent_workers": True}
+    config = {"dataset_reader": "text", "data_path": "x", "data_loader": loader}
+    reasons = {e.path: e.reason for e in validate(config)}
+    assert "mutually exclusive with batch_size" in reasons["data_loader.batch_size"]
+    assert "needs num_workers > 0" in reasons["data_loader.persistent_workers"]
+    with pytest.raises(ConfigError, match=r"mutually exclusive with batch_size.*needs num_workers > 0"):
+        MultiProcessDataLoader.from_config({**loader, "batch_sampler": {"type": "bucket", "batch_size": 2}},
+                                           reader=DatasetReader.by_name("text")(), data_path="x")  # fmt: skip
+
+
+def test_a_limit_in_an_annotation_is_checked_by_validate_and_in_the_schema() -> None:
+    from framework.config import json_schema, validate
+
+    reader = {"type": "text", "max_tokens": 0}
+    assert [e.path for e in validate(reader, "DatasetReader")] == ["max_tokens"]
+    assert schema_errors(reader, "DatasetReader")
+    assert not schema_errors({"type": "text", "max_tokens": 1}, "DatasetReader")
+    text = json_schema("DatasetReader")["$defs"]["DatasetReader.text"]["properties"]
+    assert {"type": "integer", "minimum": 3} in text["num_buckets"]["anyOf"]

@@ -253,7 +253,11 @@ def test_a_third_party_plugin_component_appears_in_the_schema(tmp_path: Path) ->
     acme = schema["$defs"]["DatasetReader.acme"]
     assert acme["description"] == "Acme's reader."
     assert acme["properties"]["depth"] == {"type": "integer", "default": 2}
-    config = {"dataset_reader": {"type": "acme", "depth": "deep"}, "data_path": "x"}
+    config = {
+        "dataset_reader": {"type": "acme", "depth": "deep"},
+        "data_path": "x",
+        "data_loader": {"batch_size": 1},
+    }
     assert schema_errors(schema, config)
     (tmp_path / "c.json").write_text(json.dumps(config))
     result = helpers._run(site, tmp_path, ["-m", "framework", "config", "validate", str(tmp_path / "c.json")])

@@ -245,11 +245,11 @@ def test_a_run_config_may_name_components_by_name_alone(
     path.write_text(json.dumps(config))
     assert main(["run", "--no-progress", "--json", str(path)]) == 0, capsys.readouterr().err
     assert json.loads(capsys.readouterr().out)["instances"] == 2
-    # a loader by name alone reaches its constructor, which wants a batch size: one clear line
+    # a loader by name alone has no batch size: the check names the key, before anything runs
     path.write_text(json.dumps({**config, "data_loader": "multiprocess"}))
     assert main(["run", "--no-progress", str(path)]) == 2
     assert capsys.readouterr().err.startswith(
-        "framework run: error: data_loader: MultiProcessDataLoader: batch_size"
+        "framework run: error: data_loader.batch_size: batch_size is required"
     )
 
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import inspect
+import math
 import multiprocessing
+import sys
 from collections.abc import Mapping
 from typing import Any, Optional
 
@@ -10,7 +13,15 @@ from framework.data._transfer import TRANSFERS
 from framework.data.reader import DatasetReader, current_distributed_info
 from framework.data.sampler import BatchSampler
 
-__all__ = ["TRANSFERS", "check_resumable", "describe", "no_instances", "validate"]
+__all__ = [
+    "TRANSFERS",
+    "check_resumable",
+    "config_checks",
+    "describe",
+    "no_instances",
+    "problems",
+    "validate",
+]
 
 
 def no_instances(reader: DatasetReader, data_path: Any) -> ValueError:
@@ -28,12 +39,12 @@ def no_instances(reader: DatasetReader, data_path: Any) -> ValueError:
     )
 
 
-def validate(
+def problems(
     *,
     batch_size: Optional[int],
     drop_last: bool,
     shuffle: bool,
-    batch_sampler: Optional[BatchSampler],
+    batch_sampler: Any,
     batches_per_epoch: Optional[int],
     num_workers: int,
     max_instances_in_memory: Optional[int],
@@ -41,54 +52,97 @@ def validate(
     persistent_workers: bool,
     transfer: str,
     timeout: Optional[float],
-) -> None:
+) -> list[tuple[str, str]]:
+    """Every bad setting as ``(key, what to change)``; empty when the settings are good.
+
+    The constructor raises them (`validate`) and `framework.config.validate` reports
+    them from a config (`config_checks`), so one rule serves both. There
+    `batch_sampler` is still its config (a mapping or a name), not a `BatchSampler`.
+    """
+    found: list[tuple[str, str]] = []
     if num_workers is None or num_workers < 0:
-        raise ValueError(f"num_workers must be 0 or more, got {num_workers}")
+        found.append(("num_workers", f"num_workers must be 0 or more, got {num_workers}"))
     if batch_size is not None and batch_size < 1:
-        raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+        found.append(("batch_size", f"batch_size must be at least 1, got {batch_size}"))
     if batch_sampler is not None:
-        for name, value in (("batch_size", batch_size), ("drop_last", drop_last),
-                            ("shuffle", shuffle)):
+        for name, value in (("batch_size", batch_size), ("drop_last", drop_last), ("shuffle", shuffle)):
             if value:
-                raise ValueError(
-                    f"batch_sampler is mutually exclusive with {name}: set {name} on the "
-                    "sampler, or drop batch_sampler"
+                found.append(
+                    (
+                        name,
+                        f"batch_sampler is mutually exclusive with {name}: set {name} on the "
+                        "sampler, or drop batch_sampler",
+                    )
                 )
     elif batch_size is None:
-        raise ValueError("batch_size is required when batch_sampler is not given")
+        found.append(("batch_size", "batch_size is required when batch_sampler is not given"))
     if batches_per_epoch is not None and batches_per_epoch < 1:
-        raise ValueError(f"batches_per_epoch must be at least 1, got {batches_per_epoch}")
+        found.append(("batches_per_epoch", f"batches_per_epoch must be at least 1, got {batches_per_epoch}"))
+    elif batches_per_epoch is not None and batches_per_epoch > sys.maxsize:  # len() could not say it
+        found.append(
+            ("batches_per_epoch", f"batches_per_epoch must be at most {sys.maxsize}, got {batches_per_epoch}")
+        )
     if max_instances_in_memory is not None:
-        if batch_size is not None and max_instances_in_memory < batch_size:
-            raise ValueError(
-                f"max_instances_in_memory ({max_instances_in_memory}) must be at least "
-                f"batch_size ({batch_size}); raise it (10x batch_size is a good start)"
+        if max_instances_in_memory < 1:
+            found.append(
+                (
+                    "max_instances_in_memory",
+                    f"max_instances_in_memory must be at least 1, got {max_instances_in_memory}",
+                )
+            )
+        elif batch_size is not None and batch_size >= 1 and max_instances_in_memory < batch_size:
+            found.append(
+                (
+                    "max_instances_in_memory",
+                    f"max_instances_in_memory ({max_instances_in_memory}) must be at least "
+                    f"batch_size ({batch_size}); raise it (10x batch_size is a good start)",
+                )
             )
         # A lazy sampler sees max_instances_in_memory instances at a time, so it could
         # only make smaller batches (or none, with drop_last).
-        sampler_size = batch_sampler.get_batch_size() if batch_sampler is not None else None
-        if sampler_size is not None and max_instances_in_memory < sampler_size:
-            raise ValueError(
-                f"max_instances_in_memory ({max_instances_in_memory}) must be at least the "
-                f"batch_sampler's batch size ({sampler_size}): the sampler sees that many "
-                "instances at a time. Raise max_instances_in_memory (10x the batch size is a "
-                "good start) or lower the sampler's batch_size"
-            )
-        if max_instances_in_memory < 1:
-            raise ValueError(
-                f"max_instances_in_memory must be at least 1, got {max_instances_in_memory}"
+        sampler_size = batch_sampler.get_batch_size() if isinstance(batch_sampler, BatchSampler) else None
+        if sampler_size is not None and 1 <= max_instances_in_memory < sampler_size:
+            found.append(
+                (
+                    "max_instances_in_memory",
+                    f"max_instances_in_memory ({max_instances_in_memory}) must be at least the "
+                    f"batch_sampler's batch size ({sampler_size}): the sampler sees that many "
+                    "instances at a time. Raise max_instances_in_memory (10x the batch size is a "
+                    "good start) or lower the sampler's batch_size",
+                )
             )
     if start_method not in multiprocessing.get_all_start_methods():
-        raise ValueError(
-            f"start_method must be one of {multiprocessing.get_all_start_methods()}, "
-            f"got {start_method!r}"
+        found.append(
+            (
+                "start_method",
+                f"start_method must be one of {multiprocessing.get_all_start_methods()}, "
+                f"got {start_method!r}",
+            )
         )
     if persistent_workers and num_workers == 0:
-        raise ValueError("persistent_workers=True needs num_workers > 0")
+        found.append(("persistent_workers", "persistent_workers=True needs num_workers > 0"))
     if transfer not in TRANSFERS:
-        raise ValueError(f"transfer must be one of {TRANSFERS}, got {transfer!r}")
-    if timeout is not None and timeout <= 0:
-        raise ValueError(f"timeout must be positive seconds or None, got {timeout}")
+        found.append(("transfer", f"transfer must be one of {TRANSFERS}, got {transfer!r}"))
+    if timeout is not None and not (timeout > 0 and math.isfinite(timeout)):
+        found.append(
+            ("timeout", f"timeout must be a finite positive number of seconds or None, got {timeout}")
+        )
+    return found
+
+
+def validate(**settings: Any) -> None:
+    """ValueError naming every bad setting (see `problems`)."""
+    found = problems(**settings)
+    if found:
+        raise ValueError("; ".join(message for _, message in found))
+
+
+def config_checks(arguments: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """`problems` of a loader config's arguments (every parameter, defaults filled in)."""
+    return problems(**{name: arguments[name] for name in _PROBLEM_KEYS})
+
+
+_PROBLEM_KEYS = tuple(inspect.signature(problems).parameters)
 
 
 def describe(component: Any) -> dict[str, Any]:

@@ -35,7 +35,7 @@ from typing import Any, Optional, Union, cast
 import torch
 
 from framework.data._batching import BatchPlan, derive_seed
-from framework.data._checks import check_resumable, describe, no_instances, validate
+from framework.data._checks import check_resumable, config_checks, describe, no_instances, validate
 from framework.data._distributed import agree, even
 from framework.data._pool import Position, WorkerPool, main_thread
 from framework.data._protocol import Batch, Instances
@@ -118,6 +118,9 @@ class MultiProcessDataLoader(DataLoader):
     that splits or batches the data differently: another num_workers (lazy mode), world
     size or rank, batch settings or sampler, data_path or reader type.
     """
+
+    # the rules __init__ checks its settings by, for `framework.config.validate` to run on a config
+    config_checks = staticmethod(config_checks)
 
     def __init__(
         self,

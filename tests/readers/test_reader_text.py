@@ -71,7 +71,7 @@ def test_bad_tokenizer_is_a_config_error() -> None:
 def test_bad_options_are_config_errors() -> None:
     with pytest.raises(ConfigError, match="num_buckets or vocabulary, not both"):
         DatasetReader.from_config({"type": "text", "num_buckets": 100, "vocabulary": "v.txt"})
-    with pytest.raises(ConfigError, match="num_buckets must be at least 3"):
+    with pytest.raises(ConfigError, match="num_buckets: expected int of at least 3"):
         DatasetReader.from_config({"type": "text", "num_buckets": 2})
     with pytest.raises(ConfigError, match=r"^max_tokens: expected int"):
         DatasetReader.from_config({"type": "text", "max_tokens": "many"})

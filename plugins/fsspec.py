@@ -6,6 +6,15 @@ that no registered backend declares, so ``http``, ``s3`` and ``file`` stay with 
 own backends unless a manager is given ``backends={"http": FsspecBackend()}``. The
 filesystem's own packages (gcsfs, adlfs, huggingface_hub...) are fsspec's business; a
 missing one is a `MissingDependencyError` saying what to install.
+
+A filesystem may read one object as several requests (fsspec's HTTP file asks for 5 MiB
+ranges, none conditional), so a body could mix two versions: after the last chunk the
+object is described again, and a change of its validators or size is a `NetworkError`,
+on which the manager starts over from the new version. Chained URLs (``zip://x::...``)
+are refused. For ``http``/``https``, storage options carrying headers or auth are refused:
+fsspec would send them to any host a redirect names (use `HttpBackend`). The
+filesystems are made for this backend alone (not fsspec's shared instances), so `close`
+closes their sessions.
 """
 
 from __future__ import annotations
@@ -28,7 +37,9 @@ CHUNK_SIZE: Final = 1 << 20
 _NEEDS_FSSPEC: Final = "this scheme needs fsspec: pip install 'framework[fsspec]'"
 # What filesystems call an object's version, and its change time, in `info()`.
 _ETAG_KEYS: Final = ("ETag", "etag", "md5Hash", "version_id")
-_MODIFIED_KEYS: Final = ("LastModified", "last_modified", "updated", "mtime", "created")
+_MODIFIED_KEYS: Final = ("LastModified", "Last-Modified", "last_modified", "updated", "mtime", "created")
+# Storage options that carry credentials fsspec's HTTP filesystem would hand to a redirect.
+_HTTP_CREDENTIALS: Final = ("headers", "auth", "client_kwargs")
 
 
 def _network_errors() -> tuple[type[BaseException], ...]:
@@ -45,6 +56,21 @@ def _first(info: Mapping[str, Any], keys: tuple[str, ...]) -> Optional[str]:
         if info.get(key) is not None:
             return str(info[key])
     return None
+
+
+def _validators(info: Mapping[str, Any]) -> tuple[Any, Optional[str], Optional[str]]:
+    return info.get("size"), _first(info, _ETAG_KEYS), _first(info, _MODIFIED_KEYS)
+
+
+def _close_filesystem(fs: Any) -> None:
+    """Close the client session an fsspec filesystem holds (aiohttp for HTTP, gcsfs; s3fs's
+    client), the way the filesystem's own finalizer would."""
+    for attribute in ("_session", "_s3"):
+        session = getattr(fs, attribute, None)
+        closer = getattr(fs, "close_session", None)
+        if session is not None and callable(closer):
+            closer(getattr(fs, "loop", None), session)
+            setattr(fs, attribute, None)
 
 
 def _translate(url: str, what: str, error: BaseException) -> DownloadError:
@@ -82,6 +108,7 @@ class FsspecBackend(DownloadBackend):
     ) -> None:
         super().__init__(retries=retries, backoff_factor=backoff_factor, timeout=timeout)
         self.storage_options = dict(storage_options or {})
+        self._filesystems: dict[str, Any] = {}  # by fsspec token: ours to close
 
     @classmethod
     def accepts(cls, scheme: str) -> bool:
@@ -102,16 +129,37 @@ class FsspecBackend(DownloadBackend):
             raise MissingDependencyError(url, str(error)) from error
         except failures as error:
             raise _translate(url, what, error) from error
+        except Exception as error:  # odd filesystems (reference://, dir://...) raise anything
+            raise DownloadError(url, f"{what}: {type(error).__name__}: {error}") from error
 
     def _filesystem(self, url: str) -> tuple[Any, str]:
         try:
             from fsspec.core import url_to_fs
         except ImportError as error:
             raise MissingDependencyError(url, _NEEDS_FSSPEC) from error
-        found: tuple[Any, str] = self._call(
-            url, "opening the filesystem", lambda: url_to_fs(url, **self.storage_options)
+        if "::" in url:
+            raise InvalidArgumentError(
+                url,
+                "chained fsspec URLs (a::b) are not supported; "
+                "download the outer object and open it yourself",
+            )
+        scheme = url.split("://", 1)[0].lower()
+        carried = [key for key in _HTTP_CREDENTIALS if key in self.storage_options]
+        if scheme in ("http", "https") and carried:
+            raise InvalidArgumentError(
+                url,
+                f"FsspecBackend(storage_options={{{', '.join(map(repr, carried))}: ...}}) for HTTP: fsspec "
+                "sends them to any host a redirect names; use HttpBackend(headers=..., auth=...), "
+                "which keeps them to the URL's host",
+            )
+        fs, path = self._call(
+            url,
+            "opening the filesystem",
+            lambda: url_to_fs(url, skip_instance_cache=True, **self.storage_options),
         )
-        return found
+        # One filesystem (one session) per distinct setting, reused until `close`.
+        fs = self._filesystems.setdefault(str(getattr(fs, "_fs_token", id(fs))), fs)
+        return fs, path
 
     def _describe(self, url: str, fs: Any, path: str) -> dict[str, Any]:
         info: dict[str, Any] = self._call(url, "reading its description", fs.info, path)
@@ -124,7 +172,7 @@ class FsspecBackend(DownloadBackend):
         # the manager compares them with the ones its partial file was made from.
         fs, path = self._filesystem(url)
         info = self._describe(url, fs, path)
-        size, etag, modified = info.get("size"), _first(info, _ETAG_KEYS), _first(info, _MODIFIED_KEYS)
+        size, etag, modified = version = _validators(info)
         if size is not None and offset > size:
             return ByteStream(
                 iter(()), start=offset, size=size, etag=etag, last_modified=modified, status=416
@@ -133,7 +181,7 @@ class FsspecBackend(DownloadBackend):
         if offset:
             self._call(url, "seeking", file.seek, offset)
         return ByteStream(
-            self._chunks(file, url),
+            self._chunks(file, url, fs, path, version),
             start=offset,
             size=size,
             etag=etag,
@@ -142,9 +190,30 @@ class FsspecBackend(DownloadBackend):
             close_callback=file.close,
         )
 
-    def _chunks(self, file: BinaryIO, url: str) -> Iterator[bytes]:
+    def _chunks(
+        self, file: BinaryIO, url: str, fs: Any, path: str, version: tuple[Any, ...]
+    ) -> Iterator[bytes]:
         while chunk := self._call(url, "reading", file.read, CHUNK_SIZE):
             yield chunk
+        # The body may have come as several unconditional requests: still one version?
+        self._forget_description(fs, path)
+        now = _validators(self._describe(url, fs, path))
+        if now != version:
+            before, after = ", ".join(map(str, version)), ", ".join(map(str, now))
+            why = f"the object changed while it was read (size, etag, modified: {before} -> {after})"
+            raise NetworkError(url, f"{why}; reading it again")
+
+    @staticmethod
+    def _forget_description(fs: Any, path: str) -> None:
+        """Drop what the filesystem remembers of `path`, so `info` asks again."""
+        invalidate = getattr(fs, "invalidate_cache", None)
+        if callable(invalidate):
+            invalidate(path)
+
+    def close(self) -> None:
+        filesystems, self._filesystems = self._filesystems, {}
+        for fs in filesystems.values():
+            _close_filesystem(fs)
 
     def stat(self, url: str) -> RemoteInfo:
         fs, path = self._filesystem(url)

@@ -3,11 +3,14 @@ input: each test here failed before its fix (the review of issue 13)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import socket
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -167,3 +170,34 @@ def test_a_limit_in_an_annotation_is_checked_by_validate_and_in_the_schema() -> 
     assert not schema_errors({"type": "text", "max_tokens": 1}, "DatasetReader")
     text = json_schema("DatasetReader")["$defs"]["DatasetReader.text"]["properties"]
     assert {"type": "integer", "minimum": 3} in text["num_buckets"]["anyOf"]
+
+
+# -- 4. a value the loader cannot use fails the check, before any download ---------------
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [
+        ({"batches_per_epoch": 10**23}, "batches_per_epoch must be at most"),
+        ({"timeout": float("inf")}, "timeout must be a finite positive number"),
+        ({"timeout": float("nan")}, "timeout must be a finite positive number"),
+    ],
+)
+def test_an_unusable_loader_value_fails_validate_and_run_before_the_download(
+    setting: dict[str, Any], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from framework.config import validate
+
+    with socket_that_refuses() as url:  # a download attempt would fail differently (exit 1)
+        config = {"dataset_reader": "text", "data_path": url, "data_loader": {"batch_size": 1, **setting}}
+        errors = validate(config)
+        assert [e.path for e in errors] == [f"data_loader.{next(iter(setting))}"]
+        assert message in errors[0].reason
+        assert main(["run", write_json(tmp_path / "cfg.json", config), "--no-progress"]) == 2
+    assert message in capsys.readouterr().err
+
+
+@contextlib.contextmanager
+def socket_that_refuses() -> Iterator[str]:
+    """A local URL whose port nothing accepts on (bound, not listening)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}/corpus.txt"

@@ -249,7 +249,7 @@ def main(args: argparse.Namespace) -> int:
     for epoch in range(epochs):
         try:
             total: Optional[int] = len(loader)
-        except TypeError:  # lazy mode without batches_per_epoch has no length
+        except (TypeError, OverflowError):  # lazy without batches_per_epoch; a length past sys.maxsize
             total = None
         bar = tqdm(
             loader,

@@ -3,7 +3,9 @@
 Retries (connection errors, 5xx, 408, 429, with exponential backoff and
 ``Retry-After``) are urllib3's `Retry`; other 4xx answers are final. Redirects to
 another scheme, or from https down to http, are refused. Configured headers and
-auth go only to the URL's host: a redirect to another host drops them.
+auth go only to the URL's host: a redirect to another host drops them, with every
+header the auth object set and the hooks it registered (HTTPDigestAuth answers a 401
+challenge from a hook), since the auth is applied per request, not as the session's.
 """
 
 from __future__ import annotations
@@ -52,18 +54,37 @@ class _Retry(Retry):
         return None if value is None else min(value, MAX_RETRY_AFTER_S)
 
 
+class _RecordingAuth(requests.auth.AuthBase):
+    """Applies `auth` and remembers the names of the headers it set, so that a redirect to
+    another host can drop them (requests drops only ``Authorization``)."""
+
+    def __init__(self, auth: requests.auth.AuthBase) -> None:
+        self.auth = auth
+        self.header_names: set[str] = set()
+
+    def __call__(self, request: requests.PreparedRequest) -> requests.PreparedRequest:
+        before = dict(request.headers)
+        request = self.auth(request)
+        self.header_names |= {name for name, value in request.headers.items() if before.get(name) != value}
+        return request
+
+
 class _Session(requests.Session):
     """A session that refuses redirects to other schemes and https -> http downgrades,
-    and drops the backend's own headers on a redirect to another host."""
+    and on a redirect to another host drops the backend's own headers, the headers its
+    auth set and the hooks its auth registered."""
 
     own_headers: frozenset[str] = frozenset()
+    recording_auth: Optional[_RecordingAuth] = None
 
     def rebuild_auth(self, prepared_request: requests.PreparedRequest, response: requests.Response) -> None:
         super().rebuild_auth(prepared_request, response)  # type: ignore[no-untyped-call]  # drops Authorization
         old, new = response.request.url or "", prepared_request.url or ""
         if self.should_strip_auth(old, new):  # type: ignore[no-untyped-call]
-            for name in self.own_headers:
+            auth_headers = self.recording_auth.header_names if self.recording_auth else set()
+            for name in self.own_headers | auth_headers:
                 prepared_request.headers.pop(name, None)
+            prepared_request.hooks = requests.hooks.default_hooks()  # type: ignore[no-untyped-call]
 
     def get_redirect_target(self, resp: requests.Response) -> Optional[str]:
         location = super().get_redirect_target(resp)
@@ -124,7 +145,10 @@ class HttpBackend(DownloadBackend):
         self.session = _Session()
         self.session.headers.update(headers or {})
         self.session.own_headers = frozenset(headers or ())
-        self.session.auth = auth
+        # Given per request (not as session.auth, which requests re-applies after redirects).
+        if isinstance(auth, tuple):
+            auth = requests.auth.HTTPBasicAuth(*auth)
+        self.session.recording_auth = _RecordingAuth(auth) if auth is not None else None
         adapter = HTTPAdapter(max_retries=retry, pool_connections=4, pool_maxsize=16)
         self.session.mount("http://", adapter)
         self.session.mount("https://", adapter)
@@ -132,7 +156,12 @@ class HttpBackend(DownloadBackend):
     def _request(self, method: str, url: str, headers: dict[str, str]) -> requests.Response:
         try:
             response = self.session.request(
-                method, url, headers=headers, stream=True, timeout=(self.timeout, self.timeout)
+                method,
+                url,
+                headers=headers,
+                auth=self.session.recording_auth,
+                stream=True,
+                timeout=(self.timeout, self.timeout),
             )
         except _RedirectRefused as error:
             raise DownloadError(url, str(error)) from error

@@ -4,11 +4,14 @@ declared by the backend classes, and a manager that closes what it holds."""
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
+import requests
 from dl_helpers import FORK, FaultServer
 from framework_plugins.http import HttpBackend
 from framework_plugins.local import LocalBackend
@@ -95,6 +98,60 @@ def test_headers_and_auth_stay_with_their_host(http_server: FaultServer, cache: 
     assert http_server.route(url).headers[-1]["X-Api-Key"] == "k123"
     arrived = http_server.route(target).headers[-1]
     assert "X-Api-Key" not in arrived and "Authorization" not in arrived
+
+
+class _TokenAuth(requests.auth.AuthBase):
+    """An auth putting its secret in a header of its own (GitLab's PRIVATE-TOKEN)."""
+
+    def __call__(self, request: requests.PreparedRequest) -> requests.PreparedRequest:
+        request.headers["PRIVATE-TOKEN"] = "s3cr3t-token"
+        return request
+
+
+class _Challenging(BaseHTTPRequestHandler):
+    """127.0.0.1/start redirects to localhost/file, which asks for Digest auth."""
+
+    seen: list[tuple[str, dict[str, str]]] = []
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        self.seen.append((self.headers["Host"].split(":")[0], dict(self.headers)))
+        if self.path == "/start":
+            self.send_response(302)
+            self.send_header("Location", f"http://localhost:{self.server.server_address[1]}/file")
+        elif "Authorization" not in self.headers:
+            self.send_response(401)
+            self.send_header("WWW-Authenticate", 'Digest realm="r", nonce="n", qop="auth"')
+        else:
+            self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+
+@pytest.mark.parametrize("kind", ["token-header", "digest"])
+def test_auth_objects_stay_with_their_host(cache: Path, kind: str) -> None:
+    handler = type("Handler", (_Challenging,), {"seen": []})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    auth: requests.auth.AuthBase = (
+        _TokenAuth() if kind == "token-header" else requests.auth.HTTPDigestAuth("alice", "pw")
+    )
+    try:
+        with DownloadManager(cache, progress=False, backends={"http": HttpBackend(auth=auth)}) as manager:
+            try:
+                manager.cached_path(f"http://127.0.0.1:{server.server_address[1]}/start")
+            except DownloadError:
+                pass  # the other host's 401 stays unanswered
+    finally:
+        server.shutdown()
+        server.server_close()
+    own = [headers for host, headers in handler.seen if host == "127.0.0.1"]
+    elsewhere = [headers for host, headers in handler.seen if host == "localhost"]
+    assert elsewhere and not [h for h in elsewhere if "PRIVATE-TOKEN" in h or "Authorization" in h]
+    if kind == "token-header":
+        assert own[0]["PRIVATE-TOKEN"] == "s3cr3t-token"  # the URL's own host still gets it
 
 
 def test_configured_s3_backend_takes_endpoint_and_profile(

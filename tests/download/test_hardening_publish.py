@@ -594,3 +594,23 @@ def test_s3_206_with_unknown_total_keeps_its_offset(s3_env: str) -> None:
         stub.add_response("get_object", answer, {"Bucket": "b", "Key": "k", "Range": "bytes=6-"})
         stream = backend.open("s3://b/k", 6)
     assert (stream.start, stream.size) == (6, None)  # not "a whole object of 4 bytes"
+
+
+# Dependency floors ----------------------------------------------------------------------
+
+
+def _declared_floor(package: str) -> tuple[int, ...]:
+    import configparser
+
+    config = configparser.ConfigParser()
+    config.read(Path(__file__).resolve().parents[2] / "setup.cfg")
+    for line in config["options"]["install_requires"].split():
+        name, _, floor = line.partition(">=")
+        if name == package:
+            return tuple(int(part) for part in floor.split("."))
+    raise AssertionError(f"{package} is not in install_requires")
+
+
+def test_declared_urllib3_floor_has_read1() -> None:
+    # HttpBackend reads bodies with `raw.read1`, which urllib3 has only since 2.2.
+    assert _declared_floor("urllib3") >= (2, 2)

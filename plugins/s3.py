@@ -32,6 +32,13 @@ _NEEDS_BOTO3: Final = "s3:// URLs need boto3: pip install 'framework[s3]'"
 def _split(url: str) -> tuple[str, str]:
     """(bucket, key); not `urlsplit`, which would cut the key at ``?`` or ``#``."""
     bucket, _, key = url.partition("://")[2].partition("/")
+    if "@" in bucket or ":" in bucket:
+        # s3://KEY:SECRET@bucket/...: never quote it (botocore would, unredacted).
+        raise InvalidArgumentError(
+            url,
+            "an S3 URL carries no credentials or port (s3://bucket/key); "
+            "give keys through a profile or the environment, an endpoint through endpoint_url",
+        )
     if not bucket or not key:
         raise InvalidArgumentError(url, "an S3 URL looks like s3://bucket/key")
     return bucket, key

@@ -16,7 +16,7 @@ from dl_helpers import FaultServer
 
 from framework._redact import redact_url
 from framework.download import DownloadManager
-from framework.errors import DownloadError, HTTPStatusError, NetworkError
+from framework.errors import DownloadError, HTTPStatusError, InvalidArgumentError, NetworkError
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -142,3 +142,10 @@ def test_no_secret_is_written_into_the_shared_cache(http_server: FaultServer, ca
     assert any(name.endswith(".owner") for name in seen) and any(name.endswith(".json") for name in seen)
     for name, content in seen.items():
         _assert_no_secret(f"{name}: {content!r}")
+
+
+def test_s3_url_with_credentials_is_refused_without_quoting_them(manager: DownloadManager) -> None:
+    url = "s3://AKIAEXAMPLE:MySecretKey@bucket/key"
+    with pytest.raises(InvalidArgumentError, match="profile or the environment") as info:
+        manager.cached_path(url)
+    assert info.value.url == url and "MySecretKey" not in str(info.value)

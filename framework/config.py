@@ -16,6 +16,7 @@ import difflib
 import enum
 import inspect
 import json
+import math
 import pathlib
 import types
 import typing
@@ -353,7 +354,7 @@ class _Walk:
             return self.fail(_mismatch(path, "a mapping", value))
         key_type, value_type = args if args else (Any, Any)
         return {
-            self.value(key_type, k, _join(path, str(k))): self.value(value_type, v, _join(path, str(k)))
+            self.value(key_type, k, _join(path, k)): self.value(value_type, v, _join(path, k))
             for k, v in value.items()
         }
 
@@ -433,11 +434,11 @@ class _Walk:
             known = [name for name in signature.parameters if name not in explicit]
             what = "top-level key" if top_level else f"key for {owner}"
             for key in params:
-                close = difflib.get_close_matches(str(key), known, n=1)
+                close = difflib.get_close_matches(key, known, n=1) if isinstance(key, str) else []
                 hint = f" Did you mean {close[0]!r}?" if close else ""
                 self.fail(
                     ConfigError(
-                        _join(path, str(key)),
+                        _join(path, key),
                         f"unknown {what}.{hint} Accepted keys: {', '.join(known) or 'none'}",
                     )
                 )
@@ -486,7 +487,14 @@ def _is_constructible(cls: type) -> bool:
     return defines_init or issubclass(cls, Registrable)
 
 
-def _join(path: str, key: str) -> str:
+def _join(path: str, key: Any) -> str:
+    if (
+        not isinstance(key, str)
+        or not key
+        or not key.isprintable()
+        or any(c.isspace() or c == "." for c in key)
+    ):
+        key = _shown(key)  # quoted, so the path stays one line and its dots stay separators
     return f"{path}.{key}" if path else key
 
 
@@ -507,7 +515,20 @@ def _describe_at_least(annotation: Any, limit: AtLeast) -> str:
 
 
 def _mismatch(path: str, expected: str, got: Any) -> ConfigError:
-    shown = (
-        f"{got!r}" if isinstance(got, (str, int, float, bool, type(None))) else (f"a {type(got).__name__}")
-    )
+    shown = _shown(got) if isinstance(got, (str, int, float, bool, type(None))) else f"a {type(got).__name__}"
     return ConfigError(path, f"expected {expected}, got {shown}", expected=expected, got=got)
+
+
+_SHOWN_CHARACTERS = 100
+
+
+def _shown(value: Any) -> str:
+    """`repr(value)` cut to a readable length; it never raises (Python will not print an
+    int of over 4300 digits)."""
+    try:
+        text = repr(value)
+    except ValueError:
+        text = f"an int of {len(format(value, 'x')) * math.log10(16):.0f} digits"
+    if len(text) > _SHOWN_CHARACTERS:
+        text = f"{text[: _SHOWN_CHARACTERS - 20]}... ({len(text)} characters)"
+    return text

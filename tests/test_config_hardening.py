@@ -20,6 +20,7 @@ from framework.cli import main
 from framework.data import DatasetReader
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+LOADER = {"dataset_reader": "text", "data_path": "x", "data_loader": {"batch_size": 1}}  # a valid config
 
 
 def make_plugin(site: Path, dist: str, modules: dict[str, str], hook_body: str) -> None:
@@ -201,3 +202,27 @@ def socket_that_refuses() -> Iterator[str]:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         yield f"http://127.0.0.1:{sock.getsockname()[1]}/corpus.txt"
+
+
+# -- 5. config validate prints one line per error ----------------------------------------
+@pytest.mark.parametrize(
+    ("name", "text", "starts"),
+    [
+        (
+            "key.json",
+            json.dumps({**LOADER, "bad\nkey": 1, "x.y": 2}),
+            ["'bad\\nkey': unknown", "'x.y': unknown"],
+        ),
+        ("ansi.json", json.dumps({**LOADER, "\x1b[2Jboo": 1}), ["'\\x1b[2Jboo': unknown"]),
+        ("bad.yaml", "dataset_reader: text\ndata_path: x\n? [1, 2]\n: 3\n", ["<root>: "]),
+        ("typo.yaml", "dataset_reader: {type: text\ndata_path: x\n", ["<root>: "]),
+    ],
+)
+def test_config_validate_prints_each_error_on_one_line(
+    name: str, text: str, starts: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / name).write_text(text)
+    assert main(["config", "validate", str(tmp_path / name)]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == len(starts) and all(line.isprintable() for line in lines), lines
+    assert [line[: len(start)] for line, start in zip(lines, starts)] == starts

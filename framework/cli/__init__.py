@@ -16,7 +16,7 @@ from typing import Optional, Union
 
 from framework import __version__
 
-__all__ = ["build_parser", "main"]
+__all__ = ["build_parser", "main", "one_line"]
 
 _COMMANDS = (
     "framework.cli.plugins",
@@ -45,6 +45,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def one_line(text: str) -> str:
+    """`text` on one printable line: whitespace runs become one space, and control
+    characters (a terminal's escape sequences) are shown escaped, not obeyed."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in " ".join(text.split()))
+
+
 def _one_line_warning(
     message: Union[Warning, str],
     category: type[Warning],
@@ -53,7 +59,7 @@ def _one_line_warning(
     line: Optional[str] = None,
 ) -> str:
     """A warning on the command line is one line, like an error, without source lines."""
-    return f"framework: warning: {category.__name__}: {' '.join(str(message).split())}\n"
+    return f"framework: warning: {category.__name__}: {one_line(str(message))}\n"
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -70,7 +76,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from framework.errors import ConfigError, FrameworkError
 
     def error(message: str) -> None:
-        print(f"framework {args.command}: error: {' '.join(message.split())}", file=sys.stderr)
+        print(f"framework {args.command}: error: {one_line(message)}", file=sys.stderr)
 
     # One way for every subcommand to fail: one line that says what, no traceback.
     try:

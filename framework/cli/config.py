@@ -61,14 +61,15 @@ def print_schema(args: argparse.Namespace) -> int:
 
 
 def check_config(args: argparse.Namespace) -> int:
+    from framework.cli import one_line
     from framework.cli.run import load_run_config
     from framework.errors import ConfigError
 
     try:
         load_run_config(args.config, args.override)  # merges the overrides, then checks
     except ConfigError as error:
-        for each in error.errors:
-            print(each)
+        for each in error.errors:  # one line each, so a line count is an error count
+            print(one_line(str(each)))
         return 1
     print(f"{args.config}: valid")
     return 0

@@ -16,11 +16,18 @@ from typing import Final
 
 __all__ = ["RedactingFilter", "redact_url"]
 
-# scheme://user:password@ -> scheme://***@ (anything before an "@" in the authority)
-_USERINFO: Final = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*://)[^/?#@\s]+@")
-# ?name=value or &name=value where the name looks like a credential
+# scheme://user:password@ -> scheme://***@. The authority runs to the LAST "@" before
+# "/?#" (a password may hold "@", as requests and urllib read it); a "user:password@"
+# whose password holds an unescaped "/" (raw AWS secret keys do) is redacted too, but
+# not "host:port/path@x" (a port is digits before the path).
+_USERINFO: Final = re.compile(
+    r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*://)(?:[^/?#\s]*@|[^/?#@\s:]+:(?!\d*[/?#])[^@\s]*@)"
+)
+# ?name=value, &name=value, ;name=value or #name=value (OAuth puts tokens in the
+# fragment) where the name looks like a credential
 _SECRET_PARAM: Final = re.compile(
-    r"(?P<name>[?&;][^=&#\s]*?(?:token|signature|sig|secret|passw|pwd|key|credential|auth|session)"
+    r"(?P<name>[?&;#][^=&#\s]*?"
+    r"(?:token|signature|sig|secret|pass|pw|key|credential|auth|session|hdnts|hmac)"
     r"[^=&#\s]*=)[^&#\s'\"<>)]*",
     re.IGNORECASE,
 )

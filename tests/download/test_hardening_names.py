@@ -149,3 +149,29 @@ def test_s3_url_with_credentials_is_refused_without_quoting_them(manager: Downlo
     with pytest.raises(InvalidArgumentError, match="profile or the environment") as info:
         manager.cached_path(url)
     assert info.value.url == url and "MySecretKey" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        # requests and urllib take everything before the LAST "@" as user-info
+        ("http://user:hunter@2SECRET@127.0.0.1:1/f.bin", "http://***@127.0.0.1:1/f.bin"),
+        # a raw AWS secret key may hold "/"
+        ("s3://AKIA:ab/2SECRET@bucket/key", "s3://***@bucket/key"),
+        ("https://h/a?pass=2SECRET&pw=2SECRET&v=1", "https://h/a?pass=***&pw=***&v=1"),
+        ("https://h/a#access_token=2SECRET&x=1", "https://h/a#access_token=***&x=1"),
+        ("https://h/a?hdnts=exp=1~hmac=2SECRET&hmac=2SECRET", "https://h/a?hdnts=***&hmac=***"),
+        # a port before a path with "@" is no password
+        ("https://h.org:8443/users/me@example.com/f", "https://h.org:8443/users/me@example.com/f"),
+    ],
+)
+def test_redact_url_hides_the_whole_secret(url: str, shown: str) -> None:
+    assert redact_url(url) == shown
+
+
+def test_password_with_an_at_sign_is_not_half_shown(manager: DownloadManager) -> None:
+    url = "http://user:hunter@2SECRET@127.0.0.1:1/f.bin"
+    quick = DownloadManager(manager.cache_dir, retries=1, backoff_factor=0, progress=False)
+    with pytest.raises(DownloadError) as info:
+        quick.cached_path(url)
+    assert "2SECRET" not in str(info.value) and "127.0.0.1:1/f.bin" in str(info.value)

@@ -175,3 +175,14 @@ def test_password_with_an_at_sign_is_not_half_shown(manager: DownloadManager) ->
     with pytest.raises(DownloadError) as info:
         quick.cached_path(url)
     assert "2SECRET" not in str(info.value) and "127.0.0.1:1/f.bin" in str(info.value)
+
+
+def test_urllib3_debug_logs_carry_no_query_token(
+    http_server: FaultServer, manager: DownloadManager, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)  # what people turn on to troubleshoot: urllib3.util.retry too
+    url = http_server.add("/retried.bin?token=TOKSECRET123", b"hi", fail_statuses=[503])
+    quick = DownloadManager(manager.cache_dir, backoff_factor=0, progress=False)
+    assert quick.cached_path(url).read_bytes() == b"hi"
+    assert any(record.name.startswith("urllib3") for record in caplog.records)
+    assert "TOKSECRET123" not in caplog.text

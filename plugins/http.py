@@ -191,32 +191,48 @@ class HttpBackend(DownloadBackend):
             if if_range:  # another version comes whole (200), never as a spliced range
                 headers["If-Range"] = if_range
         response = self._request("GET", url, headers)
-        etag, modified = response.headers.get("ETag"), response.headers.get("Last-Modified")
-        start, size = 0, _int(response.headers.get("Content-Length"))
+        found = response.headers
+        etag, modified, date = found.get("ETag"), found.get("Last-Modified"), found.get("Date")
+        start, size = 0, _int(found.get("Content-Length"))
         if response.status_code in (206, 416):  # reported as is; the manager decides
-            first, size = parse_content_range(response.headers.get("Content-Range"))
+            first, size = parse_content_range(found.get("Content-Range"))
             if response.status_code == 416:
                 response.close()
                 return ByteStream(
-                    iter(()), start=offset, size=size, etag=etag, last_modified=modified, status=416
+                    iter(()),
+                    start=offset,
+                    size=size,
+                    etag=etag,
+                    last_modified=modified,
+                    status=416,
+                    date=date,
                 )
             start = offset if first is None else first
+        # A server that ignores "identity" anyway: its encoded bytes are not the object's,
+        # so they are decoded; the stream says so, and the manager never resumes it.
+        encoding = found.get("Content-Encoding", "").strip().lower() or None
+        if encoding == "identity":
+            encoding = None
+        if encoding is not None and response.status_code == 200:
+            size = None  # Content-Length counts encoded bytes
         return ByteStream(
-            self._chunks(response, url),
+            self._chunks(response, url, decode=encoding is not None),
             start=start,
             size=size,
             etag=etag,
             last_modified=modified,
             status=response.status_code,
             close_callback=response.close,
+            date=date,
+            encoding=encoding,
         )
 
-    def _chunks(self, response: requests.Response, url: str) -> Iterator[bytes]:
+    def _chunks(self, response: requests.Response, url: str, decode: bool) -> Iterator[bytes]:
         # read1 hands over what has arrived (up to CHUNK_SIZE), so bytes received before
         # a connection breaks are kept and the manager resumes after them.
         raw = response.raw
         try:
-            while chunk := raw.read1(CHUNK_SIZE):
+            while chunk := raw.read1(CHUNK_SIZE, decode_content=decode):
                 yield chunk
         except _network_errors() as error:
             raise NetworkError(url, f"connection broke off: {type(error).__name__}") from error
@@ -225,7 +241,7 @@ class HttpBackend(DownloadBackend):
         response = self._request("HEAD", url, {"Accept-Encoding": "identity"})
         response.close()
         size, headers = _int(response.headers.get("Content-Length")), response.headers
-        return RemoteInfo(size, headers.get("ETag"), headers.get("Last-Modified"))
+        return RemoteInfo(size, headers.get("ETag"), headers.get("Last-Modified"), headers.get("Date"))
 
     def close(self) -> None:
         self.session.close()

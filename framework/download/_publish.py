@@ -27,6 +27,7 @@ import stat
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from email.utils import parsedate_to_datetime
 from pathlib import Path
 from typing import Any, Callable, Final, Optional, Union
 
@@ -84,22 +85,35 @@ def _etag_tag(etag: Optional[str]) -> str:
 
 @attrs.frozen
 class Validators:
-    """What names one version of a remote object (HTTP ETag and Last-Modified)."""
+    """What names one version of a remote object (HTTP ETag and Last-Modified), with
+    the answer's Date, which says whether Last-Modified can vouch for byte ranges."""
 
     etag: Optional[str] = None
     last_modified: Optional[str] = None
+    date: Optional[str] = None
 
     @classmethod
     def of(cls, source: Union[ByteStream, RemoteInfo]) -> Validators:
-        return cls(source.etag, source.last_modified)
+        return cls(source.etag, source.last_modified, source.date)
 
     @property
     def if_range(self) -> Optional[str]:
-        """The value for ``If-Range``: a strong ETag, else Last-Modified (a weak ETag
-        cannot promise identical bytes)."""
+        """The value for ``If-Range``, None when no validator can vouch for byte ranges.
+
+        A strong ETag, else a strong Last-Modified (RFC 9110 8.8.2.2: one at least a
+        second older than the answer's Date; an object rewritten within the second it
+        was served keeps its date). A weak ETag cannot promise identical bytes."""
         if self.etag and not self.etag.startswith("W/"):
             return self.etag
-        return self.last_modified or None
+        if self.last_modified and _strong_date(self.last_modified, self.date):
+            return self.last_modified
+        return None
+
+    @property
+    def version(self) -> Optional[str]:
+        """What tells versions apart when asking whether an object changed: the ETag
+        (weak ones included), else Last-Modified."""
+        return self.etag or self.last_modified or None
 
     @property
     def tag(self) -> str:
@@ -110,6 +124,15 @@ class Validators:
         if value == self.etag:
             return _etag_tag(value)
         return "lm" + hashlib.sha256(value.encode("utf-8")).hexdigest()[:10]
+
+
+def _strong_date(last_modified: str, date: Optional[str]) -> bool:
+    """Whether `last_modified` is at least one second before the answer's `date`."""
+    try:
+        modified, sent = parsedate_to_datetime(last_modified), parsedate_to_datetime(date or "")
+        return (sent - modified).total_seconds() >= 1
+    except (TypeError, ValueError):  # a missing or unreadable date (or naive vs aware)
+        return False
 
 
 @attrs.frozen
@@ -345,7 +368,13 @@ def _place(backend: DownloadBackend, url: str, stream: ByteStream, partial: _Par
     if offset == 0:
         raise DownloadError(url, f"asked for the whole object, the server sent bytes from {stream.start} on")
     same = got.tag == partial.name.tag != NO_VALIDATOR
-    if stream.start == offset and same and (stream.size is None or offset <= stream.size):
+    # An encoded range counts encoded bytes: it cannot go after the object's bytes we have.
+    if (
+        stream.encoding is None
+        and stream.start == offset
+        and same
+        and (stream.size is None or offset <= stream.size)
+    ):
         partial.validators = got
         return True
     logger.info("cannot resume %s at byte %d (another version); starting over", url, offset)

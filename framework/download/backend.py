@@ -38,6 +38,7 @@ class RemoteInfo:
     size: Optional[int] = None
     etag: Optional[str] = None
     last_modified: Optional[str] = None
+    date: Optional[str] = None  # the answer's Date: says whether Last-Modified is a strong validator
 
 
 @attrs.define
@@ -47,7 +48,11 @@ class ByteStream:
     `start` is the offset the body really begins at: the requested offset, or 0
     when the backend could not resume (an HTTP server answering 200 to a Range
     request). `size` is the object's total size when known. `etag` and
-    `last_modified` identify the version the body belongs to. An offset the
+    `last_modified` identify the version the body belongs to; `date` is the answer's
+    ``Date`` (a Last-Modified is a strong validator only when Date is at least one
+    second later). `encoding` is the HTTP ``Content-Encoding`` the server applied
+    (None for identity): a whole body (200) is then handed over decoded, the object's
+    own bytes; a range (206) of encoded bytes is never appended to them. An offset the
     backend cannot serve is reported, not handled: an empty `chunks` with
     ``status=416`` (and `size` when the answer says it). The manager decides what
     to do about ranges, once, for every backend.
@@ -60,6 +65,8 @@ class ByteStream:
     last_modified: Optional[str] = None
     status: Optional[int] = None
     close_callback: Optional[Callable[[], None]] = attrs.field(default=None, repr=False)
+    date: Optional[str] = None
+    encoding: Optional[str] = None
 
     def close(self) -> None:
         if self.close_callback is not None:

@@ -343,8 +343,8 @@ class DownloadManager:
 def _same_version(meta: Metadata, info: RemoteInfo) -> bool:
     """Whether the cached copy `meta` describes is the version the server describes
     (by strong validator when both sides have one, else by size)."""
-    cached = Validators(meta.get("etag"), meta.get("last_modified")).if_range
-    remote = Validators.of(info).if_range
+    cached = Validators(meta.get("etag"), meta.get("last_modified")).version
+    remote = Validators.of(info).version
     if cached is not None and remote is not None:
         return cached == remote
     return info.size is None or info.size == meta.get("size")

@@ -3,6 +3,7 @@ utilities (imported by the tests and by conftest.py)."""
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import multiprocessing
 import os
@@ -40,6 +41,7 @@ class Route:
     drop_kind: str = "reset"  # "reset" (RST) | "short" (clean close, body < Content-Length)
     then: dict[str, Any] = attrs.field(factory=dict)  # route fields set after a fault: a new version
     star_total: bool = False  # answer 206 with an unknown total: Content-Range bytes a-b/*
+    gzip_whole: bool = False  # whole answers (200) come gzip-encoded, whatever was asked
     chunk: int = 64 * 1024
     delay: float = 0.0  # seconds per chunk
     gets: int = 0
@@ -144,6 +146,9 @@ class _Handler(BaseHTTPRequestHandler):
                 route.full_gets += 1
         body = data[start:]
         self.send_response(status)
+        if route.gzip_whole and status == 200:
+            body = gzip.compress(body, compresslevel=1)
+            self.send_header("Content-Encoding", "gzip")
         self.send_header("Content-Length", str(len(body)))
         self.send_header("Accept-Ranges", "bytes")
         if route.etag:

@@ -614,3 +614,80 @@ def _declared_floor(package: str) -> tuple[int, ...]:
 def test_declared_urllib3_floor_has_read1() -> None:
     # HttpBackend reads bodies with `raw.read1`, which urllib3 has only since 2.2.
     assert _declared_floor("urllib3") >= (2, 2)
+
+
+# Content encodings ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("drop", [False, True])
+def test_gzip_encoded_body_is_never_cached_or_spliced(
+    http_server: FaultServer, manager: DownloadManager, payload: bytes, drop: bool
+) -> None:
+    # The server ignores "Accept-Encoding: identity" for whole answers; with `drop`, the
+    # resume (a range) comes as identity bytes of the same Last-Modified version.
+    url = http_server.add(
+        f"/encoding/gzip-{drop}.bin",
+        payload,
+        etag=None,
+        last_modified="Mon, 01 Jan 2024 00:00:00 GMT",
+        gzip_whole=True,
+        **({"drop_after": 200_000, "drops": 1} if drop else {}),
+    )
+    path = manager.cached_path(url)
+    assert path.read_bytes() == payload
+    assert json.loads(Path(f"{path}.json").read_text())["sha256"] == sha256(payload)
+
+
+def test_gzip_encoded_range_is_not_appended(
+    http_server: FaultServer, manager: DownloadManager, cache: Path
+) -> None:
+    import gzip
+
+    from framework.download.backend import ByteStream
+
+    data = os.urandom(300_000)
+    url = http_server.add("/encoding/gzip-range.bin", data)
+    _partial_name(cache, url, _tag(http_server.route(url).etag or "")).write_bytes(data[:1000])
+    backend = manager.backend_for(url)
+    real = backend.open
+
+    def gzip_ranges(url: str, offset: int = 0, **kwargs: Any) -> ByteStream:
+        stream = real(url, offset, **kwargs)
+        if offset:  # a range of encoded bytes, as a server compressing on the fly sends
+            body = gzip.compress(b"".join(stream.chunks))
+            stream.chunks, stream.encoding = iter([body]), "gzip"
+        return stream
+
+    backend.open = gzip_ranges  # type: ignore[method-assign]
+    assert manager.cached_path(url).read_bytes() == data
+    assert http_server.route(url).ranges == ["bytes=1000-", ""]
+
+
+def test_last_modified_no_older_than_the_answer_is_never_a_resume_validator(
+    http_server: FaultServer, manager: DownloadManager, payload: bytes
+) -> None:
+    from email.utils import formatdate
+
+    # Modified "after" the answer's Date (as one rewritten within the second it was
+    # served looks): a weak validator (RFC 9110 8.8.2.2), so never sent in If-Range.
+    v2 = os.urandom(len(payload))
+    url = http_server.add(
+        "/versions/weak-last-modified.bin",
+        payload,
+        etag=None,
+        last_modified=formatdate(time.time() + 3600, usegmt=True),
+        drop_after=300_000,
+        drops=1,
+        then={"data": v2},
+    )
+    assert manager.cached_path(url).read_bytes() == v2
+    route = http_server.route(url)
+    assert route.ranges == ["", ""] and route.if_ranges == ["", ""]
+
+
+def test_last_modified_strength_follows_the_date() -> None:
+    modified = "Mon, 01 Jan 2024 00:00:00 GMT"
+    assert Validators(None, modified, "Mon, 01 Jan 2024 00:00:01 GMT").if_range == modified
+    assert Validators(None, modified, modified).if_range is None
+    assert Validators(None, modified, None).if_range is None
+    assert Validators(None, modified, "not a date").if_range is None

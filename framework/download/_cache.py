@@ -136,9 +136,15 @@ def dead_leftovers(target: Path, suffixes: tuple[str, ...]) -> list[Path]:
 
 
 def _readable_suffix(url: str) -> str:
+    """A hint for people listing the cache (the digest is the identity). File names are
+    readable by every user of a shared cache and appear in logs and progress bars: a
+    URL's ``;params`` (``;jsessionid=``) are dropped, and what `redact_url` would hide
+    stays hidden."""
     path = unquote(urlsplit(url).path) if "://" in url else url
     name = path.rstrip("/").rsplit("/", 1)[-1]
-    name = _SUFFIX_CHARS.sub("_", name).strip("._")
+    if "://" in url:
+        name = name.split(";", 1)[0]
+    name = _SUFFIX_CHARS.sub("_", redact_url(name)).strip("._")
     return name[-64:] or "download"
 
 

@@ -327,15 +327,25 @@ def _marker(target: Path) -> Path:
 
 
 def extracted_from(target: Path, digest: str) -> bool:
-    """Whether `target` is a folder extracted from the archive whose sha256 is `digest`."""
-    if not os.path.isdir(target):
+    """Whether `target` is a real folder (never a link to one) extracted from the archive
+    whose sha256 is `digest`: the marker names the digest and the folder itself (device,
+    inode), so a folder or link put at that name later is not vouched for."""
+    try:
+        folder = os.lstat(target)
+    except OSError:
+        return False
+    if not stat.S_ISDIR(folder.st_mode):
         return False
     raw = read_small_file(_marker(target))
     try:
         marker = json.loads(raw) if raw is not None else None
     except ValueError:
         return False
-    return isinstance(marker, dict) and marker.get("sha256") == digest
+    return (
+        isinstance(marker, dict)
+        and marker.get("sha256") == digest
+        and marker.get("folder") == [folder.st_dev, folder.st_ino]
+    )
 
 
 def _sweep(target: Path) -> None:
@@ -399,20 +409,23 @@ def extract_archive(
     try:
         _unpack(archive, os.path.realpath(temp), limits, url)
         old: Optional[Path] = None
-        if replace and target.exists():
+        if replace and os.path.lexists(target):  # a planted symlink is moved away too
             _marker(target).unlink(missing_ok=True)  # no moment where it vouches for other files
             old = target.with_name(f"{target.name}.{unique_token()}.old")
             os.rename(target, old)
         try:
             os.replace(temp, target)
         except OSError:
-            if not target.is_dir():
+            if not stat.S_ISDIR(os.lstat(target).st_mode):
                 raise
             # Another process published the same extraction first: use theirs.
             shutil.rmtree(temp, ignore_errors=True)
         if digest is not None:
-            write_json_atomic(_marker(target), {"sha256": digest})
-        if old is not None:
+            folder = os.lstat(target)
+            write_json_atomic(_marker(target), {"sha256": digest, "folder": [folder.st_dev, folder.st_ino]})
+        if old is not None and old.is_symlink():
+            old.unlink()
+        elif old is not None:
             shutil.rmtree(old, ignore_errors=True)
         return target
     except OSError as error:

@@ -186,3 +186,18 @@ def test_urllib3_debug_logs_carry_no_query_token(
     assert quick.cached_path(url).read_bytes() == b"hi"
     assert any(record.name.startswith("urllib3") for record in caplog.records)
     assert "TOKSECRET123" not in caplog.text
+
+
+def test_a_hidden_secret_is_not_in_cache_file_names_or_logs(
+    http_server: FaultServer, cache: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="framework.download")
+    url = http_server.add("/file.bin;jsessionid=SESSION0123456789", b"hi")
+    manager = DownloadManager(cache, progress=False)
+    path = manager.cached_path(url)
+    assert path.read_bytes() == b"hi" and path.name.endswith("-file.bin")
+    assert not [name for name in os.listdir(cache) if "SESSION0123456789" in name]
+    assert "SESSION0123456789" not in caplog.text
+    plain = cache.parent / "x;token=PLAINSECRET"
+    plain.write_bytes(b"local")
+    assert "PLAINSECRET" not in manager.cached_path(plain).name

@@ -691,3 +691,41 @@ def test_last_modified_strength_follows_the_date() -> None:
     assert Validators(None, modified, modified).if_range is None
     assert Validators(None, modified, None).if_range is None
     assert Validators(None, modified, "not a date").if_range is None
+
+
+# Extraction -----------------------------------------------------------------------------
+
+
+def _zip(text: str) -> bytes:
+    import io
+    import zipfile
+
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        archive.writestr("model.py", text)
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize("planted", ["symlink", "folder"])
+def test_planted_extracted_folder_is_never_served(
+    http_server: FaultServer, manager: DownloadManager, cache: Path, tmp_path: Path, planted: str
+) -> None:
+    url = http_server.add(f"/extract/planted-{planted}.zip", _zip("real"))
+    manager.cached_path(url)  # fetched, not extracted yet
+    entry = Entry(cache, url)
+    digest = json.loads(entry.sidecar.read_text())["sha256"]  # anyone can read it
+    evil = tmp_path / "attacker"
+    evil.mkdir()
+    (evil / "model.py").write_text("evil")
+    if planted == "symlink":
+        entry.extracted.symlink_to(evil)
+    else:  # a real folder renamed into place, with a marker naming another folder
+        os.rename(evil, entry.extracted)
+    folder = os.stat(entry.extracted)
+    marker = entry.extracted.with_name(entry.extracted.name + ".json")
+    marker.write_text(json.dumps({"sha256": digest, "folder": [folder.st_dev, folder.st_ino + 1]}))
+    got = manager.cached_path(url, extract=True)
+    assert stat.S_ISDIR(os.lstat(got).st_mode) and (got / "model.py").read_text() == "real"
+    if planted == "symlink":
+        assert (evil / "model.py").read_text() == "evil"  # followed by nothing
+    assert not [n for n in os.listdir(cache) if n.endswith(".old")]

@@ -35,6 +35,7 @@ __all__ = [
     "Entry",
     "Metadata",
     "dead_leftovers",
+    "digest_of",
     "file_identity",
     "is_alive_local",
     "parse_owner",
@@ -166,25 +167,41 @@ class Entry:
         """The sidecar if the published file is a regular file and is the very file
         the sidecar was written for (inode, size, mtime), and `sha256` matches.
 
-        Costs one ``lstat`` and one small read; the file itself is never read.
+        Costs one ``lstat`` and one small read; the file itself is never read, unless
+        `sha256` is given and the file or its sidecar belongs to another user: anyone
+        who can write the cache folder could have put both there, so the file is then
+        hashed (once per process and file version, see `digest_of`) before it is trusted.
         """
-        meta = self.cached()
-        if meta is None or (sha256 is not None and meta.get("sha256") != sha256.lower()):
+        found = self._bound()
+        if found is None:
             return None
+        meta, info, foreign = found
+        if sha256 is not None:
+            sha256 = sha256.lower()
+            if meta.get("sha256") != sha256 or (foreign and digest_of(self.final, info) != sha256):
+                return None
         return meta
 
     def cached(self) -> Optional[Metadata]:
         """The sidecar of the published file, whatever its sha256 (see `lookup`)."""
+        found = self._bound()
+        return found[0] if found is not None else None
+
+    def _bound(self) -> Optional[tuple[Metadata, os.stat_result, bool]]:
+        """The sidecar bound to the published file, the file's ``lstat``, and whether
+        either belongs to another user."""
         try:
             info = os.lstat(self.final)
         except OSError:
             return None
-        meta = read_metadata(self.sidecar)
-        if meta is None or not stat.S_ISREG(info.st_mode):
+        found = _read_small(self.sidecar)
+        meta = _parse_metadata(found[0]) if found is not None else None
+        if found is None or meta is None or not stat.S_ISREG(info.st_mode):
             return None
         if (meta.get("inode"), meta.get("size"), meta.get("mtime_ns")) != file_identity(info):
             return None
-        return meta
+        me = os.geteuid()
+        return meta, info, info.st_uid != me or found[1].st_uid != me
 
     def publish_metadata(
         self,
@@ -214,24 +231,59 @@ def file_identity(info: os.stat_result) -> tuple[int, int, int]:
     return info.st_ino, info.st_size, info.st_mtime_ns
 
 
-def read_small_file(path: Path) -> Optional[bytes]:
-    """The bytes of a small regular file; None for anything else (missing, a symlink,
-    a FIFO, a folder, too large), without ever blocking."""
+# Digests of files this process hashed, by (device, inode, size, mtime_ns): a file is
+# read once per version, however often it is looked up.
+_DIGESTS: dict[tuple[int, int, int, int], str] = {}
+
+
+def digest_of(path: Path, info: os.stat_result) -> Optional[str]:
+    """The sha256 of the regular file at `path` that `info` describes; None if it is
+    no longer that file (or cannot be read). Opened with ``O_NOFOLLOW | O_NONBLOCK`` and
+    checked with ``fstat``, so a link or FIFO swapped in is never followed or waited on."""
+    key = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
+    digest = _DIGESTS.get(key)
+    if digest is not None:
+        return digest
+    try:
+        with open(os.open(path, _READ_FLAGS), "rb") as file:
+            now = os.fstat(file.fileno())
+            if not stat.S_ISREG(now.st_mode) or (now.st_dev, *file_identity(now)) != key:
+                return None
+            digest = hashlib.file_digest(file, "sha256").hexdigest()
+    except OSError:
+        return None
+    _DIGESTS[key] = digest
+    return digest
+
+
+def _read_small(path: Path) -> Optional[tuple[bytes, os.stat_result]]:
+    """The bytes and ``fstat`` of a small regular file; None for anything else (missing,
+    a symlink, a FIFO, a folder, too large), without ever blocking."""
     try:
         fd = os.open(path, _READ_FLAGS)
     except OSError:
         return None
     try:
+        info = os.fstat(fd)
         data = os.read(fd, _MAX_SMALL_FILE + 1)
     except OSError:  # a folder (EISDIR), a FIFO with nobody writing (EAGAIN)
         return None
     finally:
         os.close(fd)
-    return data if len(data) <= _MAX_SMALL_FILE else None
+    return (data, info) if len(data) <= _MAX_SMALL_FILE else None
+
+
+def read_small_file(path: Path) -> Optional[bytes]:
+    """The bytes of a small regular file (see `_read_small`)."""
+    found = _read_small(path)
+    return found[0] if found is not None else None
 
 
 def read_metadata(path: Path) -> Optional[Metadata]:
-    raw = read_small_file(path)
+    return _parse_metadata(read_small_file(path))
+
+
+def _parse_metadata(raw: Optional[bytes]) -> Optional[Metadata]:
     try:
         data: Any = json.loads(raw) if raw is not None else None
     except ValueError:

@@ -729,3 +729,60 @@ def test_planted_extracted_folder_is_never_served(
     if planted == "symlink":
         assert (evil / "model.py").read_text() == "evil"  # followed by nothing
     assert not [n for n in os.listdir(cache) if n.endswith(".old")]
+
+
+# Trust in a shared cache ------------------------------------------------------------------
+
+
+def _as_another_user(monkeypatch: pytest.MonkeyPatch, *paths: Path) -> None:
+    """Make `paths` belong to another user: chown as root, else pretend to be another uid."""
+    if os.geteuid() == 0:
+        for path in paths:
+            os.chown(path, 12345, 12345, follow_symlinks=False)
+    else:
+        uid = os.geteuid() + 1
+        monkeypatch.setattr(os, "geteuid", lambda: uid)
+
+
+def test_another_users_file_and_sidecar_are_hashed_before_sha256_trusts_them(
+    http_server: FaultServer, manager: DownloadManager, cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from framework.download._cache import file_identity
+
+    real = os.urandom(50_000)
+    url = http_server.add("/trust/forged.bin", real)
+    entry = Entry(cache, url)
+    cache.mkdir()
+    # A neighbour plants other bytes and a sidecar that names them and the real digest.
+    entry.final.write_bytes(b"backdoored weights")
+    inode, size, mtime_ns = file_identity(os.lstat(entry.final))
+    forged = {"url": url, "etag": None, "last_modified": None, "size": size, "sha256": sha256(real)}
+    entry.sidecar.write_text(json.dumps({**forged, "time": 0, "inode": inode, "mtime_ns": mtime_ns}))
+    _as_another_user(monkeypatch, entry.final, entry.sidecar)
+    assert manager.cached_path(url, sha256=sha256(real)).read_bytes() == real
+    assert http_server.route(url).gets == 1
+
+
+def test_another_users_verified_file_is_hashed_once(
+    http_server: FaultServer, manager: DownloadManager, cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import hashlib as hashlib_module
+
+    data = os.urandom(50_000)
+    url = http_server.add("/trust/neighbours.bin", data)
+    path = manager.cached_path(url)
+    entry = Entry(cache, url)
+    _as_another_user(monkeypatch, entry.final, entry.sidecar)
+    reads = []
+    real_digest = hashlib_module.file_digest
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        reads.append(1)
+        return real_digest(*args, **kwargs)
+
+    monkeypatch.setattr(hashlib_module, "file_digest", counted)
+    for _ in range(3):
+        assert manager.cached_path(url, sha256=sha256(data)) == path
+    assert len(reads) == 1 and http_server.route(url).gets == 1
+    manager.cached_path(url)  # without sha256 the sidecar is trusted: nothing is read
+    assert len(reads) == 1

@@ -10,12 +10,12 @@ from __future__ import annotations
 import os
 import stat
 from collections.abc import Iterator
-from typing import BinaryIO, ClassVar, Final
+from typing import BinaryIO, ClassVar, Final, Optional
 from urllib.parse import urlsplit
 from urllib.request import url2pathname
 
 from framework.download.backend import ByteStream, DownloadBackend, RemoteInfo
-from framework.errors import DownloadError
+from framework.errors import DownloadError, InvalidArgumentError
 
 __all__ = ["LocalBackend"]
 
@@ -23,9 +23,15 @@ _CHUNK: Final = 4 << 20
 
 
 def _path(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.scheme != "file":
+    """The file a plain path or ``file://`` URL names; any other scheme is refused (read
+    as a path, ``local:///etc/x`` would be the relative ``local:/etc/x``)."""
+    if "://" not in url:
         return url
+    parts = urlsplit(url)
+    if parts.scheme.lower() != "file":
+        raise InvalidArgumentError(
+            url, f"the local backend reads paths and file:// URLs, not {parts.scheme}://"
+        )
     if parts.netloc not in ("", "localhost"):
         raise DownloadError(url, f"file:// URLs on another host ({parts.netloc}) are not supported")
     return url2pathname(parts.path)  # which percent-decodes, once
@@ -67,7 +73,8 @@ class LocalBackend(DownloadBackend):
         os.set_blocking(fd, True)
         return open(fd, "rb")
 
-    def open(self, url: str, offset: int = 0) -> ByteStream:
+    def open(self, url: str, offset: int = 0, *, if_range: Optional[str] = None) -> ByteStream:
+        # A local file has no validator, so `if_range` never comes (accepted for the signature).
         file = self._open_file(url)
         size = os.fstat(file.fileno()).st_size
         file.seek(min(offset, size))

@@ -3,6 +3,7 @@ declared by the backend classes, and a manager that closes what it holds."""
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from collections.abc import Iterator
@@ -19,7 +20,7 @@ from framework_plugins.s3 import S3Backend
 
 from framework.download import DownloadBackend, DownloadManager
 from framework.download._schemes import backend_name_for
-from framework.errors import DownloadError
+from framework.errors import DownloadError, InvalidArgumentError
 from framework.hookspecs import hookimpl
 from framework.registry import Registrar, get_registry
 from framework.testing import MemoryBackend
@@ -233,3 +234,43 @@ def test_a_broken_backend_plugin_does_not_take_other_schemes_down(
     source.write_bytes(b"fine")
     assert manager.cached_path(source.as_uri()).read_bytes() == b"fine"  # found by declared scheme
     assert "skipping the download backend 'broken'" in caplog.text
+
+
+def test_a_registered_name_is_a_scheme_only_when_its_class_declares_it(
+    tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # "local" is LocalBackend's name, not a scheme it declares: local:///x is no relative path.
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "local:" / "data").mkdir(parents=True)
+    (tmp_path / "local:" / "data" / "f.txt").write_text("decoy in the current folder")
+    real = tmp_path / "data" / "f.txt"
+    real.parent.mkdir()
+    real.write_text("the real file")
+    assert backend_name_for(f"local://{real}") != "local"
+    with pytest.raises(InvalidArgumentError, match="file://"):
+        LocalBackend().open(f"local://{real}")
+    try:
+        got = DownloadManager(cache, progress=False).cached_path(f"local://{real}").read_text()
+    except DownloadError:
+        return  # no fallback serves local:// here (fsspec missing): refused, not misread
+    assert got == "the real file"
+
+
+class _Mirror(MemoryBackend):
+    schemes: ClassVar[tuple[str, ...]] = ("https", "s3", "file")
+
+
+def test_conflicting_scheme_declarations_keep_the_builtins_and_warn(caplog: pytest.LogCaptureFixture) -> None:
+    DownloadBackend.register("aaa-mirror")(_Mirror)  # sorts before every built-in
+    caplog.set_level(logging.WARNING, logger="framework.download")
+    got = {url: backend_name_for(url) for url in ("http://h/x", "https://h/x", "s3://b/k", "file:///x", "/x")}
+    assert got == {
+        "http://h/x": "http",
+        "https://h/x": "http",
+        "s3://b/k": "s3",
+        "file:///x": "local",
+        "/x": "local",
+    }
+    assert "'aaa-mirror', 'http' all declare the scheme 'https'" in caplog.text
+    DownloadBackend.register("https")(_Mirror)  # registered under the scheme's name: chosen
+    assert backend_name_for("https://h/x") == "https"

@@ -35,7 +35,9 @@ from framework.config import (
     RUN_CONFIG_META_KEYS,
     Lazy,
     _is_constructible,
+    is_typed_dict,
     resolve_base,
+    typed_dict_fields,
 )
 from framework.registry import Registrable, RegistryEntry
 
@@ -175,6 +177,16 @@ class _Builder:
             return dict(_PRIMITIVES[cls])
         if not isinstance(cls, type):
             return {}
+        if is_typed_dict(cls):
+            fields, required = typed_dict_fields(cls)
+            return {
+                "type": "object",
+                "properties": {name: self.annotation(field, provided) for name, field in fields.items()},
+                **({"required": [name for name in fields if name in required]} if required else {}),
+                "additionalProperties": False,
+            }
+        if getattr(cls, "_is_protocol", False):
+            return {"not": {}, "description": f"a {cls.__name__} is made in code: a config cannot give one"}
         if issubclass(cls, enum.Enum):
             choices = [m.value for m in cls] + [m.name for m in cls]
             return {"enum": [c for c in dict.fromkeys(choices) if _json_default(c)[0]]}

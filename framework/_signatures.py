@@ -94,6 +94,8 @@ def signature_of(factory: Callable[..., Any]) -> Signature:
     chain ends in a ``**kwargs`` that nothing forwards: anywhere else the parent
     would reject them, so they are unknown keys.
     """
+    if isinstance(factory, type) and issubclass(factory, tuple) and hasattr(factory, "_fields"):
+        return _named_tuple_signature(factory)
     if isinstance(factory, type):
         definer = _init_definer(factory)
         if definer is object:
@@ -126,6 +128,15 @@ def signature_of(factory: Callable[..., Any]) -> Signature:
                 parameters.setdefault(name, spec)
             accepts_extra = inherited.accepts_extra
     return Signature(owner, parameters, accepts_extra)
+
+
+def _named_tuple_signature(cls: type) -> Signature:
+    """A NamedTuple's fields (its generated ``__new__`` carries no annotations)."""
+    hints = _type_hints(cls, cls.__name__)
+    defaults: dict[str, Any] = getattr(cls, "_field_defaults", {})
+    fields: tuple[str, ...] = cls._fields  # type: ignore[attr-defined]
+    parameters = {name: Parameter(name, hints.get(name, EMPTY), defaults.get(name, EMPTY)) for name in fields}
+    return Signature(cls.__name__, parameters, False)
 
 
 def _type_hints(function: Callable[..., Any], owner: str) -> dict[str, Any]:

@@ -287,7 +287,17 @@ class _Walk:
             if accepts(value):
                 return float(value) if cls is float else value
             return self.fail(_mismatch(path, name, value))
-        if not isinstance(cls, type) or isinstance(value, cls):
+        if not isinstance(cls, type):
+            return value
+        if is_typed_dict(cls):
+            return self.typed_dict(cls, value, path)
+        if getattr(cls, "_is_protocol", False):  # isinstance() raises unless runtime-checkable
+            if getattr(cls, "_is_runtime_protocol", False) and isinstance(value, cls):
+                return value
+            return self.fail(
+                _mismatch(path, f"{cls.__name__} (made in code: a config cannot give one)", value)
+            )
+        if isinstance(value, cls):
             return value
         if issubclass(cls, enum.Enum):
             for member in cls:
@@ -305,6 +315,25 @@ class _Walk:
         if cls.__module__ == "builtins" or issubclass(cls, collections.abc.Callable):  # type: ignore[arg-type]
             return self.fail(_mismatch(path, cls.__name__, value))
         return self.fail(_mismatch(path, f"{cls.__name__} (a mapping of its arguments)", value))
+
+    def typed_dict(self, cls: type, value: Any, path: str) -> Any:
+        if not isinstance(value, Mapping):
+            return self.fail(_mismatch(path, f"{cls.__name__} (a mapping)", value))
+        hints, required = typed_dict_fields(cls)
+        built = {}
+        for key, item in value.items():
+            if key in hints:
+                built[key] = self.value(hints[key], item, _join(path, key))
+            else:
+                accepted = ", ".join(hints) or "none"
+                self.fail(
+                    ConfigError(
+                        _join(path, key), f"unknown key for {cls.__name__}. Accepted keys: {accepted}"
+                    )
+                )
+        for key in [name for name in hints if name in required and name not in value]:
+            self.fail(ConfigError(_join(path, key), f"missing required key for {cls.__name__}"))
+        return built
 
     def union(self, args: tuple[Any, ...], value: Any, path: str) -> Any:
         if value is None and _NONE in args:
@@ -482,7 +511,34 @@ _PRIMITIVES: dict[Any, tuple[Callable[[Any], bool], str]] = {
 }
 
 
+def is_typed_dict(cls: type) -> bool:
+    """A TypedDict class, from `typing` or `typing_extensions` (which has its own)."""
+    return issubclass(cls, dict) and hasattr(cls, "__required_keys__") and hasattr(cls, "__total__")
+
+
+def typed_dict_fields(cls: type) -> tuple[dict[str, Any], set[str]]:
+    """A TypedDict's keys with their annotations (unwrapped), and the required keys.
+
+    ``Required``/``NotRequired`` are read from the resolved annotations: with string
+    annotations (``from __future__ import annotations``) the class's own
+    ``__required_keys__`` cannot see them.
+    """
+    fields: dict[str, Any] = {}
+    required: set[str] = set(getattr(cls, "__required_keys__", ()))
+    for name, annotation in typing.get_type_hints(cls, include_extras=True).items():
+        while typing.get_origin(annotation) in (typing.Required, typing.NotRequired):
+            if typing.get_origin(annotation) is typing.Required:
+                required.add(name)
+            else:
+                required.discard(name)
+            annotation = typing.get_args(annotation)[0]
+        fields[name] = annotation
+    return fields, required
+
+
 def _is_constructible(cls: type) -> bool:
+    if issubclass(cls, tuple) and hasattr(cls, "_fields"):  # a NamedTuple: made by __new__
+        return True
     defines_init = any("__init__" in vars(klass) for klass in cls.__mro__[:-1])
     return defines_init or issubclass(cls, Registrable)
 

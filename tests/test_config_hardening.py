@@ -12,10 +12,12 @@ import sys
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple, Optional, Protocol
 
 import pytest
+from typing_extensions import NotRequired, TypedDict
 
+from framework import Registrable
 from framework.cli import main
 from framework.data import DatasetReader
 
@@ -226,3 +228,61 @@ def test_config_validate_prints_each_error_on_one_line(
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == len(starts) and all(line.isprintable() for line in lines), lines
     assert [line[: len(start)] for line, start in zip(lines, starts)] == starts
+
+
+# -- 6. TypedDict, Protocol and NamedTuple annotations -----------------------------------
+class Options(TypedDict):
+    size: int
+    name: NotRequired[str]
+
+
+class Sink(Protocol):
+    def write(self, text: str) -> None: ...
+
+
+class Point(NamedTuple):
+    x: int
+    y: int = 0
+
+
+class Shape(Registrable):
+    pass
+
+
+@pytest.fixture
+def shapes() -> None:
+    @Shape.register("shape")
+    class Made(Shape):
+        def __init__(
+            self, opts: Optional[Options] = None, sink: Optional[Sink] = None, at: Optional[Point] = None
+        ):
+            self.opts, self.at = opts, at
+
+
+@pytest.mark.usefixtures("shapes")
+@pytest.mark.parametrize(
+    ("config", "errors"),
+    [
+        ({"opts": {"size": 1, "name": "a"}}, []),
+        (
+            {"opts": {"name": "a", "colour": 1}},
+            ["opts.colour: unknown key", "opts.size: missing required key"],
+        ),
+        ({"opts": {"size": "big"}}, ["opts.size: expected int"]),
+        ({"sink": "stdout"}, ["sink: expected Sink (made in code"]),
+        ({"at": {"x": 1}}, []),
+        ({"at": {"z": 1}}, ["at.x: missing required key", "at.z: unknown key"]),
+    ],
+)
+def test_typeddict_protocol_and_namedtuple_parameters_are_checked_not_crashed(
+    config: dict[str, Any], errors: list[str]
+) -> None:
+    from framework.config import validate
+
+    config = {"type": "shape", **config}
+    found = [str(e) for e in validate(config, Shape)]
+    assert len(found) == len(errors) and all(f.startswith(e) for f, e in zip(found, errors)), found
+    assert bool(schema_errors(config, Shape)) == bool(errors)
+    if not errors:
+        made: Any = Shape.from_config(config)
+        assert made.at in (None, Point(1, 0)) and made.opts in (None, {"size": 1, "name": "a"})

@@ -34,7 +34,9 @@ __all__ = [
     "RegistryEntry",
     "all_entries",
     "get_registry",
+    "import_refusal",
     "import_target",
+    "imports_allowed",
     "registered_bases",
     "use_registry",
 ]
@@ -50,8 +52,38 @@ class PluginWarning(UserWarning):
     """A plugin, or one of its entries, failed to load; everything else keeps working."""
 
 
-def import_target(path: str) -> Any:
-    """Import ``pkg.mod:Attr`` or ``pkg.mod.Attr`` and return the attribute."""
+def imports_allowed(allow_import: Optional[bool] = None) -> bool:
+    """Whether a dotted path from a config may be imported: `allow_import` if given,
+    else unless ``FRAMEWORK_REGISTERED_TYPES_ONLY`` is set (empty and ``0`` mean unset)."""
+    if allow_import is not None:
+        return allow_import
+    return os.environ.get(REGISTERED_TYPES_ONLY_ENV, "") in ("", "0")
+
+
+def import_refusal(path: str, allow_import: Optional[bool] = None) -> Optional[str]:
+    """Why `import_target` would refuse `path` now, or None if it would import it.
+
+    For checks that must refuse without importing (``framework config validate``)."""
+    if imports_allowed(allow_import):
+        return None
+    return (
+        f"{path!r} was not imported: {REGISTERED_TYPES_ONLY_ENV}=1 limits dotted paths from "
+        f"configs to registered components; register it, or unset the variable for configs "
+        f"you trust"
+    )
+
+
+def import_target(path: str, *, allow_import: Optional[bool] = None) -> Any:
+    """Import ``pkg.mod:Attr`` or ``pkg.mod.Attr`` and return the attribute.
+
+    Importing runs the module's code, so this is the one gate for every path that comes
+    from a config: with ``FRAMEWORK_REGISTERED_TYPES_ONLY=1`` (or ``allow_import=False``)
+    it raises ImportError and imports nothing. Installed code (a registered target, a
+    plugin naming its bases) passes ``allow_import=True``.
+    """
+    refusal = import_refusal(path, allow_import)
+    if refusal is not None:
+        raise ImportError(refusal)
     if ":" in path:
         module_name, _, qualname = path.partition(":")
     else:
@@ -110,7 +142,7 @@ class RegistryEntry:
             return self.target
         if self._loaded is None:
             try:
-                loaded = import_target(self.target)
+                loaded = import_target(self.target, allow_import=True)  # registered: installed code
             except (Exception, SystemExit) as error:  # a module calling sys.exit() is broken
                 raise PluginError(
                     self.plugin or self.provider,
@@ -390,12 +422,6 @@ def _default_first(base: type[Registrable], names: Iterable[str]) -> list[str]:
     return ordered
 
 
-def _imports_allowed(allow_import: Optional[bool]) -> bool:
-    if allow_import is not None:
-        return allow_import
-    return os.environ.get(REGISTERED_TYPES_ONLY_ENV, "") in ("", "0")
-
-
 class Registrable:
     """A base class whose subclasses can be registered and then chosen by name.
 
@@ -459,7 +485,7 @@ class Registrable:
         if entry is not None:
             return entry.load(), entry.constructor
         if "." in name or ":" in name:
-            if not _imports_allowed(allow_import):
+            if not imports_allowed(allow_import):
                 for registered in cls.registry_entries().values():
                     if _same_target(registered.target_path, name) and issubclass(registered.load(), cls):
                         return registered.load(), None
@@ -471,7 +497,7 @@ class Registrable:
                     f"({REGISTERED_TYPES_ONLY_ENV}=1); register it or use a registered name.",
                 )
             try:
-                target = import_target(name)
+                target = import_target(name, allow_import=True)  # allowed just above
             except (Exception, SystemExit) as error:  # the module is someone else's code
                 raise UnknownNameError(
                     cls.__name__,

@@ -22,7 +22,7 @@ class BuiltinPlugin:
     @hookimpl
     def framework_register_components(self, registrar: Registrar) -> None:
         for base, name, target in self.components:
-            registrar.add(import_target(base), name, target)
+            registrar.add(import_target(base, allow_import=True), name, target)  # our own code
 
 
 _LOADER = "framework.data.loader:DataLoader"

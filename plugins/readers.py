@@ -69,7 +69,7 @@ def _resolve_tokenizer(tokenizer: Optional[str]) -> Optional[Tokenizer]:
         return None
     from framework.registry import import_target
 
-    try:
+    try:  # the one import gate: refused under FRAMEWORK_REGISTERED_TYPES_ONLY=1
         target = import_target(tokenizer)
     except (ImportError, AttributeError) as error:
         raise ValueError(
@@ -147,6 +147,16 @@ class TextReader(_ShardedReader):
             tokens, 0 is padding). A URL is fetched through `framework.cached_path`.
         keep_text: include the ``"text"`` field.
     """
+
+    @staticmethod
+    def config_checks(arguments: dict[str, Any]) -> list[tuple[str, str]]:
+        """`framework config validate` refuses a tokenizer path that the import switch
+        (``FRAMEWORK_REGISTERED_TYPES_ONLY``) would refuse at construction."""
+        from framework.registry import import_refusal
+
+        tokenizer = arguments.get("tokenizer")
+        refusal = import_refusal(tokenizer) if isinstance(tokenizer, str) else None
+        return [("tokenizer", refusal)] if refusal is not None else []
 
     def __init__(
         self,

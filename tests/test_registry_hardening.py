@@ -296,6 +296,37 @@ def test_registered_types_only_imports_nothing_for_a_dotted_path(
     assert Animal.by_name(f"{__name__}:Cat") is Cat
 
 
+def test_registered_types_only_gates_every_config_import(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from framework_plugins.readers import TextReader
+
+    from framework.config import resolve_base, validate
+    from framework.errors import ConfigError
+
+    (tmp_path / "tok_payload_mod.py").write_text(
+        "import os, pathlib\npathlib.Path(os.environ['PAYLOAD']).write_text('ran')\n"
+        "def tok(s):\n    return s.split()\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PAYLOAD", str(tmp_path / "payload"))
+    monkeypatch.setenv("FRAMEWORK_REGISTERED_TYPES_ONLY", "1")
+    for path in ("tok_payload_mod:tok", "os:system"):  # os:system would run each line
+        with pytest.raises(ValueError, match="FRAMEWORK_REGISTERED_TYPES_ONLY=1"):
+            TextReader(tokenizer=path)
+    config = {
+        "dataset_reader": {"type": "text", "tokenizer": "tok_payload_mod:tok"},
+        "data_loader": {"batch_size": 1},
+        "data_path": "x",
+    }
+    assert [e.path for e in validate(config)] == ["dataset_reader.tokenizer"]
+    with pytest.raises(ConfigError, match="FRAMEWORK_REGISTERED_TYPES_ONLY=1"):
+        resolve_base("tok_payload_mod:Base")
+    assert "tok_payload_mod" not in sys.modules and not (tmp_path / "payload").exists()
+    monkeypatch.delenv("FRAMEWORK_REGISTERED_TYPES_ONLY")
+    assert validate(config) == [] and TextReader(tokenizer="tok_payload_mod:tok")._tokenize is not None
+
+
 # -- 8. decorator tier --------------------------------------------------------------------------
 def test_registering_a_class_scans_no_plugin(tmp_path: Path) -> None:
     marker = "import os, pathlib\npathlib.Path(os.environ['SCANNED']).write_text('scanned')\n"

@@ -34,7 +34,10 @@ def _path(url: str) -> str:
         )
     if parts.netloc not in ("", "localhost"):
         raise DownloadError(url, f"file:// URLs on another host ({parts.netloc}) are not supported")
-    return url2pathname(parts.path)  # which percent-decodes, once
+    path = url2pathname(parts.path)  # which percent-decodes, once
+    if "\x00" in path:
+        raise InvalidArgumentError(url, "%00 (a NUL byte) in a file:// URL names no file")
+    return path
 
 
 def _chunks(file: BinaryIO) -> Iterator[bytes]:

@@ -56,6 +56,8 @@ def _env_offline() -> bool:
 def _normalize(url_or_path: PathOrUrl) -> str:
     """A URL for the cache key; plain paths become absolute ``file://`` URLs."""
     text = os.fspath(url_or_path)
+    if "\x00" in text:  # no path or URL holds one; the OS would raise a bare ValueError
+        raise InvalidArgumentError(text, "a NUL byte in the path or URL; check where it came from")
     if split_scheme(text) is not None:
         try:
             urlsplit(text)  # the cache entry's name is read from it

@@ -201,3 +201,13 @@ def test_a_hidden_secret_is_not_in_cache_file_names_or_logs(
     plain = cache.parent / "x;token=PLAINSECRET"
     plain.write_bytes(b"local")
     assert "PLAINSECRET" not in manager.cached_path(plain).name
+
+
+@pytest.mark.parametrize("source", ["plain-path", "file-url"])
+def test_a_nul_byte_in_a_path_is_an_invalid_argument(
+    tmp_path: Path, manager: DownloadManager, source: str
+) -> None:
+    url = str(tmp_path / "a\x00b") if source == "plain-path" else f"file://{tmp_path}/a%00b"
+    with pytest.raises(InvalidArgumentError, match="NUL") as info:
+        manager.cached_path(url)
+    assert info.value.url == url

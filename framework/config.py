@@ -43,6 +43,14 @@ _SEQUENCES = (
 _SETS = (set, frozenset, collections.abc.Set, collections.abc.MutableSet)
 _MAPPINGS = (dict, collections.abc.Mapping, collections.abc.MutableMapping)
 _NONE = type(None)
+# a bare container annotation, as the generic it means (checked item by item)
+_BARE_CONTAINERS: dict[type, Any] = {
+    list: list[Any],
+    tuple: tuple[Any, ...],
+    set: set[Any],
+    frozenset: frozenset[Any],
+    dict: dict[Any, Any],
+}
 RUN_CONFIG_META_KEYS = ("$schema",)  # allowed at the top of a run config, for editors
 
 
@@ -306,8 +314,8 @@ class _Walk:
             return self.fail(_mismatch(path, " or ".join(repr(m.value) for m in cls), value))
         if issubclass(cls, pathlib.PurePath) and isinstance(value, str):
             return cls(value)
-        if cls in (list, tuple, set, frozenset, dict):
-            return self.value(getattr(typing, cls.__name__.capitalize(), cls), value, path)
+        if cls in _BARE_CONTAINERS:
+            return self.value(_BARE_CONTAINERS[cls], value, path)
         if issubclass(cls, Registrable) and isinstance(value, str):
             value = {"type": value}
         if isinstance(value, Mapping) and _is_constructible(cls):

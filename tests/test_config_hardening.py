@@ -286,3 +286,25 @@ def test_typeddict_protocol_and_namedtuple_parameters_are_checked_not_crashed(
     if not errors:
         made: Any = Shape.from_config(config)
         assert made.at in (None, Point(1, 0)) and made.opts in (None, {"size": 1, "name": "a"})
+
+
+# -- 7. bare container annotations --------------------------------------------------------
+@pytest.mark.parametrize(
+    ("kind", "given", "built"),
+    [(frozenset, ["a", "b"], frozenset({"a", "b"})), (set, ["a"], {"a"}), (tuple, [1, "x"], (1, "x")),
+     (list, [1], [1]), (dict, {"k": 1}, {"k": 1})],
+)  # fmt: skip
+def test_a_bare_container_annotation_is_checked_and_built(kind: type, given: Any, built: Any) -> None:
+    from framework.config import validate
+
+    class Holder(Shape):
+        def __init__(self, items: Any) -> None:
+            self.items = items
+
+    Holder.__init__.__annotations__["items"] = kind
+    Shape.register("holder")(Holder)
+    assert validate({"type": "holder", "items": given}, Shape) == []
+    assert [e.path for e in validate({"type": "holder", "items": 5}, Shape)] == ["items"]
+    holder: Any = Shape.from_config({"type": "holder", "items": given})
+    assert holder.items == built and type(holder.items) is kind
+    assert not schema_errors({"type": "holder", "items": given}, Shape)

@@ -34,6 +34,7 @@ __all__ = [
     "NEW_FILE_FLAGS",
     "Entry",
     "Metadata",
+    "binds",
     "dead_leftovers",
     "digest_of",
     "file_identity",
@@ -198,7 +199,7 @@ class Entry:
         meta = _parse_metadata(found[0]) if found is not None else None
         if found is None or meta is None or not stat.S_ISREG(info.st_mode):
             return None
-        if (meta.get("inode"), meta.get("size"), meta.get("mtime_ns")) != file_identity(info):
+        if not binds(meta, info):
             return None
         me = os.geteuid()
         return meta, info, info.st_uid != me or found[1].st_uid != me
@@ -223,6 +224,12 @@ class Entry:
             "mtime_ns": mtime_ns,
         }
         write_json_atomic(self.sidecar, dict(meta))
+
+
+def binds(meta: Metadata, info: os.stat_result) -> bool:
+    """Whether the sidecar `meta` was written for the regular file `info` describes."""
+    identity = (meta.get("inode"), meta.get("size"), meta.get("mtime_ns"))
+    return stat.S_ISREG(info.st_mode) and identity == file_identity(info)
 
 
 def file_identity(info: os.stat_result) -> tuple[int, int, int]:

@@ -30,7 +30,7 @@ import tarfile
 import zipfile
 import zlib
 from pathlib import Path
-from typing import IO, Any, Final, Optional
+from typing import IO, Any, Final, Optional, Union
 
 import attrs
 
@@ -92,7 +92,7 @@ def _tar_header(head: bytes) -> bool:
     return True
 
 
-def archive_format(path: Path) -> Optional[str]:
+def archive_format(archive: Union[Path, IO[bytes]]) -> Optional[str]:
     """``"zip"``, ``"tar"``, ``"ambiguous"`` or `None`, from the file's content (its name
     is ignored).
 
@@ -100,8 +100,13 @@ def archive_format(path: Path) -> Optional[str]:
     starts with the zip magic, and a zip appended as its last member would then be read in
     its place. A file that is both a valid tar header and starts like a zip is
     ``"ambiguous"``, which the extractor refuses."""
-    with open(path, "rb") as file:
-        head = file.read(512)
+    if isinstance(archive, Path):
+        with open(archive, "rb") as file:
+            head = file.read(512)
+    else:  # an open archive: read from its start, and leave it there
+        archive.seek(0)
+        head = archive.read(512)
+        archive.seek(0)
     zip_magic = head.startswith(_ZIP_MAGIC)
     if len(head) == 512 and _tar_header(head):
         return "ambiguous" if zip_magic else "tar"
@@ -241,10 +246,10 @@ class _Budget:
             )
 
 
-def _extract_tar(archive: Path, root: str, limits: ExtractLimits, url: str) -> None:
-    budget = _Budget(archive.stat().st_size, limits, url)
+def _extract_tar(archive: IO[bytes], root: str, limits: ExtractLimits, url: str) -> None:
+    budget = _Budget(os.fstat(archive.fileno()).st_size, limits, url)
     extra: dict[str, Any] = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
-    with tarfile.open(archive, "r:*") as tar:
+    with tarfile.open(fileobj=archive, mode="r:*") as tar:
         for member in tar:  # one pass: check each member, then extract it
             budget.member(member.name)
             path = check_member_path(root, member.name, url)
@@ -293,8 +298,8 @@ def _write_new(path: str, source: IO[bytes], member: str, written: _Budget) -> N
             target.write(chunk)
 
 
-def _extract_zip(archive: Path, root: str, limits: ExtractLimits, url: str) -> None:
-    size = archive.stat().st_size
+def _extract_zip(archive: IO[bytes], root: str, limits: ExtractLimits, url: str) -> None:
+    size = os.fstat(archive.fileno()).st_size
     declared, written = _Budget(size, limits, url), _Budget(size, limits, url)
     with zipfile.ZipFile(archive) as zf:
         infos = zf.infolist()
@@ -358,8 +363,11 @@ def _sweep(target: Path) -> None:
             leftover.unlink(missing_ok=True)
 
 
-def _unpack(archive: Path, root: str, limits: ExtractLimits, url: str) -> None:
+def _unpack(archive: Union[Path, IO[bytes]], root: str, limits: ExtractLimits, url: str) -> None:
     """Extract into `root`, turning every reader's complaint into a `DownloadError`."""
+    if isinstance(archive, Path):
+        with open(archive, "rb") as file:
+            return _unpack(file, root, limits, url)
     kind = archive_format(archive)
     if kind is None:
         raise DownloadError(url, "--extract: not a tar or zip archive (judged by its content)")
@@ -388,7 +396,7 @@ def _unpack(archive: Path, root: str, limits: ExtractLimits, url: str) -> None:
 
 
 def extract_archive(
-    archive: Path,
+    archive: Union[Path, IO[bytes]],
     target: Path,
     url: str,
     limits: ExtractLimits,
@@ -397,7 +405,10 @@ def extract_archive(
     digest: Optional[str] = None,
 ) -> Path:
     """Extract `archive` to `target` atomically; with `replace`, swap out an old `target`.
-    With `digest` (the archive's sha256), mark the folder as extracted from it."""
+    With `digest` (the archive's sha256), mark the folder as extracted from it.
+
+    `archive` may be an open file: the one whose digest was checked, so what is
+    extracted is never something renamed over its path since."""
     try:
         _sweep(target)
         temp = target.with_name(f"{target.name}.{unique_token()}.tmp")

@@ -16,11 +16,11 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Callable, Optional, Union
+from typing import Any, BinaryIO, Callable, Optional, Union
 from urllib.parse import urlsplit
 
 from framework._redact import RedactingFilter
-from framework.download._cache import Entry, Metadata
+from framework.download._cache import Entry, Metadata, binds
 from framework.download._extract import (
     DEFAULT_MAX_MEMBERS,
     DEFAULT_MAX_RATIO,
@@ -296,8 +296,8 @@ class DownloadManager:
                 return entry.final
             if fetched or force or not _extracted(entry):
                 logger.info("extracting %s to %s", entry.final, entry.extracted)
-                digest = _digest(entry)
-                extract_archive(entry.final, entry.extracted, url, self.limits, replace=True, digest=digest)
+                with _open_published(entry) as (archive, digest):
+                    extract_archive(archive, entry.extracted, url, self.limits, replace=True, digest=digest)
             return entry.extracted
 
     def _stale(self, entry: Entry, sha256: Optional[str]) -> Optional[RemoteInfo]:
@@ -371,6 +371,32 @@ def _digest(entry: Entry) -> Optional[str]:
     """The sha256 of the file published now, from its sidecar."""
     meta = entry.cached()
     return meta["sha256"] if meta is not None else None
+
+
+@contextmanager
+def _open_published(entry: Entry) -> Iterator[tuple[BinaryIO, str]]:
+    """The published file, opened once and checked with ``fstat`` to be the very file its
+    sidecar names, and its sha256: what is extracted is what was verified, never a link
+    or a file renamed over it since (by another user), and never a FIFO waited on."""
+    meta = entry.cached()
+    try:
+        file: Optional[BinaryIO] = open(os.open(entry.final, _READ_PUBLISHED), "rb")
+    except OSError:
+        file = None
+    try:
+        if meta is None or file is None or not binds(meta, os.fstat(file.fileno())):
+            raise DownloadError(
+                entry.url,
+                f"{entry.final} was replaced after it was verified (by another user of the "
+                "cache?); nothing was extracted. Call again to fetch it anew",
+            )
+        yield file, meta["sha256"]
+    finally:
+        if file is not None:
+            file.close()
+
+
+_READ_PUBLISHED = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
 def _extracted(entry: Entry) -> bool:

@@ -786,3 +786,51 @@ def test_another_users_verified_file_is_hashed_once(
     assert len(reads) == 1 and http_server.route(url).gets == 1
     manager.cached_path(url)  # without sha256 the sidecar is trusted: nothing is read
     assert len(reads) == 1
+
+
+def _extract_while_swapped(cache: str, url: str, evil: str, mode: str, results: Any) -> None:
+    from framework.download import manager as manager_module
+
+    real = Entry.cached
+
+    def swap_after_the_check(entry: Entry) -> Any:
+        meta = real(entry)
+        caller, above = sys._getframe(1).f_code.co_name, sys._getframe(2).f_code.co_name
+        # The neighbour's rename lands after the check (where extraction once took the digest).
+        if caller == "_open_published" or (caller, above) == ("_digest", "cached_path"):
+            temp = entry.final.with_name("swap.tmp")
+            if mode == "fifo":
+                os.mkfifo(temp)
+            else:
+                temp.symlink_to(evil)
+            os.rename(temp, entry.final)
+        return meta
+
+    Entry.cached = swap_after_the_check  # type: ignore[method-assign]
+    try:
+        folder = manager_module.DownloadManager(cache, progress=False).cached_path(url, extract=True)
+        results.put((folder / "model.py").read_text())
+    except DownloadError as error:
+        results.put(f"DownloadError: {error}")
+
+
+@pytest.mark.parametrize("mode", ["fifo", "symlink"])
+def test_extraction_reads_the_verified_file_never_what_replaced_it(
+    http_server: FaultServer, manager: DownloadManager, cache: Path, tmp_path: Path, mode: str
+) -> None:
+    url = http_server.add(f"/extract/swapped-{mode}.zip", _zip("real"))
+    manager.cached_path(url)
+    evil = tmp_path / "evil.zip"
+    evil.write_bytes(_zip("evil"))
+    results = FORK.Queue()
+    child = FORK.Process(target=_extract_while_swapped, args=(str(cache), url, str(evil), mode, results))
+    child.start()
+    try:
+        outcome = results.get(timeout=30)
+    except Exception:
+        outcome = "hung"
+    finally:
+        child.kill()
+        child.join(timeout=10)
+    assert outcome.startswith("DownloadError: ") and "was replaced after it was verified" in outcome, outcome
+    assert not Entry(cache, url).extracted.exists()

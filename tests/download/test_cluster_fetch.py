@@ -270,3 +270,12 @@ def test_two_torchrun_launches_example_fetches_once(tmp_path: Path) -> None:
     report = json.loads(result.stdout[: result.stdout.rindex("}") + 1])
     assert report["origin_gets"] == 1
     assert list(report["caches"].values()) == [[True], [True]]
+
+
+def test_groups_join_ranks_that_saw_each_others_markers_either_way() -> None:
+    from framework.download._cluster import _groups
+
+    # Rank 3's folder is read-only (it wrote no marker) but it saw rank 2's: one folder.
+    assert _groups([[0, 1], [0, 1], [2], [2]]) == [0, 0, 2, 2]
+    # Seen through a third rank: 0 saw 2, 2 saw 4; 1 and 3 are alone.
+    assert _groups([[0, 2], [1], [2, 4], [3], [4]]) == [0, 1, 0, 3, 0]

@@ -143,9 +143,12 @@ class EntryLock:
             thread.join()
 
     def _usable(self) -> bool:
-        """False when something other than a regular file sits at the lock path."""
+        """False when something other than a regular file with no other name sits at the
+        lock path: a hard link to a file elsewhere (planted by another user) would be
+        opened, and by older filelock versions truncated, through that name."""
         try:
-            return stat.S_ISREG(os.lstat(self.path).st_mode)
+            info = os.lstat(self.path)
+            return stat.S_ISREG(info.st_mode) and info.st_nlink == 1
         except FileNotFoundError:
             return True
         except OSError:
@@ -175,7 +178,9 @@ class EntryLock:
         if self._lock is None:
             return self
         if not self._usable():
-            logger.warning("%s is not a regular file (planted?); going on without the lock", self.path)
+            logger.warning(
+                "%s is not a regular file with one name (planted?); going on without the lock", self.path
+            )
             return self
         deadline = time.monotonic() + self.timeout
         last_seen: tuple[int, int] = (-1, -1)

@@ -834,3 +834,24 @@ def test_extraction_reads_the_verified_file_never_what_replaced_it(
         child.join(timeout=10)
     assert outcome.startswith("DownloadError: ") and "was replaced after it was verified" in outcome, outcome
     assert not Entry(cache, url).extracted.exists()
+
+
+def test_hard_link_planted_at_the_lock_path_is_never_opened(
+    http_server: FaultServer, manager: DownloadManager, cache: Path, tmp_path: Path
+) -> None:
+    url = http_server.add("/planted/hardlink-lock.bin", b"payload")
+    cache.mkdir()
+    victim = tmp_path / "victim.txt"
+    victim.write_bytes(VICTIM)
+    os.chmod(victim, 0o664)
+    entry = Entry(cache, url)
+    os.link(victim, entry.lock)  # a regular file, but another name of the victim
+    with EntryLock(entry.lock, "filelock", 5, url) as lock:
+        assert not lock.held  # skipped: the lock only saves work
+    assert manager.cached_path(url).read_bytes() == b"payload"
+    assert victim.read_bytes() == VICTIM and stat.S_IMODE(os.stat(victim).st_mode) == 0o664
+
+
+def test_declared_filelock_floor_never_truncates_a_lock_file() -> None:
+    # filelock before 4 opened an existing lock file with O_TRUNC; 4.3.1 is the version tested.
+    assert _declared_floor("filelock") >= (4, 3, 1)

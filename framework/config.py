@@ -52,6 +52,7 @@ _BARE_CONTAINERS: dict[type, Any] = {
     dict: dict[Any, Any],
 }
 RUN_CONFIG_META_KEYS = ("$schema",)  # allowed at the top of a run config, for editors
+MAX_DEPTH = 50  # mappings and lists within each other: more is a mistake, or an attack
 
 
 def load_config(path: Union[str, PathLike[str]]) -> dict[str, Any]:
@@ -70,11 +71,19 @@ def load_config(path: Union[str, PathLike[str]]) -> dict[str, Any]:
             data = yaml.safe_load(text)
         except yaml.YAMLError as error:
             raise ConfigError("", f"{path} is not valid YAML: {error}") from error
+        except RecursionError as error:
+            raise ConfigError(
+                "", f"{path} nests too deep to read (more than {MAX_DEPTH} levels is a mistake)"
+            ) from error
     else:
         try:
             data = json.loads(text)
         except json.JSONDecodeError as error:
             raise ConfigError("", f"{path} is not valid JSON: {error}") from error
+        except RecursionError as error:
+            raise ConfigError(
+                "", f"{path} nests too deep to read (more than {MAX_DEPTH} levels is a mistake)"
+            ) from error
     if not isinstance(data, dict):
         raise ConfigError("", f"{path} must hold a mapping at the top, got {type(data).__name__}")
     return data
@@ -233,6 +242,7 @@ class _Walk:
         self.lazy = lazy
         self.given = given
         self.errors: list[ConfigError] = []
+        self.open: list[int] = []  # ids of the mappings and lists being walked, outermost first
 
     def fail(self, error: ConfigError) -> None:
         if self.build:
@@ -242,9 +252,28 @@ class _Walk:
     def _child(self, extras: Mapping[str, Any], lazy: bool, given: frozenset[str] = frozenset()) -> _Walk:
         child = _Walk(self.build, extras, lazy, given)
         child.errors = self.errors  # one list: errors from anywhere are reported together
+        child.open = self.open
         return child
 
     def value(self, annotation: Any, value: Any, path: str) -> Any:
+        """Enter a value of the config at `path` and check (or build) it as `annotation`."""
+        if not isinstance(value, (Mapping, list, tuple)):
+            return self.dispatch(annotation, value, path)
+        # a YAML alias can make a config contain itself; a deep one would exhaust the stack
+        if id(value) in self.open:
+            return self.fail(
+                ConfigError(path, "the config contains itself here (a YAML alias of an enclosing node)")
+            )
+        if len(self.open) >= MAX_DEPTH:
+            return self.fail(ConfigError(path, f"the config nests more than {MAX_DEPTH} levels deep here"))
+        self.open.append(id(value))
+        try:
+            return self.dispatch(annotation, value, path)
+        finally:
+            self.open.pop()
+
+    def dispatch(self, annotation: Any, value: Any, path: str) -> Any:
+        """`value` (already entered by `value`) against `annotation`."""
         if accepts_anything(annotation):
             return value
         if isinstance(annotation, Unresolved):
@@ -263,7 +292,7 @@ class _Walk:
                 return value
             if self.build:
                 return Lazy(target, value, path=path, extras=self.extras)
-            return self._child(self.extras, lazy=True).value(target, value, path)
+            return self._child(self.extras, lazy=True).dispatch(target, value, path)
         if origin is typing.Annotated:
             return self.annotated(args[0], annotation.__metadata__, value, path)
         if origin in _SEQUENCES or origin in _SETS or origin is tuple:
@@ -282,7 +311,7 @@ class _Walk:
         extras = self.extras if self.build else {**dict.fromkeys(given), **self.extras}
         walk = self._child(extras, self.lazy, given) if given else self
         before = len(self.errors)
-        built = walk.value(annotation, value, path)
+        built = walk.dispatch(annotation, value, path)
         for limit in (m for m in metadata if isinstance(m, AtLeast)):
             size = len(value) if isinstance(value, str) else value
             if len(self.errors) == before and isinstance(size, (int, float)) and size < limit.minimum:
@@ -315,7 +344,7 @@ class _Walk:
         if issubclass(cls, pathlib.PurePath) and isinstance(value, str):
             return cls(value)
         if cls in _BARE_CONTAINERS:
-            return self.value(_BARE_CONTAINERS[cls], value, path)
+            return self.dispatch(_BARE_CONTAINERS[cls], value, path)
         if issubclass(cls, Registrable) and isinstance(value, str):
             value = {"type": value}
         if isinstance(value, Mapping) and _is_constructible(cls):
@@ -349,9 +378,10 @@ class _Walk:
         tried: list[list[ConfigError]] = []
         for candidate in (a for a in args if a is not _NONE):
             trial = _Walk(build=False, extras=self.extras, lazy=self.lazy, given=self.given)
-            trial.value(candidate, value, path)
+            trial.open = self.open
+            trial.dispatch(candidate, value, path)
             if not trial.errors:
-                return self.value(candidate, value, path) if self.build else value
+                return self.dispatch(candidate, value, path) if self.build else value
             tried.append(trial.errors)
 
         def rank(errors: list[ConfigError]) -> tuple[bool, bool, int]:

@@ -308,3 +308,48 @@ def test_a_bare_container_annotation_is_checked_and_built(kind: type, given: Any
     holder: Any = Shape.from_config({"type": "holder", "items": given})
     assert holder.items == built and type(holder.items) is kind
     assert not schema_errors({"type": "holder", "items": given}, Shape)
+
+
+# -- 8. a config that contains itself, or nests very deep --------------------------------
+class Node(Registrable):
+    pass
+
+
+def test_a_self_referencing_or_very_deep_config_is_a_config_error_not_a_crash(tmp_path: Path) -> None:
+    import yaml
+
+    from framework.config import MAX_DEPTH, load_config, validate
+
+    @Node.register("wrap")
+    class Wrap(Node):
+        def __init__(self, inner: Optional[Node] = None, items: Optional[list[Any]] = None) -> None:
+            self.inner = inner
+
+    def nested(depth: int) -> Any:
+        config = None
+        for _ in range(depth):
+            config = {"type": "wrap", "inner": config}
+        return config
+
+    looped = yaml.safe_load("a: &a {type: wrap, inner: *a}")["a"]
+    assert [(e.path, "contains itself" in e.reason) for e in validate(looped, Node)] == [("inner", True)]
+    listed = yaml.safe_load("a: &a [1, *a]")
+    assert [e.path for e in validate({"type": "wrap", "items": listed["a"]}, Node)] == ["items.1"]
+    assert validate(nested(MAX_DEPTH), Node) == []
+    assert Node.from_config(nested(MAX_DEPTH))
+    (error,) = validate(nested(2000), Node)
+    assert error.path == ".".join(["inner"] * MAX_DEPTH) and "levels deep" in error.reason
+    (tmp_path / "loop.yaml").write_text("dataset_reader: &a {type: text, x: *a}\ndata_path: x\n")
+    assert [e.path for e in validate(load_config(tmp_path / "loop.yaml"))][:1] == ["dataset_reader.x"]
+
+
+@pytest.mark.parametrize("name", ["deep.json", "deep.yaml"])
+def test_a_config_file_nested_past_the_parser_s_stack_is_a_config_error(
+    name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / name).write_text('{"dataset_reader": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    assert main(["config", "validate", str(tmp_path / name)]) == 1
+    assert (
+        capsys.readouterr().out
+        == f"<root>: {tmp_path / name} nests too deep to read (more than 50 levels is a mistake)\n"
+    )

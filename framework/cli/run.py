@@ -93,7 +93,10 @@ def load_run_config(config_path: Optional[str], overrides: list[str]) -> tuple[d
             ) from error
         if not isinstance(override, dict):
             raise ConfigError("", f"--override #{index + 1} must be a JSON object, got {text!r}")
-        config = deep_merge(config, override)
+        try:
+            config = deep_merge(config, override)
+        except RecursionError:  # copying a config nested too deep
+            raise ConfigError("", f"{file} nests too deep to merge --override #{index + 1} into") from None
         if "data_path" in override:
             base_dir = Path.cwd()
     _check_top_level(config)

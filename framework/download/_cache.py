@@ -188,6 +188,29 @@ class Entry:
         found = self._bound()
         return found[0] if found is not None else None
 
+    def rebind(self, sha256: Optional[str]) -> Optional[Metadata]:
+        """The sidecar, bound anew to the published file, when it names another file of
+        the same size: a cache copied with ``cp -a``, rsync or a restore (new inodes), or
+        written by an older release (no inode). The file is hashed (once per process and
+        file version); only when its digest is the sidecar's, and `sha256` when given, is
+        the sidecar rewritten for it (if the folder is writable) and returned."""
+        try:
+            info = os.lstat(self.final)
+        except OSError:
+            return None
+        meta = read_metadata(self.sidecar)
+        if meta is None or not stat.S_ISREG(info.st_mode) or meta.get("size") != info.st_size:
+            return None
+        digest = digest_of(self.final, info)
+        if digest is None or digest != meta.get("sha256") or sha256 not in (None, digest):
+            return None
+        bound: Metadata = {**meta, "inode": info.st_ino, "mtime_ns": info.st_mtime_ns}
+        try:
+            write_json_atomic(self.sidecar, dict(bound))
+        except OSError:  # a read-only copy: served all the same, hashed again by another process
+            pass
+        return bound
+
     def _bound(self) -> Optional[tuple[Metadata, os.stat_result, bool]]:
         """The sidecar bound to the published file, the file's ``lstat``, and whether
         either belongs to another user."""

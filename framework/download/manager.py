@@ -265,12 +265,16 @@ class DownloadManager:
             meta = entry.lookup(sha256)
             return meta is not None and (newer is None or _same_version(meta, newer))
 
-        if not force and current():
+        def rebound() -> bool:  # a copied cache, or one an older release wrote: hashed once
+            meta = entry.rebind(sha256)
+            return meta is not None and (newer is None or _same_version(meta, newer))
+
+        if not force and (current() or (self.offline and rebound())):
             if not extract:
                 return entry.final
             if _extracted(entry):
                 return entry.extracted
-        if self.offline and (force or not current()):  # extracting a cached copy is fine
+        if self.offline and (force or not (current() or rebound())):  # extracting a cached copy is fine
             raise OfflineError(url, _offline_reason(entry, sha256, force, root))
         show = (self.progress if progress is None else progress) and sys.stderr.isatty()
         try:
@@ -289,7 +293,7 @@ class DownloadManager:
 
         with _cache_writes(url, root), self._lock(entry, show, done) as lock, lock.working():
             fetched = False
-            if force or not current():
+            if force or not (current() or rebound()):
                 self._fetch(entry, sha256, show, lock)
                 fetched = True
             if not extract:
@@ -357,6 +361,12 @@ def _offline_reason(entry: Entry, sha256: Optional[str], force: bool, root: Path
     what = "offline mode (FRAMEWORK_OFFLINE=1)"
     fix = "run once online, or unset FRAMEWORK_OFFLINE"
     cached = entry.cached()
+    if cached is None and os.path.lexists(entry.final):
+        return (
+            f"{what}: a copy is present at {entry.final} but unbound: its sidecar "
+            f"{entry.sidecar.name} is missing, damaged, or vouches for other bytes (or another "
+            f"sha256 than {sha256}); {fix}"
+        )
     if cached is None:
         return f"{what} and no verified copy in {root}; {fix}"
     if force:

@@ -855,3 +855,43 @@ def test_hard_link_planted_at_the_lock_path_is_never_opened(
 def test_declared_filelock_floor_never_truncates_a_lock_file() -> None:
     # filelock before 4 opened an existing lock file with O_TRUNC; 4.3.1 is the version tested.
     assert _declared_floor("filelock") >= (4, 3, 1)
+
+
+# Copied caches ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("how", ["copied", "older release"])
+def test_copied_or_older_cache_is_served_after_one_hash(
+    http_server: FaultServer, cache: Path, tmp_path: Path, how: str
+) -> None:
+    import shutil
+
+    data = os.urandom(100_000)
+    url = http_server.add(f"/copied/{how.replace(' ', '-')}.bin", data)
+    DownloadManager(cache, progress=False).cached_path(url)
+    node = tmp_path / "node-local"
+    if how == "copied":  # cp -a: same bytes, times and sidecar; new inodes
+        shutil.copytree(cache, node, copy_function=shutil.copy2)
+    else:  # the sidecar an older release wrote: no inode, no mtime
+        node = cache
+        meta = json.loads(Entry(cache, url).sidecar.read_text())
+        del meta["inode"], meta["mtime_ns"]
+        Entry(cache, url).sidecar.write_text(json.dumps(meta))
+    served = DownloadManager(node, offline=True, progress=False).cached_path(url, sha256=sha256(data))
+    assert served.read_bytes() == data
+    assert DownloadManager(node, progress=False).cached_path(url) == served
+    assert http_server.route(url).gets == 1  # never fetched again
+    assert Entry(node, url).lookup(sha256(data)) is not None  # bound anew: no hash next time
+
+
+def test_offline_copy_that_does_not_match_its_sidecar_is_reported_unbound(
+    http_server: FaultServer, cache: Path
+) -> None:
+    data = os.urandom(100_000)
+    url = http_server.add("/copied/damaged.bin", data)
+    path = DownloadManager(cache, progress=False).cached_path(url)
+    damaged = path.with_name("damaged.tmp")
+    damaged.write_bytes(bytes(reversed(data)))  # same size, other bytes
+    os.replace(damaged, path)
+    with pytest.raises(OfflineError, match=r"a copy is present at .* but unbound"):
+        DownloadManager(cache, offline=True, progress=False).cached_path(url)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 from typing import Any
 
 
@@ -28,6 +29,9 @@ def run(args: argparse.Namespace) -> int:
     """Fetch and print the path; a failure is a `DownloadError`, which `main` prints as one line."""
     from framework.download import DownloadManager
 
+    if not args.verbose:  # one line, the path or the error: retry warnings are for -v
+        for name in ("urllib3", "framework.download"):
+            logging.getLogger(name).setLevel(logging.ERROR)
     with DownloadManager(args.cache_dir) as manager:  # closes the backends' connections
         path = manager.cached_path(
             args.url,

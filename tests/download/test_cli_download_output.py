@@ -1,0 +1,53 @@
+"""`framework download` prints one line: the path, or the error. urllib3's retry warnings
+and the manager's progress logs are for -v."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from dl_helpers import FaultServer
+
+pytestmark = pytest.mark.timeout(90)
+
+
+def _cli(cache: Path, url: str, verbose: bool = False) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FRAMEWORK_")}
+    flags = ["-v"] if verbose else []
+    command = [
+        sys.executable,
+        "-m",
+        "framework",
+        *flags,
+        "download",
+        "--no-progress",
+        "--cache-dir",
+        str(cache),
+    ]
+    return subprocess.run([*command, url], capture_output=True, text=True, env=env, timeout=60)
+
+
+def test_a_resumed_download_prints_only_the_path(http_server: FaultServer, cache: Path) -> None:
+    data = os.urandom(256 << 10)
+    url = http_server.add("/cli/resumed.bin", data, drop_after=100_000, drops=1)
+    result = _cli(cache, url)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == "" and len(result.stdout.strip().splitlines()) == 1
+    assert Path(result.stdout.strip()).read_bytes() == data
+    again = http_server.add("/cli/resumed-again.bin", data, drop_after=100_000, drops=1)
+    verbose = _cli(cache, again, verbose=True)
+    assert "resuming from byte" in verbose.stderr  # still there when asked for
+
+
+def test_an_unreachable_host_is_one_line(cache: Path) -> None:
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    result = _cli(cache, f"http://127.0.0.1:{port}/file.bin")
+    assert result.returncode != 0 and result.stdout == ""
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("framework download: error:"), result.stderr

@@ -351,7 +351,14 @@ def _place(backend: DownloadBackend, url: str, stream: ByteStream, partial: _Par
             )
         got, size = Validators.of(stream), stream.size
         if got.if_range is None or size is None:  # a 416 need not name the version: ask
-            info = backend.stat(url)
+            try:
+                info = backend.stat(url)
+            except NetworkError:
+                raise
+            except DownloadError as error:  # no HEAD (405), a presigned GET-only URL (403)
+                logger.info("cannot ask %s which version it has (%s); starting over", url, error)
+                partial.restart(Validators())
+                return False
             got, size = Validators.of(info), info.size
         if size == offset and got.tag == partial.name.tag != NO_VALIDATOR:
             partial.validators = got

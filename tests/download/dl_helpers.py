@@ -42,6 +42,7 @@ class Route:
     then: dict[str, Any] = attrs.field(factory=dict)  # route fields set after a fault: a new version
     star_total: bool = False  # answer 206 with an unknown total: Content-Range bytes a-b/*
     gzip_whole: bool = False  # whole answers (200) come gzip-encoded, whatever was asked
+    head_status: Optional[int] = None  # HEAD is answered with this (405: a server without HEAD)
     chunk: int = 64 * 1024
     delay: float = 0.0  # seconds per chunk
     gets: int = 0
@@ -123,6 +124,9 @@ class _Handler(BaseHTTPRequestHandler):
             fail = route.fail_statuses.pop(0) if route.fail_statuses and self.command == "GET" else None
         if fail is not None:
             self._empty(fail)
+            return
+        if self.command == "HEAD" and route.head_status is not None:
+            self._empty(route.head_status)
             return
         if route.status is not None:
             self._empty(route.status)

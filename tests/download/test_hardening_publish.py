@@ -895,3 +895,15 @@ def test_offline_copy_that_does_not_match_its_sidecar_is_reported_unbound(
     os.replace(damaged, path)
     with pytest.raises(OfflineError, match=r"a copy is present at .* but unbound"):
         DownloadManager(cache, offline=True, progress=False).cached_path(url)
+
+
+def test_complete_partial_and_a_server_refusing_head_starts_over(
+    http_server: FaultServer, manager: DownloadManager, cache: Path, payload: bytes
+) -> None:
+    # A process killed after the last byte left the whole object; the resume gets a 416
+    # that names no version, and the server answers HEAD with 405.
+    url = http_server.add("/resume/no-head.bin", payload, head_status=405)
+    _partial_name(cache, url, _tag(http_server.route(url).etag or "")).write_bytes(payload)
+    assert manager.cached_path(url, sha256=sha256(payload)).read_bytes() == payload
+    assert http_server.route(url).ranges == [f"bytes={len(payload)}-", ""]
+    assert stray_files(cache) == []

@@ -282,7 +282,7 @@ def _checked_member(member: tarfile.TarInfo, name: str, linkname: str) -> tarfil
     safe = copy.copy(member)
     safe.name, safe.linkname = name, linkname
     if member.isdir():
-        safe.mode = 0o755
+        safe.mode = 0o700 if name == os.curdir else 0o755  # the root stays private until published
     elif member.isfile():
         safe.mode = (member.mode & 0o755) | 0o600
     safe.uid, safe.gid, safe.uname, safe.gname = os.getuid(), os.getgid(), "", ""
@@ -412,26 +412,32 @@ def extract_archive(
     try:
         _sweep(target)
         temp = target.with_name(f"{target.name}.{unique_token()}.tmp")
-        os.mkdir(temp)
+        os.mkdir(temp, 0o700)  # nobody else may plant anything in it while we check and write
     except OSError as error:
         raise DownloadError(
             url, f"cannot extract into {target.parent}: {error.strerror}; use a writable cache folder"
         ) from error
     try:
         _unpack(archive, os.path.realpath(temp), limits, url)
+        # Published with the cache folder's permissions (group-writable in a shared cache),
+        # never other-writable.
+        os.chmod(temp, (os.stat(target.parent).st_mode & 0o775) | 0o700)
         old: Optional[Path] = None
         if replace and os.path.lexists(target):  # a planted symlink is moved away too
             _marker(target).unlink(missing_ok=True)  # no moment where it vouches for other files
             old = target.with_name(f"{target.name}.{unique_token()}.old")
             os.rename(target, old)
+        ours = True
         try:
             os.replace(temp, target)
         except OSError:
             if not stat.S_ISDIR(os.lstat(target).st_mode):
                 raise
-            # Another process published the same extraction first: use theirs.
+            # Another process published an extraction first: use theirs, vouched for by
+            # their marker only (ours would name our archive on a folder we did not write).
             shutil.rmtree(temp, ignore_errors=True)
-        if digest is not None:
+            ours = False
+        if digest is not None and ours:
             folder = os.lstat(target)
             write_json_atomic(_marker(target), {"sha256": digest, "folder": [folder.st_dev, folder.st_ino]})
         if old is not None and old.is_symlink():

@@ -14,14 +14,14 @@ import sys
 import tarfile
 import zipfile
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import pytest
 
 from framework import errors
 from framework.download import DownloadManager
 from framework.download._cache import HOST, Entry
-from framework.download._extract import ExtractLimits, extract_archive
+from framework.download._extract import ExtractLimits, extract_archive, extracted_from
 from framework.errors import DownloadError, UnsafeArchiveError
 
 pytestmark = pytest.mark.timeout(60)
@@ -418,3 +418,36 @@ def test_tar_starting_with_the_zip_magic_is_not_read_as_its_inner_zip(tmp_path: 
         _assert_nothing_left(out)
         return
     assert "from_inner_zip.txt" not in os.listdir(folder)
+
+
+def test_extraction_folder_is_private_until_published(
+    tmp_path: Path, out: Path, data_filter: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from framework.download import _extract as extract_module
+
+    modes: list[int] = []
+    original = extract_module._extract_tar
+
+    def watching(archive: Any, root: str, limits: ExtractLimits, url: str) -> None:
+        modes.append(stat.S_IMODE(os.stat(root).st_mode))
+        original(archive, root, limits, url)
+        modes.append(stat.S_IMODE(os.stat(root).st_mode))
+
+    monkeypatch.setattr(extract_module, "_extract_tar", watching)
+    os.chmod(out, 0o2777)  # a shared, even world-writable, cache folder
+    root_info, _ = _file(".")
+    root_info.type, root_info.mode = tarfile.DIRTYPE, 0o777
+    folder = _extract(_tar(tmp_path / "p.tar", [(root_info, b""), _file("f.txt")]), out)
+    assert modes and all(mode & 0o077 == 0 for mode in modes)  # nobody else can plant a link
+    assert stat.S_IMODE(os.stat(folder).st_mode) == 0o775  # the cache folder's, never other-writable
+
+
+def test_a_folder_published_by_another_process_is_not_vouched_for(tmp_path: Path, out: Path) -> None:
+    theirs = out / "a-extracted"
+    theirs.mkdir()
+    (theirs / "theirs.txt").write_text("from another archive")
+    archive = _tar(tmp_path / "ours.tar", [_file("ours.txt")])
+    digest = hashlib.sha256(archive.read_bytes()).hexdigest()
+    folder = extract_archive(archive, theirs, URL, ExtractLimits(), replace=False, digest=digest)
+    assert folder == theirs and os.listdir(folder) == ["theirs.txt"]
+    assert not extracted_from(folder, digest)  # our digest is never written onto their folder

@@ -295,10 +295,15 @@ class _Partial:
             os.close(fd)
             _ACTIVE.discard(str(mine.path))
             return None
-        partial = cls(mine, fd)
-        while chunk := os.read(fd, _READ_CHUNK):
-            partial.hasher.update(chunk)
-            partial.offset += len(chunk)
+        try:
+            partial = cls(mine, fd)
+            while chunk := os.read(fd, _READ_CHUNK):
+                partial.hasher.update(chunk)
+                partial.offset += len(chunk)
+        except BaseException:  # Ctrl-C while hashing: a later call (of ours too) adopts it
+            os.close(fd)
+            _ACTIVE.discard(str(mine.path))
+            raise
         return partial
 
     def restart(self, validators: Validators) -> None:

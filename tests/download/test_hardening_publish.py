@@ -907,3 +907,41 @@ def test_complete_partial_and_a_server_refusing_head_starts_over(
     assert manager.cached_path(url, sha256=sha256(payload)).read_bytes() == payload
     assert http_server.route(url).ranges == [f"bytes={len(payload)}-", ""]
     assert stray_files(cache) == []
+
+
+def _interrupted_while_adopting(cache: str, url: str, results: Any) -> None:
+    from framework.download import _publish
+
+    real = _publish._new_hasher
+
+    class Interrupted:
+        def update(self, data: bytes) -> None:
+            raise KeyboardInterrupt  # Ctrl-C while the adopted file is hashed again
+
+    _publish._new_hasher = Interrupted  # type: ignore[assignment]
+    manager = DownloadManager(cache, progress=False, backoff_factor=0.01)
+    try:
+        manager.cached_path(url)
+        results.put("not interrupted")
+        return
+    except KeyboardInterrupt:
+        pass
+    _publish._new_hasher = real
+    path = manager.cached_path(url)  # the same process, a later call
+    results.put(hashlib.sha256(path.read_bytes()).hexdigest())
+
+
+def test_ctrl_c_while_adopting_a_partial_leaves_it_to_a_later_call(
+    http_server: FaultServer, cache: Path, payload: bytes
+) -> None:
+    url = http_server.add("/coord/ctrl-c-adopting.bin", payload)
+    _partial_name(cache, url, _tag(http_server.route(url).etag or "")).write_bytes(payload[:300_000])
+    results = FORK.Queue()
+    child = FORK.Process(target=_interrupted_while_adopting, args=(str(cache), url, results))
+    child.start()
+    try:
+        assert results.get(timeout=30) == sha256(payload)
+    finally:
+        child.join(timeout=10)
+    assert http_server.route(url).ranges == ["bytes=300000-"]  # resumed, not fetched again
+    assert stray_files(cache) == []

@@ -69,7 +69,7 @@ def load_config(path: Union[str, PathLike[str]]) -> dict[str, Any]:
             raise ConfigError("", f"{path} is YAML: `pip install pyyaml` to read it") from error
         try:
             data = yaml.safe_load(text)
-        except yaml.YAMLError as error:
+        except (yaml.YAMLError, ValueError) as error:  # ValueError: an int too long to convert
             raise ConfigError("", f"{path} is not valid YAML: {error}") from error
         except RecursionError as error:
             raise ConfigError(
@@ -78,7 +78,7 @@ def load_config(path: Union[str, PathLike[str]]) -> dict[str, Any]:
     else:
         try:
             data = json.loads(text)
-        except json.JSONDecodeError as error:
+        except ValueError as error:  # a JSONDecodeError, or an int too long to convert
             raise ConfigError("", f"{path} is not valid JSON: {error}") from error
         except RecursionError as error:
             raise ConfigError(
@@ -586,6 +586,7 @@ def _join(path: str, key: Any) -> str:
         not isinstance(key, str)
         or not key
         or not key.isprintable()
+        or len(key) > _SHOWN_CHARACTERS
         or any(c.isspace() or c == "." for c in key)
     ):
         key = _shown(key)  # quoted, so the path stays one line and its dots stay separators

@@ -353,3 +353,32 @@ def test_a_config_file_nested_past_the_parser_s_stack_is_a_config_error(
         capsys.readouterr().out
         == f"<root>: {tmp_path / name} nests too deep to read (more than 50 levels is a mistake)\n"
     )
+
+
+# -- 9. an int too long to print -----------------------------------------------------------
+def test_an_int_too_long_to_print_is_an_error_that_says_where(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from framework.config import validate
+
+    errors = validate({**LOADER, "data_path": 10**5000})
+    assert [str(e) for e in errors] == ["data_path: expected str, got an int of 5001 digits"]
+    (long_value,) = validate({**LOADER, "epochs": "x" * 10_000})
+    assert str(long_value).endswith("... (10002 characters)") and len(str(long_value)) < 150
+    long_key = validate({**LOADER, "k" * 1000: 1})[0]
+    assert long_key.path.endswith("... (1002 characters)") and len(long_key.path) < 120
+    (tmp_path / "big.json").write_text('{"data_path": ' + "9" * 5000 + "}")
+    (tmp_path / "big.yaml").write_text("data_path: " + "9" * 5000 + "\n")
+    for name in ("big.json", "big.yaml"):
+        assert main(["config", "validate", str(tmp_path / name)]) == 1
+        assert capsys.readouterr().out.startswith(f"<root>: {tmp_path / name} is not valid ")
+    assert (
+        main(["config", "validate", str(tmp_path / "big.json"), "-o", '{"epochs": ' + "9" * 5000 + "}"]) == 1
+    )
+    assert capsys.readouterr().out.startswith(f"<root>: {tmp_path / 'big.json'} is not valid JSON")
+    (tmp_path / "ok.json").write_text(json.dumps(LOADER))
+    assert (
+        main(["config", "validate", str(tmp_path / "ok.json"), "-o", '{"epochs": ' + "9" * 5000 + "}"]) == 1
+    )
+    out = capsys.readouterr().out
+    assert out.startswith("<root>: --override #1 is not valid JSON (Exceeds the limit") and len(out) < 400

@@ -79,7 +79,7 @@ def load_run_config(config_path: Optional[str], overrides: list[str]) -> tuple[d
     """The merged, checked config and the folder a relative ``data_path`` resolves against:
     the config file's folder for a path written in the file, the current folder for one
     given in an ``--override``."""
-    from framework.config import load_config
+    from framework.config import _shown, load_config
 
     file = _bundled_examples() / DEFAULT_CONFIG if config_path is None else Path(config_path)
     config = load_config(file)
@@ -87,12 +87,13 @@ def load_run_config(config_path: Optional[str], overrides: list[str]) -> tuple[d
     for index, text in enumerate(overrides):
         try:
             override = json.loads(text)
-        except json.JSONDecodeError as error:
+        except ValueError as error:  # a JSONDecodeError, or an int too long to convert
+            reason = error.msg if isinstance(error, json.JSONDecodeError) else str(error)
             raise ConfigError(
-                "", f"--override #{index + 1} is not valid JSON ({error.msg}): {text!r}"
+                "", f"--override #{index + 1} is not valid JSON ({reason}): {_shown(text)}"
             ) from error
         if not isinstance(override, dict):
-            raise ConfigError("", f"--override #{index + 1} must be a JSON object, got {text!r}")
+            raise ConfigError("", f"--override #{index + 1} must be a JSON object, got {_shown(text)}")
         try:
             config = deep_merge(config, override)
         except RecursionError:  # copying a config nested too deep

@@ -225,7 +225,9 @@ class DownloadManager:
             sha256: expected hex digest; a cached copy with another digest is refetched,
                 a download that does not match raises `ChecksumError`.
             extract: unpack the tar/zip archive and return the extracted folder.
-            force: fetch (and extract) again even when cached.
+            force: fetch (and extract) again even when cached. Processes racing with
+                ``force=True`` fetch once: a copy another one published after this call
+                began counts as fetched again.
             progress: overrides the manager's setting for this call.
             revalidate: ask the server whether a cached copy is still current (one
                 ``stat``, e.g. an HTTP HEAD); refetch when its etag or size changed.
@@ -269,6 +271,13 @@ class DownloadManager:
             meta = entry.rebind(sha256)
             return meta is not None and (newer is None or _same_version(meta, newer))
 
+        # force=True asks for a copy fetched after this call began: one that another racer
+        # published meanwhile (another file than the one here now) satisfies it.
+        started = _published_identity(entry)
+
+        def refetch() -> bool:
+            return force and not (current() and _published_identity(entry) != started)
+
         if not force and (current() or (self.offline and rebound())):
             if not extract:
                 return entry.final
@@ -287,18 +296,18 @@ class DownloadManager:
             ) from error
 
         def done() -> bool:  # another process published what we need: stop waiting
-            if force or not current():
+            if refetch() or not current():
                 return False
             return not extract or _extracted(entry)
 
         with _cache_writes(url, root), self._lock(entry, show, done) as lock, lock.working():
-            fetched = False
-            if force or not (current() or rebound()):
+            fetched = refetch()
+            if fetched or not (current() or rebound()):
                 self._fetch(entry, sha256, show, lock)
                 fetched = True
             if not extract:
                 return entry.final
-            if fetched or force or not _extracted(entry):
+            if fetched or not _extracted(entry):
                 logger.info("extracting %s to %s", entry.final, entry.extracted)
                 with _open_published(entry) as (archive, digest):
                     extract_archive(archive, entry.extracted, url, self.limits, replace=True, digest=digest)
@@ -375,6 +384,15 @@ def _offline_reason(entry: Entry, sha256: Optional[str], force: bool, root: Path
         f"{what}: the cached copy {entry.final} has sha256 {cached.get('sha256')}, not the "
         f"requested {sha256}; {fix}, or ask for the cached digest"
     )
+
+
+def _published_identity(entry: Entry) -> Optional[tuple[int, int, int, int]]:
+    """Which file is published now (device, inode, size, mtime), None when none is."""
+    try:
+        info = os.lstat(entry.final)
+    except OSError:
+        return None
+    return info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns
 
 
 def _digest(entry: Entry) -> Optional[str]:

@@ -945,3 +945,38 @@ def test_ctrl_c_while_adopting_a_partial_leaves_it_to_a_later_call(
         child.join(timeout=10)
     assert http_server.route(url).ranges == ["bytes=300000-"]  # resumed, not fetched again
     assert stray_files(cache) == []
+
+
+def _force_child(url: str, cache: str, barrier: Any, results: Any) -> None:
+    try:
+        manager = DownloadManager(cache, progress=False, backoff_factor=0.01)
+        barrier.wait(timeout=20)
+        path = manager.cached_path(url, force=True)
+        results.put(hashlib.sha256(path.read_bytes()).hexdigest())
+    except BaseException as error:
+        results.put(repr(error))
+
+
+def test_racers_with_force_fetch_once(
+    http_server: FaultServer, manager: DownloadManager, payload: bytes
+) -> None:
+    url = http_server.add("/coord/force.bin", payload)
+    manager.cached_path(url)
+    route = http_server.route(url)
+    new = os.urandom(2 << 20)
+    route.data, route.etag, route.delay = new, '"v2"', 0.005
+    barrier, results = FORK.Barrier(3), FORK.Queue()
+    procs = [
+        FORK.Process(target=_force_child, args=(url, str(manager.cache_dir), barrier, results))
+        for _ in range(3)
+    ]
+    for proc in procs:
+        proc.start()
+    try:
+        assert [results.get(timeout=40) for _ in procs] == [sha256(new)] * 3
+    finally:
+        for proc in procs:
+            proc.join(timeout=10)
+    assert route.gets == 2  # the first fetch, then one for all three racers
+    manager.cached_path(url, force=True)  # a later call: published before it began
+    assert route.gets == 3

@@ -96,7 +96,15 @@ def validate(config: Any, base: Union[str, type, None] = None) -> list[ConfigErr
     base class or its name, e.g. ``"DatasetReader"``), a config of that base. Names
     in ``"type"`` are looked up in the registry (importing the component's module
     to read its signature); no constructor runs and no connection is opened.
+
+    A string or path `config` is a JSON or YAML file, read as `Registrable.from_config`
+    reads it (a file that cannot be read is the one error).
     """
+    if isinstance(config, (str, PathLike)):
+        try:
+            config = load_config(config)
+        except ConfigError as error:
+            return [error]
     walk = _Walk(build=False, extras={})
     if base is not None:
         walk.value(resolve_base(base), config, "")

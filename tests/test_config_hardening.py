@@ -382,3 +382,26 @@ def test_an_int_too_long_to_print_is_an_error_that_says_where(
     )
     out = capsys.readouterr().out
     assert out.startswith("<root>: --override #1 is not valid JSON (Exceeds the limit") and len(out) < 400
+
+
+# -- 10. a string config is a file, for validate as for from_config -----------------------
+def test_validate_reads_a_string_or_path_config_as_a_file_like_from_config(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from framework.config import validate
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "reader.json").write_text('{"type": "text", "max_tokens": 0}')
+    (tmp_path / "reader.py").write_text("raise SystemExit('validate imported reader.py')\n")
+    for config in ("reader.json", tmp_path / "reader.json"):
+        assert [str(e) for e in validate(config, "DatasetReader")] == [
+            "max_tokens: expected a positive int, got 0"
+        ]
+    (tmp_path / "reader.json").write_text('{"type": "text", "max_tokens": 8}')
+    assert validate("reader.json", "DatasetReader") == []
+    assert type(DatasetReader.from_config("reader.json")).__name__ == "TextReader"
+    (missing,) = validate("nowhere.json", "DatasetReader")
+    assert "cannot read config file nowhere.json" in str(missing)
+    (tmp_path / "run.yaml").write_text("dataset_reader: text\ndata_path: x\ndata_loader: {batch_size: 1}\n")
+    assert validate(tmp_path / "run.yaml") == []

@@ -19,7 +19,7 @@ import json
 import zlib
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path, PurePath
-from typing import Annotated, Any, Optional, TextIO, Union
+from typing import Annotated, Any, BinaryIO, Generic, Optional, TextIO, TypeVar, Union, cast
 
 from framework.config import AtLeast
 from framework.data.reader import DatasetReader, DatasetReaderInput
@@ -29,20 +29,27 @@ __all__ = ["CsvReader", "JsonlReader", "TextReader"]
 PathLike = Union[str, Path]
 Tokenizer = Callable[[str], Sequence[str]]
 
+_R = TypeVar("_R")
+
 PADDING_ID = 0
 UNKNOWN_ID = 1
 
 
 def open_text(path: PathLike) -> TextIO:
     """Open `path` for reading text (UTF-8); ``.gz`` files are decompressed on the fly."""
+    return io.TextIOWrapper(open_binary(path), encoding="utf-8", newline="")
+
+
+def open_binary(path: PathLike) -> BinaryIO:
+    """Open `path` for reading bytes; ``.gz`` files are decompressed on the fly (and seek)."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"data file not found: {path}")
     if path.is_dir():
         raise IsADirectoryError(f"data path {path} is a folder; give the reader a file")
     if path.suffix == ".gz":
-        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8", newline="")
-    return open(path, encoding="utf-8", newline="")
+        return cast(BinaryIO, gzip.open(path, "rb"))
+    return open(path, "rb")
 
 
 def data_files(file_path: DatasetReaderInput) -> list[str]:
@@ -54,14 +61,66 @@ def data_files(file_path: DatasetReaderInput) -> list[str]:
     raise TypeError(f"expected a path or a list of paths, got {file_path!r}")
 
 
-def _numbered_lines(file_path: DatasetReaderInput) -> Iterator[tuple[str, str]]:
+class FileRecords(Generic[_R]):
+    """The records of one or more files, in order, resumable by byte offset.
+
+    The loader's resume hook (`framework.data._shards.Seekable`): `tell()` is
+    ``[file index, byte offset, line number]`` of the record after the last one
+    yielded, and `seek(token)` starts the next iteration there, so a resumed epoch
+    opens the file at that offset instead of reading what came before it.
+    """
+
+    def __init__(self, file_path: DatasetReaderInput) -> None:
+        self.names = data_files(file_path)
+        self.position = [0, 0, 0]
+
+    def tell(self) -> list[int]:
+        return list(self.position)
+
+    def seek(self, token: Any) -> None:
+        if not (
+            isinstance(token, list) and len(token) == 3 and all(isinstance(x, int) and x >= 0 for x in token)
+        ):
+            raise ValueError(
+                f"a resume token of {type(self).__name__} is [file index, byte offset, line "
+                f"number], got {token!r}; pass the state the loader saved"
+            )
+        self.position = list(token)
+
+    def __iter__(self) -> Iterator[_R]:
+        first, offset, number = self.position
+        for index in range(first, len(self.names)):
+            name = self.names[index]
+            if index != first:
+                offset, number = 0, 0
+            with open_binary(name) as handle:
+                yield from self._records(index, name, handle, offset, number)
+            self.position = [index + 1, 0, 0]
+
+    def _lines(self, index: int, handle: BinaryIO, offset: int, number: int) -> Iterator[str]:
+        """The decoded lines (with their newlines) from `offset`, keeping `position` after each."""
+        if offset:
+            handle.seek(offset)
+        for raw in handle:
+            offset += len(raw)
+            number += 1
+            self.position = [index, offset, number]
+            yield raw.decode("utf-8")
+
+    def _records(self, index: int, name: str, handle: BinaryIO, offset: int, number: int) -> Iterator[_R]:
+        raise NotImplementedError
+
+
+class Lines(FileRecords[tuple[str, str]]):
     """(``file:line``, line without its newline) for every non-blank line of every file."""
-    for name in data_files(file_path):
-        with open_text(name) as handle:
-            for number, line in enumerate(handle, 1):
-                line = line.rstrip("\r\n")
-                if line.strip():
-                    yield f"{name}:{number}", line
+
+    def _records(
+        self, index: int, name: str, handle: BinaryIO, offset: int, number: int
+    ) -> Iterator[tuple[str, str]]:
+        for line in self._lines(index, handle, offset, number):
+            line = line.rstrip("\r\n")
+            if line.strip():
+                yield f"{name}:{self.position[2]}", line
 
 
 def _resolve_tokenizer(tokenizer: Optional[str]) -> Optional[Tokenizer]:
@@ -109,7 +168,7 @@ class JsonlReader(_ShardedReader):
         self.fields = list(fields) if fields is not None else None
 
     def _read(self, file_path: DatasetReaderInput) -> Iterator[dict[str, Any]]:
-        for where, line in self.shard_iterable(_numbered_lines(file_path)):
+        for where, line in self.shard_iterable(Lines(file_path)):
             yield self.parse_line(line, where)
 
     def parse_line(self, line: str, where: str = "<line>") -> dict[str, Any]:
@@ -238,11 +297,35 @@ class TextReader(_ShardedReader):
         return instance
 
     def _read(self, file_path: DatasetReaderInput) -> Iterator[dict[str, Any]]:
-        for _, line in self.shard_iterable(_numbered_lines(file_path)):
+        for _, line in self.shard_iterable(Lines(file_path)):
             yield self.text_to_instance(line)
 
 
 _CONVERTERS: dict[str, Callable[[str], Any]] = {"str": str, "int": int, "float": float}
+
+
+class _Rows(FileRecords[tuple[list[str], str, list[str]]]):
+    """(header, ``file:line``, row) for every row of every file; each file has a header."""
+
+    def __init__(self, file_path: DatasetReaderInput, reader: CsvReader) -> None:
+        super().__init__(file_path)
+        self.reader = reader
+
+    def _records(
+        self, index: int, name: str, handle: BinaryIO, offset: int, number: int
+    ) -> Iterator[tuple[list[str], str, list[str]]]:
+        delimiter = self.reader.delimiter
+        header = next(csv.reader(self._lines(index, handle, 0, 0), delimiter=delimiter), None)
+        if header is None:
+            return
+        self.reader._check_header(header, name)
+        if not offset:  # else resuming past the header: rows from there
+            offset, number = self.position[1], self.position[2]
+        # csv takes lines one at a time, so `position` is right after each row's last line.
+        rows = csv.reader(self._lines(index, handle, offset, number), delimiter=delimiter)
+        for row in rows:
+            if row:
+                yield header, f"{name}:{self.position[2]}", row
 
 
 class CsvReader(_ShardedReader):
@@ -275,21 +358,8 @@ class CsvReader(_ShardedReader):
         self.delimiter = delimiter
 
     def _read(self, file_path: DatasetReaderInput) -> Iterator[dict[str, Any]]:
-        for header, where, row in self.shard_iterable(self._rows(file_path)):
+        for header, where, row in self.shard_iterable(_Rows(file_path, self)):
             yield self.row_to_instance(header, row, where)
-
-    def _rows(self, file_path: DatasetReaderInput) -> Iterator[tuple[list[str], str, list[str]]]:
-        """(header, ``file:line``, row) for every row of every file; each file has a header."""
-        for name in data_files(file_path):
-            with open_text(name) as handle:
-                rows = csv.reader(handle, delimiter=self.delimiter)
-                header = next(rows, None)
-                if header is None:
-                    continue
-                self._check_header(header, name)
-                for row in rows:
-                    if row:
-                        yield header, f"{name}:{rows.line_num}", row
 
     def _check_header(self, header: list[str], file_path: str) -> None:
         wanted = list(self.fields or []) + list(self.field_types)

@@ -10,14 +10,15 @@ from __future__ import annotations
 import hashlib
 import itertools
 import random
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Optional
 
+from framework.data._shards import Point, ShardPlan
 from framework.data.sampler import BatchSampler
 
-__all__ = ["BatchPlan", "derive_seed", "seeded_global_random"]
+__all__ = ["BatchPlan", "derive_seed", "seeded_global_random", "slot_batches"]
 
 
 def derive_seed(*parts: Any) -> int:
@@ -74,35 +75,159 @@ class BatchPlan:
             lists.pop()
         return lists
 
-    def stream(self, instances: Iterable[Any], seed: int) -> Iterator[list[Any]]:
-        """Lazy mode: batches from a stream, sampling or shuffling one chunk at a time."""
-        chunk_size = self.max_instances_in_memory
-        assert chunk_size is not None
+    def resumable(
+        self,
+        items: Iterator[tuple[Any, Optional[int]]],
+        seed: int,
+        start: Point,
+        where: Callable[[], tuple[int, Any]],
+        reseed: Callable[[int], None],
+    ) -> Iterator[tuple[list[Any], list[Optional[int]], Point]]:
+        """Lazy mode: (instances, their record indexes, where to restart after them).
+
+        `items` are (instance, record index) pairs of one slot; they are batched one
+        chunk of `max_instances_in_memory` at a time, from `start` (a chunk and how much
+        of it was taken). Each chunk starts from seeds of its own (`reseed` seeds the
+        reader's random streams), so a chunk read again after a seek is the same
+        chunk; `where()` gives the (record, seek token) a chunk starts at.
+        """
         if self.batch_sampler is not None:
-            for index, chunk in enumerate(groups_of(instances, chunk_size)):
-                for indices in self.batch_lists(chunk, derive_seed(seed, index)):
-                    yield [chunk[i] for i in indices]
+            yield from self._sampled(items, seed, start, where, reseed)
             return
         assert self.batch_size is not None
-        if not self.shuffle:
-            # Nothing to do per chunk: stream straight into batches (first batch sooner).
-            for group in groups_of(instances, self.batch_size):
-                if self.drop_last and len(group) < self.batch_size:
-                    return
-                yield group
-            return
-        rng = random.Random(seed)
-
-        def shuffled() -> Iterator[Any]:
-            for chunk in groups_of(instances, chunk_size):
-                rng.shuffle(chunk)
-                yield from chunk
-
+        batch: list[tuple[Any, Optional[int]]] = []
+        point = start
         # Batches span chunk boundaries, as with a shuffle buffer: only the last is short.
-        for group in groups_of(shuffled(), self.batch_size):
-            if self.drop_last and len(group) < self.batch_size:
+        for item, point in self._flat(items, seed, start, where, reseed):
+            batch.append(item)
+            if len(batch) == self.batch_size:
+                yield [x for x, _ in batch], [i for _, i in batch], point
+                batch = []
+        if batch and not self.drop_last:
+            yield [x for x, _ in batch], [i for _, i in batch], point
+
+    def _chunks(
+        self,
+        items: Iterator[tuple[Any, Optional[int]]],
+        seed: int,
+        start: Point,
+        where: Callable[[], tuple[int, Any]],
+        reseed: Callable[[int], None],
+    ) -> Iterator[tuple[Point, Iterator[tuple[Any, Optional[int]]]]]:
+        """(where chunk n starts, its items), lazily: the next chunk starts after the last."""
+        size = self.max_instances_in_memory
+        assert size is not None
+        number, pulled = start.chunk, start.skip
+        while True:
+            record, token = where()
+            reseed(derive_seed(seed, "chunk", number))
+            counted = _Counted(itertools.islice(items, size))
+            yield Point(number, record, token, pulled), counted
+            for _ in counted:  # the consumer may have stopped early: finish the chunk
+                pass
+            if counted.count < size:
                 return
-            yield group
+            pulled += counted.count
+            number += 1
+
+    def _flat(
+        self,
+        items: Iterator[tuple[Any, Optional[int]]],
+        seed: int,
+        start: Point,
+        where: Callable[[], tuple[int, Any]],
+        reseed: Callable[[int], None],
+    ) -> Iterator[tuple[tuple[Any, Optional[int]], Point]]:
+        """Each item (shuffled within its chunk) with the restart point just after it."""
+        drop = start.within
+        for point, chunk in self._chunks(items, seed, start, where, reseed):
+            ordered: Iterator[tuple[Any, Optional[int]]] = chunk
+            if self.shuffle:
+                listed = list(chunk)
+                random.Random(derive_seed(seed, "shuffle", point.chunk)).shuffle(listed)
+                ordered = iter(listed)
+            for taken, item in enumerate(ordered, 1):
+                if taken > drop:
+                    yield item, replace(point, within=taken)
+            drop = 0
+
+    def _sampled(
+        self,
+        items: Iterator[tuple[Any, Optional[int]]],
+        seed: int,
+        start: Point,
+        where: Callable[[], tuple[int, Any]],
+        reseed: Callable[[int], None],
+    ) -> Iterator[tuple[list[Any], list[Optional[int]], Point]]:
+        drop = start.within
+        for point, chunk in self._chunks(items, seed, start, where, reseed):
+            pairs = list(chunk)
+            instances = [x for x, _ in pairs]
+            lists = self.batch_lists(instances, derive_seed(seed, point.chunk)) if pairs else []
+            for taken, indices in enumerate(lists, 1):
+                if taken > drop:
+                    yield (
+                        [instances[i] for i in indices],
+                        [pairs[i][1] for i in indices],
+                        replace(point, within=taken),
+                    )
+            drop = 0
+
+
+class _Counted:
+    """An iterator that counts the items it has given."""
+
+    def __init__(self, iterator: Iterator[Any]) -> None:
+        self.iterator = iterator
+        self.count = 0
+
+    def __iter__(self) -> _Counted:
+        return self
+
+    def __next__(self) -> Any:
+        item = next(self.iterator)
+        self.count += 1
+        return item
+
+
+def slot_batches(
+    reader: Any,
+    data_path: Any,
+    plan: BatchPlan,
+    seed: int,
+    shards: ShardPlan,
+    start: Point,
+    reseed: Callable[[int], None],
+) -> Iterator[tuple[list[Any], list[Optional[int]], Point]]:
+    """One slot's batches of a lazy pass, from `start` (`shards` already set on `reader`).
+
+    A start without a known record (a reader that does not say which record an
+    instance came from) reads and drops the `start.skip` instances before it.
+    """
+    seed = derive_seed(seed, "batches")
+    first = derive_seed(seed, "chunk", start.chunk)
+    instances = iter(reader.read(data_path))
+    if start.record > 0:
+        # The reader reaches the start record inside its first read: seed the chunk there,
+        # after the records it reads past, as an uninterrupted pass does.
+        shards.at_start = lambda: reseed(first)
+        reseed = _once_skipped(reseed)
+    elif start.record < 0:
+        for _ in itertools.islice(instances, start.skip):
+            shards.take()
+    items = ((instance, shards.take()) for instance in instances)
+    return plan.resumable(items, seed, start, shards.where, reseed)
+
+
+def _once_skipped(reseed: Callable[[int], None]) -> Callable[[int], None]:
+    """`reseed`, except for its first call (the shard plan seeds the first chunk)."""
+    calls = itertools.count()
+
+    def skip_first(seed: int) -> None:
+        if next(calls):
+            reseed(seed)
+
+    return skip_first
 
 
 def check_indices(lists: list[list[int]], size: int, sampler: BatchSampler) -> list[list[int]]:

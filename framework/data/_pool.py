@@ -11,6 +11,7 @@ pipe) is noticed at once, never waited on. The pool is the only writer of
 
 from __future__ import annotations
 
+import copy
 import math
 import multiprocessing
 import os
@@ -24,10 +25,11 @@ import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
-from typing import Any, Optional, Union
+from typing import Any, Optional, Union, cast
 
 from framework.data._batching import derive_seed
 from framework.data._protocol import Batch, Done, Failed, Instances, PassKind, Progress, Start, Stop
+from framework.data._shards import Consumed, Point
 from framework.data._transfer import read_frame, set_pipe_size
 from framework.data._worker import WorkerSpec, worker_main
 from framework.errors import WorkerError
@@ -46,7 +48,13 @@ GRACE = 1.0  # seconds a stopped worker gets to exit cleanly before it is signal
 
 @dataclass
 class Position:
-    """Where a pass over the data stands: enough to resume it exactly."""
+    """Where a pass over the data stands (one rank's): enough to resume it exactly.
+
+    Per worker (slot ``rank + world_size * worker``): batches taken, whether it is done,
+    the `Point` to restart it after its last batch, the record indexes it yielded at or
+    after that point's record (`taken`), and when done, the record below which it read
+    everything (`ends`). `base`: the records the epoch yielded before this pass began.
+    """
 
     epoch: int
     seed: int
@@ -55,6 +63,56 @@ class Position:
     done: list[bool] = field(default_factory=list)
     next_worker: int = 0
     instances: int = 0
+    base: Consumed = field(default_factory=Consumed)
+    points: list[Optional[Point]] = field(default_factory=list)
+    taken: list[list[int]] = field(default_factory=list)
+    ends: list[int] = field(default_factory=list)
+    tracked: bool = True
+
+    def begin(self, workers: int) -> None:
+        """Size the per-worker lists for a pass with `workers` slots (once)."""
+        if not self.per_worker:
+            self.per_worker = [0] * workers
+            self.done = [False] * workers
+        if not self.points:
+            self.points = [None] * workers
+            self.taken = [[] for _ in range(workers)]
+            self.ends = [-1] * workers
+
+    def record(self, worker: int, indexes: list[Optional[int]], point: Optional[Point]) -> None:
+        """Worker `worker` yielded a batch of `indexes`; after it the worker restarts at `point`."""
+        previous = self.points[worker]
+        self.points[worker] = point
+        if point is None or point.record < 0 or any(i is None for i in indexes):
+            self.tracked = False
+        if not self.tracked or point is None:
+            return
+        taken = self.taken[worker]
+        taken.extend(cast(list[int], indexes))
+        if previous is None or previous.record != point.record:
+            self.taken[worker] = [i for i in taken if i >= point.record]
+
+    def finish(self, worker: int, instances: int, end: int) -> None:
+        self.done[worker] = True
+        self.instances += instances
+        self.ends[worker] = end
+
+    def limits(self, rank: int, world: int) -> dict[int, int]:
+        """Per slot of this rank: every record of its share below this one was yielded."""
+        out = {}
+        for worker, point in enumerate(self.points):
+            slot = rank + world * worker
+            if self.done[worker] and self.ends[worker] >= 0:
+                out[slot] = self.ends[worker]
+            elif point is not None:
+                out[slot] = point.record
+            else:
+                out[slot] = self.base.below  # nothing yielded yet
+        return out
+
+    def tokens(self) -> dict[int, Any]:
+        """Seek tokens by record index, where the workers' points know them."""
+        return {p.record: p.token for p in self.points if p is not None and p.token is not None}
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -65,11 +123,21 @@ class Position:
             "done": list(self.done),
             "next_worker": self.next_worker,
             "instances": self.instances,
+            "base": self.base.to_dict(),
+            "points": [None if p is None else p.to_dict() for p in self.points],
+            "taken": [list(t) for t in self.taken],
+            "ends": list(self.ends),
+            "tracked": self.tracked,
         }
 
     @classmethod
     def from_dict(cls, state: dict[str, Any]) -> Position:
-        return cls(**{key: state[key] for key in cls.__dataclass_fields__})
+        # Copies: the caller's state must stay as saved (it may be loaded again).
+        fields = {key: copy.deepcopy(state[key]) for key in cls.__dataclass_fields__}
+        fields["base"] = Consumed.from_dict(state["base"])
+        fields["points"] = [None if p is None else Point.from_dict(p) for p in state["points"]]
+        fields["taken"] = [list(t) for t in state["taken"]]
+        return cls(**fields)
 
 
 class WorkerPool:
@@ -135,17 +203,32 @@ class WorkerPool:
         )
 
     def run(
-        self, position: Position, kind: PassKind, timeout: Optional[float]
+        self,
+        position: Position,
+        kind: PassKind,
+        timeout: Optional[float],
+        rank: int = 0,
+        world: int = 1,
     ) -> Iterator[Union[Batch, Instances]]:
-        """Yield the `Batch` or `Instances` messages of one pass, round-robin from `position`."""
-        if not position.per_worker:
-            position.per_worker = [0] * self.num_workers
-            position.done = [False] * self.num_workers
+        """Yield the `Batch` or `Instances` messages of one pass, round-robin from `position`.
+
+        Worker w serves slot ``rank + world * w`` of ``world * num_workers``.
+        """
+        position.begin(self.num_workers)
         self.busy = True
+        slots = world * self.num_workers
         for worker_id in range(self.num_workers):
             if not position.done[worker_id]:
                 seed = self._seed(position, worker_id)
-                self._command(worker_id, Start(kind, seed, position.per_worker[worker_id]))
+                start = Start(
+                    kind,
+                    seed,
+                    rank + world * worker_id,
+                    slots,
+                    position.base,
+                    position.points[worker_id],
+                )
+                self._command(worker_id, start)
         bars = self._bars(kind)
         worker_id = position.next_worker
         try:
@@ -157,14 +240,14 @@ class WorkerPool:
                 if isinstance(message, Progress):
                     continue  # the reader is alive: wait again, with a fresh timeout
                 if isinstance(message, Done):
-                    position.done[worker_id] = True
-                    position.instances += message.instances
+                    position.finish(worker_id, message.instances, message.end)
                 elif isinstance(message, Failed):
                     raise _failure(worker_id, message)
                 else:
                     if kind == "batches":
                         self.slots[worker_id].release()
                         position.consumed += 1
+                        position.record(worker_id, message.indexes, message.point)
                     position.per_worker[worker_id] += 1
                     position.next_worker = (worker_id + 1) % self.num_workers
                     if bars:

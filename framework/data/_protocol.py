@@ -2,17 +2,19 @@
 
 Main process -> worker, on the worker's control pipe:
 
-- `Start`: serve one pass (batches or instances) from a seed, skipping batches
-  already consumed;
+- `Start`: serve one pass (batches or instances) from a seed: the worker's slot of
+  the records (`slot` of `slots`, without those in `base`), restarting at `point`;
 - `Stop`: finish the current batch and exit (also checked between batches, so a
   busy worker stops cooperatively and cleans up).
 
 Worker -> main process, as frames on the worker's data pipe:
 
-- `Batch` (a collated batch), `Instances` (a list of instances);
+- `Batch` (a collated batch), `Instances` (a list of instances), each with the
+  record indexes of its instances and (lazy mode) the `Point` to restart after it;
 - `Progress`: the reader is still producing (sent only when a `timeout` is set, so
   the timeout measures silence, not the time to fill a frame);
-- `Done`: the pass ended, after reading `instances` instances;
+- `Done`: the pass ended, after reading `instances` instances and every record of
+  the slot below `end` (-1: unknown);
 - `Failed`: the pass raised; the worker keeps serving commands.
 
 A worker only counts what it sends; the pool is the only writer of the iteration
@@ -23,6 +25,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Literal, Optional, Union
+
+from framework.data._shards import Consumed, Point
 
 __all__ = [
     "Batch", "Done", "Failed", "Instances", "PassKind", "Progress", "Start", "Stop",
@@ -36,7 +40,10 @@ PassKind = Literal["batches", "instances"]
 class Start:
     kind: PassKind
     seed: int
-    skip: int  # batches of this pass the consumer already has (resuming)
+    slot: int  # this worker's share: records i with i % slots == slot, not in base
+    slots: int
+    base: Consumed  # records the epoch yielded before this pass (an elastic resume)
+    point: Optional[Point]  # where to restart (resuming); None: from the start
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,11 +54,15 @@ class Stop:
 @dataclass(frozen=True, slots=True)
 class Batch:
     payload: Any
+    indexes: list[Optional[int]]  # the record each instance came from (None: unknown)
+    point: Optional[Point] = None  # where this slot restarts after this batch
 
 
 @dataclass(frozen=True, slots=True)
 class Instances:
     instances: list[Any]
+    indexes: list[Optional[int]]
+    point: Optional[Point] = None  # as Batch's (lazy mode, collated in the main process)
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +73,7 @@ class Progress:
 @dataclass(frozen=True, slots=True)
 class Done:
     instances: int
+    end: int = -1
 
 
 @dataclass(frozen=True, slots=True)

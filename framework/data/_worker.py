@@ -26,7 +26,7 @@ from typing import Any, Optional, Union
 
 import torch
 
-from framework.data._batching import BatchPlan, derive_seed, groups_of
+from framework.data._batching import BatchPlan, groups_of, slot_batches
 from framework.data._protocol import (
     Batch,
     Done,
@@ -37,6 +37,7 @@ from framework.data._protocol import (
     ToMain,
 )
 from framework.data._rng import seed_everything
+from framework.data._shards import Point, ShardPlan
 from framework.data._transfer import TransferMode, write_frame
 from framework.data.collate import DataCollator
 from framework.data.loader import move_to_device
@@ -149,9 +150,9 @@ def worker_main(
             return  # Stop
         try:
             if command.kind == "instances":
-                _serve_instances(spec, fd, control, command.seed)
+                _serve_instances(spec, fd, control, command)
             else:
-                _serve_batches(spec, fd, control, command.seed, command.skip, slots)
+                _serve_batches(spec, fd, control, command, slots)
         except _Stopped:
             return
         except BaseException as error:
@@ -189,37 +190,58 @@ class _Sender:
             yield item
 
 
-def _serve_instances(spec: WorkerSpec, fd: int, control: Connection, seed: int) -> None:
-    seed_everything(seed)
+def _serve_instances(spec: WorkerSpec, fd: int, control: Connection, command: Start) -> None:
+    seed_everything(command.seed)
     sender = _Sender(spec, fd, control)
-    for chunk in groups_of(sender.counted(spec.reader.read(spec.data_path)), INSTANCE_CHUNK):
+    shards = ShardPlan(command.slot, command.slots, command.base)
+    spec.reader._set_shard_plan(shards)
+    pairs = ((x, shards.take()) for x in sender.counted(spec.reader.read(spec.data_path)))
+    for chunk in groups_of(pairs, INSTANCE_CHUNK):
         sender.check_stop()
-        sender.send(Instances(chunk), "instance")
-    sender.send(Done(sender.count))
+        sender.send(Instances([x for x, _ in chunk], [i for _, i in chunk]), "instance")
+    sender.send(Done(sender.count, shards.where()[0]))
 
 
-def _serve_batches(
-    spec: WorkerSpec, fd: int, control: Connection, seed: int, skip: int, slots: Any
-) -> None:
-    seed_everything(seed)
+def _serve_batches(spec: WorkerSpec, fd: int, control: Connection, command: Start, slots: Any) -> None:
+    seed_everything(command.seed)
     sender = _Sender(spec, fd, control)
-    instances = sender.counted(spec.reader.read(spec.data_path))
-    for index, batch in enumerate(spec.plan.stream(instances, derive_seed(seed, "batches"))):
-        if index < skip:
-            continue  # resuming: these batches were consumed before the state was saved
+    start = command.point or Point(record=command.base.below, token=command.base.token)
+    shards = ShardPlan(command.slot, command.slots, command.base, max(start.record, 0), start.token)
+    spec.reader._set_shard_plan(shards)
+    batches = slot_batches(
+        _Counting(spec.reader, sender),
+        spec.data_path,
+        spec.plan,
+        command.seed,
+        shards,
+        start,
+        seed_everything,
+    )
+    for instances, indexes, point in batches:
         # Backpressure: at most `prefetch` batches in flight; the main process frees a
         # slot per batch it takes. (The pipe alone bounds bytes, not batches.) A Stop
         # also frees one, so check for it after waking.
         slots.acquire()
         sender.check_stop()
         if spec.collate_in_worker:
-            payload = spec.collate_fn(batch)
+            payload = spec.collate_fn(instances)
             if spec.device is not None:
                 payload = move_to_device(payload, spec.device)
-            sender.send(Batch(payload), "batch")
+            sender.send(Batch(payload, indexes, point), "batch")
         else:
-            sender.send(Instances(batch), "instance")
-    sender.send(Done(sender.count))
+            sender.send(Instances(instances, indexes, point), "instance")
+    sender.send(Done(sender.count, shards.where()[0]))
+
+
+class _Counting:
+    """A reader whose `read` counts its instances on `sender` (and sends heartbeats)."""
+
+    def __init__(self, reader: DatasetReader, sender: _Sender) -> None:
+        self.reader = reader
+        self.sender = sender
+
+    def read(self, data_path: Any) -> Any:
+        return self.sender.counted(self.reader.read(data_path))
 
 
 def _send(fd: int, message: ToMain, mode: TransferMode, what: str = "") -> None:

@@ -30,16 +30,17 @@ import pickle
 import warnings
 import weakref
 from collections.abc import Generator, Iterator, Mapping
-from typing import Any, Optional, Union, cast
+from typing import Any, Optional, TypeVar, Union, cast
 
 import torch
 
-from framework.data._batching import BatchPlan, derive_seed
-from framework.data._checks import check_resumable, config_checks, describe, no_instances, validate
+from framework.data._batching import BatchPlan, derive_seed, slot_batches
+from framework.data._checks import config_checks, describe, no_instances, validate
 from framework.data._distributed import agree, even
 from framework.data._pool import Position, WorkerPool, main_thread
 from framework.data._protocol import Batch, Instances
-from framework.data._rng import PrivateRandom
+from framework.data._rng import PrivateRandom, seed_everything
+from framework.data._shards import STATE_VERSION, Consumed, Point, ShardPlan, check_settings, consumed_by
 from framework.data._worker import WorkerSpec
 from framework.data.collate import DataCollator, DefaultDataCollator
 from framework.data.loader import DataLoader, TensorDict, move_to_device, pin_memory
@@ -53,6 +54,8 @@ from framework.data.reader import (
 from framework.data.sampler import BatchSampler
 
 __all__ = ["MultiProcessDataLoader"]
+
+_P = TypeVar("_P")
 
 class MultiProcessDataLoader(DataLoader):
     """Reads with `reader` from `data_path` in `num_workers` processes and yields batches.
@@ -185,6 +188,8 @@ class MultiProcessDataLoader(DataLoader):
                 stacklevel=2,
             )
         self._instances: Optional[list[Instance]] = None
+        self._indexes: Optional[list[int]] = None  # each cached instance's record index
+        self._eager_lists: list[list[int]] = []  # the eager pass in progress, for state_dict
         self._pool: Optional[WorkerPool] = None
         self._epoch = 0
         self._pending: Optional[Position] = None  # where the next pass starts
@@ -269,7 +274,8 @@ class MultiProcessDataLoader(DataLoader):
             yield from self._load_instances()
             return
         # One swap of the loader's random streams per chunk (memory stays bounded).
-        yield from self._read_instances(step=self.max_instances_in_memory)
+        for instance, _ in self._read_instances(step=self.max_instances_in_memory):
+            yield instance
 
     def set_target_device(self, device: Union[int, str, torch.device]) -> None:
         new = device if isinstance(device, torch.device) else torch.device(device)
@@ -279,20 +285,51 @@ class MultiProcessDataLoader(DataLoader):
         self.cuda_device = new
 
     def state_dict(self) -> dict[str, Any]:
-        """Where iteration stands; `load_state_dict` on a like-built loader resumes there."""
+        """Where iteration stands, as plain data; `load_state_dict` resumes there.
+
+        Under torch.distributed this is a collective (every rank calls it; one
+        ``all_gather_object``) and every rank returns the same whole-job state.
+        """
         position = self._current or self._next_position()
-        return {"position": position.to_dict(), **self._topology()}
+        info = current_distributed_info()
+        world, rank = (info.world_size, info.global_rank) if info else (1, 0)
+        mine = self._rank_part(position, rank, world)
+        parts = [mine]
+        if world > 1:
+            import torch.distributed as dist
+
+            gathered: list[Any] = [None] * world
+            dist.all_gather_object(gathered, mine)
+            parts = gathered
+        consumed: Optional[Consumed] = None
+        if all(part["tracked"] for part in parts):
+            limits = {slot: limit for part in parts for slot, limit in part["limits"]}
+            consumed = consumed_by(
+                position.base,
+                world * self._slots_per_rank(),
+                limits,
+                [index for part in parts for index in part["taken"]],
+                {record: token for part in parts for record, token in part["tokens"]},
+            )
+        return {
+            "version": STATE_VERSION,
+            "epoch": position.epoch,
+            "world_size": world,
+            "num_workers": self.num_workers,
+            "settings": self._settings(),
+            "ranks": [part["position"] for part in parts],
+            "consumed": None if consumed is None else consumed.to_dict(),
+        }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        try:
-            position = Position.from_dict(dict(state["position"]))
-        except (KeyError, TypeError, ValueError) as error:
-            raise ValueError(
-                f"load_state_dict() expects what MultiProcessDataLoader.state_dict() "
-                f"returned (a mapping with a 'position'), got {type(state).__name__} "
-                f"({type(error).__name__}: {error}); pass the loader's own state_dict()"
-            ) from error
-        check_resumable(state, self._topology())
+        """Resume from a `state_dict()`, saved with any num_workers or world size.
+
+        The same num_workers and world size resume batch for batch; others deal out
+        the records the epoch has not yielded yet over this loader's ranks and workers.
+        Settings that would change which instances exist or how they batch (reader,
+        data_path, batch settings, sampler) must be the same: ValueError naming them.
+        """
+        position = self._resumed_position(state)
         if self._batch_generator is not None:
             self._batch_generator.close()
             self._batch_generator = None
@@ -308,15 +345,85 @@ class MultiProcessDataLoader(DataLoader):
             self._batch_generator = None
         self._close_pool()
 
-    def _topology(self) -> dict[str, Any]:
-        """What a saved position is valid for: the same settings split and batch the same."""
-        info = current_distributed_info()
+    def _slots_per_rank(self) -> int:
+        return max(1, self.num_workers) if self.max_instances_in_memory is not None else 1
+
+    def _rank_part(self, position: Position, rank: int, world: int) -> dict[str, Any]:
+        """This rank's share of the whole-job state: its exact position, and what it yielded."""
+        if self.max_instances_in_memory is None:
+            indexes = self._indexes
+            tracked = indexes is not None
+            lists = self._eager_lists if position is self._current else []
+            taken = [] if indexes is None else [indexes[i] for b in lists[: position.consumed] for i in b]
+            limits = [(rank, position.base.below)]
+            tokens: list[tuple[int, Any]] = []
+        else:
+            position.begin(self._slots_per_rank())
+            tracked = position.tracked
+            taken = [index for listed in position.taken for index in listed]
+            limits = list(position.limits(rank, world).items())
+            tokens = list(position.tokens().items())
+        return {
+            "position": position.to_dict(),
+            "tracked": tracked,
+            "taken": taken,
+            "limits": limits,
+            "tokens": tokens,
+        }
+
+    def _resumed_position(self, state: Mapping[str, Any]) -> Position:
+        if not isinstance(state, Mapping) or "version" not in state:
+            old = isinstance(state, Mapping) and "position" in state
+            raise ValueError(
+                "load_state_dict() expects what MultiProcessDataLoader.state_dict() returned "
+                f"(a mapping with 'version': {STATE_VERSION}), got "
+                + (
+                    "a state in the format before resuming across topologies (no 'version'); "
+                    "it cannot be read by this version: start the epoch afresh"
+                    if old
+                    else f"{type(state).__name__}: pass the loader's own state_dict()"
+                )
+            )
+        if state["version"] != STATE_VERSION:
+            raise ValueError(
+                f"the state has format version {state['version']!r}, and this version of "
+                f"framework reads version {STATE_VERSION}: resume it with the version that "
+                "saved it, or start the epoch afresh"
+            )
+        try:
+            check_settings(state["settings"], self._settings())
+            info = current_distributed_info()
+            world, rank = (info.world_size, info.global_rank) if info else (1, 0)
+            ranks = list(state["ranks"])
+            saved_slots = max(1, state["num_workers"]) if self.max_instances_in_memory is not None else 1
+            if state["world_size"] == world and saved_slots == self._slots_per_rank():
+                return Position.from_dict(dict(ranks[rank]))  # the same split: exact
+            consumed = state["consumed"]
+            first = Position.from_dict(dict(ranks[0]))
+        except (KeyError, TypeError, IndexError, AttributeError) as error:
+            raise ValueError(
+                f"load_state_dict() expects what MultiProcessDataLoader.state_dict() "
+                f"returned; this state lacks or mangles a part ({type(error).__name__}: "
+                f"{error}); pass the loader's own state_dict()"
+            ) from error
+        if consumed is None:
+            raise ValueError(
+                f"the state was saved with world_size={state['world_size']} and "
+                f"num_workers={state['num_workers']}, and {type(self.reader).__name__} does "
+                "not say which record each instance came from (it shards by itself, builds "
+                "a list, or yields several instances per record), so the rest of the epoch "
+                "cannot be dealt over another split. Resume with the same num_workers and "
+                "world size, or see 'Resume anywhere' in the loader docs"
+            )
+        # Another split: a new pass over what is left, seeded from the saved pass.
+        seed = derive_seed(first.seed, "resumed", world, self._slots_per_rank(), rank)
+        return Position(epoch=first.epoch, seed=seed, base=Consumed.from_dict(consumed))
+
+    def _settings(self) -> dict[str, Any]:
+        """What a saved state is valid for: the same data, batched the same way."""
         sampler = self.batch_sampler
         return {
             "lazy": self.max_instances_in_memory is not None,
-            "num_workers": self.num_workers,
-            "world_size": info.world_size if info else 1,
-            "rank": info.global_rank if info else 0,
             "max_instances_in_memory": self.max_instances_in_memory,
             "batch_size": self.batch_size,
             "drop_last": self.drop_last,
@@ -390,29 +497,47 @@ class MultiProcessDataLoader(DataLoader):
         instances = self._load_instances()
         error: Optional[Exception] = None
         lists: list[list[int]] = []
+        # Resumed in another split: only what the epoch has not yielded yet.
+        keep = list(range(len(instances)))
+        if position.base.below or position.base.bits:
+            assert self._indexes is not None  # a state without indexes is refused on load
+            keep = [i for i, record in enumerate(self._indexes) if record not in position.base]
         try:
-            lists = self._plan.batch_lists(instances, derive_seed(position.seed, "eager"))
+            kept = [instances[i] for i in keep]
+            lists = self._plan.batch_lists(kept, derive_seed(position.seed, "eager"))
+            lists = [[keep[i] for i in indices] for indices in lists]
         except Exception as raised:
             error = raised
         if self._evened():
             lists = lists[: agree(len(lists), error)]
         elif error is not None:
             raise error
+        self._eager_lists = lists
         for index in range(position.consumed, len(lists)):
             batch = self.collate_fn([instances[i] for i in lists[index]])
             position.consumed = index + 1
             yield batch
 
     def _lazy_pass_in_process(self, position: Position) -> Iterator[Any]:
+        info = current_distributed_info()
+        world, rank = (info.world_size, info.global_rank) if info else (1, 0)
+        position.begin(1)
+        resumed = position.consumed > 0 or bool(position.base.below or position.base.bits)
         worker_seed = derive_seed(position.seed, "worker", 0)
+        start = position.points[0] or Point(record=position.base.below, token=position.base.token)
+        shards = ShardPlan(rank, world, position.base, max(start.record, 0), start.token)
+        reader = self.reader  # the reader itself (`self` is a weak proxy), to unset the plan
+        reader._set_shard_plan(shards)
         counter = itertools.count()
-        instances = (x for x, _ in zip(self.reader.read(self.data_path), counter))
+        counting = _CountingReader(reader, counter)
+        # Chunks reseed the streams: the loader's own ones (swapped in below), never the
+        # caller's; unseeded, nothing is reseeded.
+        reseed = (lambda s: seed_everything(s, cuda=False)) if self.seed is not None else _no_reseed
 
-        def collated() -> Iterator[tuple[int, Any]]:
-            stream = self._plan.stream(instances, derive_seed(worker_seed, "batches"))
-            for index, batch in enumerate(stream):
-                if index >= position.consumed:  # resuming: skip what was consumed before
-                    yield index, self.collate_fn(batch)
+        def collated() -> Iterator[tuple[list[Optional[int]], Any, Any]]:
+            stream = slot_batches(counting, self.data_path, self._plan, worker_seed, shards, start, reseed)
+            for instances, indexes, point in stream:
+                yield indexes, point, self.collate_fn(instances)
 
         batches = collated()
         if self.seed is not None:
@@ -421,10 +546,15 @@ class MultiProcessDataLoader(DataLoader):
             # A swap costs ~0.1-0.3 ms, so make a chunk's worth of batches per swap
             # (memory stays about max_instances_in_memory, as in a worker's prefetch).
             batches = PrivateRandom(worker_seed).wrap(batches, self._batches_per_chunk())
-        for index, batch in batches:
-            position.consumed = index + 1
-            yield batch
-        if next(counter) == 0 and position.consumed == 0:
+        try:
+            for indexes, point, batch in batches:
+                position.consumed += 1
+                position.record(0, indexes, point)
+                yield batch
+            position.finish(0, next(counter), shards.where()[0])
+        finally:
+            reader._set_shard_plan(None)  # the reader reads whole again outside the loader
+        if position.instances == 0 and not resumed:
             raise no_instances(self.reader, self.data_path)
 
     def _batches_per_chunk(self) -> int:
@@ -436,9 +566,10 @@ class MultiProcessDataLoader(DataLoader):
     ) -> Iterator[Any]:
         pool = self._get_pool(info)
         finished = False
-        resumed = position.consumed > 0
+        resumed = position.consumed > 0 or bool(position.base.below or position.base.bits)
+        world, rank = (info.world_size, info.global_rank) if info else (1, 0)
         try:
-            for message in pool.run(position, "batches", self.timeout):  # counts `consumed`
+            for message in pool.run(position, "batches", self.timeout, rank, world):  # counts
                 if isinstance(message, Batch):
                     yield message.payload
                     continue
@@ -466,56 +597,70 @@ class MultiProcessDataLoader(DataLoader):
     def _load_instances(self) -> list[Instance]:
         if self._instances is None:
             error: Optional[Exception] = None
+            pairs: list[tuple[Instance, Optional[int]]] = []
             try:
-                instances = list(self._read_instances(step=None))
-                if not instances:
+                pairs = list(self._read_instances(step=None))
+                if not pairs:
                     error = no_instances(self.reader, self.data_path)
             except Exception as raised:
-                instances, error = [], raised
+                pairs, error = [], raised
             if self._evened():
-                agree(len(instances), error)  # a rank that failed fails every rank, at once
+                agree(len(pairs), error)  # a rank that failed fails every rank, at once
             elif error is not None:
                 raise error
-            self._instances = instances
+            self._instances = [instance for instance, _ in pairs]
+            indexes = [index for _, index in pairs]
+            # Record indexes let another split resume; a reader that hides them cannot.
+            self._indexes = None if None in indexes else cast(list[int], indexes)
         return self._instances
 
-    def _read_instances(self, step: Optional[int]) -> Iterator[Instance]:
-        """The reader's instances; in this process `step` are read per swap of the
-        loader's random streams (None: all in one, when no caller code runs between)."""
+    def _read_instances(self, step: Optional[int]) -> Iterator[tuple[Instance, Optional[int]]]:
+        """(instance, record index) of this rank's share; in this process `step` are read
+        per swap of the loader's random streams (None: all in one, when no caller code
+        runs between)."""
+        info = current_distributed_info()
+        world, rank = (info.world_size, info.global_rank) if info else (1, 0)
         if self.num_workers == 0:
-            instances = self._progress(self.reader.read(self.data_path))
-            if self.seed is None:
-                yield from instances
-                return
-            # Seeded as worker 0 would be (the same data with 0 or 1 workers).
-            private = PrivateRandom(derive_seed(self._epoch_seed(0), "worker", 0))
-            yield from private.wrap(instances, step)
+            shards = ShardPlan(rank, world, Consumed())
+            self.reader._set_shard_plan(shards)
+            try:
+                pairs = self._progress((x, shards.take()) for x in self.reader.read(self.data_path))
+                if self.seed is None:
+                    yield from pairs
+                    return
+                # Seeded as worker 0 would be (the same data with 0 or 1 workers).
+                private = PrivateRandom(derive_seed(self._epoch_seed(0), "worker", 0))
+                yield from private.wrap(pairs, step)
+            finally:
+                self.reader._set_shard_plan(None)
             return
-        pool = self._start_pool(current_distributed_info())
+        pool = self._start_pool(info)
         position = Position(epoch=0, seed=self._epoch_seed(0))
         try:
-            messages = pool.run(position, "instances", self.timeout)
+            messages = pool.run(position, "instances", self.timeout, rank, world)
             yield from self._progress(self._interleave(messages))  # type: ignore[arg-type]
         finally:
             pool.shutdown()
 
-    def _interleave(self, messages: Iterator[Instances]) -> Iterator[Instance]:
+    def _interleave(self, messages: Iterator[Instances]) -> Iterator[tuple[Instance, Optional[int]]]:
         # Worker w holds items w, w + n, ...: taking one instance from each worker's
         # chunk in turn restores the reader's order.
-        chunks: list[list[Instance]] = []
+        chunks: list[list[tuple[Instance, Optional[int]]]] = []
         for message in messages:
-            chunks.append(message.instances)
+            chunks.append(list(zip(message.instances, message.indexes)))
             if len(chunks) == self.num_workers:
                 yield from self._hooked(_zip_longest(chunks))
                 chunks = []
         yield from self._hooked(_zip_longest(chunks))
 
-    def _hooked(self, instances: Iterator[Instance]) -> Iterator[Instance]:
-        for instance in instances:
+    def _hooked(
+        self, pairs: Iterator[tuple[Instance, Optional[int]]]
+    ) -> Iterator[tuple[Instance, Optional[int]]]:
+        for instance, index in pairs:
             self.reader.apply_token_indexers(instance)  # after crossing, in the main process
-            yield instance
+            yield instance, index
 
-    def _progress(self, iterable: Iterator[Instance]) -> Iterator[Instance]:
+    def _progress(self, iterable: Iterator[_P]) -> Iterator[_P]:
         if self.quiet:
             return iterable
         from tqdm import tqdm
@@ -595,9 +740,24 @@ class MultiProcessDataLoader(DataLoader):
             pass
 
 
-def _zip_longest(chunks: list[list[Instance]]) -> Iterator[Instance]:
+class _CountingReader:
+    """`reader.read`, counting the instances it yields into `counter`."""
+
+    def __init__(self, reader: DatasetReader, counter: Iterator[int]) -> None:
+        self.reader = reader
+        self.counter = counter
+
+    def read(self, data_path: Any) -> Iterator[Instance]:
+        return (x for x, _ in zip(self.reader.read(data_path), self.counter))
+
+
+def _no_reseed(seed: int) -> None:
+    """Unseeded loaders leave the random streams alone."""
+
+
+def _zip_longest(chunks: list[list[_P]]) -> Iterator[_P]:
     missing = object()
     for row in itertools.zip_longest(*chunks, fillvalue=missing):
         for instance in row:
             if instance is not missing:
-                yield instance
+                yield cast(_P, instance)

@@ -19,6 +19,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, TypeVar, Union
 
+from framework.data._shards import ShardPlan
 from framework.registry import Registrable
 
 __all__ = ["DatasetReader", "DatasetReaderInput", "DistributedInfo", "Instance", "WorkerInfo"]
@@ -81,6 +82,7 @@ class DatasetReader(Registrable):
     _distributed_info_set: bool = False
     _shard_helper_used: bool = False
     _info_queried: bool = False
+    _shard_plan: Optional[ShardPlan] = None
 
     def __init__(
         self,
@@ -158,12 +160,23 @@ class DatasetReader(Registrable):
         self._distributed_info = info
         self._distributed_info_set = True
 
+    def _set_shard_plan(self, plan: Optional[ShardPlan]) -> None:
+        """Set by the loader: deal records by `plan` (resumable), not by worker and rank."""
+        self._shard_plan = plan
+
     def shard_iterable(self, iterable: Iterable[_T]) -> Iterator[_T]:
         """This worker's and rank's share of `iterable`, dealt round-robin.
 
         For readers with both manual sharding flags set: call it inside `_read` on
         something cheap (lines, file names) before the expensive work. The share
         respects `max_instances` exactly.
+
+        Resuming (the reader hook): `iterable` is the reader's stream of records, one
+        instance each (or none), yielded by a generator that takes the next record
+        only when it needs it; the loader counts records to know which ones a resumed
+        epoch still owes. If `iterable` also has ``tell()`` and ``seek(token)`` (see
+        `framework.data._shards.Seekable`; the built-in readers' records have), a
+        resumed epoch seeks there instead of reading the records it skips.
         """
         if not (self.manual_distributed_sharding and self.manual_multiprocess_sharding):
             raise ValueError(
@@ -173,6 +186,8 @@ class DatasetReader(Registrable):
                 "to super().__init__() in the reader's constructor."
             )
         self._shard_helper_used = True
+        if self._shard_plan is not None:
+            return self._shard_plan.filter(iterable, self.max_instances)
         iterator: Iterator[_T] = iter(iterable)
         if self.max_instances is not None:
             iterator = itertools.islice(iterator, self.max_instances)
@@ -204,6 +219,9 @@ class DatasetReader(Registrable):
         auto_dist = not self.manual_distributed_sharding
         auto_workers = not self.manual_multiprocess_sharding
         iterator: Iterator[_T] = iter(iterable)
+        if auto_dist and auto_workers and self._shard_plan is not None:
+            yield from self._shard_plan.filter(iterable, self.max_instances)
+            return
         if auto_dist and auto_workers:
             # Fully automatic: taking the first max_instances before dealing makes the
             # shards together hold exactly the first max_instances items.

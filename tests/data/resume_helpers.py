@@ -1,0 +1,49 @@
+"""Rank entry points for tests/data/test_resume_anywhere.py (importable by spawned ranks)."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from typing import Any
+
+from loader_helpers import CountingReader
+
+MODES: dict[str, dict[str, Any]] = {
+    "lazy": {"max_instances_in_memory": 6, "num_workers": 2, "shuffle": True},
+    "eager": {"num_workers": 1, "shuffle": True},
+}
+
+
+def elastic_rank(rank: int, world: int, port: int, out_dir: str, phase: str) -> None:
+    """Phase "save": take 2 batches per mode, save the whole-job state; "resume": load it, yield the rest."""
+    import torch.distributed as dist
+
+    from framework.data.multiprocess import MultiProcessDataLoader
+
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", world_size=world, rank=rank,
+        timeout=timedelta(seconds=60),
+    )
+    try:
+        results: dict[str, Any] = {}
+        for name, options in MODES.items():
+            loader = MultiProcessDataLoader(
+                CountingReader(50), "x", batch_size=3, quiet=True, seed=0, even_batches=False, **options
+            )
+            if phase == "save":
+                iterator = iter(loader)
+                head = [next(iterator)["id"].tolist() for _ in range(2)]
+                state = loader.state_dict()  # a collective: every rank the same
+                results[name] = {"head": head, "state": json.loads(json.dumps(state))}
+                iterator.close()
+            else:
+                with open(f"{out_dir}/state_{name}.json") as handle:
+                    loader.load_state_dict(json.load(handle))
+                tail = [batch["id"].tolist() for batch in loader]
+                following = [batch["id"].tolist() for batch in loader]
+                results[name] = {"tail": tail, "next": following}
+            dist.barrier()
+        with open(f"{out_dir}/{phase}{rank}.json", "w") as handle:
+            json.dump(results, handle)
+    finally:
+        dist.destroy_process_group()

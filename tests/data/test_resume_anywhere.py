@@ -1,0 +1,194 @@
+"""Resume anywhere (issue 11): another num_workers or world size resumes the rest of the
+epoch, every instance not yet yielded exactly once; the built-in readers seek."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch.multiprocessing as mp
+from hardening_helpers import ListReader
+from loader_helpers import CountingReader, RandomReader
+from resume_helpers import MODES, elastic_rank
+
+from framework.data.multiprocess import MultiProcessDataLoader
+from framework.data.reader import DatasetReader
+from framework.data.sampler import BatchSampler
+
+pytestmark = pytest.mark.timeout(120)
+
+N = 50
+MOVES = [(0, 2), (2, 1), (2, 3), (3, 0)]
+
+
+def build(num_workers: int, lazy: int | None, batching: str, reader: DatasetReader | None = None,
+          data_path: Any = "x", **options: Any) -> MultiProcessDataLoader:
+    if batching == "bucket":
+        options["batch_sampler"] = BatchSampler.by_name("bucket")(batch_size=3, sorting_keys=["tokens"])
+    else:
+        options.update(batch_size=3, shuffle=True)
+    return MultiProcessDataLoader(
+        reader or RandomReader(N), data_path, num_workers=num_workers, max_instances_in_memory=lazy,
+        quiet=True, seed=5, **options,
+    )
+
+
+def ids(batches: Any) -> list[int]:
+    return [i for batch in batches for i in batch["id"].tolist()]
+
+
+def save_after(loader: MultiProcessDataLoader, batches: int) -> tuple[list[int], dict[str, Any]]:
+    iterator = iter(loader)
+    head = ids(itertools.islice(iterator, batches))
+    state = json.loads(json.dumps(loader.state_dict()))  # plain data
+    iterator.close()
+    return head, state
+
+
+@pytest.mark.parametrize("batching", ["shuffle", "bucket"])
+@pytest.mark.parametrize(("before", "after"), MOVES)
+def test_lazy_resume_with_other_num_workers(before: int, after: int, batching: str) -> None:
+    head, state = save_after(build(before, 8, batching), 5)
+    resumed = build(after, 8, batching)
+    resumed.load_state_dict(state)
+    tail = ids(resumed)
+    assert sorted(head + tail) == list(range(N))  # nothing twice, nothing lost
+    assert sorted(ids(resumed)) == list(range(N))  # the epoch after is a whole epoch
+
+
+@pytest.mark.parametrize("batching", ["shuffle", "bucket"])
+@pytest.mark.parametrize(("before", "after"), MOVES)
+def test_eager_resume_with_other_num_workers(before: int, after: int, batching: str) -> None:
+    original = build(before, None, batching)
+    head, state = save_after(original, 5)
+    resumed = build(after, None, batching)
+    resumed.load_state_dict(state)
+    tail = ids(resumed)
+    assert sorted(head + tail) == list(range(N))
+    # Eager mode batches the same cache whatever num_workers: the very batches that were next.
+    rest = build(before, None, batching)
+    rest.load_state_dict(state)
+    assert ids(rest) == tail
+    assert sorted(ids(resumed)) == list(range(N))
+
+
+def test_a_resumed_epoch_can_be_saved_and_resumed_again() -> None:
+    head, state = save_after(build(2, 8, "shuffle"), 4)
+    middle_loader = build(3, 8, "shuffle")
+    middle_loader.load_state_dict(state)
+    middle, state = save_after(middle_loader, 3)
+    last = build(0, 8, "shuffle")
+    last.load_state_dict(state)
+    assert sorted(head + middle + ids(last)) == list(range(N))
+    # The same split resumes a resumed epoch batch for batch.
+    again = build(3, 8, "shuffle")
+    again.load_state_dict(state)
+    exact = build(3, 8, "shuffle")
+    exact.load_state_dict(state)
+    assert ids(again) == ids(exact)
+
+
+def test_the_same_split_still_resumes_batch_for_batch() -> None:
+    original = build(2, 8, "bucket")
+    iterator = iter(original)
+    list(itertools.islice(iterator, 4))
+    state = json.loads(json.dumps(original.state_dict()))
+    rest = [batch["noise"].tolist() for batch in iterator]
+    resumed = build(2, 8, "bucket")
+    resumed.load_state_dict(state)
+    assert [batch["noise"].tolist() for batch in resumed] == rest
+
+
+def test_a_reader_that_hides_its_records_resumes_only_the_same_split() -> None:
+    # ListReader builds a list in _read: which record an instance came from is unknown.
+    head, state = save_after(build(2, 8, "shuffle", reader=ListReader(N)), 3)
+    with pytest.raises(ValueError, match="cannot be dealt over another split"):
+        build(3, 8, "shuffle", reader=ListReader(N)).load_state_dict(state)
+    same = build(2, 8, "shuffle", reader=ListReader(N))
+    same.load_state_dict(state)
+    assert sorted(head + ids(same)) == list(range(N))
+
+
+@pytest.mark.parametrize(
+    ("change", "field"), [({"data_path": "y"}, "data_path"), ({"reader": True}, "reader")]
+)
+def test_a_state_from_another_reader_or_data_path_is_refused(change: dict[str, Any], field: str) -> None:
+    _, state = save_after(build(2, 8, "shuffle"), 2)
+    reader = CountingReader(N) if change.pop("reader", False) else None
+    with pytest.raises(ValueError, match=rf"{field}=.*resuming would repeat or skip"):
+        build(3, 8, "shuffle", reader=reader, **change).load_state_dict(state)
+
+
+# -- the built-in readers seek -----------------------------------------------------------
+
+
+def lines_file(path: Path, count: int = 60) -> Path:
+    path.write_text("".join(f'{{"id": {i}, "text": "line {i} {"w " * (i % 5)}"}}\n' for i in range(count)))
+    return path
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "text", "csv"])
+@pytest.mark.parametrize("after", [2, 3])
+def test_builtin_readers_resume_by_seeking_past_what_was_read(tmp_path: Path, kind: str, after: int) -> None:
+    reader_type = DatasetReader.by_name(kind)
+    path = tmp_path / "data.txt"
+    if kind == "csv":
+        path.write_text("id,text\n" + "".join(f"{i},row {i}\n" for i in range(60)))
+        reader: Any = lambda: reader_type(field_types={"id": "int"})  # noqa: E731
+    else:
+        lines_file(path)
+        reader = (lambda: reader_type()) if kind == "jsonl" else (lambda: reader_type(keep_text=True))
+
+    def key(batch: dict[str, Any]) -> list[Any]:
+        return batch["id"].tolist() if "id" in batch else batch["text"]
+
+    def loader(workers: int) -> MultiProcessDataLoader:
+        return MultiProcessDataLoader(reader(), str(path), batch_size=4, shuffle=True, num_workers=workers,
+                                      max_instances_in_memory=8, quiet=True, seed=2)
+
+    original = loader(2)
+    iterator = iter(original)
+    head = [x for batch in itertools.islice(iterator, 8) for x in key(batch)]
+    state = json.loads(json.dumps(original.state_dict()))
+    rest = [x for batch in iterator for x in key(batch)]
+    # Make the part before the saved offset unreadable (same length, not UTF-8): a
+    # resumed loader that read it instead of seeking would fail.
+    below = state["consumed"]["token"]
+    assert below is not None and below[1] > 0
+    data = path.read_bytes()
+    start = data.index(b"\n") + 1 if kind == "csv" else 0  # the header stays readable
+    path.write_bytes(data[:start] + b"\xff" * (below[1] - start - 1) + b"\n" + data[below[1]:])
+    same = loader(2)
+    same.load_state_dict(state)
+    assert [x for batch in same for x in key(batch)] == rest
+    other = loader(after)
+    other.load_state_dict(state)
+    tail = [x for batch in other for x in key(batch)]
+    assert sorted(map(str, head + tail)) == sorted(map(str, head + rest))
+    assert len(head) + len(tail) == 60
+
+
+# -- torch.distributed: another world size ---------------------------------------------------
+
+
+@pytest.mark.parametrize(("before", "after"), [(2, 3), (3, 2)])
+def test_a_job_of_another_world_size_resumes_the_rest(
+    before: int, after: int, free_port: int, tmp_path: Path
+) -> None:
+    mp.spawn(elastic_rank, args=(before, free_port, str(tmp_path), "save"), nprocs=before, join=True)
+    saved = [json.loads((tmp_path / f"save{r}.json").read_text()) for r in range(before)]
+    for name in MODES:
+        states = [result[name]["state"] for result in saved]
+        assert all(state == states[0] for state in states)  # the whole-job state on every rank
+        (tmp_path / f"state_{name}.json").write_text(json.dumps(states[0]))
+    mp.spawn(elastic_rank, args=(after, free_port + 1, str(tmp_path), "resume"), nprocs=after, join=True)
+    resumed = [json.loads((tmp_path / f"resume{r}.json").read_text()) for r in range(after)]
+    for name in MODES:
+        head = [i for result in saved for batch in result[name]["head"] for i in batch]
+        tail = [i for result in resumed for batch in result[name]["tail"] for i in batch]
+        assert sorted(head + tail) == list(range(50)), name
+        following = [i for result in resumed for batch in result[name]["next"] for i in batch]
+        assert sorted(following) == list(range(50)), name  # then whole epochs

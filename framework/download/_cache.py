@@ -72,6 +72,7 @@ _READ_FLAGS: Final = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 # Open flags for a new file under a fresh name: never an existing file or a symlink.
 NEW_FILE_FLAGS: Final = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _MAX_SMALL_FILE: Final = 1 << 16
+_SHA256: Final = re.compile(r"[0-9a-f]{64}")
 
 
 class Metadata(TypedDict):
@@ -83,7 +84,7 @@ class Metadata(TypedDict):
     size: int
     sha256: str
     time: float
-    inode: int
+    inode: int  # -1 in a sidecar an older release wrote: it binds no file
     mtime_ns: int
 
 
@@ -320,7 +321,30 @@ def _parse_metadata(raw: Optional[bytes]) -> Optional[Metadata]:
         return None
     if not isinstance(data, dict):
         return None
-    meta: Metadata = data  # type: ignore[assignment]
+    # Anyone may have written it (a neighbour, another tool, an older release): a field of
+    # the wrong type makes it no sidecar at all (a miss), never an error later on.
+    # Inode and mtime may be missing (an older release): such a sidecar binds no file (-1).
+    size, digest = data.get("size"), data.get("sha256")
+    if type(size) is not int or size < 0 or not isinstance(digest, str) or not _SHA256.fullmatch(digest):
+        return None
+    optional = {"url": str, "etag": str, "last_modified": str, "inode": int, "mtime_ns": int}
+    for name, kind in optional.items():
+        value = data.get(name)
+        if value is not None and type(value) is not kind:
+            return None
+    written = data.get("time", 0.0)
+    if type(written) not in (int, float):
+        return None
+    meta: Metadata = {
+        "url": data.get("url") or "",
+        "etag": data.get("etag"),
+        "last_modified": data.get("last_modified"),
+        "size": size,
+        "sha256": digest,
+        "time": written,
+        "inode": -1 if data.get("inode") is None else data["inode"],
+        "mtime_ns": -1 if data.get("mtime_ns") is None else data["mtime_ns"],
+    }
     return meta
 
 

@@ -980,3 +980,36 @@ def test_racers_with_force_fetch_once(
     assert route.gets == 2  # the first fetch, then one for all three racers
     manager.cached_path(url, force=True)  # a later call: published before it began
     assert route.gets == 3
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "fields"),
+    [
+        ({"extract": True}, {}),  # no sha256
+        ({"revalidate": True}, {"sha256": "0" * 64, "etag": 5}),
+        ({}, {"sha256": "0" * 64, "size": "12"}),
+        ({"sha256": "0" * 64}, {"sha256": ["x"], "time": "yesterday"}),
+    ],
+)
+def test_malformed_sidecar_is_a_miss_never_a_raw_error(
+    http_server: FaultServer,
+    manager: DownloadManager,
+    cache: Path,
+    kwargs: dict[str, Any],
+    fields: dict[str, Any],
+) -> None:
+    from framework.download._cache import file_identity
+
+    data = _zip("real")
+    url = http_server.add(f"/sidecar/malformed-{len(http_server.routes)}.zip", data)
+    manager.cached_path(url)
+    entry = Entry(cache, url)
+    inode, size, mtime_ns = file_identity(os.lstat(entry.final))
+    entry.sidecar.write_text(json.dumps({"inode": inode, "size": size, "mtime_ns": mtime_ns, **fields}))
+    if kwargs.get("sha256"):
+        with pytest.raises(DownloadError):  # fetched again: the bytes are not 0000...
+            manager.cached_path(url, **kwargs)
+    else:
+        manager.cached_path(url, **kwargs)  # fetched again, published with a good sidecar
+        assert json.loads(entry.sidecar.read_text())["sha256"] == sha256(data)
+    assert http_server.route(url).gets == 2

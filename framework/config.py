@@ -186,8 +186,15 @@ class Lazy(Generic[T]):
 
     def construct(self, **kwargs: Any) -> T:
         extras = {**self.extras, **kwargs}
-        if isinstance(self.params, Mapping) and isinstance(self.annotation, type):
-            cls, params, path = self.annotation, self.params, self.path
+        params = self.params
+        if (
+            isinstance(params, str)
+            and isinstance(self.annotation, type)
+            and issubclass(self.annotation, Registrable)
+        ):
+            params = {"type": params}  # a name alone is the mapping with only "type"
+        if isinstance(params, Mapping) and isinstance(self.annotation, type):
+            cls, path = self.annotation, self.path
             built: T = _check_then_build(lambda walk: walk.instance(cls, params, path, kwargs), extras)
             return built
         return construct(self.annotation, self.params, path=self.path, extras=extras)  # type: ignore[no-any-return]
@@ -474,6 +481,15 @@ class _Walk:
         owner = signature.owner
         before = len(self.errors)
         kwargs: dict[str, Any] = dict(explicit)
+        if not signature.accepts_extra:
+            for name in [key for key in explicit if key not in signature.parameters]:
+                accepted = ", ".join(signature.parameters) or "none"
+                self.fail(
+                    ConfigError(
+                        _join(path, name),
+                        f"{owner} takes no argument {name!r} (given in code). Accepted keys: {accepted}",
+                    )
+                )
         for name in [key for key in params if key in explicit]:
             params.pop(name)
             self.fail(

@@ -17,7 +17,7 @@ from typing import Any, NamedTuple, Optional, Protocol
 import pytest
 from typing_extensions import NotRequired, TypedDict
 
-from framework import Registrable
+from framework import Lazy, Registrable
 from framework.cli import main
 from framework.data import DatasetReader
 
@@ -405,3 +405,34 @@ def test_validate_reads_a_string_or_path_config_as_a_file_like_from_config(
     assert "cannot read config file nowhere.json" in str(missing)
     (tmp_path / "run.yaml").write_text("dataset_reader: text\ndata_path: x\ndata_loader: {batch_size: 1}\n")
     assert validate(tmp_path / "run.yaml") == []
+
+
+# -- 11. Lazy of a name alone ---------------------------------------------------------------
+def test_lazy_construct_treats_a_name_alone_as_the_mapping_with_only_type() -> None:
+    from framework.errors import ConfigError
+
+    @Node.register("free")
+    class Free(Node):
+        def __init__(self, size: int = 0, **options: Any) -> None:
+            self.size, self.options = size, options
+
+    @Node.register("strict")
+    class Strict(Node):
+        def __init__(self, size: int = 0) -> None:
+            self.size = size
+
+    @Node.register("box")
+    class Box(Node):
+        def __init__(self, part: Lazy[Node]) -> None:
+            self.part = part
+
+    built = []
+    for form in ({"type": "free"}, "free"):
+        box: Any = Node.from_config({"type": "box", "part": form})
+        part = box.part.construct(size=3, colour="red")
+        built.append((type(part), part.size, part.options))
+    assert built == [(Free, 3, {"colour": "red"})] * 2
+    for form in ({"type": "strict"}, "strict"):
+        box = Node.from_config({"type": "box", "part": form})
+        with pytest.raises(ConfigError, match="colour: Strict takes no argument 'colour'"):
+            box.part.construct(size=3, colour="red")

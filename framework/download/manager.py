@@ -284,7 +284,7 @@ class DownloadManager:
             if _extracted(entry):
                 return entry.extracted
         if self.offline and (force or not (current() or rebound())):  # extracting a cached copy is fine
-            raise OfflineError(url, _offline_reason(entry, sha256, force, root))
+            raise OfflineError(url, _offline_reason(entry, sha256, force, root, self._offline is None))
         show = (self.progress if progress is None else progress) and sys.stderr.isatty()
         try:
             root.mkdir(parents=True, exist_ok=True)
@@ -365,10 +365,13 @@ def _same_version(meta: Metadata, info: RemoteInfo) -> bool:
     return info.size is None or info.size == meta.get("size")
 
 
-def _offline_reason(entry: Entry, sha256: Optional[str], force: bool, root: Path) -> str:
-    """Why offline mode cannot serve `entry`, saying what the cache does hold."""
-    what = "offline mode (FRAMEWORK_OFFLINE=1)"
-    fix = "run once online, or unset FRAMEWORK_OFFLINE"
+def _offline_reason(entry: Entry, sha256: Optional[str], force: bool, root: Path, from_env: bool) -> str:
+    """Why offline mode cannot serve `entry`, saying what the cache does hold and where
+    offline mode came from (the environment, or the manager's `offline` argument)."""
+    if from_env:
+        what, fix = "offline mode (FRAMEWORK_OFFLINE=1)", "run once online, or unset FRAMEWORK_OFFLINE"
+    else:
+        what, fix = "offline mode (DownloadManager(offline=True))", "run once online, or pass offline=False"
     cached = entry.cached()
     if cached is None and os.path.lexists(entry.final):
         return (

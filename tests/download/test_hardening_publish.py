@@ -1013,3 +1013,19 @@ def test_malformed_sidecar_is_a_miss_never_a_raw_error(
         manager.cached_path(url, **kwargs)  # fetched again, published with a good sidecar
         assert json.loads(entry.sidecar.read_text())["sha256"] == sha256(data)
     assert http_server.route(url).gets == 2
+
+
+@pytest.mark.parametrize("source", ["argument", "environment"])
+def test_offline_message_names_where_offline_mode_came_from(
+    http_server: FaultServer, cache: Path, monkeypatch: pytest.MonkeyPatch, source: str
+) -> None:
+    url = http_server.add("/offline/source.bin", b"x")
+    monkeypatch.setenv("FRAMEWORK_OFFLINE", "1" if source == "environment" else "0")
+    manager = DownloadManager(cache, offline=True if source == "argument" else None, progress=False)
+    with pytest.raises(OfflineError) as info:
+        manager.cached_path(url)
+    message = str(info.value)
+    if source == "argument":
+        assert "offline=True" in message and "FRAMEWORK_OFFLINE" not in message
+    else:
+        assert "FRAMEWORK_OFFLINE=1" in message and "unset FRAMEWORK_OFFLINE" in message

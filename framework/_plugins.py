@@ -15,15 +15,15 @@ from __future__ import annotations
 import collections
 import logging
 import os
-import warnings
+import re
 from collections.abc import Callable
-from importlib.metadata import EntryPoint, entry_points
+from importlib.metadata import Distribution, EntryPoint, distributions
 from typing import Final, Optional
 
 import pluggy
 
 from framework import hookspecs
-from framework.registry import PluginWarning, Registrar, Registry, get_registry
+from framework.registry import PluginWarning, Registrar, Registry, describe_error, get_registry
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -41,19 +41,9 @@ logger = logging.getLogger("framework.plugins")
 
 
 def _env_names(variable: str) -> Optional[set[str]]:
-    value = os.environ.get(variable)
-    if value is None:
-        return None
-    return {name.strip() for name in value.split(",") if name.strip()}
-
-
-def _dist_name(entry_point: EntryPoint) -> str:
-    return entry_point.dist.name if entry_point.dist is not None else ""
-
-
-def _provider(entry_point: EntryPoint) -> str:
-    dist = entry_point.dist
-    return f"{dist.name} {dist.version}" if dist is not None else "unknown distribution"
+    """The names listed in `variable`; None when unset or empty (empty means unset)."""
+    names = {name.strip() for name in os.environ.get(variable, "").split(",") if name.strip()}
+    return names or None
 
 
 def failures() -> dict[str, BaseException]:
@@ -72,31 +62,68 @@ def ensure_loaded() -> None:
     get_registry().ensure_discovered()
 
 
-def _ordered(found: list[EntryPoint]) -> list[EntryPoint]:
+def _entry_points(registry: Registry) -> list[tuple[str, str, EntryPoint]]:
+    """(distribution, version, entry point) of the group, read one distribution at a
+    time: a damaged ``.dist-info`` (no name, a bad line, bad bytes) is skipped with a
+    `PluginWarning`, and the others still load. The first of a name on sys.path wins."""
+    found: list[tuple[str, str, EntryPoint]] = []
+    seen: set[str] = set()
+    for dist in distributions():
+        try:
+            name, version, points = _read(dist)
+        except Exception as error:  # its metadata is someone else's, and may be anything
+            where = getattr(dist, "_path", None) or dist
+            registry.warn(
+                f"framework plugins of the distribution at {where} were skipped: its metadata "
+                f"could not be read ({describe_error(error)}); reinstall or remove it"
+            )
+            continue
+        key = re.sub(r"[-_.]+", "-", name).lower()  # PEP 503: one project, however spelled
+        if key not in seen:
+            seen.add(key)
+            found.extend((name, version, point) for point in points)
+    return found
+
+
+def _read(dist: Distribution) -> tuple[str, str, list[EntryPoint]]:
+    points = [point for point in dist.entry_points if point.group == ENTRY_POINT_GROUP]
+    name = dist.metadata["Name"]
+    if not isinstance(name, str) or not name:
+        if points:
+            raise ValueError("its METADATA has no Name")
+        return "", "", []
+    return name, str(dist.version), points
+
+
+def _ordered(found: list[tuple[str, str, EntryPoint]]) -> list[tuple[str, str, EntryPoint]]:
     """Unique by (distribution, name); first-party first, then by distribution and name."""
-    unique = {(_dist_name(ep), ep.name): ep for ep in reversed(found)}
+    unique = {(dist, point.name): (dist, version, point) for dist, version, point in reversed(found)}
     return [unique[key] for key in sorted(unique, key=lambda k: (k[0] != FIRST_PARTY, k))]
 
 
 def discover(registry: Registry) -> None:
-    """Load every allowed entry point of the group into `registry`."""
+    """Load every allowed entry point of the group into `registry`.
+
+    `FRAMEWORK_PLUGINS` / `FRAMEWORK_DISABLE_PLUGINS` list plugins by the name warnings
+    and ``framework plugins`` give (``core``, or ``other-dist:core`` for a third-party
+    entry point sharing a built-in's name); ``dist:name`` always works too.
+    """
     manager = registry.plugin_manager
     if os.environ.get("FRAMEWORK_TRACE_PLUGINS", "") not in ("", "0"):
         manager.trace.root.setwriter(lambda message: logger.info(message.rstrip()))
         manager.enable_tracing()
     allowed = _env_names("FRAMEWORK_PLUGINS")
     blocked = _env_names("FRAMEWORK_DISABLE_PLUGINS") or set()
-    found = _ordered(list(entry_points(group=ENTRY_POINT_GROUP)))
-    counts = collections.Counter(ep.name for ep in found)
-    for entry_point in found:
-        name = entry_point.name
-        if name in blocked or (allowed is not None and name not in allowed):
-            continue
-        dist = _dist_name(entry_point)
+    found = _ordered(_entry_points(registry))
+    counts = collections.Counter(point.name for _, _, point in found)
+    for dist, version, point in found:
         # Two distributions may use one entry-point name: the third-party one is then
         # known by "distribution:name", and neither replaces the other.
-        key = name if dist == FIRST_PARTY or counts[name] == 1 else f"{dist}:{name}"
-        _load(registry, key, _provider(entry_point), entry_point.load, f"{entry_point.value}, ")
+        key = point.name if dist == FIRST_PARTY or counts[point.name] == 1 else f"{dist}:{point.name}"
+        names = {key, f"{dist}:{point.name}"}
+        if names & blocked or (allowed is not None and not names & allowed):
+            continue
+        _load(registry, key, f"{dist} {version}", point.load, f"{point.value}, ")
 
 
 def add_plugin(registry: Registry, plugin: object, name: str, provider: str = "unknown") -> bool:
@@ -108,40 +135,56 @@ def _load(registry: Registry, name: str, provider: str, load: Callable[[], objec
     manager = registry.plugin_manager
     registrar = Registrar(provider=provider, plugin=name.rpartition(":")[2], registry=registry)
     plugin: object = None
-    try:
-        plugin = load()
-        if isinstance(plugin, type):  # a class is a plugin through its instance
-            plugin = plugin()
-        manager.register(plugin, name=name)
-        _warn_unknown_hooks(manager, plugin, name, provider)
-        caller = manager.subset_hook_caller(
-            "framework_register_components", [p for p in manager.get_plugins() if p is not plugin]
-        )
-        caller(registrar=registrar)
-        registry.commit(registrar.staged, on_clash="warn")
-        return True
-    except (Exception, SystemExit) as error:  # a plugin calling sys.exit() is a broken plugin
-        registry.record_failure(name, error)
-        if plugin is not None and manager.is_registered(plugin):
-            manager.unregister(plugin)
-        warnings.warn(
-            f"framework plugin {name!r} ({where}from {provider}) failed to load and was "
-            f"skipped: {type(error).__name__}: {error}",
-            PluginWarning,
-            stacklevel=2,
-        )
-        return False
+    registered = False
+    with registry.loading_plugin(name):
+        try:
+            plugin = load()
+            if isinstance(plugin, type):  # a class is a plugin through its instance
+                plugin = plugin()
+            manager.register(plugin, name=name)
+            registered = True
+            _check_hooks(registry, manager, plugin, name, provider)
+            caller = manager.subset_hook_caller(
+                "framework_register_components", [p for p in manager.get_plugins() if p is not plugin]
+            )
+            caller(registrar=registrar)
+            registry.commit(registrar.staged, on_clash="warn")
+            return True
+        except (Exception, SystemExit) as error:  # a plugin calling sys.exit() is a broken plugin
+            registry.record_failure(name, error)
+            registry.forget_plugin(name)  # what it registered before failing goes too
+            if registered:  # only ours: never another entry point's registration of it
+                manager.unregister(plugin)
+            registry.warn(
+                f"framework plugin {name!r} ({where}from {provider}) failed to load and was "
+                f"skipped: {describe_error(error)}"
+            )
+            return False
 
 
-def _warn_unknown_hooks(manager: pluggy.PluginManager, plugin: object, name: str, provider: str) -> None:
+def _check_hooks(
+    registry: Registry, manager: pluggy.PluginManager, plugin: object, name: str, provider: str
+) -> None:
+    """Hook mistakes are reported, never accepted silently: a misspelled hook, or none."""
     known = ", ".join(n for n in vars(hookspecs) if n.startswith("framework_"))
-    for hook in manager.get_hookcallers(plugin) or []:
+    callers = manager.get_hookcallers(plugin) or []
+    for hook in callers:
         optional = all(impl.optionalhook for impl in hook.get_hookimpls() if impl.plugin is plugin)
         if not hook.has_spec() and not optional:
-            warnings.warn(
+            registry.warn(
                 f"framework plugin {name!r} (from {provider}) implements {hook.name!r}, which is "
                 f"not a framework hook (misspelled?); it will never be called. "
-                f"Known hooks: {known}",
-                PluginWarning,
-                stacklevel=3,
+                f"Known hooks: {known}"
             )
+    if not any(hook.has_spec() for hook in callers):
+        unmarked = callable(getattr(plugin, "framework_register_components", None))
+        registry.warn(
+            f"framework plugin {name!r} (from {provider}) implements no framework hook, so it "
+            + (
+                "registers nothing: its framework_register_components is not marked with "
+                "framework's @hookimpl (from framework import hookimpl; a marker of another "
+                "project name is not ours)"
+                if unmarked
+                else f"registers nothing. Known hooks: {known}"
+            )
+        )

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import logging
 import os
+import sys
 import threading
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -33,12 +35,14 @@ __all__ = [
     "Registry",
     "RegistryEntry",
     "all_entries",
+    "describe_error",
     "get_registry",
     "import_refusal",
     "import_target",
     "imports_allowed",
     "registered_bases",
     "use_registry",
+    "warn_plugin",
 ]
 
 REGISTERED_TYPES_ONLY_ENV: Final = "FRAMEWORK_REGISTERED_TYPES_ONLY"
@@ -46,10 +50,31 @@ REGISTERED_TYPES_ONLY_ENV: Final = "FRAMEWORK_REGISTERED_TYPES_ONLY"
 _T = TypeVar("_T")
 _R = TypeVar("_R", bound="Registrable")
 _Entries = dict[type["Registrable"], dict[str, "RegistryEntry"]]
+_logger = logging.getLogger("framework.plugins")
 
 
 class PluginWarning(UserWarning):
     """A plugin, or one of its entries, failed to load; everything else keeps working."""
+
+
+def describe_error(error: BaseException) -> str:
+    """``Type: message``, even for an exception whose ``__str__`` itself raises."""
+    try:
+        return f"{type(error).__name__}: {error}"
+    except Exception:  # a plugin's broken exception class must not break loading
+        return f"{type(error).__name__} (its message could not be formatted)"
+
+
+def warn_plugin(message: str) -> None:
+    """A `PluginWarning` that never raises: under warnings-as-errors it is logged instead,
+    so one broken plugin cannot abort loading the others."""
+    try:
+        warnings.warn(message, PluginWarning, stacklevel=3)
+    except Exception:
+        try:
+            _logger.warning("%s", message)
+        except Exception:  # a broken logging handler: the failure is still in failures()
+            pass
 
 
 def imports_allowed(allow_import: Optional[bool] = None) -> bool:
@@ -73,6 +98,12 @@ def import_refusal(path: str, allow_import: Optional[bool] = None) -> Optional[s
     )
 
 
+def _split(path: str) -> tuple[str, str, str]:
+    if ":" in path:
+        return path.partition(":")
+    return path.rpartition(".")
+
+
 def import_target(path: str, *, allow_import: Optional[bool] = None) -> Any:
     """Import ``pkg.mod:Attr`` or ``pkg.mod.Attr`` and return the attribute.
 
@@ -84,10 +115,7 @@ def import_target(path: str, *, allow_import: Optional[bool] = None) -> Any:
     refusal = import_refusal(path, allow_import)
     if refusal is not None:
         raise ImportError(refusal)
-    if ":" in path:
-        module_name, _, qualname = path.partition(":")
-    else:
-        module_name, _, qualname = path.rpartition(".")
+    module_name, _, qualname = _split(path)
     if not module_name or not qualname:
         raise ImportError(f"{path!r} is not a dotted path like 'package.module:ClassName'")
     target: Any = importlib.import_module(module_name)
@@ -117,17 +145,25 @@ def _check_name(name: object, where: str) -> str:
     return name
 
 
+def _valid_name(entry: RegistryEntry, attribute: attrs.Attribute[str], name: str) -> None:
+    # Every way in (decorator, registrar, Registry.register/commit) makes an entry: one check.
+    _check_name(name, f"{getattr(entry.base, '__name__', entry.base)} entry from {entry.provider}")
+
+
 @attrs.define
 class RegistryEntry:
     """One registered component; a string target is imported on first `load()`."""
 
     base: type[Registrable]
-    name: str
+    name: str = attrs.field(validator=_valid_name)
     target: Union[str, type]
     constructor: Optional[str] = None
     provider: str = "unknown"
     plugin: Optional[str] = None
     _loaded: Optional[type] = attrs.field(default=None, repr=False, eq=False)
+    # Entries of the same name whose class could not be compared without importing
+    # (a re-export): checked when this one loads.
+    _rivals: list[RegistryEntry] = attrs.field(factory=list, repr=False, eq=False)
 
     @property
     def target_path(self) -> str:
@@ -136,6 +172,18 @@ class RegistryEntry:
     @property
     def is_loaded(self) -> bool:
         return not isinstance(self.target, str) or self._loaded is not None
+
+    def known_class(self) -> Optional[type]:
+        """The class, if it can be had without importing anything (else None)."""
+        if not isinstance(self.target, str):
+            return self.target
+        if self._loaded is not None:
+            return self._loaded
+        module_name, _, qualname = _split(self.target)
+        target: Any = sys.modules.get(module_name)
+        for part in qualname.split(".") if target is not None else ():
+            target = getattr(target, part, None)
+        return target if isinstance(target, type) else None
 
     def load(self) -> type:
         if not isinstance(self.target, str):
@@ -147,7 +195,7 @@ class RegistryEntry:
                 raise PluginError(
                     self.plugin or self.provider,
                     f"{self.base.__name__} {self.name!r} (from {self.provider}) could not be "
-                    f"imported from {self.target!r}: {type(error).__name__}: {error}",
+                    f"imported from {self.target!r}: {describe_error(error)}",
                 ) from error
             if not (isinstance(loaded, type) and issubclass(loaded, self.base)):
                 raise PluginError(
@@ -156,6 +204,10 @@ class RegistryEntry:
                     f"{self.provider}, is not a subclass of {self.base.__name__}",
                 )
             self._loaded = loaded
+            for rival in self._rivals:  # now comparable: the same class is no clash
+                if rival.known_class() is not loaded:
+                    warn_plugin(_skipped(self, rival))
+            self._rivals.clear()
         return self._loaded
 
     def factory(self) -> Callable[..., Any]:
@@ -163,9 +215,28 @@ class RegistryEntry:
         return getattr(cls, self.constructor) if self.constructor else cls
 
 
+def _same(a: RegistryEntry, b: RegistryEntry) -> Optional[bool]:
+    """Whether two entries are one class; None if that needs an import to tell."""
+    if _same_target(a.target_path, b.target_path):
+        return True
+    known_a, known_b = a.known_class(), b.known_class()
+    if known_a is not None and known_b is not None:
+        return known_a is known_b
+    # A module still being imported (a package re-exporting the class it is importing)
+    # can be told once it is done; a module not imported at all names another class.
+    unknown = [e for e, known in ((a, known_a), (b, known_b)) if known is None]
+    return None if all(_split(e.target_path)[0] in sys.modules for e in unknown) else False
+
+
 def _clash(existing: Optional[RegistryEntry], entry: RegistryEntry, exist_ok: bool) -> bool:
+    return existing is not None and not exist_ok and _same(existing, entry) is False
+
+
+def _skipped(existing: RegistryEntry, entry: RegistryEntry) -> str:
     return (
-        existing is not None and not exist_ok and not _same_target(existing.target_path, entry.target_path)
+        f"{entry.base.__name__} {entry.name!r}: {entry.target_path} from {entry.provider} "
+        f"was skipped: the name is taken by {existing.target_path} from "
+        f"{existing.provider} (register with exist_ok=True to replace it on purpose)"
     )
 
 
@@ -236,16 +307,32 @@ class Registry:
     the plugin tier on the side, lays the decorator tier over it, and only then
     publishes the result; other threads wait for it. A plugin module that looks names
     up while it loads sees the entries committed so far.
+
+    The lock guards only this object's fields and is never held while plugin code runs,
+    so a thread registering a class (holding its module's import lock) never waits for
+    loading. A thread waiting for another's loading gives up with a `RegistryError`
+    after `wait_timeout` seconds in which no plugin finished loading.
     """
 
-    def __init__(self, discover: Optional[Callable[[Registry], None]] = None) -> None:
+    wait_timeout: float = 15.0
+
+    def __init__(
+        self, discover: Optional[Callable[[Registry], None]] = None, *, wait_timeout: Optional[float] = None
+    ) -> None:
         self._lock = threading.RLock()
+        self._progress = threading.Condition(self._lock)  # notified as plugins finish loading
         self._discover = discover if discover is not None else _discover_entry_points
+        if wait_timeout is not None:
+            self.wait_timeout = wait_timeout
         self._entries: _Entries = {}
-        self._decorated: list[tuple[RegistryEntry, bool]] = []
+        # The decorator tier: (entry, exist_ok, plugin that was loading when it was made).
+        self._decorated: list[tuple[RegistryEntry, bool, Optional[str]]] = []
         self._discovered = False
         self._building: Optional[_Entries] = None
         self._builder: Optional[int] = None
+        self._loading_plugin: Optional[str] = None
+        self._steps = 0
+        self._notes: list[str] = []  # warnings held back until the registry is published
         self._failures: dict[str, BaseException] = {}
         self._manager: Optional[pluggy.PluginManager] = None
 
@@ -254,18 +341,36 @@ class Registry:
         """Run plugin discovery once; re-entrant calls from a loading plugin return at once."""
         if self._discovered:
             return
+        me = threading.get_ident()
         with self._lock:
-            if self._discovered or self._builder == threading.get_ident():
+            while not self._discovered and self._builder not in (None, me):
+                steps = self._steps
+                self._progress.wait(self.wait_timeout)
+                if self._steps == steps and self._builder not in (None, me) and not self._discovered:
+                    raise RegistryError(
+                        f"waited {self.wait_timeout:g} s for another thread loading framework "
+                        f"plugins, and no plugin finished loading meanwhile; a plugin module that "
+                        f"looks names up from a helper thread while it is imported (a thread pool "
+                        f"it waits on) deadlocks this way: look names up in the hook, or in the "
+                        f"importing thread"
+                    )
+            if self._discovered or self._builder == me:
                 return
-            self._building, self._builder = {}, threading.get_ident()
-            self._failures, self._manager = {}, None  # a retry starts from a clean slate
-            try:
-                self._discover(self)
-                for entry, exist_ok in self._decorated:
-                    self._put(self._building, entry, exist_ok, on_clash="warn")
+            self._building, self._builder = {}, me
+            self._failures, self._manager, self._notes = {}, None, []
+        try:
+            self._discover(self)
+            with self._lock:  # replay and publish at once: a registration lands in one or the other
+                for entry, exist_ok, _ in self._decorated:
+                    self._put(self._building, entry, exist_ok, "warn", self._notes)
                 self._entries, self._discovered = self._building, True
-            finally:  # an interrupt leaves it cold, so the next lookup tries again
-                self._building, self._builder = None, None
+        finally:  # an interrupt leaves it cold, so the next lookup tries again
+            with self._lock:
+                self._building = self._builder = None
+                notes, self._notes = self._notes, []
+                self._progress.notify_all()
+            for message in notes:  # after publishing: a warning raised as an error harms nothing
+                warn_plugin(message)
 
     @property
     def discovered(self) -> bool:
@@ -293,6 +398,33 @@ class Registry:
         self.ensure_discovered()
         return dict(self._failures)
 
+    def warn(self, message: str) -> None:
+        """A `PluginWarning`, held back until loading in this thread is published; never raises."""
+        with self._lock:
+            if self._builder == threading.get_ident():
+                self._notes.append(message)
+                return
+        warn_plugin(message)
+
+    @contextmanager
+    def loading_plugin(self, name: str) -> Iterator[None]:
+        """Tag the classes registered while plugin `name` loads in this thread, so that
+        `forget_plugin` can take them back if it fails; marks progress when done."""
+        with self._lock:
+            previous, self._loading_plugin = self._loading_plugin, name
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._loading_plugin = previous
+                self._steps += 1
+                self._progress.notify_all()
+
+    def forget_plugin(self, name: str) -> None:
+        """Drop the classes plugin `name` registered while it loaded (it failed)."""
+        with self._lock:
+            self._decorated = [item for item in self._decorated if item[2] != name]
+
     # -- writing --------------------------------------------------------------------
     def _view(self) -> _Entries:
         if self._building is not None and self._builder == threading.get_ident():
@@ -300,44 +432,60 @@ class Registry:
         return self._entries
 
     def _put(
-        self, entries: _Entries, entry: RegistryEntry, exist_ok: bool, on_clash: Literal["raise", "warn"]
+        self,
+        entries: _Entries,
+        entry: RegistryEntry,
+        exist_ok: bool,
+        on_clash: Literal["raise", "warn"],
+        notes: list[str],
     ) -> bool:
         existing = entries.get(entry.base, {}).get(entry.name)
-        if existing is not None and _clash(existing, entry, exist_ok):
-            if on_clash == "raise":
-                raise _duplicate(existing, entry)
-            warnings.warn(
-                f"{entry.base.__name__} {entry.name!r}: {entry.target_path} from {entry.provider} "
-                f"was skipped: the name is taken by {existing.target_path} from "
-                f"{existing.provider} (register with exist_ok=True to replace it on purpose)",
-                PluginWarning,
-                stacklevel=2,
-            )
-            return False
+        if existing is not None and not exist_ok:
+            same = _same(existing, entry)
+            if same is None:  # tell once the existing one loads; it keeps the name till then
+                if all(rival is not entry for rival in existing._rivals):
+                    existing._rivals.append(entry)
+                return False
+            if same is False:
+                if on_clash == "raise":
+                    raise _duplicate(existing, entry)
+                notes.append(_skipped(existing, entry))
+                return False
         entries.setdefault(entry.base, {})[entry.name] = entry
         return True
 
     def register(self, entry: RegistryEntry, exist_ok: bool = False) -> None:
-        """The decorator tier: recorded now, laid over the plugins' entries when they load."""
+        """The decorator tier: recorded now, laid over the plugins' entries when they load.
+
+        While plugins load in this thread (a plugin module registering its classes), a
+        clash only skips that entry, with a `PluginWarning`, as for entry points."""
         with self._lock:
-            view = self._view()
-            self._put(view, entry, exist_ok, on_clash="raise")
-            self._decorated.append((entry, exist_ok))
+            if self._builder == threading.get_ident():
+                self._decorated.append((entry, exist_ok, self._loading_plugin))
+                return
+            self._put(self._entries, entry, exist_ok, "raise", [])
+            self._decorated.append((entry, exist_ok, None))
 
     def commit(
         self, staged: list[tuple[RegistryEntry, bool]], on_clash: Literal["raise", "warn"] = "raise"
     ) -> None:
         """Add a plugin's entries. ``"raise"``: all or nothing. ``"warn"``: a clashing entry
         is skipped with a `PluginWarning` naming both providers, the others are added."""
+        for entry, _ in staged:
+            if not isinstance(entry, RegistryEntry):
+                raise RegistryError(f"Registry.commit takes (RegistryEntry, exist_ok) pairs, got {entry!r}")
         self.ensure_discovered()
+        notes: list[str] = []
         with self._lock:
             view = self._view()
             if on_clash == "raise":
                 pending: _Entries = {b: dict(names) for b, names in view.items()}
                 for entry, exist_ok in staged:
-                    self._put(pending, entry, exist_ok, on_clash="raise")
+                    self._put(pending, entry, exist_ok, "raise", notes)
             for entry, exist_ok in staged:
-                self._put(view, entry, exist_ok, on_clash="warn")
+                self._put(view, entry, exist_ok, "warn", notes)
+        for message in notes:
+            self.warn(message)
 
     def add_plugin(self, plugin: object, name: str, provider: str = "unknown") -> bool:
         """Register `plugin` (a module, an object, or a class made with no arguments)
@@ -373,7 +521,7 @@ class Registry:
         """A registry holding the same entries that later changes to either do not reach."""
         self.ensure_discovered()
         with self._lock:
-            other = Registry(self._discover)
+            other = Registry(self._discover, wait_timeout=self.wait_timeout)
             other._entries = {base: dict(names) for base, names in self._entries.items()}
             other._decorated = list(self._decorated)
             other._failures = dict(self._failures)
@@ -503,7 +651,7 @@ class Registrable:
                     cls.__name__,
                     name,
                     cls.list_available(),
-                    note=f"Importing it failed: {type(error).__name__}: {error}",
+                    note=f"Importing it failed: {describe_error(error)}",
                 ) from error
             if not (isinstance(target, type) and issubclass(target, cls)):
                 raise RegistryError(f"{name!r} is {target!r}, not a subclass of {cls.__name__}")
@@ -549,7 +697,7 @@ class Registrable:
         note = ""
         if failures:
             note = "Some plugins failed to load: " + "; ".join(
-                f"{plugin}: {type(error).__name__}: {error}" for plugin, error in failures.items()
+                f"{plugin}: {describe_error(error)}" for plugin, error in failures.items()
             )
         error = UnknownNameError(cls.__name__, name, available, suggestions, note)
         if failures:

@@ -539,3 +539,264 @@ def test_a_registry_that_is_not_active_lists_its_own_entries() -> None:
     registry.register(RegistryEntry(Animal, "a", Cat))
     assert [entry.name for entry in registry.all_entries()] == ["a", "b"]
     assert Animal.list_available() == []  # the active registry never saw them
+
+
+# -- 9. second review: loading under threads, damage and warnings-as-errors ------------------------
+def test_registering_in_another_thread_while_a_plugin_imports_that_module_does_not_deadlock(
+    tmp_path: Path,
+) -> None:
+    # Thread B holds fancy_pkg's import lock and registers a class; thread A's first lookup
+    # loads a plugin importing fancy_pkg. Registering must not wait for loading.
+    fancy_pkg = (
+        "import os, pathlib, time\n"
+        "pathlib.Path(os.environ['STARTED']).write_text('x')\n"
+        "time.sleep(1.0)\n" + READER.format(cls="Fancy") + "\n\n"
+        "@DatasetReader.register('fancy_direct')\nclass FancyDirect(Fancy):\n    pass\n"
+    )
+    make_dist(
+        tmp_path, "fancy",
+        {"fancy_pkg": fancy_pkg, "fancy_plugin": "from fancy_pkg import Fancy\n" + hooks(
+            "registrar.add(DatasetReader, 'fancy', Fancy)")},
+        {"fancy": "fancy_plugin"},
+    )  # fmt: skip
+    code = """
+        import os, pathlib, threading, time
+        from framework import DatasetReader
+        b = threading.Thread(target=lambda: __import__('fancy_pkg'), daemon=True)
+        b.start()
+        while not pathlib.Path(os.environ['STARTED']).exists():
+            time.sleep(0.005)
+        print(DatasetReader.by_name('fancy').__name__)
+        b.join()
+        print('fancy_direct' in DatasetReader.list_available())
+    """
+    result = run_python(tmp_path, code, STARTED=str(tmp_path / "started"))  # a deadlock: TimeoutExpired
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["Fancy", "True"]
+
+
+DAMAGED = {
+    "no name": ("METADATA", b"Metadata-Version: 2.1\nVersion: 1.0\n"),
+    "line without =": ("entry_points.txt", b"[framework.plugins]\nthis line has no equals sign\n"),
+    "not utf-8": ("entry_points.txt", b"\xff\xfe garbage\n"),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGED))
+def test_a_damaged_dist_info_is_skipped_and_the_rest_load(tmp_path: Path, damage: str) -> None:
+    make_dist(tmp_path, "damaged", {"damaged_hooks": "x = 1\n"}, {"dmg": "damaged_hooks"})
+    make_dist(
+        tmp_path, "good",
+        {"good_hooks": hooks('registrar.add(DatasetReader, "goodreader", "good_impl:Good")'),
+         "good_impl": READER.format(cls="Good")},
+        {"good": "good_hooks"},
+    )  # fmt: skip
+    filename, content = DAMAGED[damage]
+    (tmp_path / "damaged-1.0.dist-info" / filename).write_bytes(content)
+    code = """
+        from framework import DataLoader, DatasetReader
+        print(DataLoader.list_available(), DatasetReader.by_name('csv').__name__)
+        print(DatasetReader.by_name('goodreader').__name__)
+    """
+    result = run_python(tmp_path, code)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["['multiprocess']", "CsvReader", "Good"]
+    assert "PluginWarning" in result.stderr and "damaged-1.0.dist-info" in result.stderr
+
+
+def test_a_plugin_whose_exception_cannot_be_printed_fails_alone(tmp_path: Path) -> None:
+    badstr = (
+        "class PluginConfigError(Exception):\n"
+        "    def __init__(self, *args):\n        pass\n"
+        "    def __str__(self):\n        return f'bad config: {self.detail}'\n\n"
+        "raise PluginConfigError('libfoo missing')\n"
+    )
+    make_dist(tmp_path, "badstr", {"badstr": badstr}, {"badstr": "badstr"})
+    code = """
+        from framework import DatasetReader
+        print(DatasetReader.by_name('csv').__name__)
+        try:
+            DatasetReader.by_name('nothing')
+        except LookupError as error:
+            print('could not be formatted' in str(error))
+    """
+    result = run_python(tmp_path, code)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["CsvReader", "True"]
+    assert "'badstr'" in result.stderr and "PluginConfigError" in result.stderr
+
+
+@pytest.mark.parametrize("import_first", [True, False])
+def test_a_decorator_clash_inside_a_plugin_resolves_the_same_in_any_load_order(
+    tmp_path: Path, import_first: bool
+) -> None:
+    module = (
+        READER.format(cls="Base_") + "\n\n"
+        "@DatasetReader.register('csv')  # the built-in's name\nclass MyCsv(Base_):\n    pass\n\n"
+        "@DatasetReader.register('mine2')\nclass Mine2(Base_):\n    pass\n"
+    )
+    make_dist(tmp_path, "clashdeco", {"clashdeco": module}, {"clashdeco": "clashdeco"})
+    code = ("import clashdeco\n" if import_first else "") + textwrap.dedent("""
+        from framework import DatasetReader
+        print('mine2' in DatasetReader.list_available(), DatasetReader.by_name('csv').__name__)
+    """)
+    result = run_python(tmp_path, code)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["True", "CsvReader"]
+    assert "PluginWarning" in result.stderr and "clashdeco:MyCsv" in result.stderr
+
+
+def test_one_class_re_exported_by_its_package_is_no_clash(tmp_path: Path) -> None:
+    (tmp_path / "mypkg").mkdir()
+    (tmp_path / "mypkg" / "__init__.py").write_text("from mypkg.readers import MyReader\n")
+    (tmp_path / "mypkg" / "readers.py").write_text(
+        "from framework import DatasetReader\n\n\n"
+        "@DatasetReader.register('myreader')\n" + READER.format(cls="MyReader").split("\n\n\n", 1)[1]
+    )
+    body = 'registrar.add(DatasetReader, "myreader", "mypkg:MyReader")  # the public spelling'
+    make_dist(tmp_path, "mypkg", {"mypkg_plugin": hooks(body)}, {"mypkg": "mypkg_plugin"})
+    code = "from framework import DatasetReader\nprint(DatasetReader.by_name('myreader').__name__)\n"
+    result = run_python(tmp_path, code)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["MyReader"] and "PluginWarning" not in result.stderr
+
+
+def test_a_different_class_for_a_name_taken_by_a_plugin_is_reported_when_it_loads(tmp_path: Path) -> None:
+    (tmp_path / "otherpkg").mkdir()
+    (tmp_path / "otherpkg" / "__init__.py").write_text(
+        "from otherpkg.readers import Public\n"
+    )  # fmt: skip
+    (tmp_path / "otherpkg" / "readers.py").write_text(
+        READER.format(cls="Public") + "\n\n@DatasetReader.register('other')\nclass Other(Public):\n    pass\n"
+    )
+    body = 'registrar.add(DatasetReader, "other", "otherpkg:Public")'
+    make_dist(tmp_path, "otherpkg", {"other_plugin": hooks(body)}, {"other": "other_plugin"})
+    code = "from framework import DatasetReader\nprint(DatasetReader.by_name('other').__name__)\n"
+    result = run_python(tmp_path, code)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["Public"]
+    assert "PluginWarning" in result.stderr and "otherpkg.readers:Other" in result.stderr
+
+
+def test_warnings_as_errors_break_no_lookup(tmp_path: Path) -> None:
+    make_dist(tmp_path, "broken", {"broken_mod": "raise RuntimeError('broken on purpose')\n"},
+              {"broken": "broken_mod"})  # fmt: skip
+    make_dist(tmp_path, "clashing", {"clash": hooks('registrar.add(DatasetReader, "csv", "x:Y")')},
+              {"clash": "clash"})  # fmt: skip
+    code = """
+        import warnings
+        warnings.simplefilter('error')
+        from framework import DatasetReader
+        from framework.registry import get_registry
+        for attempt in range(2):
+            print(DatasetReader.by_name('csv').__name__)
+        print(sorted(get_registry().failures()))
+    """
+    result = run_python(tmp_path, code)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["CsvReader", "CsvReader", "['broken']"]
+    assert "broken on purpose" in result.stderr  # logged, since the warning could not be shown
+
+
+def test_a_plugin_that_fails_after_registering_a_class_leaves_nothing_registered(tmp_path: Path) -> None:
+    module = (
+        READER.format(cls="Half").replace("class Half", "@DatasetReader.register('half')\nclass Half")
+        + "\nraise RuntimeError('broken after registering')\n"
+    )
+    make_dist(tmp_path, "half", {"half": module}, {"half": "half"})
+    code = """
+        from framework import DatasetReader
+        try:
+            DatasetReader.by_name('half')
+        except LookupError as error:
+            print(type(error.__cause__).__name__)
+    """
+    result = run_python(tmp_path, code)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["RuntimeError"]
+
+
+def test_the_name_a_warning_gives_disables_that_plugin_alone(tmp_path: Path) -> None:
+    make_dist(tmp_path, "other-core", {"other_core": "raise RuntimeError('broken third-party core')\n"},
+              {"core": "other_core"})  # fmt: skip
+    code = "from framework import DataLoader\nprint('multiprocess' in DataLoader.list_available())\n"
+    plain = run_python(tmp_path, code)
+    assert "'other-core:core'" in plain.stderr
+    disabled = run_python(tmp_path, code, FRAMEWORK_DISABLE_PLUGINS="other-core:core")
+    assert disabled.returncode == 0, disabled.stderr
+    assert disabled.stdout.split() == ["True"] and "broken third-party" not in disabled.stderr
+    only = run_python(tmp_path, code, FRAMEWORK_PLUGINS="framework:core")
+    assert only.stdout.split() == ["True"] and "broken third-party" not in only.stderr
+
+
+def test_an_empty_plugin_list_means_every_plugin(tmp_path: Path) -> None:
+    code = "from framework import DataLoader\nprint(DataLoader.list_available())\n"
+    result = run_python(tmp_path, code, FRAMEWORK_PLUGINS="", FRAMEWORK_DISABLE_PLUGINS="")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["['multiprocess']"]
+
+
+@pytest.mark.parametrize("name", [None, 5, "", "two words"])
+def test_every_way_into_a_registry_checks_the_name(name: Any) -> None:
+    from framework.registry import Registry, RegistryEntry, get_registry
+
+    with pytest.raises(RegistryError, match="non-empty string without whitespace"):
+        get_registry().commit([(RegistryEntry(Animal, name, Dog, provider="p 1.0"), False)])
+    with pytest.raises(RegistryError, match="non-empty string without whitespace"):
+        Registry(lambda registry: None).register(RegistryEntry(Animal, name, Dog))
+    assert Animal.list_available() == []
+
+
+def test_a_plugin_implementing_no_framework_hook_is_reported(tmp_path: Path) -> None:
+    unmarked = "def framework_register_components(registrar):  # no @hookimpl\n    pass\n"
+    other = (
+        "import pluggy\nhookimpl = pluggy.HookimplMarker('frameworks')\n\n"
+        "@hookimpl\ndef framework_register_components(registrar):\n    pass\n"
+    )
+    make_dist(tmp_path, "nomarker", {"nomarker": unmarked, "othermarker": other, "nothing": "x = 1\n"},
+              {"nomarker": "nomarker", "othermarker": "othermarker", "nothing": "nothing"})  # fmt: skip
+    result = run_python(tmp_path, "from framework import DataLoader\nDataLoader.list_available()\n")
+    assert result.returncode == 0, result.stderr
+    for name in ("nomarker", "othermarker"):
+        assert f"'{name}' (from nomarker 1.0) implements no framework hook" in result.stderr
+        assert "not marked with framework's @hookimpl" in result.stderr
+    assert "'nothing' (from nomarker 1.0) implements no framework hook" in result.stderr
+
+
+def test_a_lookup_from_a_helper_thread_of_a_loading_plugin_fails_instead_of_hanging() -> None:
+    import concurrent.futures
+
+    from framework.registry import Registry, use_registry
+
+    seen: list[BaseException] = []
+
+    def discover(registry: Registry) -> None:
+        with registry.loading_plugin("pooled"), concurrent.futures.ThreadPoolExecutor(1) as pool:
+            error = pool.submit(Sampler.list_available).exception(timeout=30)
+            assert error is not None
+            seen.append(error)
+
+    with use_registry(Registry(discover, wait_timeout=0.2)):
+        assert Sampler.list_available() == []
+    assert len(seen) == 1 and isinstance(seen[0], RegistryError)
+    assert "helper thread" in str(seen[0])
+
+
+def test_a_second_entry_point_to_one_plugin_object_keeps_the_first() -> None:
+    from framework import hookimpl
+    from framework.registry import get_registry
+
+    class Pet(Animal):
+        pass
+
+    class PetPlugin:
+        @hookimpl
+        def framework_register_components(self, registrar: Registrar) -> None:
+            registrar.add(Animal, "pet2", Pet)
+
+    registry = get_registry()
+    plugin = PetPlugin()
+    assert registry.add_plugin(plugin, name="pets", provider="pets 1.0")
+    with pytest.warns(UserWarning, match="'pets-again'"):
+        assert not registry.add_plugin(plugin, name="pets-again", provider="pets 1.0")
+    assert registry.plugin_manager.has_plugin("pets") and Animal.by_name("pet2") is Pet

@@ -5,8 +5,8 @@
 - `MemoryBackend`: a download backend serving ``mem://`` URLs from a dict of bytes,
   counting how often each URL is opened.
 - `assert_reader_shards_exactly_once(reader, path)`: reads `path` as every worker of
-  every rank would, for several worker/rank grids, and checks the shards together
-  yield each instance exactly once.
+  every rank would, for several worker/rank grids (some always leaving a remainder for
+  this data), and checks the shards together yield each instance exactly once.
 
 Importing this module imports no torch.
 """
@@ -32,7 +32,9 @@ __all__ = [
 ]
 
 DEFAULT_SHARD_GRIDS: tuple[tuple[int, int], ...] = ((1, 1), (2, 1), (3, 1), (1, 2), (2, 3))
-"""(num_workers, world_size) grids: no sharding, workers only, ranks only, and both."""
+"""(num_workers, world_size) grids: no sharding, workers only, ranks only, and both.
+`assert_reader_shards_exactly_once` adds grids whose shard count does not divide the
+number of instances, so a reader dropping the remainder is caught whatever the data."""
 
 
 @contextmanager
@@ -85,19 +87,25 @@ class MemoryBackend(DownloadBackend):
 def read_shards(
     reader: DatasetReader, path: DatasetReaderInput, num_workers: int, world_size: int
 ) -> list[list[Instance]]:
-    """What each (rank, worker) of the grid reads from `path`, rank-major.
+    """What each (rank, worker) of the grid reads from `path`, rank-major, as a loader
+    with `num_workers` workers yields it.
 
-    Sets the worker and distributed info a loader would set, in this process; the
-    reader's own settings are put back afterwards.
+    Sets the worker and distributed info a loader would set, in this process, and runs
+    `apply_token_indexers` on each instance after reading, as the loader does once an
+    instance has crossed from its worker; the reader's own settings are put back.
     """
     saved = (reader._worker_info, reader._distributed_info, reader._distributed_info_set)
+    hook = type(reader).apply_token_indexers is not DatasetReader.apply_token_indexers
     shards: list[list[Instance]] = []
     try:
         for rank in range(world_size):
             for worker in range(num_workers):
                 reader._set_distributed_info(DistributedInfo(world_size, rank) if world_size > 1 else None)
-                reader._set_worker_info(WorkerInfo(num_workers, worker) if num_workers > 1 else None)
-                shards.append(list(reader.read(path)))
+                reader._set_worker_info(WorkerInfo(num_workers, worker))  # as in a loader's worker
+                shard = list(reader.read(path))
+                for instance in shard if hook else ():
+                    reader.apply_token_indexers(instance)
+                shards.append(shard)
     finally:
         reader._worker_info, reader._distributed_info, reader._distributed_info_set = saved
     return shards
@@ -112,18 +120,22 @@ def assert_reader_shards_exactly_once(
     path: DatasetReaderInput,
     *,
     key: Callable[[Instance], Hashable] = _default_key,
-    grids: Iterable[tuple[int, int]] = DEFAULT_SHARD_GRIDS,
+    grids: Optional[Iterable[tuple[int, int]]] = None,
 ) -> list[Instance]:
     """Check that every grid's shards together yield what one unsharded read yields,
     each instance exactly once; returns the unsharded instances.
 
     `key` identifies an instance (its ``repr`` by default: give one for tensors).
+    `grids` are (num_workers, world_size) pairs: by default `DEFAULT_SHARD_GRIDS` plus
+    grids whose shard count does not divide the number of instances.
     Raises AssertionError naming the grid, the shard and the instances that differ.
     """
     (expected,) = read_shards(reader, path, 1, 1)
     if not expected:
         raise AssertionError(f"{type(reader).__name__} read nothing from {path!r}: nothing to check")
     wanted = collections.Counter(map(key, expected))
+    if grids is None:
+        grids = DEFAULT_SHARD_GRIDS + _remainder_grids(len(expected))
     for num_workers, world_size in grids:
         shards = read_shards(reader, path, num_workers, world_size)
         got = collections.Counter(key(instance) for shard in shards for instance in shard)
@@ -134,6 +146,13 @@ def assert_reader_shards_exactly_once(
                 f"(shard sizes {[len(s) for s in shards]})"
             )
     return expected
+
+
+def _remainder_grids(count: int) -> tuple[tuple[int, int], ...]:
+    """Workers only, ranks only and both, each with a shard count leaving a remainder."""
+    shards = next(k for k in range(2, count + 2) if count % k)
+    both = next(k for k in range(2, count + 2) if count % (2 * k))
+    return ((shards, 1), (1, shards), (2, both))
 
 
 def _sample(counts: collections.Counter[Hashable], limit: int = 3) -> Sequence[Hashable]:

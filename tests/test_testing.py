@@ -80,3 +80,51 @@ def test_fresh_registry_drops_what_was_registered_inside() -> None:
         Base.register("inside")(type("Inside", (Base,), {}))
         assert Base.list_available() == ["inside"]
     assert get_registry() is outer and Base.list_available() == []
+
+
+class IndexedReader(DatasetReader):
+    """Correct: attaches a field in the main-process hook, as the loader runs it."""
+
+    def _read(self, file_path: Any) -> Iterator[dict[str, Any]]:
+        yield from ({"i": i} for i in range(6))
+
+    def apply_token_indexers(self, instance: dict[str, Any]) -> None:
+        instance["indexed"] = True
+
+
+def test_shard_check_runs_the_main_process_hook_as_the_loader_does() -> None:
+    instances = assert_reader_shards_exactly_once(IndexedReader(), "unused")
+    assert instances == [{"i": i, "indexed": True} for i in range(6)]
+
+
+class DropsTheRemainder(DatasetReader):
+    """Wrong: each shard takes len // shards instances, so a remainder is lost. With 6
+    instances, the default grids' 2, 3 and 6 shards all divide evenly."""
+
+    def __init__(self) -> None:
+        super().__init__(manual_multiprocess_sharding=True, manual_distributed_sharding=True)
+
+    def _read(self, file_path: Any) -> Iterator[dict[str, int]]:
+        worker, dist = self.get_worker_info(), self.get_distributed_info()
+        workers = worker.num_workers if worker else 1
+        shards = workers * (dist.world_size if dist else 1)
+        shard = (dist.global_rank if dist else 0) * workers + (worker.id if worker else 0)
+        size = 6 // shards
+        yield from ({"i": i} for i in range(shard * size, (shard + 1) * size))
+
+
+def test_shard_check_catches_a_reader_that_drops_the_remainder() -> None:
+    with pytest.raises(AssertionError, match="missing"):
+        assert_reader_shards_exactly_once(DropsTheRemainder(), "unused")
+
+
+def test_read_shards_gives_one_worker_its_worker_info_as_a_loader_does(lines: str) -> None:
+    seen: list[Any] = []
+
+    class Recording(LineReader):
+        def _read(self, file_path: Any) -> Iterator[dict[str, str]]:
+            seen.append(self.get_worker_info())
+            yield from super()._read(file_path)
+
+    read_shards(Recording(), lines, 1, 1)
+    assert [(info.num_workers, info.id) for info in seen] == [(1, 0)]

@@ -554,9 +554,10 @@ def publish_fetched(entry: Entry, result: Fetched) -> None:
         publish_file(result.temp, entry.final)
     except IsADirectoryError as error:  # os.replace never removes a folder
         discard(result.temp)
+        where = error.filename2 or error.filename or entry.final  # the file, or its sidecar
         raise DownloadError(
             entry.url,
-            f"cannot publish {entry.final}: a folder sits at that name (not one this cache "
+            f"cannot publish {entry.final}: a folder sits at {where} (not one this cache "
             "makes); remove it, or use another cache folder",
         ) from error
     except BaseException:

@@ -108,8 +108,9 @@ def test_folder_planted_at_the_final_path_is_a_clear_error(
     url = http_server.add("/planted/folder-final.bin", payload)
     final = Entry(cache, url).final
     (final / "inside").mkdir(parents=True)
-    with pytest.raises(DownloadError, match="a folder sits at that name") as info:
+    with pytest.raises(DownloadError, match="a folder sits at") as info:
         manager.cached_path(url)
+    assert f"a folder sits at {final} " in str(info.value)
     assert info.value.url == url and (final / "inside").is_dir()
     assert stray_files(cache) == []
 
@@ -1029,3 +1030,16 @@ def test_offline_message_names_where_offline_mode_came_from(
         assert "offline=True" in message and "FRAMEWORK_OFFLINE" not in message
     else:
         assert "FRAMEWORK_OFFLINE=1" in message and "unset FRAMEWORK_OFFLINE" in message
+
+
+def test_folder_planted_at_the_sidecar_path_is_named_in_the_error(
+    http_server: FaultServer, manager: DownloadManager, cache: Path, payload: bytes
+) -> None:
+    url = http_server.add("/planted/folder-sidecar.bin", payload)
+    entry = Entry(cache, url)
+    (entry.sidecar / "inside").mkdir(parents=True)
+    with pytest.raises(DownloadError) as info:
+        manager.cached_path(url)
+    assert f"a folder sits at {entry.sidecar} " in str(info.value)
+    assert not entry.final.exists() and (entry.sidecar / "inside").is_dir()
+    assert stray_files(cache) == []

@@ -121,8 +121,9 @@ def is_alive_local(host: str, pid: int) -> bool:
 
 
 def dead_leftovers(target: Path, suffixes: tuple[str, ...]) -> list[Path]:
-    """Temporary siblings of `target` (``target.<token>.<suffix>``) whose owner
-    process, on this host, is dead: safe to remove."""
+    """Temporary siblings of `target` (``target.<token>.<suffix>``) of this user whose
+    owner process, on this host, is dead: safe to remove. Another user's files are never
+    swept, whatever their name says (a pid of ours may have been theirs)."""
     prefix = target.name + "."
     try:
         names = os.listdir(target.parent)
@@ -135,7 +136,15 @@ def dead_leftovers(target: Path, suffixes: tuple[str, ...]) -> list[Path]:
         and name.endswith(suffixes)
         and (owner := parse_owner(name)) is not None
         and not is_alive_local(*owner)
+        and _owned(target.parent / name)
     ]
+
+
+def _owned(path: Path) -> bool:
+    try:
+        return os.lstat(path).st_uid == os.geteuid()
+    except OSError:
+        return False
 
 
 def _readable_suffix(url: str) -> str:

@@ -1043,3 +1043,19 @@ def test_folder_planted_at_the_sidecar_path_is_named_in_the_error(
     assert f"a folder sits at {entry.sidecar} " in str(info.value)
     assert not entry.final.exists() and (entry.sidecar / "inside").is_dir()
     assert stray_files(cache) == []
+
+
+def test_sweep_never_removes_another_users_leftovers(
+    http_server: FaultServer, manager: DownloadManager, cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = http_server.add("/planted/others-leftovers.bin", b"x" * 10)
+    entry = Entry(cache, url)
+    cache.mkdir()
+    pid = _dead_pid()
+    planted = cache / f"{entry.final.name}.json.{HOST}.{pid}.deadbeef.tmp"
+    planted.write_text("someone else's file")
+    folder = cache / f"{entry.extracted.name}.{HOST}.{pid}.deadbeef.tmp"
+    (folder / "sub").mkdir(parents=True)
+    _as_another_user(monkeypatch, planted, folder)
+    assert manager.cached_path(url).read_bytes() == b"x" * 10
+    assert planted.read_text() == "someone else's file" and (folder / "sub").is_dir()

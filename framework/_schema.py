@@ -35,6 +35,7 @@ from framework.config import (
     RUN_CONFIG_META_KEYS,
     Lazy,
     _is_constructible,
+    errors_in,
     is_typed_dict,
     resolve_base,
     typed_dict_fields,
@@ -70,6 +71,11 @@ def build_schema(base: Union[str, type, None] = None) -> dict[str, Any]:
             for key in RUN_CONFIG_META_KEYS
         }
         root["properties"] = {**meta, **root["properties"]}
+        for name, parameter in signature_of(run_config).parameters.items():
+            # a default config that does not check (a loader without a batch size) is no default
+            if isinstance(parameter.default, Mapping) and errors_in(parameter.annotation, parameter.default):
+                root["properties"][name].pop("default", None)
+                root["required"] = [*root.get("required", []), name]
     else:
         cls = resolve_base(base)
         root = {"title": f"framework {cls.__name__} config", "$ref": builder.registrable(cls, frozenset())}
@@ -204,7 +210,8 @@ class _Builder:
                 self.defs[key] = {}  # claimed first: a class may nest itself
                 self.defs[key] = self.arguments(cls, provided, explicit=explicit)
             return {"$ref": _pointer(key)}
-        return {}  # made in code, not in JSON: the schema cannot check it
+        # made in code: no JSON value is one (validate agrees); in a union, the others remain
+        return {"not": {}, "description": f"a {cls.__name__} is made in code: a config cannot give one"}
 
     def registrable(
         self, cls: type[Registrable], provided: _Provided, explicit: frozenset[str] = frozenset()
@@ -221,10 +228,13 @@ class _Builder:
             return _pointer(key)
         names = cls.list_available()
         choices: list[dict[str, Any]] = []
+        alone: list[dict[str, Any]] = []  # the names that make a config by themselves
         rules: list[dict[str, Any]] = []
         for name in names:
             component, summary = self.component(cls, entries[name], provided, explicit)
             choices.append({"const": name, **({"description": summary} if summary else {})})
+            if not {"required", "allOf"} & self.defs[self.key(cls, provided, f".{name}", explicit)].keys():
+                alone.append(choices[-1])
             rules.append(
                 {
                     "if": {"properties": {"type": {"const": name}}, "required": ["type"]},
@@ -255,7 +265,7 @@ class _Builder:
             "description": first_paragraph(cls),
             "type": ["object", "string"],
             "if": {"type": "string"},
-            "then": type_schema,
+            "then": {"anyOf": [*alone, dotted]},
             "else": mapping,
         }
         return _pointer(key)
@@ -309,6 +319,9 @@ class _Builder:
         if summary:
             result["description"] = summary
         result["properties"] = properties
+        rules = getattr(getattr(factory, "config_checks", None), "json_schema", None)
+        if rules:  # what the component's own checks can say in JSON Schema
+            result["allOf"] = [rules]
         if required:
             result["required"] = required
         if not signature.accepts_extra:

@@ -12,7 +12,7 @@ import inspect
 import re
 import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Optional, TypeVar
 
 import attrs
@@ -20,6 +20,7 @@ import attrs
 __all__ = [
     "EMPTY",
     "AtLeast",
+    "ConfigChecks",
     "Given",
     "Parameter",
     "Signature",
@@ -55,6 +56,23 @@ class AtLeast:
     """``Annotated`` metadata: a number of at least `minimum`, or a string that long."""
 
     minimum: int
+
+
+@attrs.frozen
+class ConfigChecks:
+    """A component's rules on its arguments together: ``config_checks = ConfigChecks(...)``.
+
+    `problems` takes the arguments (the config's values, defaults filled in, nested
+    components still configs) and returns ``(key, what to change)`` pairs; the
+    constructor raises them and `framework.config.validate` reports them. `json_schema`
+    is what of them JSON Schema can say, added to the component's schema.
+    """
+
+    problems: Callable[[Mapping[str, Any]], Iterable[tuple[str, str]]]
+    json_schema: Mapping[str, Any] = attrs.field(factory=dict)
+
+    def __call__(self, arguments: Mapping[str, Any]) -> Iterable[tuple[str, str]]:
+        return self.problems(arguments)
 
 
 @attrs.frozen

@@ -24,11 +24,19 @@ from collections.abc import Callable, Mapping
 from os import PathLike
 from typing import Any, Generic, Optional, TypeVar, Union
 
-from framework._signatures import EMPTY, AtLeast, Given, Unresolved, accepts_anything, signature_of
+from framework._signatures import (
+    EMPTY,
+    AtLeast,
+    ConfigChecks,
+    Given,
+    Unresolved,
+    accepts_anything,
+    signature_of,
+)
 from framework.errors import ConfigError
 from framework.registry import Registrable
 
-__all__ = ["AtLeast", "Lazy", "check", "construct", "json_schema", "load_config", "validate"]
+__all__ = ["AtLeast", "ConfigChecks", "Lazy", "check", "construct", "json_schema", "load_config", "validate"]
 
 T = TypeVar("T")
 
@@ -114,7 +122,16 @@ def validate(config: Any, base: Union[str, type, None] = None) -> list[ConfigErr
         from framework._runconfig import run_config
 
         body = {k: v for k, v in config.items() if k not in RUN_CONFIG_META_KEYS}
+        for key in (k for k in RUN_CONFIG_META_KEYS if k in config and not isinstance(config[k], str)):
+            walk.fail(_mismatch(key, "str (a schema's URL)", config[key]))
         walk.arguments(run_config, body, "", {}, top_level=True)
+    return walk.errors
+
+
+def errors_in(annotation: Any, value: Any) -> list[ConfigError]:
+    """The errors of `value` as a config for `annotation`."""
+    walk = _Walk(build=False, extras={})
+    walk.value(annotation, value, "")
     return walk.errors
 
 
@@ -337,7 +354,7 @@ class _Walk:
         if cls in _PRIMITIVES:
             accepts, name = _PRIMITIVES[cls]
             if accepts(value):
-                return float(value) if cls is float else value
+                return float(value) if cls is float else int(value) if cls is int else value
             return self.fail(_mismatch(path, name, value))
         if not isinstance(cls, type):
             return value
@@ -445,12 +462,13 @@ class _Walk:
             explicit = {**{name: self.extras[name] for name in self.given if name in self.extras}, **explicit}
             return self._child(self.extras, self.lazy).instance(cls, config, path, explicit)
         params = dict(config)
+        named = "type" in params  # a "type" of null is a wrong name, not a missing one
         type_name = params.pop("type", None)
         factory: Callable[..., Any] = cls
         if issubclass(cls, Registrable):
             is_base = inspect.isabstract(cls) or bool(cls.registry_entries())
-            chosen = type_name if type_name is not None or not is_base else cls.default_implementation
-            if chosen is not None:
+            chosen = type_name if named or not is_base else cls.default_implementation
+            if named or chosen is not None:
                 if not isinstance(chosen, str):
                     return self.fail(_mismatch(_join(path, "type"), "str", chosen))
                 try:
@@ -464,7 +482,7 @@ class _Walk:
                         _join(path, "type"), f"missing 'type' for {cls.__name__}; one of: {available}"
                     )
                 )
-        elif type_name is not None:
+        elif named:
             params["type"] = type_name  # not ours: an ordinary argument, or an unknown key below
         return self.arguments(factory, params, path, explicit)
 
@@ -561,7 +579,10 @@ class _Walk:
 
 
 def _accepts_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+    # 2.0 is an integer to JSON (and to JSON Schema): it is taken as 2
+    return not isinstance(value, bool) and (
+        isinstance(value, int) or (isinstance(value, float) and value.is_integer())
+    )
 
 
 _PRIMITIVES: dict[Any, tuple[Callable[[Any], bool], str]] = {

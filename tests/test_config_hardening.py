@@ -436,3 +436,28 @@ def test_lazy_construct_treats_a_name_alone_as_the_mapping_with_only_type() -> N
         box = Node.from_config({"type": "box", "part": form})
         with pytest.raises(ConfigError, match="colour: Strict takes no argument 'colour'"):
             box.part.construct(size=3, colour="red")
+
+
+# -- 12. the schema and validate agree on the built-in components --------------------------
+@pytest.mark.parametrize(
+    ("change", "valid"),
+    [
+        ({"epochs": 2.0}, True),
+        ({"epochs": 2.5}, False),
+        ({"data_loader": None}, False),  # no loader: its default has no batch size
+        ({"data_loader": "multiprocess"}, False),
+        ({"data_loader": {"batch_sampler": "bucket"}}, False),
+        ({"data_loader": {"batch_sampler": {"type": "bucket", "batch_size": 2}}}, True),
+        ({"data_loader": {"batch_size": 2, "cuda_device": [1, {"x": 2}]}}, False),
+        ({"data_loader": {"batch_size": 2, "cuda_device": "cpu"}}, True),
+        ({"$schema": 5}, False),
+        ({"$schema": "https://example.com/schema.json"}, True),
+        ({"data_loader": {"type": None, "batch_size": 2}}, False),
+    ],
+)
+def test_the_schema_and_validate_agree_on_run_configs(change: dict[str, Any], valid: bool) -> None:
+    from framework.config import validate
+
+    config = {**LOADER, **change}
+    config = {k: v for k, v in config.items() if v is not None}
+    assert (validate(config) == [], schema_errors(config) == []) == (valid, valid), validate(config)

@@ -9,6 +9,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any, Optional
 
+from framework._signatures import ConfigChecks
 from framework.data._transfer import TRANSFERS
 from framework.data.reader import DatasetReader, current_distributed_info
 from framework.data.sampler import BatchSampler
@@ -137,12 +138,15 @@ def validate(**settings: Any) -> None:
         raise ValueError("; ".join(message for _, message in found))
 
 
-def config_checks(arguments: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """`problems` of a loader config's arguments (every parameter, defaults filled in)."""
+def _config_problems(arguments: Mapping[str, Any]) -> list[tuple[str, str]]:
     return problems(**{name: arguments[name] for name in _PROBLEM_KEYS})
 
 
 _PROBLEM_KEYS = tuple(inspect.signature(problems).parameters)
+# `problems` of a loader config's arguments; the schema can say that one of two is needed
+config_checks = ConfigChecks(
+    _config_problems, {"anyOf": [{"required": ["batch_size"]}, {"required": ["batch_sampler"]}]}
+)
 
 
 def describe(component: Any) -> dict[str, Any]:

@@ -25,9 +25,33 @@ def test_every_subcommand_has_help(command: str, capsys: pytest.CaptureFixture[s
     assert f"usage: framework {command}" in capsys.readouterr().out
 
 
-def test_no_command_prints_help_and_fails(capsys: pytest.CaptureFixture[str]) -> None:
+def test_no_command_says_so_in_one_line_and_fails(capsys: pytest.CaptureFixture[str]) -> None:
     assert main([]) == 2
-    assert "usage: framework" in capsys.readouterr().err
+    assert capsys.readouterr().err.splitlines() == [
+        "framework: error: give a command: config, download, plugins, run (see framework --help)"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("args", "prefix"),
+    [
+        (["run", "--override"], "framework run: error: argument -o/--override: expected one argument"),
+        (["run", "--bogus"], "framework run: error: unrecognized arguments: --bogus"),
+        (["bogus"], "framework: error: argument COMMAND: invalid choice: 'bogus'"),
+        (["config"], "framework config: error: the following arguments are required: ACTION"),
+        (["config", "validate"], "framework config validate: error: the following arguments are required"),
+    ],
+)
+def test_a_bad_command_line_is_one_line_and_exit_2(
+    args: list[str], prefix: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    try:
+        code = main(args)
+    except SystemExit as exit:  # argparse's own errors exit; main returns the others' status
+        code = exit.code  # type: ignore[assignment]
+    assert code == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(prefix) and line.endswith("--help)")
 
 
 def test_plugins_table(capsys: pytest.CaptureFixture[str]) -> None:

@@ -12,7 +12,7 @@ import logging
 import sys
 import warnings
 from collections.abc import Sequence
-from typing import Optional, Union
+from typing import NoReturn, Optional, Union
 
 from framework import __version__
 
@@ -26,8 +26,16 @@ _COMMANDS = (
 )
 
 
+class _Parser(argparse.ArgumentParser):
+    """Every bad command line is one line on stderr, like every other failure, and exit
+    status 2; subcommand parsers are of this class too (argparse makes them so)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {one_line(message)} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="framework",
         description="Fetch research data safely and feed it to PyTorch fast.",
     )
@@ -64,14 +72,20 @@ def _one_line_warning(
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    command = " ".join(p for p in ("framework", args.command, getattr(args, "action", None)) if p)
+    if extra:  # named by the command they were given to, not by the top-level parser
+        print(f"{command}: error: unrecognized arguments: {one_line(' '.join(extra))} "
+              f"(see {command} --help)", file=sys.stderr)  # fmt: skip
+        return 2
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",
     )
     warnings.formatwarning = _one_line_warning
     if not getattr(args, "handler", None):
-        parser.print_help(sys.stderr)
+        commands = ", ".join(sorted(module.rpartition(".")[2] for module in _COMMANDS))
+        print(f"framework: error: give a command: {commands} (see framework --help)", file=sys.stderr)
         return 2
     from framework.errors import ConfigError, FrameworkError
 

@@ -315,8 +315,9 @@ class _Walk:
         if origin in _UNION_TYPES:
             return self.union(args, value, path)
         if origin is typing.Literal:
-            if value in args:
-                return value
+            for choice in args:
+                if _same(value, choice):
+                    return choice
             return self.fail(_mismatch(path, " or ".join(repr(a) for a in args), value))
         if origin is Lazy or annotation is Lazy:
             target = args[0] if args else Any
@@ -370,7 +371,7 @@ class _Walk:
             return value
         if issubclass(cls, enum.Enum):
             for member in cls:
-                if value == member.value or value == member.name:
+                if _same(value, member.value) or _same(value, member.name):
                     return member
             return self.fail(_mismatch(path, " or ".join(repr(m.value) for m in cls), value))
         if issubclass(cls, pathlib.PurePath) and isinstance(value, str):
@@ -576,6 +577,11 @@ class _Walk:
         arguments = {name: given.get(name, parameter.default) for name, parameter in parameters.items()}
         for key, problem in checks(arguments):
             self.fail(ConfigError(_join(path, key), problem))
+
+
+def _same(value: Any, choice: Any) -> bool:
+    """`value` from a config is `choice` as JSON compares them: 1.0 is 1, but true is not."""
+    return bool(value == choice) and isinstance(value, bool) == isinstance(choice, bool)
 
 
 def _accepts_int(value: Any) -> bool:

@@ -4,6 +4,7 @@ input: each test here failed before its fix (the review of issue 13)."""
 from __future__ import annotations
 
 import contextlib
+import enum
 import json
 import os
 import socket
@@ -12,7 +13,7 @@ import sys
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, NamedTuple, Optional, Protocol
+from typing import Any, Literal, NamedTuple, Optional, Protocol
 
 import pytest
 from typing_extensions import NotRequired, TypedDict
@@ -461,3 +462,38 @@ def test_the_schema_and_validate_agree_on_run_configs(change: dict[str, Any], va
     config = {**LOADER, **change}
     config = {k: v for k, v in config.items() if v is not None}
     assert (validate(config) == [], schema_errors(config) == []) == (valid, valid), validate(config)
+
+
+# -- 13. true is not 1 ------------------------------------------------------------------------
+class Mode(enum.Enum):
+    ONE = 1
+    TWO = 2
+
+
+@pytest.mark.parametrize(
+    ("config", "built"),
+    [
+        ({"x": True}, None),
+        ({"mode": True}, None),
+        ({"flag": 1}, None),
+        ({"x": 2}, {"x": 2}),
+        ({"x": 2.0}, {"x": 2}),  # JSON's 2.0 is 2, as for an int parameter
+        ({"mode": 2}, {"mode": Mode.TWO}),
+        ({"mode": "TWO"}, {"mode": Mode.TWO}),
+        ({"flag": True}, {"flag": True}),
+    ],
+)
+def test_a_bool_is_not_an_int_for_literal_and_enum_parameters(config: dict[str, Any], built: Any) -> None:
+    from framework.config import validate
+
+    @Shape.register("lit")
+    class Lit(Shape):
+        def __init__(self, x: Literal[1, 2] = 1, mode: Mode = Mode.ONE, flag: Literal[True] = True) -> None:
+            self.x, self.mode, self.flag = x, mode, flag
+
+    config = {"type": "lit", **config}
+    assert (validate(config, Shape) == []) == (built is not None) == (schema_errors(config, Shape) == [])
+    if built is not None:
+        made = vars(Shape.from_config(config))
+        assert {key: made[key] for key in built} == built
+        assert all(type(made[key]) is type(value) for key, value in built.items())

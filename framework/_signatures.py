@@ -87,6 +87,7 @@ class Parameter:
     name: str
     annotation: Any
     default: Any  # EMPTY when the key is required
+    positional: bool = False  # positional-only: a config names it, the call passes it by position
 
 
 @attrs.frozen
@@ -136,7 +137,8 @@ def signature_of(factory: Callable[..., Any]) -> Signature:
             takes_kwargs = True
         elif parameter.kind is not inspect.Parameter.VAR_POSITIONAL:
             annotation = hints.get(parameter.name, parameter.annotation)
-            parameters[parameter.name] = Parameter(parameter.name, annotation, parameter.default)
+            positional = parameter.kind is inspect.Parameter.POSITIONAL_ONLY
+            parameters[parameter.name] = Parameter(parameter.name, annotation, parameter.default, positional)
     accepts_extra = takes_kwargs
     if takes_kwargs and isinstance(factory, type):
         parent = next((k for k in _init_definer(factory).__mro__[1:] if "__init__" in vars(k)), object)

@@ -556,8 +556,11 @@ class _Walk:
             self.config_checks(factory, given, path, before)
         if not self.build or len(self.errors) > before:
             return None
+        positional = [p for p in signature.parameters.values() if p.positional]
+        given_up_to = max((i + 1 for i, p in enumerate(positional) if p.name in kwargs), default=0)
+        args = [kwargs.pop(p.name, p.default) for p in positional[:given_up_to]]
         try:
-            return factory(**kwargs)
+            return factory(*args, **kwargs)
         except ConfigError:
             raise
         except (TypeError, ValueError) as error:

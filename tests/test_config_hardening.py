@@ -497,3 +497,18 @@ def test_a_bool_is_not_an_int_for_literal_and_enum_parameters(config: dict[str, 
         made = vars(Shape.from_config(config))
         assert {key: made[key] for key in built} == built
         assert all(type(made[key]) is type(value) for key, value in built.items())
+
+
+# -- 14. positional-only parameters --------------------------------------------------------
+def test_a_positional_only_parameter_is_named_in_the_config_and_passed_by_position() -> None:
+    from framework.config import validate
+
+    @Shape.register("pos")
+    class Pos(Shape):
+        def __init__(self, size: int, scale: float = 1.0, shift: int = 0, /, name: str = "") -> None:
+            self.size, self.scale, self.shift, self.name = size, scale, shift, name
+
+    config = {"type": "pos", "size": 3, "shift": 2, "name": "a"}
+    assert validate(config, Shape) == [] and not schema_errors(config, Shape)
+    assert vars(Shape.from_config(config)) == {"size": 3, "scale": 1.0, "shift": 2, "name": "a"}
+    assert [e.path for e in validate({"type": "pos"}, Shape)] == ["size"]

@@ -70,7 +70,7 @@ def load_config(path: Union[str, PathLike[str]]) -> dict[str, Any]:
         text = path.read_text(encoding="utf-8")
     except OSError as error:
         raise ConfigError("", f"cannot read config file {path}: {error.strerror or error}") from error
-    if path.suffix in (".yaml", ".yml"):
+    if path.suffix.lower() in (".yaml", ".yml"):
         try:
             import yaml
         except ImportError as error:

@@ -512,3 +512,12 @@ def test_a_positional_only_parameter_is_named_in_the_config_and_passed_by_positi
     assert validate(config, Shape) == [] and not schema_errors(config, Shape)
     assert vars(Shape.from_config(config)) == {"size": 3, "scale": 1.0, "shift": 2, "name": "a"}
     assert [e.path for e in validate({"type": "pos"}, Shape)] == ["size"]
+
+
+# -- minor: the suffix's case ----------------------------------------------------------------
+@pytest.mark.parametrize("name", ["up.YAML", "up.Yml"])
+def test_a_yaml_suffix_in_any_case_is_read_as_yaml(name: str, tmp_path: Path) -> None:
+    from framework.config import load_config
+
+    (tmp_path / name).write_text("dataset_reader: text\ndata_path: x\n")
+    assert load_config(tmp_path / name) == {"dataset_reader": "text", "data_path": "x"}

@@ -16,6 +16,7 @@ import collections
 import logging
 import os
 import re
+import types
 from collections.abc import Callable
 from importlib.metadata import Distribution, EntryPoint, distributions
 from typing import Final, Optional
@@ -160,6 +161,9 @@ def _load(registry: Registry, name: str, provider: str, load: Callable[[], objec
                 f"skipped: {describe_error(error)}"
             )
             return False
+        except BaseException:  # Ctrl-C: the next lookup loads it again, and registers again
+            registry.forget_plugin(name)
+            raise
 
 
 def _check_hooks(
@@ -176,8 +180,11 @@ def _check_hooks(
                 f"not a framework hook (misspelled?); it will never be called. "
                 f"Known hooks: {known}"
             )
-    if not any(hook.has_spec() for hook in callers):
-        unmarked = callable(getattr(plugin, "framework_register_components", None))
+    unmarked = callable(getattr(plugin, "framework_register_components", None))
+    module = getattr(plugin, "__name__", None) if isinstance(plugin, types.ModuleType) else None
+    if not any(hook.has_spec() for hook in callers) and (
+        unmarked or not registry.registered_by(name, module)
+    ):
         registry.warn(
             f"framework plugin {name!r} (from {provider}) implements no framework hook, so it "
             + (

@@ -420,6 +420,16 @@ class Registry:
                 self._steps += 1
                 self._progress.notify_all()
 
+    def registered_by(self, plugin: str, module: Optional[str]) -> bool:
+        """Whether plugin `plugin` (or module `module`, imported earlier) registered a class
+        with ``@Base.register``: a plugin may consist of decorated classes alone."""
+        with self._lock:
+            return any(
+                tag == plugin
+                or (module is not None and entry.target_path.startswith((module + ":", module + ".")))
+                for entry, _, tag in self._decorated
+            )
+
     def forget_plugin(self, name: str) -> None:
         """Drop the classes plugin `name` registered while it loaded (it failed)."""
         with self._lock:

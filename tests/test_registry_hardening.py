@@ -753,14 +753,20 @@ def test_a_plugin_implementing_no_framework_hook_is_reported(tmp_path: Path) -> 
         "import pluggy\nhookimpl = pluggy.HookimplMarker('frameworks')\n\n"
         "@hookimpl\ndef framework_register_components(registrar):\n    pass\n"
     )
-    make_dist(tmp_path, "nomarker", {"nomarker": unmarked, "othermarker": other, "nothing": "x = 1\n"},
-              {"nomarker": "nomarker", "othermarker": "othermarker", "nothing": "nothing"})  # fmt: skip
-    result = run_python(tmp_path, "from framework import DataLoader\nDataLoader.list_available()\n")
-    assert result.returncode == 0, result.stderr
-    for name in ("nomarker", "othermarker"):
-        assert f"'{name}' (from nomarker 1.0) implements no framework hook" in result.stderr
-        assert "not marked with framework's @hookimpl" in result.stderr
-    assert "'nothing' (from nomarker 1.0) implements no framework hook" in result.stderr
+    decorated = READER.format(cls="Deco").replace("class Deco", "@DatasetReader.register('deco')\nclass Deco")
+    make_dist(tmp_path, "nomarker",
+              {"nomarker": unmarked, "othermarker": other, "nothing": "x = 1\n", "decorated": decorated},
+              {"nomarker": "nomarker", "othermarker": "othermarker", "nothing": "nothing",
+               "decorated": "decorated"})  # fmt: skip
+    for first in ("", "import decorated\n"):  # a plugin of decorated classes alone is fine
+        lookup = "from framework import DataLoader\nDataLoader.list_available()\n"
+        result = run_python(tmp_path, first + lookup)
+        assert result.returncode == 0, result.stderr
+        for name in ("nomarker", "othermarker"):
+            assert f"'{name}' (from nomarker 1.0) implements no framework hook" in result.stderr
+            assert "not marked with framework's @hookimpl" in result.stderr
+        assert "'nothing' (from nomarker 1.0) implements no framework hook" in result.stderr
+        assert "'decorated'" not in result.stderr
 
 
 def test_a_lookup_from_a_helper_thread_of_a_loading_plugin_fails_instead_of_hanging() -> None:
@@ -800,3 +806,25 @@ def test_a_second_entry_point_to_one_plugin_object_keeps_the_first() -> None:
     with pytest.warns(UserWarning, match="'pets-again'"):
         assert not registry.add_plugin(plugin, name="pets-again", provider="pets 1.0")
     assert registry.plugin_manager.has_plugin("pets") and Animal.by_name("pet2") is Pet
+
+
+def test_a_plugin_interrupted_after_registering_a_class_registers_it_once_on_retry(tmp_path: Path) -> None:
+    module = (
+        "import os, pathlib\n"
+        + READER.format(cls="Again").replace("class Again", "@DatasetReader.register('again')\nclass Again")
+        + "\nmarker = pathlib.Path(os.environ['ONCE'])\n"
+        "if not marker.exists():\n    marker.write_text('interrupted')\n    raise KeyboardInterrupt\n"
+    )
+    make_dist(tmp_path, "again", {"again": module}, {"again": "again"})
+    code = """
+        import sys
+        from framework import DatasetReader
+        try:
+            DatasetReader.list_available()
+        except KeyboardInterrupt:
+            print('interrupted')
+        print(DatasetReader.by_name('again') is sys.modules['again'].Again)
+    """
+    result = run_python(tmp_path, code, ONCE=str(tmp_path / "once"))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["interrupted", "True"] and "PluginWarning" not in result.stderr

@@ -186,30 +186,38 @@ class ShardPlan:
         self.fresh = False
         self.tracked = True
         self.at_start: Optional[Callable[[], None]] = None  # run once the reader is at `start`
+        self.calls = 0  # filter() calls so far in this read
+        self.numbered = 0  # records the finished calls numbered
 
     def filter(self, records: Iterable[_T], limit: Optional[int] = None) -> Iterator[_T]:
-        """This slot's records of `records` (the first `limit` only, when given)."""
-        index = 0
-        seekable = isinstance(records, Seekable)
+        """This slot's records of `records` (the first `limit` only, when given).
+
+        A reader may call it more than once in a read (once per file, say): the records
+        are numbered on across calls, and only the first call's records seek.
+        """
+        first = self.calls == 0
+        self.calls += 1
+        index = self.numbered
+        seekable = first and isinstance(records, Seekable)
         if seekable and self.token is not None:
             cast(Seekable[_T], records).seek(self.token)
             index = self.start
         self.source = records if seekable else None
-        self.last = self.start - 1
         iterator = iter(records)
-        for _ in itertools.islice(iterator, self.start - index):  # no seek: read past them
+        for _ in itertools.islice(iterator, max(0, self.start - index)):  # no seek: read past
             index += 1
-        if self.at_start is not None:
+        if first and self.at_start is not None:
             self.at_start()  # the records from `start` on draw from the chunk's seeds
         slot, slots, base = self.slot, self.slots, self.base
         for record in iterator:
             if limit is not None and index >= limit:
-                return
+                break
             if index % slots == slot and index not in base:
                 self.last = index
                 self.fresh = True
                 yield record
             index += 1
+        self.numbered = index
 
     def take(self) -> Optional[int]:
         """The record index of the instance the reader just yielded (None: unknown)."""
@@ -224,7 +232,8 @@ class ShardPlan:
         """(index, seek token) of the record after the last one handed on."""
         if not self.tracked:
             return -1, None
-        token = self.source.tell() if self.source is not None else None
+        # Only the first call's records seek; a later call's position has no token.
+        token = self.source.tell() if self.source is not None and self.calls == 1 else None
         return self.last + 1, token
 
 

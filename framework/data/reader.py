@@ -82,7 +82,8 @@ class DatasetReader(Registrable):
     _distributed_info_set: bool = False
     _shard_helper_used: bool = False
     _info_queried: bool = False
-    _shard_plan: Optional[ShardPlan] = None
+    _shard_plan: Optional[ShardPlan] = None  # set by the loader for its next read()
+    _reading: Optional[ShardPlan] = None  # the plan of the read() now making an instance
 
     def __init__(
         self,
@@ -111,13 +112,34 @@ class DatasetReader(Registrable):
         # its sharding) by the time the instances are iterated.
         self._shard_helper_used = False
         self._info_queried = False
-        instances = self._multi_worker_islice(self._read(file_path))
+        # The loader's plan is for this read only: the reader's other reads (the
+        # caller's own, between batches) read as if there were none.
+        plan, self._shard_plan = self._shard_plan, None
+        previous, self._reading = self._reading, plan
+        try:
+            instances = self._multi_worker_islice(self._read(file_path), plan)
+        finally:
+            self._reading = previous
+        if plan is not None:
+            instances = self._under(plan, instances)
         overridden = type(self).apply_token_indexers is not DatasetReader.apply_token_indexers
         if self._worker_info is not None or not overridden:
             yield from instances  # the hook is a no-op, or the loader runs it after crossing
             return
         for instance in instances:
             self.apply_token_indexers(instance)
+            yield instance
+
+    def _under(self, plan: ShardPlan, instances: Iterator[Instance]) -> Iterator[Instance]:
+        """`instances`, with `plan` the one `shard_iterable` deals by while each is made."""
+        while True:
+            previous, self._reading = self._reading, plan
+            try:
+                instance = next(instances)
+            except StopIteration:
+                return
+            finally:
+                self._reading = previous
             yield instance
 
     def _read(self, file_path: DatasetReaderInput) -> Iterable[Instance]:
@@ -186,8 +208,8 @@ class DatasetReader(Registrable):
                 "to super().__init__() in the reader's constructor."
             )
         self._shard_helper_used = True
-        if self._shard_plan is not None:
-            return self._shard_plan.filter(iterable, self.max_instances)
+        if self._reading is not None:
+            return self._reading.filter(iterable, self.max_instances)
         iterator: Iterator[_T] = iter(iterable)
         if self.max_instances is not None:
             iterator = itertools.islice(iterator, self.max_instances)
@@ -214,13 +236,13 @@ class DatasetReader(Registrable):
         # so shard p = rank + world * worker owns the items with i % (world * workers) == p.
         return rank + world * wid, world * workers
 
-    def _multi_worker_islice(self, iterable: Iterable[_T]) -> Iterator[_T]:
+    def _multi_worker_islice(self, iterable: Iterable[_T], plan: Optional[ShardPlan] = None) -> Iterator[_T]:
         """Apply automatic sharding and the `max_instances` limit to `_read`'s output."""
         auto_dist = not self.manual_distributed_sharding
         auto_workers = not self.manual_multiprocess_sharding
         iterator: Iterator[_T] = iter(iterable)
-        if auto_dist and auto_workers and self._shard_plan is not None:
-            yield from self._shard_plan.filter(iterable, self.max_instances)
+        if auto_dist and auto_workers and plan is not None:
+            yield from plan.filter(iterable, self.max_instances)
             return
         if auto_dist and auto_workers:
             # Fully automatic: taking the first max_instances before dealing makes the

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
-from loader_helpers import CountingReader
+from loader_helpers import CountingReader, make_instance
+
+from framework.data.reader import DatasetReader
 
 MODES: dict[str, dict[str, Any]] = {
     "lazy": {"max_instances_in_memory": 6, "num_workers": 2, "shuffle": True},
@@ -47,3 +50,17 @@ def elastic_rank(rank: int, world: int, port: int, out_dir: str, phase: str) -> 
             json.dump(results, handle)
     finally:
         dist.destroy_process_group()
+
+
+class PerFileReader(DatasetReader):
+    """Calls shard_iterable once per "file" (two halves of range(n)), as per-file readers do."""
+
+    def __init__(self, n: int = 50, **kwargs: Any) -> None:
+        super().__init__(manual_distributed_sharding=True, manual_multiprocess_sharding=True, **kwargs)
+        self.n = n
+
+    def _read(self, file_path: Any) -> Iterator[dict[str, Any]]:
+        half = self.n // 2
+        for part in (range(half), range(half, self.n)):
+            for i in self.shard_iterable(part):
+                yield make_instance(i)

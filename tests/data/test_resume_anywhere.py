@@ -12,7 +12,7 @@ import pytest
 import torch.multiprocessing as mp
 from hardening_helpers import ListReader
 from loader_helpers import CountingReader, RandomReader
-from resume_helpers import MODES, elastic_rank
+from resume_helpers import MODES, PerFileReader, elastic_rank
 
 from framework.data.multiprocess import MultiProcessDataLoader
 from framework.data.reader import DatasetReader
@@ -110,6 +110,28 @@ def test_a_reader_that_hides_its_records_resumes_only_the_same_split() -> None:
     same = build(2, 8, "shuffle", reader=ListReader(N))
     same.load_state_dict(state)
     assert sorted(head + ids(same)) == list(range(N))
+
+
+@pytest.mark.parametrize(("before", "after"), [(2, 3), (0, 2)])
+def test_a_reader_that_shards_each_file_resumes_in_another_split(before: int, after: int) -> None:
+    # Records are numbered on across shard_iterable() calls, so indexes never collide.
+    head, state = save_after(build(before, 8, "shuffle", reader=PerFileReader(N)), 5)
+    resumed = build(after, 8, "shuffle", reader=PerFileReader(N))
+    resumed.load_state_dict(state)
+    assert sorted(head + ids(resumed)) == list(range(N))
+
+
+def test_the_readers_own_reads_between_batches_are_whole() -> None:
+    # The loader's plan (slot, resume point) is for its own read only.
+    reader = RandomReader(N)
+    head, state = save_after(build(2, 8, "shuffle"), 5)
+    loader = build(0, 8, "shuffle", reader=reader)
+    loader.load_state_dict(state)
+    tail = []
+    for batch in loader:
+        tail += batch["id"].tolist()
+        assert [x["id"] for x in reader.read("x")] == list(range(N))
+    assert sorted(head + tail) == list(range(N))
 
 
 @pytest.mark.parametrize(

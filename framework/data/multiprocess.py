@@ -117,9 +117,12 @@ class MultiProcessDataLoader(DataLoader):
     wait. (An eager rank that fails mid-epoch, after the once-per-epoch agreement, fails
     alone.)
 
-    `load_state_dict` refuses (ValueError naming the setting) a state saved by a loader
-    that splits or batches the data differently: another num_workers (lazy mode), world
-    size or rank, batch settings or sampler, data_path or reader type.
+    `state_dict()` is plain data (and a collective under torch.distributed: every rank
+    calls it and gets the same whole-job state). `load_state_dict` resumes a state saved
+    with any num_workers or world size: the same ones batch for batch, others with every
+    instance the epoch has not yielded yet, exactly once. It refuses (ValueError naming
+    the setting) a state from a loader that reads or batches differently: batch settings
+    or sampler, data_path, reader type, or another state format version.
     """
 
     # the rules __init__ checks its settings by, for `framework.config.validate` to run on a config

@@ -19,10 +19,12 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, TypeVar, Union
 
-from framework.data._shards import ShardPlan
+from framework.data._shards import Seekable, ShardPlan
 from framework.registry import Registrable
 
-__all__ = ["DatasetReader", "DatasetReaderInput", "DistributedInfo", "Instance", "WorkerInfo"]
+__all__ = [
+    "DatasetReader", "DatasetReaderInput", "DistributedInfo", "Instance", "Seekable", "WorkerInfo",
+]
 
 _T = TypeVar("_T")
 
@@ -197,7 +199,7 @@ class DatasetReader(Registrable):
         instance each (or none), yielded by a generator that takes the next record
         only when it needs it; the loader counts records to know which ones a resumed
         epoch still owes. If `iterable` also has ``tell()`` and ``seek(token)`` (see
-        `framework.data._shards.Seekable`; the built-in readers' records have), a
+        `Seekable`; the built-in readers' records have), a
         resumed epoch seeks there instead of reading the records it skips.
         """
         if not (self.manual_distributed_sharding and self.manual_multiprocess_sharding):

@@ -64,7 +64,7 @@ class Pipeline:
         self._offset = self._synced = start
         self._error: Optional[BaseException] = None  # what stopped the hash thread
         self._queue: queue.Queue[Optional[list[bytes]]] = queue.Queue(_QUEUE_BATCHES)
-        self._thread = threading.Thread(target=self._hash, daemon=True)
+        self._thread = threading.Thread(target=self._hash, name="framework-hash", daemon=True)
         self._thread.start()
 
     def put(self, chunk: bytes) -> None:

@@ -511,8 +511,10 @@ def fetch(
     try:
         with _progress_bar(progress, None, final.name.split("-", 1)[-1]) as bar:
             pending = _download(backend, url, partial, attempts, backoff_factor, bar, on_size)
-        os.fsync(partial.fd)  # meanwhile the hash thread works through its backlog
-        pending.close()
+        try:
+            os.fsync(partial.fd)  # meanwhile the hash thread works through its backlog
+        finally:
+            pending.close()  # even when fsync fails: the hash thread never stays blocked
         result = partial.verified(url, sha256)
         keep = True
         return result

@@ -231,6 +231,8 @@ class DownloadManager:
             progress: overrides the manager's setting for this call.
             revalidate: ask the server whether a cached copy is still current (one
                 ``stat``, e.g. an HTTP HEAD); refetch when its etag or size changed.
+                A cached copy with the `sha256` asked for is served without asking:
+                those bytes are what the caller pinned.
             distributed: a collective over torch.distributed's default group (every
                 rank calls it with the same arguments): one rank fetches from the origin,
                 ranks with their own cache folder get the bytes over the process group
@@ -316,8 +318,8 @@ class DownloadManager:
     def _stale(self, entry: Entry, sha256: Optional[str]) -> Optional[RemoteInfo]:
         """The server's description of the object if it differs from the cached copy."""
         meta = entry.lookup(sha256)
-        if meta is None:
-            return None  # nothing cached: an ordinary fetch follows anyway
+        if meta is None or sha256 is not None:
+            return None  # nothing cached (a fetch follows anyway), or the bytes are pinned
         info = self.backend_for(entry.url).stat(entry.url)
         if _same_version(meta, info):
             return None

@@ -1059,3 +1059,35 @@ def test_sweep_never_removes_another_users_leftovers(
     _as_another_user(monkeypatch, planted, folder)
     assert manager.cached_path(url).read_bytes() == b"x" * 10
     assert planted.read_text() == "someone else's file" and (folder / "sub").is_dir()
+
+
+def test_failed_fsync_never_leaves_the_hash_thread_blocked(
+    http_server: FaultServer, manager: DownloadManager, cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import errno
+    import threading
+
+    url = http_server.add("/fsync/fails.bin", os.urandom(100_000))
+
+    def hashing() -> bool:
+        return any(thread.name == "framework-hash" for thread in threading.enumerate())
+
+    def failing_fsync(fd: int) -> None:
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    monkeypatch.setattr(os, "fsync", failing_fsync)
+    with pytest.raises(DownloadError):
+        manager.cached_path(url)
+    wait_for(lambda: not hashing(), timeout=5, what="the hash thread to end")
+    assert not Entry(cache, url).final.exists() and stray_files(cache) == []
+
+
+def test_revalidate_serves_the_pinned_cached_copy(
+    http_server: FaultServer, manager: DownloadManager, payload: bytes
+) -> None:
+    url = http_server.add("/coord/revalidate-pinned.bin", payload)
+    path = manager.cached_path(url, sha256=sha256(payload))
+    route = http_server.route(url)
+    route.data, route.etag = os.urandom(len(payload)), '"v2"'  # the server's object changed
+    assert manager.cached_path(url, sha256=sha256(payload), revalidate=True) == path
+    assert path.read_bytes() == payload and route.gets == 1

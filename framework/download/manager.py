@@ -275,7 +275,7 @@ class DownloadManager:
 
         # force=True asks for a copy fetched after this call began: one that another racer
         # published meanwhile (another file than the one here now) satisfies it.
-        started = _published_identity(entry)
+        started = _published_identity(entry) if force else None  # a hit stays one lstat
 
         def refetch() -> bool:
             return force and not (current() and _published_identity(entry) != started)

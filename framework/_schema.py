@@ -13,7 +13,7 @@ import inspect
 import json
 import pathlib
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Optional, Union
 
 from framework._signatures import (
@@ -36,6 +36,7 @@ from framework.config import (
     Lazy,
     _is_constructible,
     errors_in,
+    given_for,
     is_typed_dict,
     resolve_base,
     typed_dict_fields,
@@ -59,12 +60,12 @@ _PRIMITIVES: dict[Any, dict[str, Any]] = {
 _Provided = Optional[frozenset[str]]
 
 
-def build_schema(base: Union[str, type, None] = None) -> dict[str, Any]:
+def build_schema(base: Union[str, type, None] = None, given: Iterable[str] = ()) -> dict[str, Any]:
     builder = _Builder()
     if base is None:
         from framework._runconfig import run_config
 
-        root = builder.arguments(run_config, frozenset())
+        root = builder.arguments(run_config, frozenset(given))
         root["title"] = "framework run config"
         meta = {
             key: {"type": "string", "description": "the schema this file follows"}
@@ -78,7 +79,8 @@ def build_schema(base: Union[str, type, None] = None) -> dict[str, Any]:
                 root["required"] = [*root.get("required", []), name]
     else:
         cls = resolve_base(base)
-        root = {"title": f"framework {cls.__name__} config", "$ref": builder.registrable(cls, frozenset())}
+        provided = frozenset(given_for(cls, given))
+        root = {"title": f"framework {cls.__name__} config", "$ref": builder.registrable(cls, provided)}
     schema: dict[str, Any] = {"$schema": DRAFT, **root, "$defs": builder.defs}
     if builder.undescribed:
         schema["x-framework-undescribed"] = builder.undescribed

@@ -20,7 +20,7 @@ import math
 import pathlib
 import types
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from os import PathLike
 from typing import Any, Generic, Optional, TypeVar, Union
 
@@ -97,7 +97,9 @@ def load_config(path: Union[str, PathLike[str]]) -> dict[str, Any]:
     return data
 
 
-def validate(config: Any, base: Union[str, type, None] = None) -> list[ConfigError]:
+def validate(
+    config: Any, base: Union[str, type, None] = None, *, given: Iterable[str] = ()
+) -> list[ConfigError]:
     """Every error in `config`, in the order met; constructs nothing, reads no data.
 
     Without `base`, `config` is a ``framework run`` config; with one (a `Registrable`
@@ -106,16 +108,19 @@ def validate(config: Any, base: Union[str, type, None] = None) -> list[ConfigErr
     to read its signature); no constructor runs and no connection is opened.
 
     A string or path `config` is a JSON or YAML file, read as `Registrable.from_config`
-    reads it (a file that cannot be read is the one error).
+    reads it (a file that cannot be read is the one error). `given` names the arguments
+    that code passes to ``from_config`` (its extras), so the config need not hold them;
+    a base may declare its usual ones (``DataLoader.config_given``: reader, data_path).
     """
     if isinstance(config, (str, PathLike)):
         try:
             config = load_config(config)
         except ConfigError as error:
             return [error]
-    walk = _Walk(build=False, extras={})
-    if base is not None:
-        walk.value(resolve_base(base), config, "")
+    cls = None if base is None else resolve_base(base)
+    walk = _Walk(build=False, extras=dict.fromkeys(given if cls is None else given_for(cls, given)))
+    if cls is not None:
+        walk.value(cls, config, "")
     elif not isinstance(config, Mapping):
         walk.fail(_mismatch("", "a mapping (a run config)", config))
     else:
@@ -126,6 +131,12 @@ def validate(config: Any, base: Union[str, type, None] = None) -> list[ConfigErr
             walk.fail(_mismatch(key, "str (a schema's URL)", config[key]))
         walk.arguments(run_config, body, "", {}, top_level=True)
     return walk.errors
+
+
+def given_for(base: type, given: Iterable[str] = ()) -> tuple[str, ...]:
+    """The argument names code passes with a config of `base`: its declared ones and `given`."""
+    declared: tuple[str, ...] = getattr(base, "config_given", ())
+    return tuple(dict.fromkeys([*declared, *given]))
 
 
 def errors_in(annotation: Any, value: Any) -> list[ConfigError]:
@@ -142,17 +153,17 @@ def check(config: Any, base: Union[str, type, None] = None) -> None:
         raise _combined(errors)
 
 
-def json_schema(base: Union[str, type, None] = None) -> dict[str, Any]:
+def json_schema(base: Union[str, type, None] = None, *, given: Iterable[str] = ()) -> dict[str, Any]:
     """A JSON Schema (draft 2020-12) of run configs, or of configs of one `Registrable` base.
 
     Every registered name is a ``"type"`` choice with its own parameters, from the
     registry (this process's registrations and installed plugins) and the
     constructors' annotations. Components it could not describe are listed, with
-    the reason, under ``"x-framework-undescribed"``.
+    the reason, under ``"x-framework-undescribed"``. `given`: as for `validate`.
     """
     from framework._schema import build_schema
 
-    return build_schema(base)
+    return build_schema(base, given)
 
 
 def resolve_base(base: Union[str, type]) -> type[Registrable]:

@@ -20,7 +20,7 @@ from typing_extensions import NotRequired, TypedDict
 
 from framework import Lazy, Registrable
 from framework.cli import main
-from framework.data import DatasetReader
+from framework.data import DataLoader, DatasetReader
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 LOADER = {"dataset_reader": "text", "data_path": "x", "data_loader": {"batch_size": 1}}  # a valid config
@@ -94,12 +94,13 @@ def test_sys_exit_inside_a_constructor_fails_the_command(
     assert "SystemExit(0)" in capsys.readouterr().err
 
 
-def schema_errors(config: Any, base: Any = None) -> list[str]:
+def schema_errors(config: Any, base: Any = None, given: tuple[str, ...] | list[str] = ()) -> list[str]:
     from jsonschema import Draft202012Validator  # type: ignore[import-untyped]
 
     from framework.config import json_schema
 
-    return [error.message for error in Draft202012Validator(json_schema(base)).iter_errors(config)]
+    schema = json_schema(base, given=given)
+    return [error.message for error in Draft202012Validator(schema).iter_errors(config)]
 
 
 # -- 2. keys that `framework run` passes the loader itself -------------------------------
@@ -521,3 +522,30 @@ def test_a_yaml_suffix_in_any_case_is_read_as_yaml(name: str, tmp_path: Path) ->
 
     (tmp_path / name).write_text("dataset_reader: text\ndata_path: x\n")
     assert load_config(tmp_path / name) == {"dataset_reader": "text", "data_path": "x"}
+
+
+# -- 15. arguments given in code, for a base's configs ---------------------------------------
+def test_validate_and_the_schema_of_a_base_know_the_arguments_given_in_code(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from framework.config import validate
+
+    (tmp_path / "c.txt").write_text("a b\nc d\n")
+    config = {"batch_size": 2}
+    assert validate(config, "DataLoader") == [] and not schema_errors(config, "DataLoader")
+    loader = DataLoader.from_config(
+        config, reader=DatasetReader.by_name("text")(), data_path=str(tmp_path / "c.txt")
+    )
+    assert sum(1 for _ in loader) == 1
+
+    @Shape.register("sized")
+    class Sized(Shape):
+        def __init__(self, size: int, colour: str = "red") -> None:
+            self.size = size
+
+    assert [e.path for e in validate({"type": "sized"}, Shape)] == ["size"]
+    assert validate({"type": "sized"}, Shape, given=["size"]) == []
+    assert schema_errors({"type": "sized"}, Shape) and not schema_errors({"type": "sized"}, Shape, ["size"])
+    assert main(["config", "schema", "Shape", "--given", "size"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert "required" not in printed["$defs"]["Shape.sized (given size)"]

@@ -55,7 +55,7 @@ def test_the_run_schema_is_valid_json_schema_and_accepts_the_bundled_config() ->
 def test_each_base_has_a_valid_schema_with_every_registered_name(base: str) -> None:
     schema = json_schema(base)
     Draft202012Validator.check_schema(schema)
-    definition = schema["$defs"][base]
+    definition = schema["$defs"][schema["$ref"].removeprefix("#/$defs/")]  # DataLoader's: "(given ...)"
     mapping = definition["else"]
     choices = [c["const"] for c in mapping["properties"]["type"]["anyOf"] if "const" in c]
     from framework.config import resolve_base

@@ -27,6 +27,15 @@ def add_parser(subparsers: Any) -> None:
         "Components that cannot be described are named on stderr.",
     )
     schema.add_argument("base", nargs="?", metavar="BASE", help="a Registrable base, e.g. DatasetReader")
+    schema.add_argument(
+        "--given",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="an argument that code passes with the config (from_config's extras), so the "
+        "schema does not require it (may be repeated; a base's usual ones, such as "
+        "DataLoader's reader and data_path, are given already)",
+    )
     schema.set_defaults(handler=print_schema)
     validate = actions.add_parser(
         "validate",
@@ -50,7 +59,7 @@ def add_parser(subparsers: Any) -> None:
 def print_schema(args: argparse.Namespace) -> int:
     from framework.config import json_schema
 
-    schema = json_schema(args.base)
+    schema = json_schema(args.base, given=args.given)
     for item in schema.get("x-framework-undescribed", []):
         print(
             f"framework config schema: warning: not described: {item['component']}: {item['reason']}",

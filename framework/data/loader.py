@@ -23,6 +23,8 @@ class DataLoader(Registrable):
     """Yields batches for one epoch per `iter()`; `len()` is the number of batches."""
 
     default_implementation: ClassVar[Optional[str]] = "multiprocess"
+    # from_config(config, reader=..., data_path=...): a config need not give these
+    config_given: ClassVar[tuple[str, ...]] = ("reader", "data_path")
 
     def __len__(self) -> int:
         raise TypeError(f"{type(self).__name__} does not know its number of batches")

@@ -11,15 +11,60 @@ from __future__ import annotations
 import itertools
 import random
 import sys
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from types import ModuleType
 from typing import Any, Optional, TypeVar
 
 import torch
 
-__all__ = ["PrivateRandom", "seed_everything"]
+__all__ = ["PrivateRandom", "after_fork", "seed_everything"]
 
 _T = TypeVar("_T")
+
+# Seconds a forked worker waits for one draw from torch's generator (it takes
+# microseconds unless the mutex was copied held, when it never ends).
+LOCK_WAIT = 10.0
+
+
+def _numpy_random() -> Optional[ModuleType]:
+    """``numpy.random`` if imported and initialised: not half-imported by another thread
+    (after ``fork`` such an import never finishes, and seeding it would fail)."""
+    module = sys.modules.get("numpy.random")
+    if module is None or getattr(getattr(module, "__spec__", None), "_initializing", False):
+        return None
+    return module if hasattr(module, "seed") else None
+
+
+def after_fork() -> None:
+    """Make the random streams of a freshly forked worker safe to seed (call it first).
+
+    Another thread of the main process may have held a stream's lock at the fork (a
+    draw releases the GIL while holding it); the copy here stays held forever.
+    numpy's global RandomState gets a new bit generator, so a lock of its own.
+    torch's generator mutex cannot be replaced from Python, so one draw is made in a
+    helper thread (it waits for the mutex with the GIL released): RuntimeError if it
+    does not end, rather than hang at the first seeding.
+    """
+    numpy_random = _numpy_random()
+    rand = getattr(getattr(numpy_random, "mtrand", None), "_rand", None)
+    if numpy_random is not None and rand is not None:
+        rand.__init__(numpy_random.MT19937(0))  # seed_everything seeds it before any use
+    drawn = threading.Event()
+
+    def draw() -> None:
+        torch.rand(1)
+        drawn.set()
+
+    threading.Thread(target=draw, name="framework-loader-rng-probe", daemon=True).start()
+    if not drawn.wait(LOCK_WAIT):
+        raise RuntimeError(
+            "a thread in the main process held torch's random generator lock when this "
+            "worker was forked, so torch's random functions would wait forever here; use "
+            "start_method='forkserver' or 'spawn' (workers that do not inherit the main "
+            "process's threads)"
+        )
 
 
 def seed_everything(seed: int, cuda: bool = True) -> None:
@@ -34,13 +79,13 @@ def seed_everything(seed: int, cuda: bool = True) -> None:
     torch.default_generator.manual_seed(seed)
     if cuda and torch.cuda.is_available():
         torch.cuda.manual_seed_all(seed)  # queued until CUDA is initialised: cheap
-    numpy_random = sys.modules.get("numpy.random")
+    numpy_random = _numpy_random()
     if numpy_random is not None:
         numpy_random.seed(seed % 2**32)
 
 
 def _streams() -> tuple[Any, Any, Any]:
-    numpy_random = sys.modules.get("numpy.random")
+    numpy_random = _numpy_random()
     numpy_state = numpy_random.get_state() if numpy_random is not None else None
     return random.getstate(), torch.default_generator.get_state(), numpy_state
 
@@ -49,7 +94,7 @@ def _restore(state: tuple[Any, Any, Any]) -> None:
     python_state, torch_state, numpy_state = state
     random.setstate(python_state)
     torch.default_generator.set_state(torch_state)
-    numpy_random = sys.modules.get("numpy.random")
+    numpy_random = _numpy_random()
     if numpy_random is not None:
         if numpy_state is None:
             return  # first imported inside our block: nothing of the caller's to restore

@@ -36,7 +36,7 @@ from framework.data._protocol import (
     Start,
     ToMain,
 )
-from framework.data._rng import seed_everything
+from framework.data._rng import after_fork, seed_everything
 from framework.data._shards import Point, ShardPlan
 from framework.data._transfer import TransferMode, write_frame
 from framework.data.collate import DataCollator
@@ -139,6 +139,12 @@ def worker_main(
     # after fork (AllenNLP #4848).
     torch.set_num_threads(1)
     _private_tqdm_lock()
+    if spec.start_method == "fork":
+        try:
+            after_fork()
+        except RuntimeError as error:  # the pool reads this as the answer to its Start
+            _send_failure(fd, error)
+            return
     spec.reader._set_worker_info(WorkerInfo(spec.num_workers, worker_id))
     spec.reader._set_distributed_info(spec.distributed)
     while True:

@@ -377,3 +377,85 @@ def test_del_loader_after_a_carried_over_epoch_stops_workers_without_gc(lazy: An
         assert child_pids() - before == set()
     finally:
         gc.enable()
+
+
+# -- second review: locks of the random streams copied held by fork ---------------------------
+
+
+def test_numpy_rng_lock_held_by_another_thread_at_fork_does_not_hang(tmp_path: Path) -> None:
+    # A thread drawing from numpy's global RandomState holds its lock (GIL released) while
+    # the loader forks: each worker's seeding waited forever on the copy.
+    out = run_script(tmp_path, """
+        import threading, time
+        import numpy.random
+        from loader_helpers import CountingReader
+        from framework.data.multiprocess import MultiProcessDataLoader
+
+        held = threading.Event()
+        def hold():
+            with numpy.random.mtrand._rand._bit_generator.lock:  # what a long draw does
+                held.set()
+                time.sleep(3.0)
+        thread = threading.Thread(target=hold)
+        thread.start()
+        held.wait()
+        data = MultiProcessDataLoader(CountingReader(40), "x", batch_size=4, num_workers=2,
+                                      max_instances_in_memory=8, quiet=True, seed=1)
+        print("BATCHES", sum(1 for _ in data))
+        thread.join()
+    """, timeout=60)
+    assert "BATCHES 10" in out
+
+
+def test_torch_rng_mutex_held_by_another_thread_at_fork_is_an_error_not_a_hang(
+    tmp_path: Path,
+) -> None:
+    # torch's generator mutex cannot be replaced from Python: a worker that inherited it
+    # held says so (and what to do) instead of waiting forever at its first seeding.
+    out = run_script(tmp_path, """
+        import threading
+        import torch
+        from loader_helpers import CountingReader
+        from framework.data import _rng
+        from framework.data.multiprocess import MultiProcessDataLoader
+        from framework.errors import WorkerError
+
+        _rng.LOCK_WAIT = 2.0  # inherited by the forked workers
+        stop = threading.Event()
+        def spin():  # an augmentation thread: the mutex is held during each draw
+            while not stop.is_set():
+                torch.randn(4_000_000)
+        thread = threading.Thread(target=spin)
+        thread.start()
+        try:
+            for attempt in range(3):
+                data = MultiProcessDataLoader(CountingReader(8), "x", batch_size=4, num_workers=2,
+                                              max_instances_in_memory=8, quiet=True)
+                try:
+                    print("BATCHES", sum(1 for _ in data))
+                except WorkerError as error:
+                    assert "start_method='forkserver'" in str(error), error
+                    print("REFUSED")
+        finally:
+            stop.set()
+            thread.join()
+    """, timeout=90)
+    assert out.count("BATCHES 2") + out.count("REFUSED") == 3, out
+
+
+def test_seeding_skips_a_numpy_random_another_thread_is_still_importing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # After fork, a module another thread was importing stays half-initialised forever
+    # (CPython marks it with __spec__._initializing); seeding it raised AttributeError.
+    import importlib.machinery
+    import types
+
+    from framework.data._rng import seed_everything
+
+    half = types.ModuleType("numpy.random")
+    half.__spec__ = importlib.machinery.ModuleSpec("numpy.random", None)
+    half.__spec__._initializing = True  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "numpy.random", half)
+    seed_everything(3)
+    assert torch.initial_seed() == 3

@@ -105,9 +105,9 @@ def _ordered(found: list[tuple[str, str, EntryPoint]]) -> list[tuple[str, str, E
 def discover(registry: Registry) -> None:
     """Load every allowed entry point of the group into `registry`.
 
-    `FRAMEWORK_PLUGINS` / `FRAMEWORK_DISABLE_PLUGINS` list plugins by the name warnings
-    and ``framework plugins`` give (``core``, or ``other-dist:core`` for a third-party
-    entry point sharing a built-in's name); ``dist:name`` always works too.
+    `FRAMEWORK_PLUGINS` / `FRAMEWORK_DISABLE_PLUGINS` list entry-point names (``core``:
+    every distribution's ``core``) or ``distribution:name`` (``other-dist:core``: that
+    one alone, as warnings name a third-party entry point sharing a built-in's name).
     """
     manager = registry.plugin_manager
     if os.environ.get("FRAMEWORK_TRACE_PLUGINS", "") not in ("", "0"):
@@ -121,7 +121,7 @@ def discover(registry: Registry) -> None:
         # Two distributions may use one entry-point name: the third-party one is then
         # known by "distribution:name", and neither replaces the other.
         key = point.name if dist == FIRST_PARTY or counts[point.name] == 1 else f"{dist}:{point.name}"
-        names = {key, f"{dist}:{point.name}"}
+        names = {point.name, f"{dist}:{point.name}"}
         if names & blocked or (allowed is not None and not names & allowed):
             continue
         _load(registry, key, f"{dist} {version}", point.load, f"{point.value}, ")

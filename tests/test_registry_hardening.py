@@ -441,10 +441,12 @@ def test_a_relative_data_path_in_a_config_file_is_relative_to_its_folder(
 HOSTILE_FILES = {
     "broken.json": '{"dataset_reader": ',
     "list.json": "[1, 2]",
-    "typeint.json": '{"dataset_reader": {"type": 5}, "data_path": "x"}',
+    "typeint.json": '{"dataset_reader": {"type": 5}, "data_path": "x", "data_loader": {"batch_size": 1}}',
     "notutf8.json": b'{"data_path": "\xff\xfe"}',
-    "exits.json": '{"dataset_reader": {"type": "exiting_type_mod:Reader"}, "data_path": "x"}',
-    "raises.json": '{"dataset_reader": {"type": "raising_type_mod:Reader"}, "data_path": "x"}',
+    "exits.json": '{"dataset_reader": {"type": "exiting_type_mod:Reader"}, "data_path": "x", '
+    '"data_loader": {"batch_size": 1}}',
+    "raises.json": '{"dataset_reader": {"type": "raising_type_mod:Reader"}, "data_path": "x", '
+    '"data_loader": {"batch_size": 1}}',
     "bad.yaml": "dataset_reader: [unclosed\n",
     "exiting_type_mod.py": "import sys\nsys.exit(4)\n",
     "raising_type_mod.py": "raise RuntimeError('boom while importing')\n",

@@ -17,7 +17,7 @@ import gzip
 import io
 import json
 import zlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from pathlib import Path, PurePath
 from typing import Annotated, Any, BinaryIO, Generic, Optional, TextIO, TypeVar, Union, cast
 
@@ -75,7 +75,11 @@ class FileRecords(Generic[_R]):
         self.position = [0, 0, 0]
 
     def tell(self) -> list[int]:
-        return list(self.position)
+        return [self.position[0], self._offset, self._number] if self._reading else list(self.position)
+
+    _reading = False  # inside a file: the offset and line number are the attributes below
+    _offset = 0
+    _number = 0
 
     def seek(self, token: Any) -> None:
         if not (
@@ -97,15 +101,20 @@ class FileRecords(Generic[_R]):
                 yield from self._records(index, name, handle, offset, number)
             self.position = [index + 1, 0, 0]
 
-    def _lines(self, index: int, handle: BinaryIO, offset: int, number: int) -> Iterator[str]:
+    def _lines(self, index: int, handle: BinaryIO, offset: int, number: int) -> Generator[str, None, None]:
         """The decoded lines (with their newlines) from `offset`, keeping `position` after each."""
         if offset:
             handle.seek(offset)
-        for raw in handle:
-            offset += len(raw)
-            number += 1
-            self.position = [index, offset, number]
-            yield raw.decode("utf-8")
+        self.position = [index, offset, number]
+        self._offset, self._number, self._reading = offset, number, True
+        try:
+            for raw in handle:
+                self._offset += len(raw)
+                self._number += 1
+                yield raw.decode("utf-8")
+        finally:
+            self.position = [index, self._offset, self._number]
+            self._reading = False
 
     def _records(self, index: int, name: str, handle: BinaryIO, offset: int, number: int) -> Iterator[_R]:
         raise NotImplementedError
@@ -120,7 +129,7 @@ class Lines(FileRecords[tuple[str, str]]):
         for line in self._lines(index, handle, offset, number):
             line = line.rstrip("\r\n")
             if line.strip():
-                yield f"{name}:{self.position[2]}", line
+                yield f"{name}:{self._number}", line
 
 
 def _resolve_tokenizer(tokenizer: Optional[str]) -> Optional[Tokenizer]:
@@ -315,17 +324,19 @@ class _Rows(FileRecords[tuple[list[str], str, list[str]]]):
         self, index: int, name: str, handle: BinaryIO, offset: int, number: int
     ) -> Iterator[tuple[list[str], str, list[str]]]:
         delimiter = self.reader.delimiter
-        header = next(csv.reader(self._lines(index, handle, 0, 0), delimiter=delimiter), None)
+        lines = self._lines(index, handle, 0, 0)
+        header = next(csv.reader(lines, delimiter=delimiter), None)
+        lines.close()  # sets `position` to just after the header
         if header is None:
             return
         self.reader._check_header(header, name)
         if not offset:  # else resuming past the header: rows from there
             offset, number = self.position[1], self.position[2]
-        # csv takes lines one at a time, so `position` is right after each row's last line.
+        # csv takes lines one at a time, so the position is right after each row's last line.
         rows = csv.reader(self._lines(index, handle, offset, number), delimiter=delimiter)
         for row in rows:
             if row:
-                yield header, f"{name}:{self.position[2]}", row
+                yield header, f"{name}:{self._number}", row
 
 
 class CsvReader(_ShardedReader):

@@ -208,11 +208,12 @@ class ShardPlan:
             index += 1
         if first and self.at_start is not None:
             self.at_start()  # the records from `start` on draw from the chunk's seeds
+        if limit is not None:
+            iterator = itertools.islice(iterator, max(0, limit - index))
         slot, slots, base = self.slot, self.slots, self.base
+        skip_base = bool(base.below or base.bits)  # a fresh pass has nothing to skip
         for record in iterator:
-            if limit is not None and index >= limit:
-                break
-            if index % slots == slot and index not in base:
+            if index % slots == slot and not (skip_base and index in base):
                 self.last = index
                 self.fresh = True
                 yield record

@@ -281,11 +281,20 @@ class WorkerPool:
             raise self._death(worker_id) from None
 
     def _receive(self, worker_id: int, timeout: Optional[float]) -> Any:
-        """The next message from `worker_id`; `timeout` bounds the silence before it."""
-        deadline = None if timeout is None else time.monotonic() + timeout
+        """The next message from `worker_id`; `timeout` bounds the silence before it.
+
+        Silence, not the time a frame takes: every read that brings bytes (even in the
+        middle of a frame) starts the timeout again.
+        """
+        deadline = [None if timeout is None else time.monotonic() + timeout]
+
+        def moved() -> None:
+            if timeout is not None:
+                deadline[0] = time.monotonic() + timeout
+
         try:
             return read_frame(self.data[worker_id].fileno(),
-                              lambda: self._wait(worker_id, deadline, timeout))
+                              lambda: self._wait(worker_id, deadline[0], timeout), moved)
         except EOFError:
             raise self._death(worker_id) from None
 

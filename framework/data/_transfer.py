@@ -141,11 +141,13 @@ def _vectored(
     fd: int,
     parts: list[Any],
     wait: Optional[Callable[[], None]],
+    moved: Optional[Callable[[], None]] = None,
 ) -> None:
     """Move all of `parts` with `os.writev` or `os.readv`, however many calls it takes.
 
     On a non-blocking `fd` with nothing to read, `wait()` is called (it returns when
-    the fd may be ready, or raises); end of file raises `EOFError`.
+    the fd may be ready, or raises); `moved()` after each call that moved bytes; end of
+    file raises `EOFError`.
     """
     views = [memoryview(part).cast("B") for part in parts if len(part)]
     while views:
@@ -158,6 +160,8 @@ def _vectored(
             continue
         if done == 0:
             raise EOFError("the pipe closed before the whole message came")
+        if moved is not None:
+            moved()
         while views and done >= views[0].nbytes:
             done -= views[0].nbytes
             views.pop(0)
@@ -165,18 +169,23 @@ def _vectored(
             views[0] = views[0][done:]
 
 
-def read_frame(fd: int, wait: Optional[Callable[[], None]] = None) -> Any:
+def read_frame(
+    fd: int,
+    wait: Optional[Callable[[], None]] = None,
+    moved: Optional[Callable[[], None]] = None,
+) -> Any:
     """Read one frame from `fd` and rebuild its object; EOFError if the writer closed.
 
     `fd` may be non-blocking: whenever nothing is there yet, `wait()` is called
     (so a caller can also watch the writer's process and a timeout, even in the
-    middle of a frame, where another holder of the pipe would keep EOF from coming).
+    middle of a frame, where another holder of the pipe would keep EOF from coming);
+    `moved()` whenever bytes came (so a timeout can measure silence, not frames).
     """
     header = bytearray(_HEADER.size)
-    _vectored(os.readv, fd, [header], wait)
+    _vectored(os.readv, fd, [header], wait, moved)
     total, head_len = _HEADER.unpack(header)
     head = bytearray(_aligned(head_len))
-    _vectored(os.readv, fd, [head], wait)
+    _vectored(os.readv, fd, [head], wait, moved)
     (count,) = struct.unpack_from("<I", head)
     sizes = struct.unpack_from(f"<{count}Q", head, 4)
     flags = struct.unpack_from(f"<{count}?", head, 4 + 8 * count)
@@ -196,7 +205,7 @@ def read_frame(fd: int, wait: Optional[Callable[[], None]] = None) -> Any:
         parts.append(memoryview(scratch)[: _aligned(size) - size])
     if total != len(head) + sum(_aligned(size) for size in sizes):
         raise ValueError(f"a corrupt frame: {total} bytes announced for {count} buffers")
-    _vectored(os.readv, fd, parts, wait)
+    _vectored(os.readv, fd, parts, wait, moved)
     return pickle.loads(meta, buffers=buffers)
 
 

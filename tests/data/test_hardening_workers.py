@@ -459,3 +459,62 @@ def test_seeding_skips_a_numpy_random_another_thread_is_still_importing(
     monkeypatch.setitem(sys.modules, "numpy.random", half)
     seed_everything(3)
     assert torch.initial_seed() == 3
+
+
+# -- second review: timeout counts bytes arriving mid-frame as progress -----------------------
+
+
+def test_timeout_counts_bytes_arriving_in_the_middle_of_a_frame() -> None:
+    # A worker steadily writing one large batch (a piece every 20 ms) is never silent for
+    # 0.2 s; the timeout used to run from the frame's first byte. Drives the real
+    # WorkerPool._receive over a real non-blocking pipe, with a live process as the worker.
+    import select
+    import threading
+    import types
+
+    from framework.data._pool import WorkerPool
+
+    r0, w0 = os.pipe()
+    writer = threading.Thread(target=lambda: (write_frame(w0, {"x": torch.ones(1 << 19)}), os.close(w0)))
+    writer.start()
+    frame = bytearray()
+    while chunk := os.read(r0, 1 << 20):
+        frame += chunk
+    writer.join()
+    os.close(r0)
+    r, w = os.pipe()
+    os.set_blocking(r, False)
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    sentinel = os.pidfd_open(alive.pid)
+    poller = select.poll()
+    poller.register(r, select.POLLIN)
+    poller.register(sentinel, select.POLLIN)
+    pool: Any = types.SimpleNamespace(
+        data=[types.SimpleNamespace(fileno=lambda: r)], _pollers=[poller],
+        _sentinels={sentinel: 0}, processes=[types.SimpleNamespace(pid=alive.pid)],
+    )
+    pool._wait = lambda wid, deadline, timeout: WorkerPool._wait(pool, wid, deadline, timeout)
+    pool._death = lambda wid: WorkerError("died", wid)
+
+    def slow_writer() -> None:
+        try:
+            for start in range(0, len(frame), 1 << 15):
+                os.write(w, frame[start : start + (1 << 15)])
+                time.sleep(0.02)
+        except BrokenPipeError:
+            pass  # the test failed and closed the reading end
+
+    import time
+
+    feeding = threading.Thread(target=slow_writer, daemon=True)
+    feeding.start()
+    try:
+        message = WorkerPool._receive(pool, 0, 0.2)
+        assert torch.equal(message["x"], torch.ones(1 << 19))
+    finally:
+        os.close(r)
+        feeding.join()
+        alive.kill()
+        alive.wait()
+        os.close(w)
+        os.close(sentinel)

@@ -488,8 +488,11 @@ class MultiProcessDataLoader(DataLoader):
             close = getattr(stream, "close", None)
             if close is not None:
                 close()  # stops the workers at once when the consumer stops early
-            if self._current is position:
-                self._current = None  # ended or abandoned: state_dict() describes the next
+            try:
+                if self._current is position:
+                    self._current = None  # ended or abandoned: state_dict() describes the next
+            except ReferenceError:
+                pass  # the loader is gone (collected, or the interpreter is exiting)
 
     def _evened(self) -> bool:
         """Whether ranks agree on batch counts (and so must fail together, never alone)."""
@@ -568,6 +571,7 @@ class MultiProcessDataLoader(DataLoader):
         self, position: Position, info: Optional[DistributedInfo]
     ) -> Iterator[Any]:
         pool = self._get_pool(info)
+        persistent = self.persistent_workers
         finished = False
         resumed = position.consumed > 0 or bool(position.base.below or position.base.bits)
         world, rank = (info.world_size, info.global_rank) if info else (1, 0)
@@ -581,9 +585,13 @@ class MultiProcessDataLoader(DataLoader):
                 yield self.collate_fn(message.instances)
             finished = True
         finally:
-            if not finished or not self.persistent_workers or pool is not self._pool:
+            try:
+                owned = pool is self._pool
+            except ReferenceError:
+                owned = False  # the loader is gone: nothing will reuse these workers
+            if not finished or not persistent or not owned:
                 pool.shutdown()
-                if pool is self._pool:
+                if owned:
                     self._pool = None
         if position.instances == 0 and not resumed:
             raise no_instances(self.reader, self.data_path)

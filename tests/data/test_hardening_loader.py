@@ -278,3 +278,37 @@ def test_the_data_package_uses_dataclasses_not_attrs() -> None:
     pattern = re.compile(r"^\s*(import attr|from attr)", re.M)
     users = [p.name for p in package.rglob("*.py") if pattern.search(p.read_text())]
     assert users == []
+
+
+# -- second review ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"num_workers": 2, "max_instances_in_memory": 8}, {"num_workers": 0, "max_instances_in_memory": 8},
+     {"num_workers": 2, "max_instances_in_memory": 8, "persistent_workers": True}],
+)
+def test_a_script_that_ends_with_an_unfinished_iterator_exits_silently(options: dict[str, Any]) -> None:
+    # The pass's generator holds the loader weakly; its cleanup at exit raised
+    # ReferenceError ("Exception ignored in ...") once the loader was gone.
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent(f"""
+        import torch
+        from framework.data.multiprocess import MultiProcessDataLoader
+        from framework.data.reader import DatasetReader
+
+        class Reader(DatasetReader):  # defined in __main__, torn down with it
+            def _read(self, path):
+                for i in range(40):
+                    yield {{"x": torch.tensor([i])}}
+
+        loader = MultiProcessDataLoader(Reader(), "x", batch_size=2, quiet=True, **{options!r})
+        it = iter(loader)
+        first = next(it)  # peek at a batch, then the script ends
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "ReferenceError" not in done.stderr and "Exception ignored" not in done.stderr, done.stderr

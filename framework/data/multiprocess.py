@@ -520,7 +520,14 @@ class MultiProcessDataLoader(DataLoader):
             raise error
         self._eager_lists = lists
         for index in range(position.consumed, len(lists)):
-            batch = self.collate_fn([instances[i] for i in lists[index]])
+            chosen = [instances[i] for i in lists[index]]
+            if self.seed is None:
+                batch = self.collate_fn(chosen)
+            else:
+                # A random collator (masking) draws from the loader's streams, seeded per
+                # batch: the caller's are untouched, and a resumed epoch collates the same.
+                with PrivateRandom(derive_seed(position.seed, "collate", index)).active():
+                    batch = self.collate_fn(chosen)
             position.consumed = index + 1
             yield batch
 

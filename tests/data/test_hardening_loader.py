@@ -312,3 +312,43 @@ def test_a_script_that_ends_with_an_unfinished_iterator_exits_silently(options: 
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert "ReferenceError" not in done.stderr and "Exception ignored" not in done.stderr, done.stderr
+
+
+class _Masking:
+    """A random collator (as an MLM collator masks): draws from the global torch stream."""
+
+    def __call__(self, instances: list[dict[str, Any]]) -> dict[str, Any]:
+        from framework.data.collate import DefaultDataCollator
+
+        batch = DefaultDataCollator()(instances)
+        batch["mask"] = torch.rand(len(instances)) < 0.5
+        return batch
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_eager_collation_uses_the_loaders_streams_not_the_callers(workers: int) -> None:
+    # Eager mode collates in the main process: it drew from (and advanced) the caller's
+    # torch stream, so the batches changed with the training loop's own draws.
+    def run(training_draws: bool) -> list[list[bool]]:
+        torch.manual_seed(123)
+        loader = _loader(CountingReader(12), num_workers=workers, collate_fn=_Masking())
+        before = torch.get_rng_state()
+        masks = []
+        for batch in loader:
+            masks.append(batch["mask"].tolist())
+            if training_draws:
+                torch.rand(7)  # dropout, say
+            else:
+                assert torch.equal(before, torch.get_rng_state())
+        return masks
+
+    assert run(False) == run(True)
+    # and a resumed epoch collates as the original did
+    original = _loader(CountingReader(12), num_workers=workers, collate_fn=_Masking())
+    it = iter(original)
+    next(it)
+    state = original.state_dict()
+    rest = [batch["mask"].tolist() for batch in it]
+    resumed = _loader(CountingReader(12), num_workers=workers, collate_fn=_Masking())
+    resumed.load_state_dict(state)
+    assert [batch["mask"].tolist() for batch in resumed] == rest

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import operator
 import random
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -95,16 +96,17 @@ class BatchPlan:
             yield from self._sampled(items, seed, start, where, reseed)
             return
         assert self.batch_size is not None
+        size = self.batch_size
         batch: list[tuple[Any, Optional[int]]] = []
-        point = start
+        point, taken = start, start.within
         # Batches span chunk boundaries, as with a shuffle buffer: only the last is short.
-        for item, point in self._flat(items, seed, start, where, reseed):
+        for item, point, taken in self._flat(items, seed, start, where, reseed):
             batch.append(item)
-            if len(batch) == self.batch_size:
-                yield [x for x, _ in batch], [i for _, i in batch], point
+            if len(batch) == size:
+                yield [x for x, _ in batch], [i for _, i in batch], replace(point, within=taken)
                 batch = []
         if batch and not self.drop_last:
-            yield [x for x, _ in batch], [i for _, i in batch], point
+            yield [x for x, _ in batch], [i for _, i in batch], replace(point, within=taken)
 
     def _chunks(
         self,
@@ -121,13 +123,16 @@ class BatchPlan:
         while True:
             record, token = where()
             reseed(derive_seed(seed, "chunk", number))
-            counted = _Counted(itertools.islice(items, size))
-            yield Point(number, record, token, pulled), counted
-            for _ in counted:  # the consumer may have stopped early: finish the chunk
+            counter = itertools.count()
+            # map/zip: counted in C, not per item in Python
+            chunk = map(operator.itemgetter(0), zip(itertools.islice(items, size), counter))
+            yield Point(number, record, token, pulled), chunk
+            for _ in chunk:  # the consumer may have stopped early: finish the chunk
                 pass
-            if counted.count < size:
+            count = next(counter)
+            if count < size:
                 return
-            pulled += counted.count
+            pulled += count
             number += 1
 
     def _flat(
@@ -137,8 +142,9 @@ class BatchPlan:
         start: Point,
         where: Callable[[], tuple[int, Any]],
         reseed: Callable[[int], None],
-    ) -> Iterator[tuple[tuple[Any, Optional[int]], Point]]:
-        """Each item (shuffled within its chunk) with the restart point just after it."""
+    ) -> Iterator[tuple[tuple[Any, Optional[int]], Point, int]]:
+        """Each item (shuffled within its chunk), its chunk's start and how many of the
+        chunk it completes (restarting after it: that chunk, that many taken)."""
         drop = start.within
         for point, chunk in self._chunks(items, seed, start, where, reseed):
             ordered: Iterator[tuple[Any, Optional[int]]] = chunk
@@ -148,7 +154,7 @@ class BatchPlan:
                 ordered = iter(listed)
             for taken, item in enumerate(ordered, 1):
                 if taken > drop:
-                    yield item, replace(point, within=taken)
+                    yield item, point, taken
             drop = 0
 
     def _sampled(
@@ -172,22 +178,6 @@ class BatchPlan:
                         replace(point, within=taken),
                     )
             drop = 0
-
-
-class _Counted:
-    """An iterator that counts the items it has given."""
-
-    def __init__(self, iterator: Iterator[Any]) -> None:
-        self.iterator = iterator
-        self.count = 0
-
-    def __iter__(self) -> _Counted:
-        return self
-
-    def __next__(self) -> Any:
-        item = next(self.iterator)
-        self.count += 1
-        return item
 
 
 def slot_batches(

@@ -29,6 +29,7 @@ import multiprocessing
 import pickle
 import warnings
 import weakref
+import zlib
 from collections.abc import Generator, Iterator, Mapping
 from typing import Any, Optional, TypeVar, Union, cast
 
@@ -401,9 +402,9 @@ class MultiProcessDataLoader(DataLoader):
             saved_slots = max(1, state["num_workers"]) if self.max_instances_in_memory is not None else 1
             if state["world_size"] == world and saved_slots == self._slots_per_rank():
                 return Position.from_dict(dict(ranks[rank]))  # the same split: exact
-            consumed = state["consumed"]
             first = Position.from_dict(dict(ranks[0]))
-        except (KeyError, TypeError, IndexError, AttributeError) as error:
+            consumed = None if state["consumed"] is None else Consumed.from_dict(state["consumed"])
+        except (KeyError, TypeError, IndexError, AttributeError, ValueError, zlib.error) as error:
             raise ValueError(
                 f"load_state_dict() expects what MultiProcessDataLoader.state_dict() "
                 f"returned; this state lacks or mangles a part ({type(error).__name__}: "
@@ -420,7 +421,7 @@ class MultiProcessDataLoader(DataLoader):
             )
         # Another split: a new pass over what is left, seeded from the saved pass.
         seed = derive_seed(first.seed, "resumed", world, self._slots_per_rank(), rank)
-        return Position(epoch=first.epoch, seed=seed, base=Consumed.from_dict(consumed))
+        return Position(epoch=first.epoch, seed=seed, base=consumed)
 
     def _settings(self) -> dict[str, Any]:
         """What a saved state is valid for: the same data, batched the same way."""

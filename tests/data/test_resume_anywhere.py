@@ -214,3 +214,13 @@ def test_a_job_of_another_world_size_resumes_the_rest(
         assert sorted(head + tail) == list(range(50)), name
         following = [i for result in resumed for batch in result[name]["next"] for i in batch]
         assert sorted(following) == list(range(50)), name  # then whole epochs
+
+
+@pytest.mark.parametrize(
+    "consumed",
+    [{"below": 0, "bits": "not base64!"}, {"below": 0, "bits": "AAAA"}, {"below": -1}, [1]],
+)
+def test_a_mangled_consumed_part_is_a_clear_error(consumed: Any) -> None:
+    _, state = save_after(build(2, 8, "shuffle"), 2)
+    with pytest.raises(ValueError, match=r"expects what MultiProcessDataLoader\.state_dict"):
+        build(3, 8, "shuffle").load_state_dict({**state, "consumed": consumed})

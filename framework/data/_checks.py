@@ -152,16 +152,23 @@ config_checks = ConfigChecks(
 def describe(component: Any) -> dict[str, Any]:
     """A component's type and its plain public settings, as JSON data (for `state_dict`).
 
-    Only numbers, flags and strings: a None or a list may be filled in on first use
-    (a sampler's guessed sorting keys), which is not a change of settings.
+    Numbers, flags, strings, None, and lists or tuples of those (as lists). A None may
+    be filled in on first use (a sampler's guessed sorting keys), so it matches any
+    value when states are compared (`check_settings`).
     """
     kind = type(component)
     settings = {
-        name: value
+        name: list(value) if isinstance(value, tuple) else value
         for name, value in sorted(vars(component).items())
-        if not name.startswith("_") and isinstance(value, (bool, int, float, str))
+        if not name.startswith("_") and _plain(value)
     }
     return {"type": f"{kind.__module__}.{kind.__qualname__}", **settings}
+
+
+def _plain(value: Any) -> bool:
+    if isinstance(value, (list, tuple)):
+        return all(isinstance(item, (bool, int, float, str)) for item in value)
+    return value is None or isinstance(value, (bool, int, float, str))
 
 
 def check_resumable(saved: Mapping[str, Any], current: Mapping[str, Any]) -> None:

@@ -253,9 +253,20 @@ def check_settings(saved: Mapping[str, Any], current: Mapping[str, Any]) -> None
     for key, value in current.items():
         if key not in saved:
             raise ValueError(f"the state's settings lack {key!r}; pass the loader's own state_dict()")
-        if saved[key] != value:
+        if not _same_setting(saved[key], value):
             raise ValueError(
                 f"the state was saved by a loader with {key}={saved[key]!r}, but this loader "
                 f"has {key}={value!r}: resuming would repeat or skip instances. Build the "
                 f"loader with {key}={saved[key]!r} to resume this state, or start without it"
             )
+
+
+def _same_setting(saved: Any, current: Any) -> bool:
+    """Equal; inside a component's settings (`describe`) a None on either side matches
+    anything: it may be filled in on first use (a sampler's guessed sorting keys)."""
+    if isinstance(saved, Mapping) and isinstance(current, Mapping):
+        return saved.keys() == current.keys() and all(
+            saved[key] is None or current[key] is None or saved[key] == current[key]
+            for key in saved
+        )
+    return bool(saved == current)

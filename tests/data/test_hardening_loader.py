@@ -352,3 +352,35 @@ def test_eager_collation_uses_the_loaders_streams_not_the_callers(workers: int) 
     resumed = _loader(CountingReader(12), num_workers=workers, collate_fn=_Masking())
     resumed.load_state_dict(state)
     assert [batch["mask"].tolist() for batch in resumed] == rest
+
+
+class _TwoLengths(DatasetReader):
+    def _read(self, file_path: Any) -> Iterator[dict[str, Any]]:
+        for i in range(8):
+            yield {"id": i, "a": torch.zeros(i + 1), "b": torch.zeros(8 - i)}
+
+
+def test_a_state_from_another_list_valued_sampler_setting_is_refused() -> None:
+    # describe() kept only scalar settings: sorting_keys=["a"] resumed under ["b"] and
+    # repeated and skipped instances silently.
+    from framework_plugins.samplers import BucketBatchSampler
+
+    def build(keys: Any) -> MultiProcessDataLoader:
+        sampler = BucketBatchSampler(2, sorting_keys=keys, padding_noise=0.0, shuffle=False)
+        return MultiProcessDataLoader(_TwoLengths(), "x", batch_sampler=sampler, quiet=True, seed=0)
+
+    saved = build(["a"])
+    it = iter(saved)
+    next(it)
+    state = saved.state_dict()
+    with pytest.raises(ValueError, match="sorting_keys"):
+        build(["b"]).load_state_dict(state)
+    # A None is filled in on first use (guessed keys): a fresh loader guesses the same.
+    guessed = build(None)
+    it = iter(guessed)
+    next(it)
+    state = guessed.state_dict()
+    rest = [batch["id"].tolist() for batch in it]
+    resumed = build(None)
+    resumed.load_state_dict(state)
+    assert [batch["id"].tolist() for batch in resumed] == rest

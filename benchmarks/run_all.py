@@ -23,6 +23,7 @@ BENCHMARKS: dict[str, tuple[list[str], list[str]]] = {
     # name: (full-run arguments, --quick arguments)
     "bench_loader.py": ([], ["--quick"]),
     "bench_download.py": ([], ["--size-mb", "20", "--repeat", "1", "--hits", "500"]),
+    "bench_resume.py": ([], ["--quick", "--repeats", "1"]),
 }
 
 

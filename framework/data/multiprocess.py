@@ -399,8 +399,7 @@ class MultiProcessDataLoader(DataLoader):
             info = current_distributed_info()
             world, rank = (info.world_size, info.global_rank) if info else (1, 0)
             ranks = list(state["ranks"])
-            saved_slots = max(1, state["num_workers"]) if self.max_instances_in_memory is not None else 1
-            if state["world_size"] == world and saved_slots == self._slots_per_rank():
+            if state["world_size"] == world and self._same_split(state):
                 return Position.from_dict(dict(ranks[rank]))  # the same split: exact
             first = Position.from_dict(dict(ranks[0]))
             consumed = None if state["consumed"] is None else Consumed.from_dict(state["consumed"])
@@ -422,6 +421,15 @@ class MultiProcessDataLoader(DataLoader):
         # Another split: a new pass over what is left, seeded from the saved pass.
         seed = derive_seed(first.seed, "resumed", world, self._slots_per_rank(), rank)
         return Position(epoch=first.epoch, seed=seed, base=consumed)
+
+    def _same_split(self, state: Mapping[str, Any]) -> bool:
+        """Whether this rank's saved position resumes exactly here (same world size given)."""
+        if self.max_instances_in_memory is not None:
+            return max(1, state["num_workers"]) == self._slots_per_rank()
+        # Eager mode caches the rank's instances in record order, whatever num_workers,
+        # when the reader says which record each came from. A reader that shards by
+        # itself (one file per worker, say) caches another order under another num_workers.
+        return state["num_workers"] == self.num_workers or state["consumed"] is not None
 
     def _settings(self) -> dict[str, Any]:
         """What a saved state is valid for: the same data, batched the same way."""

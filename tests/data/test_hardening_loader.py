@@ -384,3 +384,18 @@ def test_a_state_from_another_list_valued_sampler_setting_is_refused() -> None:
     resumed = build(None)
     resumed.load_state_dict(state)
     assert [batch["id"].tolist() for batch in resumed] == rest
+
+
+@pytest.mark.parametrize("lazy", [None, 8])
+def test_a_reader_that_shards_by_itself_refuses_another_num_workers(lazy: Any) -> None:
+    # Such a reader picks each worker's instances (one file per worker): eager mode took a
+    # state saved with 0 workers under 2 and repeated and skipped instances silently.
+    saved = _loader(ShardingReader(20), num_workers=0, max_instances_in_memory=lazy)
+    it = iter(saved)
+    next(it)
+    state = saved.state_dict()
+    with pytest.raises(ValueError, match="shards by itself"):
+        _loader(ShardingReader(20), num_workers=2, max_instances_in_memory=lazy).load_state_dict(state)
+    same = _loader(ShardingReader(20), num_workers=0, max_instances_in_memory=lazy)
+    same.load_state_dict(state)
+    assert _ids(iter(same)) == _ids(it)

@@ -183,11 +183,13 @@ class HttpBackend(DownloadBackend):
             )
         return response
 
-    def open(self, url: str, offset: int = 0, *, if_range: Optional[str] = None) -> ByteStream:
+    def open(
+        self, url: str, offset: int = 0, *, if_range: Optional[str] = None, end: Optional[int] = None
+    ) -> ByteStream:
         # Byte offsets must count stored bytes, so ask for no content encoding.
         headers = {"Accept-Encoding": "identity"}
-        if offset:
-            headers["Range"] = f"bytes={offset}-"
+        if offset or end is not None:  # `end` (exclusive) bounds a part of a parallel fetch
+            headers["Range"] = f"bytes={offset}-{'' if end is None else end - 1}"
             if if_range:  # another version comes whole (200), never as a spliced range
                 headers["If-Range"] = if_range
         response = self._request("GET", url, headers)

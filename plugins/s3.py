@@ -120,15 +120,21 @@ class S3Backend(DownloadBackend):
         except bce.BotoCoreError as error:  # a missing profile or region, bad settings
             raise DownloadError(url, f"S3: {type(error).__name__}: {error}") from error
 
-    def open(self, url: str, offset: int = 0, *, if_range: Optional[str] = None) -> ByteStream:
-        # `if_range` is not sent: S3 has no If-Range, and every answer's ETag names the
-        # version its bytes belong to, which the manager compares.
+    def open(
+        self, url: str, offset: int = 0, *, if_range: Optional[str] = None, end: Optional[int] = None
+    ) -> ByteStream:
+        # S3 has no If-Range, and every answer's ETag names the version its bytes belong
+        # to, which the manager compares. A part of a parallel fetch (`end`, exclusive)
+        # goes further: `if_range` (the plan's ETag) is sent as IfMatch, so another
+        # version is refused (412) before a byte of it is sent.
         from botocore.exceptions import ClientError
 
         bucket, key = _split(url)
         kwargs: dict[str, Any] = {"Bucket": bucket, "Key": key}
-        if offset:
-            kwargs["Range"] = f"bytes={offset}-"
+        if offset or end is not None:
+            kwargs["Range"] = f"bytes={offset}-{'' if end is None else end - 1}"
+        if end is not None and if_range:
+            kwargs["IfMatch"] = if_range
         try:
             response = self._call(url, "get_object", **kwargs)
         except ClientError:  # InvalidRange (416): reported as is; the manager decides

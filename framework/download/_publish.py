@@ -496,13 +496,21 @@ def fetch(
     backoff_factor: float,
     progress: bool,
     on_size: Optional[Callable[[int], None]] = None,
+    connections: int = 1,
+    part_size: int = 8 << 20,
 ) -> Fetched:
     """Download `url` into a partial file next to `final`, resuming where possible.
 
+    With `connections` > 1 and a backend that reads bounded ranges, an object larger
+    than `part_size` comes in parts over several connections (`_parallel`).
     On a network failure or Ctrl-C the partial file is kept for a later call (of
     this or another process); on any other failure it is removed.
     """
-    partial = _Partial.adopt(final)
+    from framework.download import _parallel  # it builds on this module
+
+    parallel = connections > 1 and _parallel.serves_parts(backend)
+    resumed = _parallel.adopt_parts(final) if parallel else None
+    partial = resumed.partial if resumed is not None else _Partial.adopt(final)
     if partial is not None:
         logger.info("resuming %s from byte %d", url, partial.offset)
     else:
@@ -510,7 +518,22 @@ def fetch(
     keep = False
     try:
         with _progress_bar(progress, None, final.name.split("-", 1)[-1]) as bar:
-            pending = _download(backend, url, partial, attempts, backoff_factor, bar, on_size)
+            pending, failed = None, 0
+            if parallel:
+                pending, failed = _parallel.fetch_parts(
+                    backend,
+                    url,
+                    partial,
+                    resumed,
+                    connections=connections,
+                    part_size=part_size,
+                    attempts=attempts,
+                    backoff_factor=backoff_factor,
+                    bar=bar,
+                    on_size=on_size,
+                )
+            if pending is None:
+                pending = _download(backend, url, partial, attempts - failed, backoff_factor, bar, on_size)
         try:
             os.fsync(partial.fd)  # meanwhile the hash thread works through its backlog
         finally:

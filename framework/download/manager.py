@@ -30,6 +30,7 @@ from framework.download._extract import (
     extracted_from,
 )
 from framework.download._lock import EntryLock, LockKind
+from framework.download._parallel import DEFAULT_PART_SIZE, connections_from
 from framework.download._publish import Validators, fetch, partial_bytes, publish_fetched
 from framework.download._schemes import backend_name_for, describe_schemes, split_scheme, url_scheme
 from framework.download.backend import DownloadBackend, RemoteInfo
@@ -119,6 +120,11 @@ class DownloadManager:
             ``{"s3": S3Backend(profile="lab"), "https": HttpBackend(headers={...})}``.
             They are used as given (their own retries and timeouts); other schemes get
             the registered backend, made with this manager's settings.
+        connections: at most this many connections fetch one object larger than
+            `part_size`, in byte ranges, from a server that serves them (HTTP, S3);
+            1 = one stream. `None` reads ``FRAMEWORK_CONNECTIONS`` at each call
+            (default 8).
+        part_size: bytes per ranged request of a parallel fetch.
 
     The manager is a context manager; `close` (or leaving the ``with`` block) closes
     every backend it holds, the ones given to it included. A closed backend opens new
@@ -141,7 +147,13 @@ class DownloadManager:
         max_extract_ratio: float = DEFAULT_MAX_RATIO,
         max_extract_members: int = DEFAULT_MAX_MEMBERS,
         backends: Optional[Mapping[str, DownloadBackend]] = None,
+        connections: Optional[int] = None,
+        part_size: int = DEFAULT_PART_SIZE,
     ) -> None:
+        if connections is not None:
+            connections_from(connections)  # a bad value fails here, not at the first fetch
+        if isinstance(part_size, bool) or not isinstance(part_size, int) or part_size < 1:
+            raise ValueError(f"part_size must be a whole number of bytes of at least 1, got {part_size!r}")
         if lock not in ("filelock", "softfilelock", "none"):
             raise ValueError(f"lock must be 'filelock', 'softfilelock' or 'none', got {lock!r}")
         self._cache_dir = Path(cache_dir).expanduser() if cache_dir is not None else None
@@ -156,11 +168,18 @@ class DownloadManager:
         self._given = _check_backends(backends)
         self._made: dict[str, DownloadBackend] = {}  # by registered name: http and https share one
         self._backends_pid = os.getpid()
+        self._connections = connections
+        self.part_size = part_size
 
     @property
     def cache_dir(self) -> Path:
         """The cache folder this manager uses when a call does not name one."""
         return self._cache_dir if self._cache_dir is not None else default_cache_dir()
+
+    @property
+    def connections(self) -> int:
+        """The cap on connections per object (`connections`, else ``FRAMEWORK_CONNECTIONS``)."""
+        return connections_from(self._connections)
 
     @property
     def offline(self) -> bool:
@@ -352,6 +371,8 @@ class DownloadManager:
             backoff_factor=self.backoff_factor,
             progress=show,
             on_size=lambda size: lock.record(size=size),
+            connections=self.connections,
+            part_size=self.part_size,
         )
         publish_fetched(entry, result)
         logger.info("published %s (%d bytes, sha256 %s)", entry.final, result.size, result.sha256)

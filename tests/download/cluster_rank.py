@@ -29,6 +29,9 @@ def _inject(kind: str) -> None:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
         _pipeline._writev = full  # type: ignore[assignment]
+        from framework.download import _parallel
+
+        _parallel._pwrite = lambda fd, data, offset: full(fd, [data])  # type: ignore[assignment]
     elif kind in ("corrupt", "die"):  # a flipped bit on the way in; a rank killed mid-transfer
         from framework.download import _cluster
 

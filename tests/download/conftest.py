@@ -40,8 +40,9 @@ def cache(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def manager(cache: Path) -> DownloadManager:
-    """A manager with a short backoff so fault tests stay fast."""
-    return DownloadManager(cache, backoff_factor=0.01, progress=False, lock_timeout=20)
+    """A manager with a short backoff so fault tests stay fast; one stream per object (the
+    parallel path has its own tests, in test_parallel_fetch.py)."""
+    return DownloadManager(cache, backoff_factor=0.01, progress=False, lock_timeout=20, connections=1)
 
 
 @pytest.fixture

@@ -51,6 +51,10 @@ class Route:
     ranges: list[str] = attrs.field(factory=list)
     headers: list[dict[str, str]] = attrs.field(factory=list)  # every request's headers
     if_ranges: list[str] = attrs.field(factory=list)  # the If-Range header of each GET ('' if none)
+    swap_at_get: Optional[int] = None  # at this GET (1-based), apply `then` first: a new version
+    body_bytes: int = 0  # body bytes written to clients (all GETs)
+    in_flight: int = 0  # GETs whose body is being sent now
+    max_in_flight: int = 0
 
 
 class FaultServer(ThreadingHTTPServer):
@@ -117,6 +121,10 @@ class _Handler(BaseHTTPRequestHandler):
             route.headers.append(dict(self.headers))
             if self.command == "GET":
                 route.gets += 1
+                if route.swap_at_get is not None and route.gets == route.swap_at_get:
+                    for key, value in route.then.items():
+                        setattr(route, key, value)
+                    route.then = {}
                 route.ranges.append(range_header or "")
                 route.if_ranges.append(if_range or "")
             else:
@@ -135,20 +143,22 @@ class _Handler(BaseHTTPRequestHandler):
             self._empty(302, {"Location": route.redirect})
             return
         data, size = route.data, len(route.data)
-        start = 0
+        start, stop = 0, size
         status = 200
         if if_range is not None and if_range not in (route.etag, route.last_modified):
             range_header = None  # RFC 9110 If-Range: another version is sent whole
         if range_header and route.range_mode != "ignore":
-            start = int(range_header.split("=", 1)[1].split("-", 1)[0])
+            first, _, last = range_header.split("=", 1)[1].partition("-")
+            start = int(first)
             if route.range_mode == "416" or start >= size:
                 self._empty(416, {"Content-Range": f"bytes */{size}"})
                 return
+            stop = min(size, int(last) + 1) if last.strip() else size
             status = 206
         if self.command == "GET" and start == 0:
             with self.server.lock:
                 route.full_gets += 1
-        body = data[start:]
+        body = data[start:stop]
         self.send_response(status)
         if route.gzip_whole and status == 200:
             body = gzip.compress(body, compresslevel=1)
@@ -161,7 +171,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header("Last-Modified", route.last_modified)
         if status == 206:
             total = "*" if route.star_total else str(size)
-            self.send_header("Content-Range", f"bytes {start}-{size - 1}/{total}")
+            self.send_header("Content-Range", f"bytes {start}-{stop - 1}/{total}")
         self.end_headers()
         if self.command == "HEAD":
             return
@@ -170,6 +180,16 @@ class _Handler(BaseHTTPRequestHandler):
             if route.drop_after is not None and route.drops > 0:
                 route.drops -= 1
                 fault_at = route.drop_after
+        with self.server.lock:
+            route.in_flight += 1
+            route.max_in_flight = max(route.max_in_flight, route.in_flight)
+        try:
+            self._send_body(route, body, fault_at)
+        finally:
+            with self.server.lock:
+                route.in_flight -= 1
+
+    def _send_body(self, route: Route, body: bytes, fault_at: Optional[int]) -> None:
         sent = 0
         while sent < len(body):
             end = min(len(body), sent + route.chunk)
@@ -183,6 +203,8 @@ class _Handler(BaseHTTPRequestHandler):
                     route.then = {}
                 return
             self.wfile.write(body[sent:end])
+            with self.server.lock:
+                route.body_bytes += end - sent
             sent = end
             if route.delay:
                 time.sleep(route.delay)

@@ -297,6 +297,10 @@ class WorkerPool:
                               lambda: self._wait(worker_id, deadline[0], timeout), moved)
         except EOFError:
             raise self._death(worker_id) from None
+        except (OSError, ValueError):
+            if self.closed:  # shut down by another thread (loader.close()) under our read
+                raise _closed() from None
+            raise
 
     def _wait(self, worker_id: int, deadline: Optional[float], timeout: Optional[float]) -> None:
         """Return when `worker_id`'s pipe has bytes (or end-of-file); raise on a death."""
@@ -319,6 +323,8 @@ class WorkerPool:
         raise self._death(worker_id if worker_id in dead else dead[0])
 
     def _death(self, worker_id: int) -> WorkerError:
+        if self.closed:
+            return _closed()  # its workers were stopped on purpose
         process = self.processes[worker_id]
         process.join(timeout=5.0)
         last = self._last_words(worker_id)
@@ -381,6 +387,13 @@ def _check_main_is_runnable(start_method: str) -> None:
             "Run the script from a file, with the reader, sampler and collate_fn in an "
             "importable module, or use start_method='fork'"
         )
+
+
+def _closed() -> WorkerError:
+    return WorkerError(
+        "the loader was closed (close() from another thread) while this iteration was "
+        "waiting for a batch; build a new iterator to read again"
+    )
 
 
 def _failure(worker_id: int, message: Failed) -> WorkerError:

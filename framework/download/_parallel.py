@@ -307,6 +307,51 @@ class _Hasher:
         os.close(self.read_fd)
 
 
+class _Recorder:
+    """Records complete parts on its own thread: one ``fdatasync`` covers every part
+    completed before it, then the record is rewritten. Workers never wait on the disk;
+    a part counts (for a later resume) only once its bytes are durable."""
+
+    def __init__(self, partial: _Partial, plan: _Plan, done: set[int]) -> None:
+        self.partial, self.plan = partial, plan
+        self.recorded = set(done)
+        self._pending: set[int] = set()
+        self._closing = False
+        self._cond = threading.Condition()
+        self._thread = threading.Thread(target=self._run, name="framework-parallel-record", daemon=True)
+        self._thread.start()
+
+    def completed(self, index: int) -> None:
+        with self._cond:
+            self._pending.add(index)
+            self._cond.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._pending and not self._closing:
+                    self._cond.wait()
+                if not self._pending:
+                    return
+                batch, self._pending = self._pending, set()
+            try:
+                os.fdatasync(self.partial.fd)  # the bytes are on disk before the record says so
+                self.recorded |= batch
+                _save_record(self.partial.name, self.plan, self.recorded)
+            except OSError as error:  # only a later resume loses: it fetches those parts again
+                logger.warning("cannot record the complete parts of %s: %s", self.partial.name.path, error)
+                return
+
+    def close(self, flush: bool) -> None:
+        """Stop; with `flush`, record what completed first (the fetch stops short)."""
+        with self._cond:
+            self._closing = True
+            if not flush:
+                self._pending.clear()
+            self._cond.notify()
+        self._thread.join()
+
+
 class _Engine:
     """The threads that fetch the plan's missing parts into `partial`."""
 
@@ -326,9 +371,10 @@ class _Engine:
         self.attempts, self.backoff_factor, self.bar = attempts, backoff_factor, bar
         self.todo: queue.SimpleQueue[int] = queue.SimpleQueue()
         self.stop = threading.Event()
-        self.lock = threading.Lock()  # the record, the bar, `errors`
+        self.lock = threading.Lock()  # the offset, the bar, `errors`
         self.errors: list[BaseException] = []
         self.hasher = _Hasher(url, partial, plan, done)
+        self.recorder = _Recorder(partial, plan, done)
 
     def run(self, connections: int, first: Optional[ByteStream]) -> None:
         """Fetch the missing parts; part 0 from `first` when given (the first answer)."""
@@ -355,10 +401,13 @@ class _Engine:
             for worker in workers:
                 worker.join()
             self.hasher.stop()
+            self.recorder.close(flush=True)
             raise
         if self.errors:
             self.hasher.stop()
+            self.recorder.close(flush=True)
             raise self.errors[0]
+        self.recorder.close(flush=False)  # complete: the record is removed next
         self.partial.hasher = self.hasher.finish()
         self.partial.offset = self.plan.size
 
@@ -401,11 +450,9 @@ class _Engine:
             stream = None
         if self.stop.is_set():
             return
-        os.fdatasync(self.partial.fd)  # the bytes are on disk before the record says so
         with self.lock:
-            self.done.add(index)
             self.partial.offset += end - start
-            _save_record(self.partial.name, self.plan, self.done)
+        self.recorder.completed(index)
         self.hasher.complete(index)
 
     def _open(self, position: int, end: int) -> ByteStream:

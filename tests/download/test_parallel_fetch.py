@@ -151,7 +151,7 @@ def _parts_done(cache: Path) -> int:
 
 def test_kill_half_way_then_resume_fetches_the_other_half(http_server: FaultServer, tmp_path: Path) -> None:
     data = _data(16)
-    url = http_server.add(_path("kill"), data, delay=0.004)
+    url = http_server.add(_path("kill"), data, delay=0.02)
     child = FORK.Process(target=_fetch_child, args=(url, str(tmp_path)))
     child.start()
     try:
@@ -173,7 +173,7 @@ def test_kill_half_way_then_resume_fetches_the_other_half(http_server: FaultServ
 
 def test_resume_of_another_version_starts_over(http_server: FaultServer, tmp_path: Path) -> None:
     old, new = _data(8), _data(8)
-    url = http_server.add(_path("resume-swap"), old, etag='"v1"', delay=0.004)
+    url = http_server.add(_path("resume-swap"), old, etag='"v1"', delay=0.02)
     child = FORK.Process(target=_fetch_child, args=(url, str(tmp_path)))
     child.start()
     try:
@@ -181,6 +181,7 @@ def test_resume_of_another_version_starts_over(http_server: FaultServer, tmp_pat
         os.kill(child.pid or 0, signal.SIGKILL)
     finally:
         child.join(10)
+    assert 3 <= _parts_done(tmp_path) < 8  # killed before it was complete
     route = http_server.route(url)
     route.data, route.etag, route.delay = new, '"v2"', 0.0
     assert _manager(tmp_path).cached_path(url).read_bytes() == new

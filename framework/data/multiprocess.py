@@ -425,11 +425,11 @@ class MultiProcessDataLoader(DataLoader):
     def _same_split(self, state: Mapping[str, Any]) -> bool:
         """Whether this rank's saved position resumes exactly here (same world size given)."""
         if self.max_instances_in_memory is not None:
-            return max(1, state["num_workers"]) == self._slots_per_rank()
+            return bool(max(1, state["num_workers"]) == self._slots_per_rank())
         # Eager mode caches the rank's instances in record order, whatever num_workers,
         # when the reader says which record each came from. A reader that shards by
         # itself (one file per worker, say) caches another order under another num_workers.
-        return state["num_workers"] == self.num_workers or state["consumed"] is not None
+        return bool(state["num_workers"] == self.num_workers or state["consumed"] is not None)
 
     def _settings(self) -> dict[str, Any]:
         """What a saved state is valid for: the same data, batched the same way."""

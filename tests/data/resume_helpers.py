@@ -64,3 +64,18 @@ class PerFileReader(DatasetReader):
         for part in (range(half), range(half, self.n)):
             for i in self.shard_iterable(part):
                 yield make_instance(i)
+
+
+class SelfShardingReader(DatasetReader):
+    """Shards by itself with get_worker_info(): blocks of 5 ids ("files") per worker."""
+
+    def __init__(self, n: int = 20, **kwargs: Any) -> None:
+        super().__init__(manual_distributed_sharding=True, manual_multiprocess_sharding=True, **kwargs)
+        self.n = n
+
+    def _read(self, file_path: Any) -> Iterator[dict[str, Any]]:
+        info = self.get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info else (0, 1)
+        for i in range(self.n):
+            if (i // 5) % workers == worker:
+                yield make_instance(i)

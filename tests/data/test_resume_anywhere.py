@@ -12,7 +12,7 @@ import pytest
 import torch.multiprocessing as mp
 from hardening_helpers import ListReader
 from loader_helpers import CountingReader, RandomReader
-from resume_helpers import MODES, PerFileReader, elastic_rank
+from resume_helpers import MODES, PerFileReader, SelfShardingReader, elastic_rank
 
 from framework.data.multiprocess import MultiProcessDataLoader
 from framework.data.reader import DatasetReader
@@ -110,6 +110,19 @@ def test_a_reader_that_hides_its_records_resumes_only_the_same_split() -> None:
     same = build(2, 8, "shuffle", reader=ListReader(N))
     same.load_state_dict(state)
     assert sorted(head + ids(same)) == list(range(N))
+
+
+@pytest.mark.parametrize("lazy", [None, 8])
+def test_a_reader_that_shards_by_itself_resumes_only_the_same_split(lazy: int | None) -> None:
+    # It picks each worker's instances itself: another num_workers caches (eager) or
+    # streams (lazy) another order. Before: eager mode took the state under 2 workers
+    # and repeated and skipped instances silently.
+    head, state = save_after(build(0, lazy, "shuffle", reader=SelfShardingReader(20)), 3)
+    with pytest.raises(ValueError, match="shards by itself"):
+        build(2, lazy, "shuffle", reader=SelfShardingReader(20)).load_state_dict(state)
+    same = build(0, lazy, "shuffle", reader=SelfShardingReader(20))
+    same.load_state_dict(state)
+    assert sorted(head + ids(same)) == list(range(20))
 
 
 @pytest.mark.parametrize(("before", "after"), [(2, 3), (0, 2)])

@@ -37,8 +37,8 @@ def elastic_rank(rank: int, world: int, port: int, out_dir: str, phase: str) -> 
                 iterator = iter(loader)
                 head = [next(iterator)["id"].tolist() for _ in range(2)]
                 state = loader.state_dict()  # a collective: every rank the same
-                results[name] = {"head": head, "state": json.loads(json.dumps(state))}
-                iterator.close()
+                rest = [batch["id"].tolist() for batch in iterator]  # uninterrupted
+                results[name] = {"head": head, "state": json.loads(json.dumps(state)), "rest": rest}
             else:
                 with open(f"{out_dir}/state_{name}.json") as handle:
                     loader.load_state_dict(json.load(handle))

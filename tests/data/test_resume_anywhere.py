@@ -209,7 +209,7 @@ def test_builtin_readers_resume_by_seeking_past_what_was_read(tmp_path: Path, ki
 # -- torch.distributed: another world size ---------------------------------------------------
 
 
-@pytest.mark.parametrize(("before", "after"), [(2, 3), (3, 2)])
+@pytest.mark.parametrize(("before", "after"), [(2, 3), (3, 2), (2, 2)])
 def test_a_job_of_another_world_size_resumes_the_rest(
     before: int, after: int, free_port: int, tmp_path: Path
 ) -> None:
@@ -227,6 +227,8 @@ def test_a_job_of_another_world_size_resumes_the_rest(
         assert sorted(head + tail) == list(range(50)), name
         following = [i for result in resumed for batch in result[name]["next"] for i in batch]
         assert sorted(following) == list(range(50)), name  # then whole epochs
+        if before == after:  # the same world size: each rank batch for batch
+            assert [r[name]["tail"] for r in resumed] == [r[name]["rest"] for r in saved], name
 
 
 @pytest.mark.parametrize(

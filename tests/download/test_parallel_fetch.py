@@ -188,9 +188,9 @@ def test_resume_of_another_version_starts_over(http_server: FaultServer, tmp_pat
     assert stray_files(tmp_path) == []
 
 
-def _race_child(url: str, cache: str, results: Any) -> None:
+def _race_child(url: str, cache: str, results: Any, lock: str = "filelock") -> None:
     try:
-        path = _manager(Path(cache)).cached_path(url)
+        path = _manager(Path(cache), lock=lock).cached_path(url)
         results.put(hashlib.sha256(path.read_bytes()).hexdigest())
     except BaseException as error:
         results.put(repr(error))
@@ -207,6 +207,21 @@ def test_racing_processes_fetch_one_copy(http_server: FaultServer, tmp_path: Pat
         proc.join(40)
     assert [results.get(timeout=5) for _ in procs] == [sha256(data)] * 4
     assert http_server.route(url).body_bytes == len(data)
+
+
+def test_racing_processes_without_a_lock_each_publish_whole_bytes(
+    http_server: FaultServer, tmp_path: Path
+) -> None:
+    data = _data(12)
+    url = http_server.add(_path("race-nolock"), data, delay=0.001)
+    results = FORK.Queue()
+    procs = [FORK.Process(target=_race_child, args=(url, str(tmp_path), results, "none")) for _ in range(3)]
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join(40)
+    assert [results.get(timeout=5) for _ in procs] == [sha256(data)] * 3
+    assert stray_files(tmp_path) == []
 
 
 # --- S3 through moto's server ---------------------------------------------------------

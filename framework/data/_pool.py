@@ -22,7 +22,7 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any, Optional, Union, cast
@@ -154,6 +154,7 @@ class WorkerPool:
             _check_main_is_runnable(spec.start_method)
         self.num_workers = num_workers
         self.quiet = quiet
+        self.transfer = spec.transfer
         self.processes: list[Any] = []
         self.data: list[Connection] = []
         self.control: list[Connection] = []
@@ -292,15 +293,48 @@ class WorkerPool:
             if timeout is not None:
                 deadline[0] = time.monotonic() + timeout
 
+        def rebuild(load: Callable[[], Any]) -> Any:
+            return self._rebuild(worker_id, load, timeout)
+
         try:
             return read_frame(self.data[worker_id].fileno(),
-                              lambda: self._wait(worker_id, deadline[0], timeout), moved)
+                              lambda: self._wait(worker_id, deadline[0], timeout), moved,
+                              rebuild if self.transfer == "shared_memory" else None)
         except EOFError:
             raise self._death(worker_id) from None
         except (OSError, ValueError):
             if self.closed:  # shut down by another thread (loader.close()) under our read
                 raise _closed() from None
             raise
+
+    def _rebuild(self, worker_id: int, load: Callable[[], Any], timeout: Optional[float]) -> Any:
+        """Unpickle a "shared_memory" frame: it connects to the worker for each storage's
+        file descriptor, so a dead worker is its death, and a stopped one its timeout."""
+        try:
+            if timeout is None:
+                return load()
+            # In a helper thread, so that the timeout holds while the worker does not answer.
+            outcome: list[Any] = []
+            thread = threading.Thread(
+                target=lambda: outcome.append(_attempt(load)), name="framework-loader-rebuild",
+                daemon=True,
+            )
+            thread.start()
+            thread.join(timeout)
+            if not outcome:
+                process = self.processes[worker_id]
+                raise WorkerError(
+                    f"loader worker {worker_id} (pid {process.pid}) did not hand over a "
+                    f"batch's shared memory for {timeout:g}s (timeout={timeout:g}); it may be "
+                    "stopped or stuck",
+                    worker_id,
+                )
+            ok, value = outcome[0]
+            if not ok:
+                raise value
+            return value
+        except (OSError, EOFError) as error:  # ConnectionRefusedError: the worker is gone
+            raise self._death(worker_id) from error
 
     def _wait(self, worker_id: int, deadline: Optional[float], timeout: Optional[float]) -> None:
         """Return when `worker_id`'s pipe has bytes (or end-of-file); raise on a death."""
@@ -387,6 +421,13 @@ def _check_main_is_runnable(start_method: str) -> None:
             "Run the script from a file, with the reader, sampler and collate_fn in an "
             "importable module, or use start_method='fork'"
         )
+
+
+def _attempt(call: Callable[[], Any]) -> tuple[bool, Any]:
+    try:
+        return True, call()
+    except BaseException as error:  # handed to the waiting thread, which raises it
+        return False, error
 
 
 def _closed() -> WorkerError:

@@ -173,6 +173,7 @@ def read_frame(
     fd: int,
     wait: Optional[Callable[[], None]] = None,
     moved: Optional[Callable[[], None]] = None,
+    rebuild: Optional[Callable[[Callable[[], Any]], Any]] = None,
 ) -> Any:
     """Read one frame from `fd` and rebuild its object; EOFError if the writer closed.
 
@@ -180,6 +181,8 @@ def read_frame(
     (so a caller can also watch the writer's process and a timeout, even in the
     middle of a frame, where another holder of the pipe would keep EOF from coming);
     `moved()` whenever bytes came (so a timeout can measure silence, not frames).
+    `rebuild(load)` runs the unpickling (``"shared_memory"`` frames ask the sender's
+    process for file descriptors then, so a caller may bound it); default: ``load()``.
     """
     header = bytearray(_HEADER.size)
     _vectored(os.readv, fd, [header], wait, moved)
@@ -206,7 +209,11 @@ def read_frame(
     if total != len(head) + sum(_aligned(size) for size in sizes):
         raise ValueError(f"a corrupt frame: {total} bytes announced for {count} buffers")
     _vectored(os.readv, fd, parts, wait, moved)
-    return pickle.loads(meta, buffers=buffers)
+
+    def load() -> Any:
+        return pickle.loads(meta, buffers=buffers)
+
+    return load() if rebuild is None else rebuild(load)
 
 
 def set_pipe_size(fd: int, size: int = 1 << 20) -> None:

@@ -492,6 +492,7 @@ def test_timeout_counts_bytes_arriving_in_the_middle_of_a_frame() -> None:
     pool: Any = types.SimpleNamespace(
         data=[types.SimpleNamespace(fileno=lambda: r)], _pollers=[poller],
         _sentinels={sentinel: 0}, processes=[types.SimpleNamespace(pid=alive.pid)],
+        transfer="pickle5", closed=False,
     )
     pool._wait = lambda wid, deadline, timeout: WorkerPool._wait(pool, wid, deadline, timeout)
     pool._death = lambda wid: WorkerError("died", wid)
@@ -537,3 +538,42 @@ def test_close_from_another_thread_ends_the_iteration_with_a_clear_error() -> No
                 pass
     finally:
         timer.join()
+
+
+# -- second review: shared_memory frames from a dead or stopped worker -----------------------
+
+
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGSTOP"])
+def test_shared_memory_frames_of_a_killed_or_stopped_worker(tmp_path: Path, how: str) -> None:
+    # Unpickling a queued shared_memory frame connects to the sending worker for each
+    # storage's file descriptor: a killed worker gave a raw ConnectionRefusedError, and a
+    # stopped one hung the main process despite the timeout.
+    out = run_script(tmp_path, f"""
+        import os, signal, time
+        from loader_helpers import CountingReader
+        from framework.data.multiprocess import MultiProcessDataLoader
+        from framework.errors import WorkerError
+
+        data = MultiProcessDataLoader(CountingReader(400), "x", batch_size=2, num_workers=1,
+                                      max_instances_in_memory=8, quiet=True,
+                                      transfer="shared_memory", timeout=2)
+        it = iter(data)
+        next(it)
+        time.sleep(1.0)  # the worker fills its prefetch slots
+        pid = data._pool.processes[0].pid
+        os.kill(pid, signal.{how})
+        time.sleep(0.5)
+        try:
+            for _ in it:
+                pass
+        except WorkerError as error:
+            print("CAUGHT", str(error).splitlines()[0])
+        finally:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    """, timeout=60)
+    assert "CAUGHT" in out, out
+    if how == "SIGKILL":
+        assert "SIGKILL" in out, out

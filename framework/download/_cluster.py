@@ -12,15 +12,16 @@ Every rank of torch.distributed's default group calls it with the same arguments
 3. **One rank gets the file**: a leader whose cache holds it, else rank 0, from the origin
    through the ordinary locked, atomic-publish path.
 4. **One rank per other cache folder receives the bytes** from it over the process group
-   (a broadcast in `CHUNK_BYTES` pieces of uint8 tensors, on the current CUDA device for
-   NCCL) and publishes them like a download: a private partial file hashed while
+   (one broadcast on the default group per `CHUNK_BYTES` piece of uint8 tensors, on the
+   current CUDA device for NCCL; every rank joins it, those not receiving drop the
+   bytes) and publishes them like a download: a private partial file hashed while
    written, checked against the sender's sha256 (and the caller's), fsynced, the sidecar,
    then ``os.replace``.
 5. ``extract=True``: each leader then extracts its own copy through the ordinary path.
 
 **Failures.** Every local step runs to its end on every rank and its outcome is
 gathered; a failure anywhere is raised on every rank as the same `DownloadError`
-subclass (rebuilt by name from `framework.errors`). A receiver whose write fails keeps
+subclass (rebuilt by name from `framework.errors`, from plain fields only). A receiver whose write fails keeps
 taking part in the broadcasts, dropping the bytes, so the ranks' collectives never
 diverge.
 
@@ -28,8 +29,10 @@ diverge.
 thread while the rank takes part in a heartbeat ``all_gather`` every `POLL_S` seconds, so
 a download may last longer than the process group's timeout, while no single collective
 waits longer than that timeout (``init_process_group(timeout=...)``) unless a rank stopped
-answering. A rank that dies makes the others' next collective fail (gloo: as soon as its
-connections close, else at the timeout), raised as a `DownloadError`.
+answering. The transfer is one collective per piece, so it too may outlast the timeout.
+A rank that dies or stalls makes the others' next collective fail (gloo: as soon as its
+connections close, else at the timeout), raised as a `DownloadError`. A step still
+running in its thread when the call raises releases its own resources when it ends.
 """
 
 from __future__ import annotations
@@ -39,7 +42,9 @@ import logging
 import os
 import secrets
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Final, Optional, Union
@@ -64,6 +69,7 @@ logger = logging.getLogger("framework.download")
 CHUNK_BYTES: Final = 8 << 20  # memory per rank during a transfer: one chunk
 POLL_S: Final = 0.5  # the longest gap between heartbeats while a rank works
 _MARKER_PREFIX: Final = ".framework-cluster-"
+_STALE_MARKER_S: Final = 3600.0  # a marker lives for two steps: an older one is a killed rank's
 
 PathOrUrl = Union[str, "os.PathLike[str]"]
 # One rank's outcome of a step: (True, value) or (False, (error class name, state, args)).
@@ -130,9 +136,30 @@ class _Call:
         self.force = force
         self.progress = progress
         self.revalidate = revalidate
-        self.root = Path(cache_dir).expanduser() if cache_dir is not None else manager.cache_dir
-        self.entry = Entry(self.root, self.url)
+        self._root: Optional[Path] = None  # resolved in the first step, where errors are shared
         self.marker: Optional[Path] = None
+
+    @property
+    def root(self) -> Path:
+        """This rank's cache folder; a folder that cannot be named is a `DownloadError`."""
+        if self._root is None:
+            given = self.cache_dir if self.cache_dir is not None else "the manager's cache_dir"
+            try:
+                self._root = (
+                    Path(self.cache_dir).expanduser()
+                    if self.cache_dir is not None
+                    else self.manager.cache_dir
+                )
+            except (RuntimeError, OSError, TypeError) as error:  # "~user" of no such user, ...
+                raise DownloadError(
+                    self.url,
+                    f"cannot use the cache folder {given!r}: {error}; pass an existing or creatable folder",
+                ) from error
+        return self._root
+
+    @property
+    def entry(self) -> Entry:
+        return Entry(self.root, self.url)
 
     def plain(self, **changes: Any) -> Path:
         arguments: dict[str, Any] = dict(
@@ -149,7 +176,7 @@ class _Call:
     def run(self) -> Path:
         rank = dist.get_rank()
         try:
-            probes: list[_Probe] = self._step(self._probe)
+            probes: list[_Probe] = self._step(self._probe, _Probe)
             first = probes[0].args
             for other, probe in enumerate(probes):
                 if probe.args != first:
@@ -159,7 +186,7 @@ class _Call:
                         f"same arguments (cache_dir may differ); rank 0 passed {first}, rank {other} "
                         f"passed {probe.args}",
                     )
-            seen: list[list[int]] = self._step(partial(self._look, probes))
+            seen: list[list[int]] = self._step(partial(self._look, probes), list)
         finally:
             if self.marker is not None:
                 _remove_quietly(self.marker)
@@ -173,7 +200,7 @@ class _Call:
         if from_origin or any(held[leader] != digest for leader in leaders):
             sender = _Sender(self) if rank == source else None
             try:
-                info: _Source = self._step(sender.prepare if sender else None)[source]
+                info: _Source = self._step(sender.prepare if sender else None, (_Source, type(None)))[source]
                 receivers = [
                     leader
                     for leader in leaders
@@ -187,15 +214,17 @@ class _Call:
             digest = info.sha256
         assert digest is not None
         if self.extract:
-            self._step(partial(self._extract, digest) if leader_of[rank] == rank else None)
-        path: list[Path] = self._step(partial(self._resolve, digest))
+            self._step(
+                partial(self._extract, digest) if leader_of[rank] == rank else None, (Path, type(None))
+            )
+        path: list[Path] = self._step(partial(self._resolve, digest), Path)
         return path[rank]
 
     # Steps: every rank runs its part, then all outcomes are gathered ----------------
 
-    def _step(self, work: Optional[Callable[[], Any]]) -> list[Any]:
+    def _step(self, work: Optional[Callable[[], Any]], expect: Union[type, tuple[type, ...]]) -> list[Any]:
         """Run `work` here (None: nothing) while answering heartbeats; the values of all
-        ranks, or the first failure (by rank) raised on every rank."""
+        ranks (each an `expect`), or the first failure (by rank) raised on every rank."""
         box: list[Outcome] = []
         mine: list[BaseException] = []  # this rank's own failure, chained to what it raises
         thread: Optional[threading.Thread] = None
@@ -218,6 +247,9 @@ class _Call:
                 thread.join(wait)
                 wait = min(2 * wait, POLL_S)
             outcomes: list[Optional[Outcome]] = self._gather(box[0] if box else None)
+            for other, outcome in enumerate(outcomes):
+                if outcome is not None and not _is_outcome(outcome):
+                    self._out_of_step(other, outcome)
             if all(outcome is not None for outcome in outcomes):
                 break
         values = []
@@ -227,7 +259,19 @@ class _Call:
             if not ok:
                 raise _decode(*value) from (mine[0] if mine else None)
             values.append(value)
+        for other, value in enumerate(values):
+            if not isinstance(value, expect):
+                self._out_of_step(other, value)
         return values
+
+    def _out_of_step(self, rank: int, got: Any) -> None:
+        raise DownloadError(
+            self.url,
+            f"rank {rank} sent a {type(got).__name__} where this step of "
+            "cached_path(distributed=True) expected another answer: the ranks' collectives are "
+            "out of step. Every rank must make the call, and no other collective may run on "
+            "the default group meanwhile (another thread, another call)",
+        )
 
     def _gather(self, obj: Any) -> list[Any]:
         gathered: list[Any] = [None] * dist.get_world_size()
@@ -242,7 +286,6 @@ class _Call:
 
         self.url = _normalize(self.url)
         self.sha256 = _check_sha256(self.url, self.sha256)
-        self.entry = Entry(self.root, self.url)
         with _cache_writes(self.url, self.root):
             self.root.mkdir(parents=True, exist_ok=True)
         self.marker = _write_marker(self.root)
@@ -261,14 +304,9 @@ class _Call:
     def _transfer(self, info: _Source, source: int, receivers: list[int], sender: Optional[_Sender]) -> None:
         """Broadcast the file from `source` to `receivers`, each publishing its copy."""
         rank = dist.get_rank()
-        members = sorted([source, *receivers])
-        try:
-            group = dist.new_group(members)  # every rank of the job takes part in making it
-        except RuntimeError as error:
-            raise DownloadError(self.url, _group_failed(error)) from error
         receiver = _Receiver(self, info) if rank in receivers else None
         try:
-            if rank in members:
+            if rank == source or receiver is not None:
                 logger.info(
                     "rank %d %s %s (%d bytes) over the process group",
                     rank,
@@ -276,38 +314,34 @@ class _Call:
                     self.url,
                     info.size,
                 )
-                self._broadcast(info.size, source, group, sender, receiver)
-            self._step(receiver.publish if receiver else sender.check if sender else None)
+            self._broadcast(info.size, source, sender, receiver)
+            self._step(receiver.publish if receiver else sender.check if sender else None, type(None))
         finally:
             if receiver is not None:
                 receiver.close()
-            if rank in members:
-                dist.destroy_process_group(group)
 
     def _broadcast(
-        self,
-        size: int,
-        source: int,
-        group: Any,
-        sender: Optional[_Sender],
-        receiver: Optional[_Receiver],
+        self, size: int, source: int, sender: Optional[_Sender], receiver: Optional[_Receiver]
     ) -> None:
-        """Every member makes the same broadcasts whatever fails locally: a failure is
-        reported in the next step, never by leaving the others waiting."""
-        device = torch.device("cpu")
-        if dist.get_backend(group) == "nccl":
-            device = torch.device("cuda", torch.cuda.current_device())
-        buffer = torch.empty(min(CHUNK_BYTES, max(size, 1)), dtype=torch.uint8, device=device)
-        for offset in range(0, size, CHUNK_BYTES):
-            chunk = buffer[: min(CHUNK_BYTES, size - offset)]
-            if sender is not None:
-                sender.read(offset, chunk)
-            try:
-                dist.broadcast(chunk, src=source, group=group)
-            except RuntimeError as error:
-                raise DownloadError(self.url, _group_failed(error)) from error
-            if receiver is not None:
-                receiver.write(chunk)
+        """Every rank of the default group joins each chunk's broadcast (the others drop
+        the bytes), so each wait is one chunk long and bounded by the group's timeout
+        (a subgroup would get torch's default one), and no rank sits in one collective
+        for the whole transfer. Local failures are reported in the next step, never by
+        leaving the others waiting."""
+        try:
+            device = torch.device("cpu")
+            if dist.get_backend() == "nccl":
+                device = torch.device("cuda", torch.cuda.current_device())
+            buffer = torch.empty(min(CHUNK_BYTES, max(size, 1)), dtype=torch.uint8, device=device)
+            for offset in range(0, size, CHUNK_BYTES):
+                chunk = buffer[: min(CHUNK_BYTES, size - offset)]
+                if sender is not None:
+                    sender.read(offset, chunk)
+                dist.broadcast(chunk, src=source)
+                if receiver is not None:
+                    receiver.write(chunk)
+        except RuntimeError as error:  # DistBackendError, a timeout, a closed connection, CUDA
+            raise DownloadError(self.url, _group_failed(error)) from error
 
     def _extract(self, digest: str) -> Path:
         """A leader extracts its cache's copy through the ordinary path."""
@@ -334,15 +368,63 @@ class _Call:
             )
 
 
-class _Sender:
+class _Owned:
+    """Resources that a step's thread may still be using when the call gives up (the
+    group failed): whichever of `close` and the step's end comes last releases them, so
+    a descriptor is never closed under a running thread (which would then close the
+    number again, by then perhaps the application's file)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._busy = False
+        self._closed = False
+
+    @contextmanager
+    def _working(self) -> Iterator[None]:
+        with self._lock:
+            if self._closed:
+                raise DownloadError(self.url, "the call was given up before this step began")
+            self._busy = True
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._busy = False
+                if self._closed:
+                    self._release()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            if not self._busy:
+                self._release()
+
+    @property
+    def url(self) -> str:
+        raise NotImplementedError
+
+    def _release(self) -> None:
+        raise NotImplementedError
+
+
+class _Sender(_Owned):
     """The rank that holds the file: fetched from the origin, or found in its cache."""
 
     def __init__(self, call: _Call) -> None:
+        super().__init__()
         self.call = call
         self.fd: Optional[int] = None
         self.error: Optional[BaseException] = None
 
+    @property
+    def url(self) -> str:
+        return self.call.url
+
     def prepare(self) -> _Source:
+        with self._working():
+            return self._prepare()
+
+    def _prepare(self) -> _Source:
         call = self.call
         if call.force or call.revalidate or call.entry.lookup(call.sha256) is None:
             call.plain(extract=False)  # the one fetch from the origin, locked and atomic
@@ -375,18 +457,19 @@ class _Sender:
         if self.error is not None:
             raise self.error
 
-    def close(self) -> None:
+    def _release(self) -> None:
         if self.fd is not None:
             os.close(self.fd)
             self.fd = None
 
 
-class _Receiver:
+class _Receiver(_Owned):
     """A leader receiving the file into a private partial file in its cache folder."""
 
     def __init__(self, call: _Call, info: _Source) -> None:
         from framework.download.manager import _cache_writes
 
+        super().__init__()
         self.call = call
         self.info = info
         self.writes = partial(_cache_writes, call.url, call.root)
@@ -412,8 +495,16 @@ class _Receiver:
         except BaseException as error:
             self.error = error
 
+    @property
+    def url(self) -> str:
+        return self.call.url
+
     def publish(self) -> None:
         """Verify against the sender's sha256 (and the caller's), then publish atomically."""
+        with self._working():
+            self._publish()
+
+    def _publish(self) -> None:
         call, partial_file = self.call, self.partial
         if self.error is not None:
             raise self.error
@@ -428,10 +519,23 @@ class _Receiver:
             publish_fetched(call.entry, fetched)
         logger.info("published %s (%d bytes, sha256 %s)", call.entry.final, fetched.size, fetched.sha256)
 
-    def close(self) -> None:
+    def _release(self) -> None:
         if self.partial is not None:  # not published: remove the partial file
             self.partial.close(keep=False)
             self.partial = None
+
+
+def _is_outcome(value: Any) -> bool:
+    if not (isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], bool)):
+        return False
+    ok, value = value
+    return ok or (
+        isinstance(value, tuple)
+        and len(value) == 3
+        and isinstance(value[0], str)
+        and isinstance(value[1], dict)
+        and isinstance(value[2], tuple)
+    )
 
 
 def _identity(meta: Metadata) -> tuple[int, int, int]:
@@ -459,12 +563,29 @@ def _groups(seen: Sequence[Sequence[int]]) -> list[int]:
 def _write_marker(root: Path) -> Optional[Path]:
     """A new empty file with a random name in `root`; None if the folder is read-only
     (the rank then only looks for the others' markers)."""
+    _sweep_markers(root)
     marker = root / f"{_MARKER_PREFIX}{secrets.token_hex(16)}"
     try:
         os.close(os.open(marker, NEW_FILE_FLAGS, 0o644))
     except OSError:
         return None
     return marker
+
+
+def _sweep_markers(root: Path) -> None:
+    """Remove the markers of killed calls (older than `_STALE_MARKER_S`)."""
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return
+    now = time.time()
+    for name in names:
+        if name.startswith(_MARKER_PREFIX):
+            try:
+                if now - os.lstat(root / name).st_mtime > _STALE_MARKER_S:
+                    os.unlink(root / name)
+            except OSError:
+                pass
 
 
 def _exists(path: Path) -> bool:
@@ -491,8 +612,14 @@ def _encode(error: BaseException, url: str, rank: int) -> tuple[str, dict[str, A
     cls = next(
         c for c in type(error).__mro__ if getattr(framework.errors, c.__name__, None) is c
     )  # a plugin's own subclass arrives as the framework class it derives from
-    state = {k: v for k, v in vars(error).items() if k != "__notes__"}
-    return cls.__name__, state, error.args
+    # Plain values only: a plugin's field (a response, a client, a lock) may not pickle,
+    # and the other ranks may not be able to import its class.
+    state = {k: _plain(v) for k, v in vars(error).items() if k != "__notes__"}
+    return cls.__name__, state, tuple(a if isinstance(a, str) else repr(a) for a in error.args)
+
+
+def _plain(value: Any) -> Union[str, int, float, bool, None]:
+    return value if value is None or isinstance(value, (str, int, float, bool)) else repr(value)
 
 
 def _decode(name: str, state: dict[str, Any], args: tuple[Any, ...]) -> DownloadError:

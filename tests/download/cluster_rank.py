@@ -2,7 +2,9 @@
 
 Run as ``python cluster_rank.py SPEC_JSON``; the spec names the rank, the group, the URL,
 this rank's cache folder and what to inject. The rank writes its outcome as JSON to
-``<out>/rank<N>.json``: the path and its sha256, or the error's class and message.
+``<out>/rank<N>.json``: the path and its sha256, or the error's class and message. With
+``calls`` (a list of overrides of the spec) it makes those calls in turn in one group and
+writes the list of their outcomes.
 """
 
 from __future__ import annotations
@@ -13,45 +15,106 @@ import json
 import logging
 import os
 import sys
+import threading
 import time
+from contextlib import ExitStack
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import torch.distributed as dist
 
 
-def _inject(kind: str) -> None:
+def _inject(kind: str, spec: dict[str, Any], stack: ExitStack) -> None:
+    """Patch this rank for one call; `stack` undoes it."""
+    from framework.download import _cluster
+
+    def patch(target: Any, name: str, value: Any) -> None:
+        stack.enter_context(mock.patch.object(target, name, value))
+
+    if "chunk_bytes" in spec:  # many chunks from a small file
+        patch(_cluster, "CHUNK_BYTES", spec["chunk_bytes"])
     if kind == "enospc":  # this rank's disk is full: every cache write fails
         from framework.download import _pipeline
 
         def full(fd: int, buffers: Any) -> int:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-        _pipeline._writev = full  # type: ignore[assignment]
+        patch(_pipeline, "_writev", full)
         from framework.download import _parallel
 
-        _parallel._pwrite = lambda fd, data, offset: full(fd, [data])  # type: ignore[assignment]
-    elif kind in ("corrupt", "die"):  # a flipped bit on the way in; a rank killed mid-transfer
-        from framework.download import _cluster
-
+        patch(_parallel, "_pwrite", lambda fd, data, offset: full(fd, [data]))
+    elif kind in ("corrupt", "die", "slow", "stall"):
         receive = _cluster._Receiver.write
 
         def write(self: Any, chunk: Any) -> None:
-            if kind == "die":
+            if kind == "die":  # a rank killed mid-transfer
                 os._exit(7)
-            chunk[0] ^= 1
+            if kind == "corrupt":  # a flipped bit on the way in
+                chunk[0] ^= 1
+            if kind == "slow":  # a slow disk or link: a quarter of the group's timeout a chunk
+                time.sleep(spec["pg_timeout"] / 4)
+            if kind == "stall" and not _stalled:  # a hung disk: until rank 0's call ended
+                _stalled.append(
+                    _wait_for(Path(spec["out"], f"rank0.done{spec['index']}"), 3 * spec["pg_timeout"])
+                )
             receive(self, chunk)
 
-        _cluster._Receiver.write = write  # type: ignore[method-assign]
+        patch(_cluster._Receiver, "write", write)
+    elif kind == "slow_fsync":  # the publish step's fsync outlasts the call
+        real_fsync = os.fsync
+
+        def fsync(fd: int) -> None:
+            if threading.current_thread().name == "framework-cluster-step":
+                time.sleep(3)
+            real_fsync(fd)
+
+        patch(os, "fsync", fsync)
+    elif kind == "die_at_publish":  # killed in the step after the transfer
+        step, steps = _cluster._Call._step, []
+
+        def counted(self: Any, *args: Any) -> Any:
+            steps.append(args)
+            if len(steps) == 4:  # probe, look, prepare, publish
+                os._exit(9)
+            return step(self, *args)
+
+        patch(_cluster._Call, "_step", counted)
+
+
+_stalled: list[bool] = []  # whether the stall ended because rank 0's call had ended
+
+
+def _wait_for(path: Path, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+def _app_files_survive(folder: Path) -> str:
+    """After a failed call the application opens files (reusing descriptor numbers) and
+    the call's threads end: its files must stay usable."""
+    files = [open(folder / f"app{i}.log", "w") for i in range(30)]
+    for thread in threading.enumerate():
+        if thread.name == "framework-cluster-step":
+            thread.join(30)
+    bad = []
+    for file in files:
+        try:
+            file.write("x")
+            file.close()
+        except OSError as error:
+            bad.append(f"{file.name}: {error}")
+    return "; ".join(bad) or "ok"
 
 
 def main(spec: dict[str, Any]) -> None:
-    from framework.download import DownloadManager
-
     logging.basicConfig(level=logging.INFO, format="%(message)s")  # the test reads who sent what
     rank = spec["rank"]
-    spec = {**spec, **spec.get("per_rank", {}).get(str(rank), {})}  # a caller's per-rank bug
     dist.init_process_group(
         "gloo",
         init_method=f"tcp://127.0.0.1:{spec['port']}",
@@ -59,28 +122,52 @@ def main(spec: dict[str, Any]) -> None:
         world_size=spec["world"],
         timeout=timedelta(seconds=spec.get("pg_timeout", 30)),
     )
-    _inject(spec.get("inject", {}).get(str(rank), ""))
-    manager = DownloadManager(
-        spec["cache"], progress=False, backoff_factor=0.01, retries=spec.get("retries", 2)
-    )
-    result: dict[str, Any] = {"rank": rank}
-    started = time.perf_counter()
-    try:
-        path = manager.cached_path(
-            spec["url"],
-            sha256=spec.get("sha256"),
-            extract=spec.get("extract", False),
-            distributed=spec.get("distributed", True),
+    # Several calls in one group (each spec's overrides) save starting processes per scenario.
+    results = []
+    for index, overrides in enumerate(spec.get("calls", [{}])):
+        results.append(_call({**spec, **overrides, "index": index}, rank))
+        # Written at once (a later call may kill this rank), then the call's end is marked
+        # (a stalled rank waits for rank 0's).
+        Path(spec["out"], f"rank{rank}.json").write_text(
+            json.dumps(results if "calls" in spec else results[0])
         )
-        result["path"] = str(path)
-        if path.is_file():
-            result["sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
-    except Exception as error:
-        result["error"] = type(error).__name__
-        result["message"] = str(error)
-    result["seconds"] = time.perf_counter() - started
-    Path(spec["out"], f"rank{rank}.json").write_text(json.dumps(result))
+        Path(spec["out"], f"rank{rank}.done{index}").touch()
     dist.destroy_process_group()
+
+
+def _call(spec: dict[str, Any], rank: int) -> dict[str, Any]:
+    from framework.download import DownloadManager
+
+    spec = {**spec, **spec.get("per_rank", {}).get(str(rank), {})}  # a caller's per-rank bug
+    if "caches" in spec:  # this call's own cache folders
+        spec["cache"] = spec["caches"][rank]
+    result: dict[str, Any] = {"rank": rank}
+    with ExitStack() as stack:
+        _inject(spec.get("inject", {}).get(str(rank), ""), spec, stack)
+        manager = DownloadManager(
+            spec["cache"], progress=False, backoff_factor=0.01, retries=spec.get("retries", 2)
+        )
+        started = time.perf_counter()
+        try:
+            path = manager.cached_path(
+                spec["url"],
+                cache_dir=spec.get("cache_dir"),
+                sha256=spec.get("sha256"),
+                extract=spec.get("extract", False),
+                distributed=spec.get("distributed", True),
+            )
+            result["path"] = str(path)
+            if path.is_file():
+                result["sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
+        except Exception as error:
+            result["error"] = type(error).__name__
+            result["message"] = str(error)
+        result["seconds"] = time.perf_counter() - started
+    if _stalled:
+        result["stall_ended_by_rank0"] = _stalled[0]
+    if spec.get("inject", {}).get(str(rank)) == "slow_fsync":
+        result["app_files"] = _app_files_survive(Path(spec["out"]))
+    return result
 
 
 if __name__ == "__main__":

@@ -8,11 +8,13 @@ process. Every wait has a timeout: a hang fails the test.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import socket
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 from typing import Any
 
@@ -83,13 +85,28 @@ def run_group(
         pytest.fail(f"the ranks did not finish within {timeout}s (a hang)")
     codes = {rank: 0 for rank in range(len(caches))} | (exits or {})
     assert [proc.returncode for proc in procs] == list(codes.values()), "\n".join(logs)
-    results = [
-        json.loads((out / f"rank{rank}.json").read_text()) if code == 0 else {"exit": code}
-        for rank, code in codes.items()
-    ]
+    results = []
+    for rank, code in codes.items():
+        path = out / f"rank{rank}.json"
+        result = json.loads(path.read_text()) if (path.exists() and "calls" in spec) or code == 0 else None
+        if code != 0:  # the calls it finished, then its exit
+            result = [*(result or []), {"exit": code}] if "calls" in spec else {"exit": code}
+        results.append(result)
     for result, log in zip(results, logs):
-        result["log"] = log
+        for one in result if isinstance(result, list) else [result]:
+            one["log"] = log
     return results
+
+
+def run_calls(
+    tmp_path: Path, caches: list[Path], calls: list[dict[str, Any]], **spec: Any
+) -> list[list[dict[str, Any]]]:
+    """Make `calls` (overrides of the spec) in turn in one group: starting 4 processes
+    costs more than most scenarios. Each call's outcome on every rank (a rank that
+    exited: {"exit": code}, from the call where it did). Only the last call may break
+    the group."""
+    per_rank = run_group(tmp_path, calls[0]["url"], caches, calls=calls, **spec)
+    return [[r[min(i, len(r) - 1)] for r in per_rank] for i in range(len(calls))]
 
 
 def two_nodes(tmp_path: Path) -> list[Path]:
@@ -104,75 +121,118 @@ def verified_hit(cache: Path, url: str, data: bytes) -> None:
     assert path.read_bytes() == data
 
 
+@pytest.fixture(scope="module")
+def node_local(http_server: FaultServer, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The calls that succeed on node-local caches, in one group; its last call loses
+    rank 2 mid-transfer."""
+    tmp_path = tmp_path_factory.mktemp("node-local")
+    data = {
+        "two": os.urandom(20 << 20) + b"odd tail",  # more than two chunks, not a multiple of one
+        "half": os.urandom(1 << 20),
+        "dies": os.urandom(3 << 20),
+    }
+    urls = {name: http_server.add(f"/cluster/{name}.bin", body) for name, body in data.items()}
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        member = tarfile.TarInfo("data/a.txt")
+        member.size = 5
+        tar.addfile(member, io.BytesIO(b"hello"))
+    urls["archive"] = http_server.add("/cluster/archive.tar.gz", buffer.getvalue())
+    DownloadManager(tmp_path / "node1", progress=False).cached_path(urls["half"])  # node1 holds it
+    calls = [
+        {"url": urls["two"]},
+        {"url": urls["two"], "sha256": sha256(data["two"])},  # every cache holds a hit now
+        {"url": urls["half"]},
+        {"url": urls["archive"], "extract": True},
+        # Its own caches: the killed rank's partial file stays (its process cleans nothing).
+        {
+            "url": urls["dies"],
+            "inject": {"2": "die"},
+            "caches": [str(c) for c in two_nodes(tmp_path / "dies")],
+        },
+    ]
+    results = run_calls(tmp_path, two_nodes(tmp_path), calls, exits={2: 7}, pg_timeout=15, timeout=150)
+    return {"tmp": tmp_path, "data": data, "urls": urls, "results": results}
+
+
+@pytest.mark.timeout(200)
 def test_node_local_caches_one_get_and_both_caches_hold_a_hit(
-    http_server: FaultServer, tmp_path: Path
+    http_server: FaultServer, node_local: dict[str, Any]
 ) -> None:
-    data = os.urandom(20 << 20) + b"odd tail"  # more than two chunks, not a multiple of one
-    url = http_server.add("/cluster/two-nodes.bin", data)
-    results = run_group(tmp_path, url, two_nodes(tmp_path))
+    tmp_path, data, url = node_local["tmp"], node_local["data"]["two"], node_local["urls"]["two"]
+    results, again = node_local["results"][:2]
     assert [r.get("error") for r in results] == [None] * WORLD, results
     assert {r["sha256"] for r in results} == {sha256(data)}
     assert [Path(r["path"]).parent for r in results] == two_nodes(tmp_path)
-    assert http_server.route(url).body_bytes == len(data)  # one copy from the origin (in parts)
+    # One copy from the origin (in parts), for both calls: the second found every cache
+    # holding a hit, so nothing was fetched or sent.
+    assert [r.get("error") for r in again] == [None] * WORLD, again
+    assert http_server.route(url).body_bytes == len(data)
     connections = http_server.connections
     for cache in set(two_nodes(tmp_path)):
         verified_hit(cache, url, data)
         assert stray_files(cache) == []
         assert [n for n in os.listdir(cache) if n.startswith(".framework-cluster")] == []
     assert http_server.connections == connections  # the later plain calls opened none
-    # A second collective call finds every cache holding a hit: nothing is fetched or sent.
-    gets = http_server.route(url).gets
-    again = run_group(tmp_path, url, two_nodes(tmp_path), sha256=sha256(data))
-    assert [r.get("error") for r in again] == [None] * WORLD, again
-    assert http_server.route(url).gets == gets
-    assert http_server.connections == connections
 
 
+@pytest.mark.timeout(200)
 def test_one_node_missing_the_file_gets_it_from_the_other_not_the_origin(
-    http_server: FaultServer, tmp_path: Path
+    http_server: FaultServer, node_local: dict[str, Any]
 ) -> None:
-    data = os.urandom(1 << 20)
-    url = http_server.add("/cluster/half-cached.bin", data)
-    DownloadManager(tmp_path / "node1", progress=False).cached_path(url)
-    assert http_server.route(url).gets == 1
-    results = run_group(tmp_path, url, two_nodes(tmp_path))
+    tmp_path, data, url = node_local["tmp"], node_local["data"]["half"], node_local["urls"]["half"]
+    results = node_local["results"][2]
     assert {r["sha256"] for r in results} == {sha256(data)}, results
     assert http_server.route(url).gets == 1  # node0 got it from node1's cache
     assert "rank 2 sends" in results[2]["log"] and "rank 0 receives" in results[0]["log"]
     verified_hit(tmp_path / "node0", url, data)
 
 
-def test_shared_cache_one_get_and_no_copy(http_server: FaultServer, tmp_path: Path) -> None:
+@pytest.mark.timeout(200)
+def test_extract_each_cache_extracts_its_own_copy(
+    http_server: FaultServer, node_local: dict[str, Any]
+) -> None:
+    results = node_local["results"][3]
+    assert [r.get("error") for r in results] == [None] * WORLD, results
+    assert [Path(r["path"]).parent for r in results] == two_nodes(node_local["tmp"])
+    for r in results:
+        assert (Path(r["path"]) / "data" / "a.txt").read_bytes() == b"hello"
+    assert http_server.route(node_local["urls"]["archive"]).gets == 1
+
+
+@pytest.mark.timeout(200)
+def test_a_rank_dying_mid_transfer_fails_the_others_instead_of_hanging(node_local: dict[str, Any]) -> None:
+    results = node_local["results"][4]
+    assert results[2] == {"exit": 7, "log": results[2]["log"]}
+    others = [results[rank] for rank in (0, 1, 3)]
+    assert [r.get("error") for r in others] == ["DownloadError"] * 3, results
+    assert all("process group failed" in r["message"] for r in others), results
+
+
+@pytest.fixture(scope="module")
+def shared(http_server: FaultServer, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    tmp_path = tmp_path_factory.mktemp("shared")
     data = os.urandom(3 << 20)
-    url = http_server.add("/cluster/shared.bin", data)
-    shared = tmp_path / "shared"
-    results = run_group(tmp_path, url, [shared] * WORLD)
+    urls = {
+        "ok": http_server.add("/cluster/shared.bin", data),
+        "missing": http_server.base + "/cluster/gone.bin",
+    }
+    caches = [tmp_path / "shared"] * WORLD
+    results = run_calls(tmp_path, caches, [{"url": urls["ok"]}, {"url": urls["missing"]}])
+    return {"tmp": tmp_path, "data": data, "urls": urls, "caches": caches, "results": results}
+
+
+def test_shared_cache_one_get_and_no_copy(http_server: FaultServer, shared: dict[str, Any]) -> None:
+    data, url, folder = shared["data"], shared["urls"]["ok"], shared["caches"][0]
+    results = shared["results"][0]
     assert {r["sha256"] for r in results} == {sha256(data)}, results
-    assert {r["path"] for r in results} == {str(Entry(shared, url).final)}
+    assert {r["path"] for r in results} == {str(Entry(folder, url).final)}
     assert http_server.route(url).gets == 1
-    entry = Entry(shared, url)
-    assert sorted(n for n in os.listdir(shared) if not n.endswith(".lock")) == sorted(
+    entry = Entry(folder, url)
+    assert sorted(n for n in os.listdir(folder) if not n.endswith(".lock")) == sorted(
         [entry.final.name, entry.sidecar.name]
     )
     assert not any(" receives " in r["log"] for r in results), results  # nothing was sent
-
-
-def test_extract_each_cache_extracts_its_own_copy(http_server: FaultServer, tmp_path: Path) -> None:
-    import io
-    import tarfile
-
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
-        member = tarfile.TarInfo("data/a.txt")
-        member.size = 5
-        tar.addfile(member, io.BytesIO(b"hello"))
-    url = http_server.add("/cluster/archive.tar.gz", buffer.getvalue())
-    results = run_group(tmp_path, url, two_nodes(tmp_path), extract=True)
-    assert [r.get("error") for r in results] == [None] * WORLD, results
-    assert [Path(r["path"]).parent for r in results] == two_nodes(tmp_path)
-    for r in results:
-        assert (Path(r["path"]) / "data" / "a.txt").read_bytes() == b"hello"
-    assert http_server.route(url).gets == 1
 
 
 def assert_same_error_everywhere(
@@ -185,69 +245,164 @@ def assert_same_error_everywhere(
         assert stray_files(cache) == []
 
 
-@pytest.mark.parametrize("shared", [False, True], ids=["node-local", "shared"])
-def test_origin_404_reaches_every_rank(http_server: FaultServer, tmp_path: Path, shared: bool) -> None:
-    url = http_server.base + "/cluster/missing.bin"
-    caches = [tmp_path / "shared"] * WORLD if shared else two_nodes(tmp_path)
-    results = run_group(tmp_path, url, caches)
-    assert_same_error_everywhere(results, "HTTPStatusError", caches, url)
-    assert "404" in results[3]["message"]
+@pytest.fixture(scope="module")
+def failing(http_server: FaultServer, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The calls that fail on node-local caches, in one group with a 10 s timeout; its
+    last call stalls rank 2."""
+    tmp_path = tmp_path_factory.mktemp("failing")
+    data = {
+        "wrong-sum": os.urandom(1 << 20),
+        "mismatch": os.urandom(1000),
+        "bad-cache": os.urandom(1000),
+        "full-disk-2": os.urandom(20 << 20),
+        "full-disk-0": os.urandom(20 << 20),
+        "flipped": os.urandom(3 << 20),
+        "slow-link": os.urandom(6 << 20),  # six chunks at a quarter of the timeout each
+        "stalled": os.urandom(24 << 20),
+    }
+    urls = {name: http_server.add(f"/cluster/{name}.bin", body) for name, body in data.items()}
+    urls["missing"] = http_server.base + "/cluster/missing.bin"
+    calls = {
+        "missing": {},
+        "wrong-sum": {"sha256": "0" * 64},
+        "mismatch": {"per_rank": {"1": {"sha256": sha256(data["mismatch"])}}},
+        "bad-cache": {"per_rank": {"1": {"cache_dir": BAD_CACHE}}},
+        "full-disk-2": {"inject": {"2": "enospc"}},
+        "full-disk-0": {"inject": {"0": "enospc"}},
+        "flipped": {"inject": {"2": "corrupt"}},
+        "slow-link": {"inject": {"2": "slow"}, "chunk_bytes": 1 << 20},
+        # Rank 2's disk hangs in its first write until rank 0's call has ended (or three
+        # timeouts): the sender's wait is bounded by the group's timeout, so it ends first.
+        "stalled": {"inject": {"2": "stall"}, "chunk_bytes": 1 << 20},
+    }
+    results = run_calls(
+        tmp_path,
+        two_nodes(tmp_path),
+        [{"url": urls[name], **call} for name, call in calls.items()],
+        pg_timeout=10,
+        timeout=180,
+    )
+    return {"tmp": tmp_path, "data": data, "urls": urls, "results": dict(zip(calls, results))}
 
 
-def test_wrong_sha256_reaches_every_rank(http_server: FaultServer, tmp_path: Path) -> None:
-    data = os.urandom(1 << 20)
-    url = http_server.add("/cluster/wrong-sum.bin", data)
-    results = run_group(tmp_path, url, two_nodes(tmp_path), sha256="0" * 64)
-    assert_same_error_everywhere(results, "ChecksumError", two_nodes(tmp_path), url)
+BAD_CACHE = "~no_such_user_framework_test/cache"
+
+
+@pytest.mark.timeout(240)
+def test_origin_404_reaches_every_rank(failing: dict[str, Any], shared: dict[str, Any]) -> None:
+    for run in failing, shared:
+        caches = shared["caches"] if run is shared else two_nodes(failing["tmp"])
+        results = run["results"][1] if run is shared else run["results"]["missing"]
+        assert_same_error_everywhere(results, "HTTPStatusError", caches, run["urls"]["missing"])
+        assert "404" in results[3]["message"]
+
+
+@pytest.mark.timeout(240)
+def test_wrong_sha256_reaches_every_rank(http_server: FaultServer, failing: dict[str, Any]) -> None:
+    url = failing["urls"]["wrong-sum"]
+    assert_same_error_everywhere(
+        failing["results"]["wrong-sum"], "ChecksumError", two_nodes(failing["tmp"]), url
+    )
     assert http_server.route(url).gets == 1  # the others did not try again on their own
 
 
-@pytest.mark.parametrize("failing", [2, 0], ids=["receiving-node", "fetching-rank"])
-def test_a_full_disk_on_one_rank_makes_every_rank_raise(
-    http_server: FaultServer, tmp_path: Path, failing: int
-) -> None:
-    data = os.urandom(20 << 20)
-    url = http_server.add(f"/cluster/full-disk-{failing}.bin", data)
-    results = run_group(tmp_path, url, two_nodes(tmp_path), inject={str(failing): "enospc"})
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("failing_rank", [2, 0], ids=["receiving-node", "fetching-rank"])
+def test_a_full_disk_on_one_rank_makes_every_rank_raise(failing: dict[str, Any], failing_rank: int) -> None:
+    name = f"full-disk-{failing_rank}"
+    results = failing["results"][name]
     assert [r.get("error") for r in results] == ["DownloadError"] * WORLD, results
     assert len({r["message"] for r in results}) == 1
     assert "no space left" in results[1]["message"]
-    failing_cache = two_nodes(tmp_path)[failing]
-    assert Entry(failing_cache, url).cached() is None
+    failing_cache = two_nodes(failing["tmp"])[failing_rank]
+    assert Entry(failing_cache, failing["urls"][name]).cached() is None
     assert stray_files(failing_cache) == []
 
 
-def test_bytes_damaged_in_transfer_are_refused_on_every_rank(
-    http_server: FaultServer, tmp_path: Path
-) -> None:
-    data = os.urandom(3 << 20)
-    url = http_server.add("/cluster/flipped.bin", data)
-    results = run_group(tmp_path, url, two_nodes(tmp_path), inject={"2": "corrupt"})
+@pytest.mark.timeout(240)
+def test_bytes_damaged_in_transfer_are_refused_on_every_rank(failing: dict[str, Any]) -> None:
+    tmp_path, url = failing["tmp"], failing["urls"]["flipped"]
+    results = failing["results"]["flipped"]
     assert [r.get("error") for r in results] == ["ChecksumError"] * WORLD, results
     assert len({r["message"] for r in results}) == 1
     assert Entry(tmp_path / "node1", url).cached() is None  # the damaged copy is not published
     assert stray_files(tmp_path / "node1") == []
-    verified_hit(tmp_path / "node0", url, data)  # the fetching node's good copy stays
+    verified_hit(tmp_path / "node0", url, failing["data"]["flipped"])  # the fetching node's good copy stays
 
 
-def test_a_rank_dying_mid_transfer_fails_the_others_instead_of_hanging(
-    http_server: FaultServer, tmp_path: Path
+@pytest.mark.timeout(240)
+def test_ranks_passing_different_arguments_all_raise(
+    http_server: FaultServer, failing: dict[str, Any]
 ) -> None:
-    data = os.urandom(3 << 20)
-    url = http_server.add("/cluster/dies.bin", data)
-    results = run_group(tmp_path, url, two_nodes(tmp_path), exits={2: 7}, inject={"2": "die"}, pg_timeout=15)
-    others = [results[rank] for rank in (0, 1, 3)]
-    assert [r.get("error") for r in others] == ["DownloadError"] * 3, results
-    assert all("process group failed" in r["message"] for r in others), results
-
-
-def test_ranks_passing_different_arguments_all_raise(http_server: FaultServer, tmp_path: Path) -> None:
-    data = os.urandom(1000)
-    url = http_server.add("/cluster/mismatch.bin", data)
-    results = run_group(tmp_path, url, two_nodes(tmp_path), per_rank={"1": {"sha256": sha256(data)}})
+    results = failing["results"]["mismatch"]
     assert [r.get("error") for r in results] == ["InvalidArgumentError"] * WORLD, results
     assert "rank 1" in results[0]["message"]
-    assert http_server.route(url).gets == 0
+    assert http_server.route(failing["urls"]["mismatch"]).gets == 0
+
+
+@pytest.mark.timeout(240)
+def test_a_cache_dir_one_rank_cannot_use_fails_every_rank_alike(
+    http_server: FaultServer, failing: dict[str, Any]
+) -> None:
+    results = failing["results"]["bad-cache"]
+    assert [r.get("error") for r in results] == ["DownloadError"] * WORLD, results
+    assert len({r["message"] for r in results}) == 1, results
+    assert BAD_CACHE in results[0]["message"]
+    assert http_server.route(failing["urls"]["bad-cache"]).gets == 0
+
+
+@pytest.mark.timeout(240)
+def test_a_transfer_longer_than_the_group_timeout_succeeds(failing: dict[str, Any]) -> None:
+    """Every chunk is shorter than the timeout, the whole transfer longer: the ranks
+    outside it wait chunk by chunk, never for the whole transfer in one collective."""
+    results = failing["results"]["slow-link"]
+    assert [r.get("error") for r in results] == [None] * WORLD, results
+    assert {r["sha256"] for r in results} == {sha256(failing["data"]["slow-link"])}
+
+
+@pytest.mark.timeout(240)
+def test_a_stalled_receiver_fails_the_sender_within_the_group_timeout(failing: dict[str, Any]) -> None:
+    results = failing["results"]["stalled"]
+    assert [r.get("error") for r in results] == ["DownloadError"] * WORLD, results
+    assert "process group failed" in results[0]["message"], results
+    assert results[2]["stall_ended_by_rank0"] is True, results
+    assert Entry(failing["tmp"] / "node1", failing["urls"]["stalled"]).cached() is None
+    assert stray_files(failing["tmp"] / "node1") == []
+
+
+def test_a_step_thread_left_running_never_closes_the_applications_files(
+    http_server: FaultServer, tmp_path: Path
+) -> None:
+    """Rank 3 dies in the publish step while rank 2's publish thread is in a slow fsync:
+    rank 2's call raises at once, the thread finishes later and must release only its
+    own descriptor, not the number the application's next open() got."""
+    data = os.urandom(1 << 20)
+    url = http_server.add("/cluster/late-thread.bin", data)
+    results = run_group(
+        tmp_path, url, two_nodes(tmp_path), exits={3: 9}, inject={"2": "slow_fsync", "3": "die_at_publish"}
+    )
+    assert results[2]["error"] == "DownloadError", results
+    assert results[2]["app_files"] == "ok", results
+    assert stray_files(tmp_path / "node1") == []
+
+
+def test_a_plugin_error_with_unpicklable_fields_is_shared_as_its_framework_class() -> None:
+    import pickle
+    import threading
+
+    from framework.download._cluster import _decode, _encode
+    from framework.errors import HTTPStatusError
+
+    class VaultDenied(HTTPStatusError):  # a plugin's class: other ranks cannot import it
+        def __init__(self, url: str, response: object) -> None:
+            self.response = response
+            super().__init__(url, 403, "vault says no")
+
+    encoded = _encode(VaultDenied("vault://b/k", threading.Lock()), "vault://b/k", 1)
+    error = _decode(*pickle.loads(pickle.dumps(encoded)))
+    assert type(error) is HTTPStatusError
+    assert error.status == 403 and "vault says no" in str(error)
+    assert "lock" in error.response  # type: ignore[attr-defined]
 
 
 def test_without_a_process_group_it_is_a_plain_call(http_server: FaultServer, tmp_path: Path) -> None:
@@ -280,3 +435,33 @@ def test_groups_join_ranks_that_saw_each_others_markers_either_way() -> None:
     assert _groups([[0, 1], [0, 1], [2], [2]]) == [0, 0, 2, 2]
     # Seen through a third rank: 0 saw 2, 2 saw 4; 1 and 3 are alone.
     assert _groups([[0, 2], [1], [2, 4], [3], [4]]) == [0, 1, 0, 3, 0]
+
+
+def test_an_answer_of_the_wrong_kind_is_a_download_error_not_a_crash(tmp_path: Path) -> None:
+    """Collectives out of step (another thread's all_gather_object on the default group)
+    hand a step something else than its answers: a DownloadError saying so."""
+    import torch.distributed as dist
+
+    from framework.download._cluster import _Call, _Probe
+    from framework.errors import DownloadError
+
+    dist.init_process_group("gloo", init_method=(tmp_path / "store").as_uri(), rank=0, world_size=1)
+    try:
+        manager = DownloadManager(tmp_path, progress=False)
+        call = _Call(manager, "https://example.org/a.bin", None, None, False, False, False, False)
+        with pytest.raises(DownloadError, match="out of step"):
+            call._step(lambda: ["not", "a", "probe"], _Probe)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_killed_calls_marker_is_swept_by_a_later_call(tmp_path: Path) -> None:
+    from framework.download._cluster import _MARKER_PREFIX, _write_marker
+
+    stale, fresh = tmp_path / f"{_MARKER_PREFIX}old", tmp_path / f"{_MARKER_PREFIX}new"
+    stale.touch()
+    fresh.touch()  # another call's, still running
+    os.utime(stale, (0, 0))
+    marker = _write_marker(tmp_path)
+    assert marker is not None
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([fresh.name, marker.name])

@@ -16,8 +16,6 @@ from framework.data.sampler import BatchSampler
 
 __all__ = [
     "TRANSFERS",
-    "check_manual_sharding",
-    "check_resumable",
     "config_checks",
     "describe",
     "no_instances",
@@ -170,52 +168,3 @@ def _plain(value: Any) -> bool:
     if isinstance(value, (list, tuple)):
         return all(isinstance(item, (bool, int, float, str)) for item in value)
     return value is None or isinstance(value, (bool, int, float, str))
-
-
-def check_manual_sharding(reader: DatasetReader, state: Mapping[str, Any], num_workers: int) -> None:
-    """ValueError if `reader` shards by itself and the state was saved in another split.
-
-    Such a reader decides which instances each worker or rank reads (one file per
-    worker, say), so another num_workers or world size reads another order, in eager
-    mode too: a saved position would repeat and skip instances silently.
-    """
-    info = current_distributed_info()
-    changed = []
-    saved_workers, saved_world = state.get("num_workers"), state.get("world_size")
-    if reader.manual_multiprocess_sharding and saved_workers not in (None, num_workers):
-        changed.append(f"num_workers={saved_workers!r} (this loader: {num_workers})")
-    world = info.world_size if info else 1
-    if reader.manual_distributed_sharding and saved_world not in (None, world):
-        changed.append(f"world_size={saved_world!r} (this loader: {world})")
-    if changed:
-        raise ValueError(
-            f"the state was saved with {' and '.join(changed)}, and {type(reader).__name__} "
-            "shards by itself (manual_multiprocess_sharding / manual_distributed_sharding), "
-            "so another split reads its instances in another order and resuming would "
-            "repeat or skip some. Resume with the saved num_workers and world size, or start "
-            "the epoch afresh"
-        )
-
-
-def check_resumable(saved: Mapping[str, Any], current: Mapping[str, Any]) -> None:
-    """ValueError unless a state saved under `saved` settings resumes exactly under `current`.
-
-    Resuming across another split of the data (workers, ranks) or another batching
-    would silently repeat or skip instances. Eager mode reads every instance into this
-    process in the reader's order, so there num_workers may change.
-    """
-    if bool(saved.get("lazy")) != current["lazy"]:
-        raise ValueError(
-            "the state was saved by a loader in the other mode (eager/lazy); build the "
-            "loader with the same max_instances_in_memory to resume it"
-        )
-    for key, value in current.items():
-        if key not in saved or (key == "num_workers" and not current["lazy"]):
-            continue  # a key older states lack
-        if saved[key] != value:
-            raise ValueError(
-                f"the state was saved by a loader with {key}={saved[key]!r}, but this loader "
-                f"has {key}={value!r}: resuming would repeat or skip instances. Build the "
-                f"loader with {key}={saved[key]!r} to resume this state (resuming across "
-                "another split of the data is not supported yet), or start without it"
-            )

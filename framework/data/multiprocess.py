@@ -198,6 +198,7 @@ class MultiProcessDataLoader(DataLoader):
         self._epoch = 0
         self._pending: Optional[Position] = None  # where the next pass starts
         self._current: Optional[Position] = None  # the pass in progress
+        self._last: Optional[Position] = None  # the pass that ended last
         self._batch_generator: Optional[Generator[TensorDict, None, None]] = None
         if max_instances_in_memory is None:
             self._load_instances()  # eager mode reads everything up front, as AllenNLP does
@@ -294,22 +295,32 @@ class MultiProcessDataLoader(DataLoader):
         Under torch.distributed this is a collective (every rank calls it; one
         ``all_gather_object``) and every rank returns the same whole-job state.
         """
-        position = self._current or self._next_position()
+        current = self._current
+        position = current or self._next_position()
         info = current_distributed_info()
         world, rank = (info.world_size, info.global_rank) if info else (1, 0)
-        mine = self._rank_part(position, rank, world)
+        mine = self._rank_part(position, rank, world, self._eager_lists if current else [])
         parts = [mine]
         if world > 1:
             import torch.distributed as dist
 
+            # A rank whose epoch ended (uneven ranks) while others are still in it
+            # speaks for that epoch with the pass it finished.
+            last = self._last
+            if current is None and last is not None and last.epoch == position.epoch - 1:
+                mine["finished"] = self._rank_part(last, rank, world, self._eager_lists)
             gathered: list[Any] = [None] * world
             dist.all_gather_object(gathered, mine)
-            parts = gathered
+            epoch = min(part["position"]["epoch"] for part in gathered)
+            parts = [
+                part.get("finished") or part if part["position"]["epoch"] > epoch else part
+                for part in gathered
+            ]
         consumed: Optional[Consumed] = None
         if all(part["tracked"] for part in parts):
             limits = {slot: limit for part in parts for slot, limit in part["limits"]}
             consumed = consumed_by(
-                position.base,
+                Consumed.from_dict(parts[0]["position"]["base"]),
                 world * self._slots_per_rank(),
                 limits,
                 [index for part in parts for index in part["taken"]],
@@ -317,7 +328,7 @@ class MultiProcessDataLoader(DataLoader):
             )
         return {
             "version": STATE_VERSION,
-            "epoch": position.epoch,
+            "epoch": parts[0]["position"]["epoch"],
             "world_size": world,
             "num_workers": self.num_workers,
             "settings": self._settings(),
@@ -340,6 +351,7 @@ class MultiProcessDataLoader(DataLoader):
         self._close_pool()
         self._pending = position
         self._current = None
+        self._last = None
         self._epoch = position.epoch
 
     def close(self) -> None:
@@ -352,12 +364,14 @@ class MultiProcessDataLoader(DataLoader):
     def _slots_per_rank(self) -> int:
         return max(1, self.num_workers) if self.max_instances_in_memory is not None else 1
 
-    def _rank_part(self, position: Position, rank: int, world: int) -> dict[str, Any]:
-        """This rank's share of the whole-job state: its exact position, and what it yielded."""
+    def _rank_part(
+        self, position: Position, rank: int, world: int, lists: list[list[int]]
+    ) -> dict[str, Any]:
+        """This rank's share of the whole-job state: its exact position, and what it
+        yielded (eager mode: the first `position.consumed` of the pass's `lists`)."""
         if self.max_instances_in_memory is None:
             indexes = self._indexes
             tracked = indexes is not None
-            lists = self._eager_lists if position is self._current else []
             taken = [] if indexes is None else [indexes[i] for b in lists[: position.consumed] for i in b]
             limits = [(rank, position.base.below)]
             tokens: list[tuple[int, Any]] = []
@@ -498,6 +512,7 @@ class MultiProcessDataLoader(DataLoader):
             if close is not None:
                 close()  # stops the workers at once when the consumer stops early
             try:
+                self._last = position  # for state_dict() while other ranks are still in it
                 if self._current is position:
                     self._current = None  # ended or abandoned: state_dict() describes the next
             except ReferenceError:

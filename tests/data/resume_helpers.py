@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Iterator
 from datetime import timedelta
@@ -79,3 +80,38 @@ class SelfShardingReader(DatasetReader):
         for i in range(self.n):
             if (i // 5) % workers == worker:
                 yield make_instance(i)
+
+
+def uneven_rank(rank: int, world: int, port: int, out_dir: str, phase: str) -> None:
+    """49 instances over 2 ranks (25 and 24, even_batches=False): rank 1 ends its epoch
+    while rank 0 still has a batch to go when the state is saved; then 3 ranks resume."""
+    import torch.distributed as dist
+
+    from framework.data.multiprocess import MultiProcessDataLoader
+
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", world_size=world, rank=rank,
+        timeout=timedelta(seconds=60),
+    )
+    try:
+        results: dict[str, Any] = {}
+        for name, options in MODES.items():
+            loader = MultiProcessDataLoader(
+                CountingReader(49), "x", batch_size=3, quiet=True, seed=0, even_batches=False, **options
+            )
+            if phase == "save":
+                iterator = iter(loader)
+                head = [batch["id"].tolist() for batch in itertools.islice(iterator, 8)]
+                if rank == 1:
+                    head += [batch["id"].tolist() for batch in iterator]  # its epoch ends
+                state = loader.state_dict()
+                results[name] = {"head": head, "state": json.loads(json.dumps(state))}
+            else:
+                with open(f"{out_dir}/state_{name}.json") as handle:
+                    loader.load_state_dict(json.load(handle))
+                results[name] = {"tail": [batch["id"].tolist() for batch in loader]}
+            dist.barrier()
+        with open(f"{out_dir}/{phase}{rank}.json", "w") as handle:
+            json.dump(results, handle)
+    finally:
+        dist.destroy_process_group()

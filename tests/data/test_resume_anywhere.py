@@ -12,7 +12,7 @@ import pytest
 import torch.multiprocessing as mp
 from hardening_helpers import ListReader
 from loader_helpers import CountingReader, RandomReader
-from resume_helpers import MODES, PerFileReader, SelfShardingReader, elastic_rank
+from resume_helpers import MODES, PerFileReader, SelfShardingReader, elastic_rank, uneven_rank
 
 from framework.data.multiprocess import MultiProcessDataLoader
 from framework.data.reader import DatasetReader
@@ -239,3 +239,20 @@ def test_a_mangled_consumed_part_is_a_clear_error(consumed: Any) -> None:
     _, state = save_after(build(2, 8, "shuffle"), 2)
     with pytest.raises(ValueError, match=r"expects what MultiProcessDataLoader\.state_dict"):
         build(3, 8, "shuffle").load_state_dict({**state, "consumed": consumed})
+
+
+def test_a_rank_whose_epoch_ended_still_counts_in_the_whole_job_state(free_port: int, tmp_path: Path) -> None:
+    # Before: rank 1's state_dict() described its next epoch (nothing consumed), so the
+    # whole-job state dealt its 24 instances out again on resume (duplicates).
+    mp.spawn(uneven_rank, args=(2, free_port, str(tmp_path), "save"), nprocs=2, join=True)
+    saved = [json.loads((tmp_path / f"save{r}.json").read_text()) for r in range(2)]
+    for name in MODES:
+        states = [result[name]["state"] for result in saved]
+        assert states[0] == states[1]
+        (tmp_path / f"state_{name}.json").write_text(json.dumps(states[0]))
+    mp.spawn(uneven_rank, args=(3, free_port + 1, str(tmp_path), "resume"), nprocs=3, join=True)
+    resumed = [json.loads((tmp_path / f"resume{r}.json").read_text()) for r in range(3)]
+    for name in MODES:
+        head = [i for result in saved for batch in result[name]["head"] for i in batch]
+        tail = [i for result in resumed for batch in result[name]["tail"] for i in batch]
+        assert sorted(head + tail) == list(range(49)), name

@@ -193,7 +193,9 @@ def partial_bytes(final: Path) -> int:
         except OSError:
             continue
         if stat.S_ISREG(info.st_mode):
-            total += info.st_size
+            # Blocks, not length: a parallel fetch's file is sparse, as long as the object
+            # from the start; it fills as parts arrive.
+            total += min(info.st_size, info.st_blocks * 512)
     return total
 
 

@@ -279,3 +279,23 @@ def test_s3_swap_mid_fetch_is_refused_by_if_match(bucket: str, s3_env: str, tmp_
     path = _manager(tmp_path, connections=2, backends={"s3": backend}).cached_path(f"s3://{bucket}/swap.bin")
     assert sha256(path.read_bytes()) == sha256(new)
     assert stray_files(tmp_path) == []
+
+
+def test_waiters_see_the_parts_arrive(http_server: FaultServer, tmp_path: Path) -> None:
+    """The partial file is preallocated sparse: a waiter's view counts bytes written, not
+    the file's length (which is the whole object from the start)."""
+    from framework.download._cache import Entry
+    from framework.download._publish import partial_bytes
+
+    data = _data(16)
+    url = http_server.add(_path("progress"), data, delay=0.01)
+    child = FORK.Process(target=_fetch_child, args=(url, str(tmp_path)))
+    child.start()
+    final = Entry(tmp_path, url).final
+    seen: list[int] = []
+    try:
+        wait_for(lambda: seen.append(partial_bytes(final)) or 0 < seen[-1], what="bytes of the holder")
+        wait_for(lambda: final.exists(), what="the published file")
+    finally:
+        child.join(20)
+    assert 0 < seen[-1] < len(data)

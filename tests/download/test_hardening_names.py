@@ -181,6 +181,7 @@ def test_urllib3_debug_logs_carry_no_query_token(
     http_server: FaultServer, manager: DownloadManager, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.DEBUG)  # what people turn on to troubleshoot: urllib3.util.retry too
+    caplog.set_level(logging.DEBUG, logger="urllib3")  # `framework download` may have quietened it
     url = http_server.add("/retried.bin?token=TOKSECRET123", b"hi", fail_statuses=[503])
     quick = DownloadManager(manager.cache_dir, backoff_factor=0, progress=False)
     assert quick.cached_path(url).read_bytes() == b"hi"

@@ -135,7 +135,9 @@ class ConfigError(FrameworkError, ValueError):
 
 
 class WorkerError(FrameworkError):
-    """A loader worker failed; `str()` shows the message and the worker's traceback."""
+    """Loader code failed while iterating, in a worker or in the main process (`worker_id`
+    None); `str()` shows the message and the traceback, `__cause__` is the original error
+    when it could be rebuilt."""
 
     def __init__(
         self,
@@ -155,7 +157,8 @@ class WorkerError(FrameworkError):
     def __str__(self) -> str:
         if not self.traceback:
             return self.message
-        return f"{self.message}\n\nTraceback from the worker:\n{self.traceback.rstrip()}"
+        where = "the worker" if self.worker_id is not None else "the main process"
+        return f"{self.message}\n\nTraceback from {where}:\n{self.traceback.rstrip()}"
 
     def __reduce__(self) -> Any:
         return (

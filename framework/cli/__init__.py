@@ -87,7 +87,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         commands = ", ".join(sorted(module.rpartition(".")[2] for module in _COMMANDS))
         print(f"framework: error: give a command: {commands} (see framework --help)", file=sys.stderr)
         return 2
-    from framework.errors import ConfigError, FrameworkError
+    from framework.errors import ConfigError, FrameworkError, WorkerError
 
     def error(message: str) -> None:
         print(f"framework {args.command}: error: {one_line(message)}", file=sys.stderr)
@@ -101,6 +101,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 2
     except FileNotFoundError as exc:
         error(str(exc))
+        return 1
+    except WorkerError as exc:  # its message names the original type; str() adds a traceback
+        if args.verbose:
+            raise
+        error(f"WorkerError: {exc.message} (run with -v for the traceback)")
         return 1
     except (FrameworkError, OSError, ValueError, ImportError) as exc:
         error(f"{type(exc).__name__}: {exc}")

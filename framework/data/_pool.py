@@ -21,6 +21,7 @@ import signal
 import sys
 import threading
 import time
+import traceback
 import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -31,7 +32,7 @@ from framework.data._batching import derive_seed
 from framework.data._protocol import Batch, Done, Failed, Instances, PassKind, Progress, Start, Stop
 from framework.data._shards import Consumed, Point
 from framework.data._transfer import read_frame, set_pipe_size
-from framework.data._worker import WorkerSpec, worker_main
+from framework.data._worker import WorkerSpec, _summary, worker_main
 from framework.errors import WorkerError
 
 __all__ = ["Position", "WorkerPool"]
@@ -443,6 +444,32 @@ def _failure(worker_id: int, message: Failed) -> WorkerError:
     )
     error.__cause__ = message.original
     return error
+
+
+def in_process(error: Exception) -> WorkerError:
+    """`error`, raised by reader, sampler or collator code in the main process, as the
+    `WorkerError` a worker's would arrive as: one caught type whatever `num_workers`."""
+    text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
+    wrapped = WorkerError(
+        f"the loader's reader, sampler or collator raised {_summary(error)} (in the main process)",
+        None,
+        text,
+    )
+    wrapped.__cause__ = error
+    return wrapped
+
+
+class UserCode:
+    """``with UserCode():`` raises an error of reader, sampler or collator code as
+    `in_process` does (one try per pass: no cost per batch)."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: Any, error: Optional[BaseException], trace: Any) -> None:
+        # KeyboardInterrupt, SystemExit and GeneratorExit are not Exceptions: never wrapped.
+        if isinstance(error, Exception) and not isinstance(error, WorkerError):
+            raise in_process(error) from error
 
 
 def _reap(

@@ -38,7 +38,7 @@ import torch
 from framework.data._batching import BatchPlan, derive_seed, slot_batches
 from framework.data._checks import config_checks, describe, no_instances, validate
 from framework.data._distributed import agree, even
-from framework.data._pool import Position, WorkerPool, main_thread
+from framework.data._pool import Position, UserCode, WorkerPool, in_process, main_thread
 from framework.data._protocol import Batch, Instances
 from framework.data._rng import PrivateRandom, seed_everything
 from framework.data._shards import STATE_VERSION, Consumed, Point, ShardPlan, check_settings, consumed_by
@@ -96,16 +96,20 @@ class MultiProcessDataLoader(DataLoader):
             (fractions work). A reader that is slow but still producing instances
             sends progress messages, so only silence counts, not a slow batch.
 
-    Failures never hang: a worker that raises ends iteration with `WorkerError`
-    (its traceback in `str()`, the original exception as `__cause__`); a worker
-    killed by a signal gives `WorkerError` naming the worker and the signal; an
-    early `break`, Ctrl-C or garbage collection stops every worker. Bad input:
+    Failures never hang: reader, sampler, collator or `apply_token_indexers` code that
+    raises while the data is read (in eager mode, at construction) ends iteration with
+    `WorkerError`, whatever `num_workers`: its traceback in `str()`, the original
+    exception as `__cause__` (`worker_id` None when it ran in this process). A worker
+    killed by a signal gives `WorkerError` naming the worker and the signal; an early
+    `break`, Ctrl-C or garbage collection stops every worker. Bad input:
 
     - a reader that yields nothing: `ValueError` (in eager mode, at construction);
-    - a `data_path` that does not exist: whatever the reader raises
-      (`FileNotFoundError`; from a worker, as the `__cause__` of a `WorkerError`);
-    - instances the collator cannot batch: `CollateError` naming the field;
-    - a sampler returning indices out of range: `ValueError` naming the sampler;
+    - a `data_path` that does not exist: `WorkerError`, the reader's error
+      (`FileNotFoundError`) as its `__cause__`;
+    - instances the collator cannot batch: `WorkerError`, `CollateError` naming the
+      field as its `__cause__`;
+    - a sampler returning indices out of range: `WorkerError`, a `ValueError` naming
+      the sampler as its `__cause__`;
     - more workers than instances: the extra workers find their shards empty.
 
     Under torch.distributed (set up before the loader is built) each rank reads a
@@ -537,23 +541,24 @@ class MultiProcessDataLoader(DataLoader):
             lists = self._plan.batch_lists(kept, derive_seed(position.seed, "eager"))
             lists = [[keep[i] for i in indices] for indices in lists]
         except Exception as raised:
-            error = raised
+            error = in_process(raised)  # wrapped before agree: one type on every rank
         if self._evened():
             lists = lists[: agree(len(lists), error)]
         elif error is not None:
             raise error
         self._eager_lists = lists
-        for index in range(position.consumed, len(lists)):
-            chosen = [instances[i] for i in lists[index]]
-            if self.seed is None:
-                batch = self.collate_fn(chosen)
-            else:
-                # A random collator (masking) draws from the loader's streams, seeded per
-                # batch: the caller's are untouched, and a resumed epoch collates the same.
-                with PrivateRandom(derive_seed(position.seed, "collate", index)).active():
+        with UserCode():
+            for index in range(position.consumed, len(lists)):
+                chosen = [instances[i] for i in lists[index]]
+                if self.seed is None:
                     batch = self.collate_fn(chosen)
-            position.consumed = index + 1
-            yield batch
+                else:
+                    # A random collator (masking) draws from the loader's streams, seeded per
+                    # batch: the caller's are untouched, and a resumed epoch collates the same.
+                    with PrivateRandom(derive_seed(position.seed, "collate", index)).active():
+                        batch = self.collate_fn(chosen)
+                position.consumed = index + 1
+                yield batch
 
     def _lazy_pass_in_process(self, position: Position) -> Iterator[Any]:
         info = current_distributed_info()
@@ -584,10 +589,11 @@ class MultiProcessDataLoader(DataLoader):
             # (memory stays about max_instances_in_memory, as in a worker's prefetch).
             batches = PrivateRandom(worker_seed).wrap(batches, self._batches_per_chunk())
         try:
-            for indexes, point, batch in batches:
-                position.consumed += 1
-                position.record(0, indexes, point)
-                yield batch
+            with UserCode():
+                for indexes, point, batch in batches:
+                    position.consumed += 1
+                    position.record(0, indexes, point)
+                    yield batch
             position.finish(0, next(counter), shards.where()[0])
         finally:
             reader._set_shard_plan(None)  # the reader reads whole again outside the loader
@@ -607,13 +613,14 @@ class MultiProcessDataLoader(DataLoader):
         resumed = position.consumed > 0 or bool(position.base.below or position.base.bits)
         world, rank = (info.world_size, info.global_rank) if info else (1, 0)
         try:
-            for message in pool.run(position, "batches", self.timeout, rank, world):  # counts
-                if isinstance(message, Batch):
-                    yield message.payload
-                    continue
-                for instance in message.instances:
-                    self.reader.apply_token_indexers(instance)
-                yield self.collate_fn(message.instances)
+            with UserCode():  # the pool's own errors are WorkerErrors already
+                for message in pool.run(position, "batches", self.timeout, rank, world):  # counts
+                    if isinstance(message, Batch):
+                        yield message.payload
+                        continue
+                    for instance in message.instances:
+                        self.reader.apply_token_indexers(instance)
+                    yield self.collate_fn(message.instances)
             finished = True
         finally:
             try:
@@ -667,12 +674,12 @@ class MultiProcessDataLoader(DataLoader):
             self.reader._set_shard_plan(shards)
             try:
                 pairs = self._progress((x, shards.take()) for x in self.reader.read(self.data_path))
-                if self.seed is None:
+                if self.seed is not None:
+                    # Seeded as worker 0 would be (the same data with 0 or 1 workers).
+                    private = PrivateRandom(derive_seed(self._epoch_seed(0), "worker", 0))
+                    pairs = private.wrap(pairs, step)
+                with UserCode():
                     yield from pairs
-                    return
-                # Seeded as worker 0 would be (the same data with 0 or 1 workers).
-                private = PrivateRandom(derive_seed(self._epoch_seed(0), "worker", 0))
-                yield from private.wrap(pairs, step)
             finally:
                 self.reader._set_shard_plan(None)
             return
@@ -680,7 +687,8 @@ class MultiProcessDataLoader(DataLoader):
         position = Position(epoch=0, seed=self._epoch_seed(0))
         try:
             messages = pool.run(position, "instances", self.timeout, rank, world)
-            yield from self._progress(self._interleave(messages))  # type: ignore[arg-type]
+            with UserCode():  # apply_token_indexers runs here
+                yield from self._progress(self._interleave(messages))  # type: ignore[arg-type]
         finally:
             pool.shutdown()
 

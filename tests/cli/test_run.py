@@ -193,6 +193,22 @@ def test_missing_data_file_is_a_clear_error(
     assert "Traceback" not in err
 
 
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_a_reader_failing_mid_file_is_one_line_naming_the_original(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, data_file: Path, num_workers: int
+) -> None:
+    # The same line with or without workers: the original type and message, no traceback.
+    with data_file.open("a", encoding="utf-8") as handle:
+        handle.write("{not json\n")
+    config = write_config(tmp_path, str(data_file), data_loader={"num_workers": num_workers})
+    code, _, err = run_cli(capsys, str(config))
+    assert code == 1, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("framework run: error: WorkerError: "), err
+    assert "raised ValueError: " in err and "data.jsonl:51: not valid JSON" in err
+    assert "Traceback" not in err and "-v" in err
+
+
 def test_unavailable_device_is_a_config_error(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, data_file: Path
 ) -> None:

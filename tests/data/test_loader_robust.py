@@ -125,11 +125,11 @@ def test_reader_that_yields_nothing(num_workers: int, lazy: Any) -> None:
 
 def test_missing_data_path(tmp_path: Path) -> None:
     missing = tmp_path / "nope.txt"
-    with pytest.raises(FileNotFoundError, match=r"nope\.txt"):
-        MultiProcessDataLoader(FileReader(), missing, batch_size=2, quiet=True)
-    with pytest.raises(WorkerError, match=r"FileNotFoundError.*nope\.txt") as info:
-        MultiProcessDataLoader(FileReader(), missing, batch_size=2, num_workers=2, quiet=True)
-    assert isinstance(info.value.__cause__, FileNotFoundError)
+    for num_workers in (0, 2):  # eager mode reads when built: the reader's error, wrapped
+        with pytest.raises(WorkerError, match=r"FileNotFoundError.*nope\.txt") as info:
+            MultiProcessDataLoader(FileReader(), missing, batch_size=2, num_workers=num_workers,
+                                   quiet=True)
+        assert isinstance(info.value.__cause__, FileNotFoundError)
 
 
 def test_reads_a_real_file(text_file: Path) -> None:
@@ -148,9 +148,9 @@ class Unbatchable(CountingReader):
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_instances_the_collator_cannot_batch(num_workers: int) -> None:
     data = make(Unbatchable(8), num_workers=num_workers, max_instances_in_memory=4)
-    expected = CollateError if num_workers == 0 else WorkerError
-    with pytest.raises(expected, match=r"'when'.*object"):
+    with pytest.raises(WorkerError, match=r"'when'.*object") as info:
         list(data)
+    assert type(info.value.__cause__) is CollateError
 
 
 class OutOfRange(BatchSampler):
@@ -166,8 +166,9 @@ def test_sampler_with_out_of_range_indices(num_workers: int, lazy: Any) -> None:
     data = MultiProcessDataLoader(CountingReader(8), "x", batch_sampler=OutOfRange(),
                                   num_workers=num_workers, max_instances_in_memory=lazy,
                                   quiet=True)
-    with pytest.raises((ValueError, WorkerError), match=r"OutOfRange.*index \d+ for \d+"):
+    with pytest.raises(WorkerError, match=r"OutOfRange.*index \d+ for \d+") as info:
         list(data)
+    assert type(info.value.__cause__) is ValueError
 
 
 @pytest.mark.parametrize("lazy", [None, 4])

@@ -123,7 +123,7 @@ class DownloadManager:
         connections: at most this many connections fetch one object larger than
             `part_size`, in byte ranges, from a server that serves them (HTTP, S3);
             1 = one stream. `None` reads ``FRAMEWORK_CONNECTIONS`` at each call
-            (default 8).
+            (default 1, one stream: parallel fetch is opt-in for now).
         part_size: bytes per ranged request of a parallel fetch.
 
     The manager is a context manager; `close` (or leaving the ``with`` block) closes

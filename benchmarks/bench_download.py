@@ -26,6 +26,7 @@ import platform
 import shutil
 import statistics
 import tempfile
+import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -39,10 +40,14 @@ RESULTS = Path(__file__).parent / "results" / "download.json"
 FORK = multiprocessing.get_context("fork")
 
 
-def _serve(path: str, port: Any, gets: Any, ready: Any, rate: float = 0.0) -> None:
-    """Serve `path`; with `rate` (bytes/s), pace the body like a network link of that speed."""
+def _serve(path: str, port: Any, gets: Any, ready: Any, rate: float = 0.0, served: Any = None) -> None:
+    """Serve `path` (Range `bytes=a-` and `bytes=a-b`); with `rate` (bytes/s), pace the
+    bodies like one network link of that speed, shared by all connections; `served`
+    counts body bytes sent."""
     size = os.path.getsize(path)
     etag = f'"{size}-{int(os.path.getmtime(path))}"'
+    link = threading.Lock()
+    free_at = [0.0]  # when the shared link is next free
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -53,27 +58,35 @@ def _serve(path: str, port: Any, gets: Any, ready: Any, rate: float = 0.0) -> No
         def do_GET(self) -> None:
             with gets.get_lock():
                 gets.value += 1
-            start = 0
-            status = 200
+            start, end, status = 0, size - 1, 200
             if self.headers.get("Range"):
-                start = int(self.headers["Range"].split("=")[1].split("-")[0])
-                status = 206
+                first, _, last = self.headers["Range"].split("=")[1].partition("-")
+                start, end, status = int(first), min(int(last or size - 1), size - 1), 206
             self.send_response(status)
-            self.send_header("Content-Length", str(size - start))
+            self.send_header("Content-Length", str(end + 1 - start))
             self.send_header("ETag", etag)
+            self.send_header("Accept-Ranges", "bytes")
             if status == 206:
-                self.send_header("Content-Range", f"bytes {start}-{size - 1}/{size}")
+                self.send_header("Content-Range", f"bytes {start}-{end}/{size}")
             self.end_headers()
             self.wfile.flush()
-            with open(path, "rb") as file:
-                if not rate:
-                    self.connection.sendfile(file, start)
-                    return
-                began, sent = time.perf_counter(), 0
-                while start + sent < size:
-                    count = min(1 << 20, size - start - sent)
-                    sent += self.connection.sendfile(file, start + sent, count)
-                    time.sleep(max(0.0, began + sent / rate - time.perf_counter()))
+            sent = 0
+            try:
+                with open(path, "rb") as file:
+                    while start + sent <= end:
+                        count = min(1 << 20, end + 1 - start - sent)
+                        if rate:
+                            with link:
+                                slot = max(time.perf_counter(), free_at[0]) + count / rate
+                                free_at[0] = slot
+                            time.sleep(max(0.0, slot - time.perf_counter()))
+                        sent += self.connection.sendfile(file, start + sent, count)
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # the client stopped reading (a fetch that changed its plan)
+            finally:
+                if served is not None:
+                    with served.get_lock():
+                        served.value += sent
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     server.daemon_threads = True
@@ -161,7 +174,10 @@ def main() -> None:
     size = source.stat().st_size
 
     port, gets, ready = FORK.Value("i", 0), FORK.Value("i", 0), FORK.Event()
-    server = FORK.Process(target=_serve, args=(str(source), port, gets, ready), daemon=True)
+    served = FORK.Value("q", 0)
+    server = FORK.Process(
+        target=_serve, args=(str(source), port, gets, ready, 0.0, served), daemon=True
+    )
     server.start()
     ready.wait(10)
     url = f"http://127.0.0.1:{port.value}/data.bin"
@@ -221,14 +237,15 @@ def main() -> None:
         )
         # Eight racing processes on a cold cache vs one process alone, same harness.
         racers = 8
-        race_walls, solo_walls, race_gets = [], [], []
+        race_walls, solo_walls, race_gets, race_copies = [], [], [], []
         for _ in range(args.races):
             fresh()
             solo_walls.append(race(url, scratch / "cache", 1))
             fresh()
-            before = gets.value
+            before, sent_before = gets.value, served.value
             race_walls.append(race(url, scratch / "cache", racers))
-            race_gets.append(gets.value - before)
+            race_gets.append(gets.value - before)  # a parallel fetch is several ranged GETs
+            race_copies.append(round((served.value - sent_before) / size, 3))
         # The same cold download over a paced link: where the network, not the disk or
         # the hash, is the limit, as on a real cluster.
         link_ours_t: list[float] = []
@@ -279,6 +296,7 @@ def main() -> None:
             "hit_pooch_us_median": med(pooch_hit_t) * 1e6,
             "race_processes": racers,
             "race_gets": race_gets,
+            "race_copies_served": race_copies,
             "race_wall_s": med(race_walls),
             "race_one_process_wall_s": med(solo_walls),
             "race_wall_vs_one_download": med(race_walls) / med(solo_walls),
@@ -310,7 +328,7 @@ def main() -> None:
         "cold >= 0.8x raw": results["cold_speed_vs_raw"] >= 0.8,
         "cold >= 3x pooch": results["cold_speed_vs_pooch"] >= 3,
         "hit < 100 us": results["hit_ours_us_median"] < 100,
-        "8 racers: one GET": set(race_gets) == {1},
+        "8 racers: one copy served": max(race_copies) <= 1.0,
         "8 racers: wall <= 1.2x one download": results["race_wall_vs_one_download"] <= 1.2,
     }
     results["targets_met"] = targets
@@ -330,7 +348,7 @@ def main() -> None:
         ("hit: pooch.retrieve, known hash", f"{med(pooch_hit_t) * 1e6:.0f} us",
          f"{med(pooch_hit_t) * 1e6 / med(hit_t):.0f}x ours"),
         ("1 process alone (same harness)", f"{med(solo_walls):.3f} s", ""),
-        (f"{racers} racing processes, GETs/run {max(race_gets)}", f"{med(race_walls):.3f} s",
+        (f"{racers} racing processes, copies served/run {max(race_copies)}", f"{med(race_walls):.3f} s",
          f"{med(race_walls) / med(solo_walls):.2f}x one process"),
     ]  # fmt: skip
     if link_ours_t:

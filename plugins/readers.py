@@ -70,6 +70,8 @@ class FileRecords(Generic[_R]):
     opens the file at that offset instead of reading what came before it.
     """
 
+    __framework_seekable__ = True  # opts into the hook
+
     def __init__(self, file_path: DatasetReaderInput) -> None:
         self.names = data_files(file_path)
         self.position = [0, 0, 0]
@@ -102,16 +104,35 @@ class FileRecords(Generic[_R]):
             self.position = [index + 1, 0, 0]
 
     def _lines(self, index: int, handle: BinaryIO, offset: int, number: int) -> Generator[str, None, None]:
-        """The decoded lines (with their newlines) from `offset`, keeping `position` after each."""
+        """The decoded lines (with their newlines) from `offset`, keeping `position` after each.
+
+        Lines end at ``\n``, ``\r\n`` or a lone ``\r`` (universal newlines, as text mode
+        with ``newline=""`` reads them).
+        """
         if offset:
-            handle.seek(offset)
+            # A resume offset starts a line: else the file changed since it was saved.
+            handle.seek(offset - 1)
+            if handle.read(1) not in (b"\n", b"\r"):
+                raise ValueError(
+                    f"{self.names[index]}: the resume offset {offset} is not the start of a "
+                    "line (or is past the end): the file changed since the state was saved. "
+                    "Resume with the unchanged file, or start the epoch afresh"
+                )
         self.position = [index, offset, number]
         self._offset, self._number, self._reading = offset, number, True
         try:
-            for raw in handle:
-                self._offset += len(raw)
-                self._number += 1
-                yield raw.decode("utf-8")
+            for raw in handle:  # split at b"\n"; a mid-line b"\r" is rare, so split again only then
+                cr = raw.find(b"\r")
+                size = len(raw)
+                if cr == -1 or cr == size - 1 or (cr == size - 2 and raw[-1:] == b"\n"):
+                    self._offset += size
+                    self._number += 1
+                    yield raw.decode("utf-8")
+                    continue
+                for piece in raw.splitlines(keepends=True):  # bytes: only \r, \n, \r\n
+                    self._offset += len(piece)
+                    self._number += 1
+                    yield piece.decode("utf-8")
         finally:
             self.position = [index, self._offset, self._number]
             self._reading = False

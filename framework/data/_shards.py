@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import base64
 import itertools
+import os
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass
@@ -32,8 +33,11 @@ __all__ = [
     "Point",
     "Seekable",
     "ShardPlan",
+    "check_files",
     "check_settings",
     "consumed_by",
+    "file_stamps",
+    "is_seekable",
 ]
 
 STATE_VERSION = 2  # 1: the per-topology states of issue 9 (no "version" key)
@@ -49,13 +53,24 @@ class Seekable(Protocol[_T_co]):
     Iterating yields records in order; `tell()` is a token (plain JSON data) for where
     the record after the last one yielded starts, and `seek(token)` makes the next
     iteration start there. Built-in: the ``"text"``, ``"jsonl"`` and ``"csv"`` readers'.
+
+    Opt-in: the class also sets ``__framework_seekable__ = True`` (`is_seekable`). A
+    file object has ``__iter__``, ``tell`` and ``seek`` too, but cannot tell while it is
+    iterated, so having the methods is not enough.
     """
+
+    __framework_seekable__: bool
 
     def __iter__(self) -> Iterator[_T_co]: ...
 
     def tell(self) -> Any: ...
 
     def seek(self, token: Any) -> None: ...
+
+
+def is_seekable(records: object) -> bool:
+    """Whether `records` opted into the resume hook (`Seekable`)."""
+    return getattr(type(records), "__framework_seekable__", False) is True
 
 
 @dataclass
@@ -198,7 +213,7 @@ class ShardPlan:
         first = self.calls == 0
         self.calls += 1
         index = self.numbered
-        seekable = first and isinstance(records, Seekable)
+        seekable = first and is_seekable(records)
         if seekable and self.token is not None:
             cast(Seekable[_T], records).seek(self.token)
             index = self.start
@@ -234,7 +249,12 @@ class ShardPlan:
         if not self.tracked:
             return -1, None
         # Only the first call's records seek; a later call's position has no token.
-        token = self.source.tell() if self.source is not None and self.calls == 1 else None
+        token = None
+        if self.source is not None and self.calls == 1:
+            try:
+                token = self.source.tell()
+            except (OSError, ValueError):  # cannot tell now (closed, say): resuming skips instead
+                token = None
         return self.last + 1, token
 
 
@@ -258,6 +278,42 @@ def check_settings(saved: Mapping[str, Any], current: Mapping[str, Any]) -> None
                 f"the state was saved by a loader with {key}={saved[key]!r}, but this loader "
                 f"has {key}={value!r}: resuming would repeat or skip instances. Build the "
                 f"loader with {key}={saved[key]!r} to resume this state, or start without it"
+            )
+
+
+def file_stamps(data_path: Any) -> dict[str, list[int]]:
+    """``{path: [size, mtime_ns]}`` of the local files `data_path` names (a path or a
+    list of paths; anything else names none): a state's positions (record indexes,
+    byte offsets) hold only for the same data."""
+    paths = data_path if isinstance(data_path, list) else [data_path]
+    stamps: dict[str, list[int]] = {}
+    for path in paths:
+        if isinstance(path, (str, os.PathLike)) and os.path.isfile(path):
+            stat = os.stat(path)
+            stamps[os.fspath(path)] = [stat.st_size, stat.st_mtime_ns]
+    return stamps
+
+
+def check_files(saved: Any) -> None:
+    """ValueError unless the files stamped in `saved` (`file_stamps`) are unchanged."""
+    if saved is None:  # a state from before the stamps
+        return
+    if not (isinstance(saved, Mapping) and all(
+        isinstance(stamp, list) and len(stamp) == 2 and all(isinstance(x, int) for x in stamp)
+        for stamp in saved.values()
+    )):
+        raise ValueError(
+            f"the state's 'files' must map each data file to [size, mtime_ns], got {saved!r}; "
+            "pass the loader's own state_dict()"
+        )
+    for path, (size, mtime) in saved.items():
+        now = file_stamps(path).get(path)
+        if now != [size, mtime]:
+            found = "it is gone" if now is None else f"size {size} -> {now[0]}, mtime_ns {mtime} -> {now[1]}"
+            raise ValueError(
+                f"data file {path} changed since the state was saved ({found}): the saved "
+                "positions would land on other records (mid-line, past the end). Resume with "
+                "the unchanged file, or start the epoch afresh without load_state_dict()"
             )
 
 

@@ -41,7 +41,16 @@ from framework.data._distributed import agree, even
 from framework.data._pool import Position, UserCode, WorkerPool, in_process, main_thread
 from framework.data._protocol import Batch, Instances
 from framework.data._rng import PrivateRandom, seed_everything
-from framework.data._shards import STATE_VERSION, Consumed, Point, ShardPlan, check_settings, consumed_by
+from framework.data._shards import (
+    STATE_VERSION,
+    Consumed,
+    Point,
+    ShardPlan,
+    check_files,
+    check_settings,
+    consumed_by,
+    file_stamps,
+)
 from framework.data._worker import WorkerSpec
 from framework.data.collate import DataCollator, DefaultDataCollator
 from framework.data.loader import DataLoader, TensorDict, move_to_device, pin_memory
@@ -336,6 +345,7 @@ class MultiProcessDataLoader(DataLoader):
             "world_size": world,
             "num_workers": self.num_workers,
             "settings": self._settings(),
+            "files": file_stamps(self.data_path),
             "ranks": [part["position"] for part in parts],
             "consumed": None if consumed is None else consumed.to_dict(),
         }
@@ -412,6 +422,7 @@ class MultiProcessDataLoader(DataLoader):
                 f"framework reads version {STATE_VERSION}: resume it with the version that "
                 "saved it, or start the epoch afresh"
             )
+        check_files(state.get("files"))  # before the settings: its own clear error
         try:
             check_settings(state["settings"], self._settings())
             info = current_distributed_info()

@@ -198,8 +198,9 @@ class DatasetReader(Registrable):
         Resuming (the reader hook): `iterable` is the reader's stream of records, one
         instance each (or none), yielded by a generator that takes the next record
         only when it needs it; the loader counts records to know which ones a resumed
-        epoch still owes. If `iterable` also has ``tell()`` and ``seek(token)`` (see
-        `Seekable`; the built-in readers' records have), a
+        epoch still owes. If `iterable` opts into `Seekable` (``tell()``, ``seek(token)``
+        and the class attribute ``__framework_seekable__ = True``; the built-in readers'
+        records do; an open file does not), a
         resumed epoch seeks there instead of reading the records it skips.
         """
         if not (self.manual_distributed_sharding and self.manual_multiprocess_sharding):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -195,7 +196,9 @@ def test_builtin_readers_resume_by_seeking_past_what_was_read(tmp_path: Path, ki
     assert below is not None and below[1] > 0
     data = path.read_bytes()
     start = data.index(b"\n") + 1 if kind == "csv" else 0  # the header stays readable
+    stamp = path.stat()
     path.write_bytes(data[:start] + b"\xff" * (below[1] - start - 1) + b"\n" + data[below[1]:])
+    os.utime(path, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))  # same size and mtime: taken as unchanged
     same = loader(2)
     same.load_state_dict(state)
     assert [x for batch in same for x in key(batch)] == rest
@@ -256,3 +259,85 @@ def test_a_rank_whose_epoch_ended_still_counts_in_the_whole_job_state(free_port:
         head = [i for result in saved for batch in result[name]["head"] for i in batch]
         tail = [i for result in resumed for batch in result[name]["tail"] for i in batch]
         assert sorted(head + tail) == list(range(49)), name
+
+
+# -- the hook is opt-in ------------------------------------------------------------------------
+
+
+class OpenFileReader(DatasetReader):
+    """The common pattern: an open file straight into shard_iterable()."""
+
+    def __init__(self) -> None:
+        super().__init__(manual_multiprocess_sharding=True, manual_distributed_sharding=True)
+
+    def _read(self, file_path: Any) -> Any:
+        with open(file_path) as handle:
+            for line in self.shard_iterable(handle):
+                yield {"text": line.strip()}
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("lazy", [None, 8])
+def test_an_open_file_is_plain_records_not_the_seek_hook(
+    tmp_path: Path, workers: int, lazy: int | None
+) -> None:
+    # A file has __iter__, tell and seek, but cannot tell() while iterated: it was taken
+    # for the hook and failed even on a fresh pass.
+    path = tmp_path / "a.txt"
+    path.write_text("".join(f"L{i}\n" for i in range(40)))
+
+    def loader() -> MultiProcessDataLoader:
+        return MultiProcessDataLoader(OpenFileReader(), str(path), batch_size=4, num_workers=workers,
+                                      max_instances_in_memory=lazy, shuffle=True, seed=0, quiet=True)
+
+    original = loader()
+    iterator = iter(original)
+    head = [t for batch in itertools.islice(iterator, 3) for t in batch["text"]]
+    state = json.loads(json.dumps(original.state_dict()))
+    iterator.close()
+    resumed = loader()
+    resumed.load_state_dict(state)
+    tail = [t for batch in resumed for t in batch["text"]]
+    assert sorted(head + tail) == sorted(f"L{i}" for i in range(40))
+
+
+# -- a state holds only for the same data -----------------------------------------------------
+
+
+@pytest.mark.parametrize("change", ["prefix", "rewritten", "truncated"])
+@pytest.mark.parametrize("after", [0, 1])
+def test_a_state_for_a_changed_data_file_is_refused(tmp_path: Path, change: str, after: int) -> None:
+    # The saved byte offset would land mid-line or past the end: records repeated or lost.
+    path = tmp_path / "a.txt"
+    original = "".join(f"line{i:02d}\n" for i in range(20))
+    path.write_text(original)
+
+    def loader(workers: int) -> MultiProcessDataLoader:
+        return MultiProcessDataLoader(DatasetReader.by_name("text")(), str(path), batch_size=4,
+                                      num_workers=workers, max_instances_in_memory=8, quiet=True, seed=0)
+
+    original_loader = loader(0)
+    iterator = iter(original_loader)
+    list(itertools.islice(iterator, 3))
+    state = json.loads(json.dumps(original_loader.state_dict()))
+    iterator.close()
+    path.write_text({"prefix": "xx\n" + original, "rewritten": "".join(f"r{i:03d}\n" for i in range(30)),
+                     "truncated": original[:30]}[change])
+    with pytest.raises(ValueError, match="changed since the state was saved"):
+        loader(after).load_state_dict(state)
+
+
+def test_a_resume_offset_that_is_not_a_line_start_is_refused_at_seek(tmp_path: Path) -> None:
+    # Same size and mtime (stamps cannot see it) but the lines moved: the seek refuses.
+    from framework_plugins.readers import FileRecords, Lines
+
+    path = tmp_path / "a.txt"
+    path.write_bytes(b"ab\ncd\nef\n")
+    records: FileRecords[Any] = Lines(str(path))
+    records.seek([0, 4, 1])
+    with pytest.raises(ValueError, match="not the start of a line"):
+        list(records)
+    records.seek([0, 30, 1])  # past the end
+    with pytest.raises(ValueError, match="not the start of a line"):
+        list(records)
+

@@ -80,3 +80,13 @@ def test_shards_are_disjoint_and_complete(
     shards = shard_reader(DatasetReader.by_name("csv")(), table, workers, world)
     ids = sorted(int(r["id"]) for shard in shards for r in shard)
     assert ids == [*range(17), 99]
+
+
+def test_rows_end_at_a_lone_cr_too(tmp_path: Path) -> None:
+    # Classic Mac / some spreadsheet exports; text mode with newline="" split them.
+    from framework.data.multiprocess import MultiProcessDataLoader
+
+    path = tmp_path / "a.csv"
+    path.write_bytes(b"text,n\rx,1\ry,2\r")
+    loader = MultiProcessDataLoader(DatasetReader.by_name("csv")(), str(path), batch_size=8, quiet=True)
+    assert [x for b in loader for x in b["text"]] == ["x", "y"]

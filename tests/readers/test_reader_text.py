@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from framework import DatasetReader
+from framework.data.multiprocess import MultiProcessDataLoader
 from framework.errors import ConfigError
 from framework.testing import assert_reader_shards_exactly_once
 
@@ -112,3 +113,29 @@ def test_shards_are_disjoint_and_complete(corpus: str) -> None:
     reader = DatasetReader.by_name("text")()
     instances = assert_reader_shards_exactly_once(reader, corpus, key=lambda i: i["text"])
     assert sorted(i["text"] for i in instances) == sorted(LINES)
+
+
+@pytest.mark.parametrize(
+    "data", [b"alpha\rbeta\rgamma\r", b"alpha\r\nbeta\rgamma", b"alpha\nbeta\r\ngamma\n"]
+)
+def test_lines_end_at_a_lone_cr_too(tmp_path: Path, data: bytes) -> None:
+    # Universal newlines, as the text-mode readers before byte offsets (newline="").
+    path = tmp_path / "a.txt"
+    path.write_bytes(data)
+    loader = MultiProcessDataLoader(DatasetReader.by_name("text")(), str(path), batch_size=8, quiet=True)
+    got = [x for b in loader for x in b["text"]]
+    assert got == ["alpha", "beta", "gamma"]
+
+
+def test_a_resume_after_a_lone_cr_line_seeks_to_the_next_line(tmp_path: Path) -> None:
+    from framework_plugins.readers import Lines
+
+    path = tmp_path / "a.txt"
+    path.write_bytes(b"a\rb\nc\r\nd\re")
+    records = Lines(str(path))
+    iterator = iter(records)
+    assert next(iterator)[1] == "a"
+    token = records.tell()
+    again = Lines(str(path))
+    again.seek(token)
+    assert [line for _, line in again] == ["b", "c", "d", "e"]

@@ -213,6 +213,9 @@ class MultiProcessDataLoader(DataLoader):
         self._current: Optional[Position] = None  # the pass in progress
         self._last: Optional[Position] = None  # the pass that ended last
         self._batch_generator: Optional[Generator[TensorDict, None, None]] = None
+        # batches_per_epoch: batches the current iter() has yielded (0 between epochs);
+        # after load_state_dict, the saved count, so the first iter() yields the rest.
+        self._epoch_batches = 0
         if max_instances_in_memory is None:
             self._load_instances()  # eager mode reads everything up front, as AllenNLP does
 
@@ -244,8 +247,9 @@ class MultiProcessDataLoader(DataLoader):
         self._batch_generator = None
         # Lazy ranks have no collective of their own here: each batch's failure is shared.
         shared = self._evened() and self.max_instances_in_memory is not None
+        start, self._epoch_batches = self._epoch_batches, 0  # > 0: resumed mid-epoch
         try:
-            for index in range(self.batches_per_epoch):
+            for index in range(start if start < self.batches_per_epoch else 0, self.batches_per_epoch):
                 assert generator is not None
                 try:
                     generator, batch = self._next_batch(generator)
@@ -260,9 +264,11 @@ class MultiProcessDataLoader(DataLoader):
                     # Hand the pass over before the last yield: a consumer that takes
                     # exactly len(loader) batches (islice, zip) never resumes us.
                     self._batch_generator, generator = generator, None
+                self._epoch_batches = (index + 1) % self.batches_per_epoch
                 yield batch
         finally:
             if generator is not None:
+                self._epoch_batches = 0
                 generator.close()  # stopped early: the pass is abandoned, as in AllenNLP
 
     def _next_batch(
@@ -346,6 +352,7 @@ class MultiProcessDataLoader(DataLoader):
             "num_workers": self.num_workers,
             "settings": self._settings(),
             "files": file_stamps(self.data_path),
+            "epoch_batches": self._epoch_batches,  # batches_per_epoch: already yielded
             "ranks": [part["position"] for part in parts],
             "consumed": None if consumed is None else consumed.to_dict(),
         }
@@ -359,6 +366,12 @@ class MultiProcessDataLoader(DataLoader):
         data_path, batch settings, sampler) must be the same: ValueError naming them.
         """
         position = self._resumed_position(state)
+        epoch_batches = state.get("epoch_batches", 0)  # absent: a state from before the count
+        if not isinstance(epoch_batches, int) or epoch_batches < 0:
+            raise ValueError(
+                f"the state's 'epoch_batches' must be an int >= 0, got {epoch_batches!r}; "
+                "pass the loader's own state_dict()"
+            )
         if self._batch_generator is not None:
             self._batch_generator.close()
             self._batch_generator = None
@@ -367,6 +380,7 @@ class MultiProcessDataLoader(DataLoader):
         self._current = None
         self._last = None
         self._epoch = position.epoch
+        self._epoch_batches = epoch_batches
 
     def close(self) -> None:
         """Stop any workers now (they are also stopped when the loader is collected)."""

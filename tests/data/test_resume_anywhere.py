@@ -341,3 +341,21 @@ def test_a_resume_offset_that_is_not_a_line_start_is_refused_at_seek(tmp_path: P
     with pytest.raises(ValueError, match="not the start of a line"):
         list(records)
 
+
+@pytest.mark.parametrize(("workers", "lazy"), [(0, None), (2, 8)])
+def test_batches_per_epoch_resumes_the_rest_of_the_epoch(workers: int, lazy: int | None) -> None:
+    # The resumed iter() yielded a whole batches_per_epoch, shifting every later epoch.
+    def loader() -> MultiProcessDataLoader:
+        return build(workers, lazy, "shuffle", batches_per_epoch=5)
+
+    uninterrupted = loader()
+    epochs = [[batch["id"].tolist() for batch in uninterrupted] for _ in range(2)]
+    original = loader()
+    iterator = iter(original)
+    head = [batch["id"].tolist() for batch in itertools.islice(iterator, 2)]
+    state = json.loads(json.dumps(original.state_dict()))
+    iterator.close()
+    resumed = loader()
+    resumed.load_state_dict(state)
+    assert head + [batch["id"].tolist() for batch in resumed] == epochs[0]
+    assert [batch["id"].tolist() for batch in resumed] == epochs[1]

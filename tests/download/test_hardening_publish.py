@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from dl_helpers import FORK, FaultServer, sha256, stray_files, wait_for
+from dl_helpers import FORK, FaultServer, Route, sha256, stray_files, wait_for
 
 from framework.download import DownloadManager
 from framework.download._cache import HOST, Entry, unique_token
@@ -300,36 +300,46 @@ def test_416_for_a_partial_then_416_again_is_bounded(
 # Coordination -------------------------------------------------------------------------
 
 
-def _revalidate_child(url: str, cache: str, barrier: Any, results: Any) -> None:
+def _racer_child(url: str, cache: str, barrier: Any, results: Any, options: dict[str, Any]) -> None:
     try:
         manager = DownloadManager(cache, progress=False, backoff_factor=0.01)
         barrier.wait(timeout=20)
-        path = manager.cached_path(url, revalidate=True)
+        path = manager.cached_path(url, **options)
         results.put(hashlib.sha256(path.read_bytes()).hexdigest())
     except BaseException as error:
         results.put(repr(error))
 
 
-def test_revalidate_in_two_processes_fetches_a_changed_object_once(
-    http_server: FaultServer, manager: DownloadManager, payload: bytes
-) -> None:
-    url = http_server.add("/coord/revalidate.bin", payload)
+def _race_on_a_changed_object(
+    http_server: FaultServer, manager: DownloadManager, payload: bytes, name: str, racers: int,
+    **options: Any,
+) -> tuple[str, Route]:
+    """Cache `payload`, change the object on the server, then let `racers` processes ask
+    for it at once with `options`; each must get the new bytes. Returns the URL and route."""
+    url = http_server.add(f"/coord/{name}", payload)
     manager.cached_path(url)
     route = http_server.route(url)
     new = os.urandom(2 << 20)
     route.data, route.etag, route.delay = new, '"v2"', 0.005
-    barrier, results = FORK.Barrier(2), FORK.Queue()
-    procs = [
-        FORK.Process(target=_revalidate_child, args=(url, str(manager.cache_dir), barrier, results))
-        for _ in range(2)
-    ]
+    barrier, results = FORK.Barrier(racers), FORK.Queue()
+    args = (url, str(manager.cache_dir), barrier, results, options)
+    procs = [FORK.Process(target=_racer_child, args=args) for _ in range(racers)]
     for proc in procs:
         proc.start()
     try:
-        assert [results.get(timeout=40) for _ in procs] == [sha256(new)] * 2
+        assert [results.get(timeout=40) for _ in procs] == [sha256(new)] * racers
     finally:
         for proc in procs:
             proc.join(timeout=10)
+    return url, route
+
+
+def test_revalidate_in_two_processes_fetches_a_changed_object_once(
+    http_server: FaultServer, manager: DownloadManager, payload: bytes
+) -> None:
+    _, route = _race_on_a_changed_object(
+        http_server, manager, payload, "revalidate.bin", 2, revalidate=True
+    )
     assert route.gets == 2  # the first fetch, then one for the new version (not two)
 
 
@@ -948,36 +958,10 @@ def test_ctrl_c_while_adopting_a_partial_leaves_it_to_a_later_call(
     assert stray_files(cache) == []
 
 
-def _force_child(url: str, cache: str, barrier: Any, results: Any) -> None:
-    try:
-        manager = DownloadManager(cache, progress=False, backoff_factor=0.01)
-        barrier.wait(timeout=20)
-        path = manager.cached_path(url, force=True)
-        results.put(hashlib.sha256(path.read_bytes()).hexdigest())
-    except BaseException as error:
-        results.put(repr(error))
-
-
 def test_racers_with_force_fetch_once(
     http_server: FaultServer, manager: DownloadManager, payload: bytes
 ) -> None:
-    url = http_server.add("/coord/force.bin", payload)
-    manager.cached_path(url)
-    route = http_server.route(url)
-    new = os.urandom(2 << 20)
-    route.data, route.etag, route.delay = new, '"v2"', 0.005
-    barrier, results = FORK.Barrier(3), FORK.Queue()
-    procs = [
-        FORK.Process(target=_force_child, args=(url, str(manager.cache_dir), barrier, results))
-        for _ in range(3)
-    ]
-    for proc in procs:
-        proc.start()
-    try:
-        assert [results.get(timeout=40) for _ in procs] == [sha256(new)] * 3
-    finally:
-        for proc in procs:
-            proc.join(timeout=10)
+    url, route = _race_on_a_changed_object(http_server, manager, payload, "force.bin", 3, force=True)
     assert route.gets == 2  # the first fetch, then one for all three racers
     manager.cached_path(url, force=True)  # a later call: published before it began
     assert route.gets == 3

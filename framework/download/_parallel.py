@@ -19,7 +19,8 @@ Which parts are complete is recorded next to the partial file
 after the part's bytes are fsynced; a later call adopts both (the same rules as a
 single-stream partial: regular files of this user whose writer is gone) and fetches
 only the parts not recorded. Parallel partial files carry a ``P`` tag, so the
-single-stream path never takes their holes for bytes.
+single-stream path never takes their holes for bytes. The plan and its record are
+in `_parts`.
 
 The sha256 is computed by a thread that reads the file back as its contiguous
 prefix of written bytes grows, overlapped with the download; memory is bounded by
@@ -30,30 +31,29 @@ from __future__ import annotations
 
 import errno
 import inspect
-import json
 import logging
 import os
 import queue
 import threading
 import time
-from pathlib import Path
 from typing import Any, Callable, Final, Optional
 
-import attrs
-
-from framework.download._cache import dead_leftovers, write_json_atomic
+from framework.download._parts import (
+    PARALLEL_TAG,
+    Resumed,
+    _Plan,
+    _save_record,
+    adopt_parts,
+    discard_record,
+)
 from framework.download._publish import (
     _ACTIVE,
     _READ_CHUNK,
-    PartialName,
     Validators,
     _new_hasher,
-    _orphaned,
-    _ours,
     _Partial,
     _place,
     _receive,
-    remove_quietly,
 )
 from framework.download.backend import ByteStream, DownloadBackend
 from framework.errors import DownloadError, HTTPStatusError, NetworkError
@@ -73,9 +73,6 @@ logger = logging.getLogger("framework.download")
 # connections measured 0.71x one stream (threads and a read-back hash compete for the CPU).
 DEFAULT_CONNECTIONS: Final = 1
 DEFAULT_PART_SIZE: Final = 8 << 20  # as s3transfer: large enough that a request's latency is amortized
-PARALLEL_TAG: Final = "P"  # prefixes the tag of a parallel partial file (never resumed as contiguous)
-_RECORD_SUFFIX: Final = ".parts"
-_ADOPT_FLAGS: Final = os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 # Module-level so a test can inject a write failure (ENOSPC), as `_pipeline._writev`.
 _pwrite = os.pwrite
@@ -112,137 +109,6 @@ def serves_parts(backend: DownloadBackend) -> bool:
 
 class _VersionChanged(Exception):
     """A part did not come from the version the plan was made for."""
-
-
-@attrs.frozen
-class _Plan:
-    size: int
-    part_size: int
-    validators: Validators
-
-    @property
-    def count(self) -> int:
-        return -(-self.size // self.part_size)
-
-    def bounds(self, index: int) -> tuple[int, int]:
-        start = index * self.part_size
-        return start, min(self.size, start + self.part_size)
-
-
-def _record_path(name: PartialName) -> Path:
-    return name.path.with_name(name.path.name[: -len(".part")] + _RECORD_SUFFIX)
-
-
-def _save_record(name: PartialName, plan: _Plan, done: set[int]) -> None:
-    """Record the complete parts; the caller fsynced their bytes first."""
-    data = {
-        "size": plan.size,
-        "part_size": plan.part_size,
-        "etag": plan.validators.etag,
-        "last_modified": plan.validators.last_modified,
-        "date": plan.validators.date,
-        "done": sorted(done),
-    }
-    write_json_atomic(_record_path(name), data, durable=True)
-
-
-def _load_record(path: Path) -> Optional[tuple[_Plan, set[int]]]:
-    """A record of ours, readable and consistent, else None (a miss: start over)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        if not _ours(os.fstat(fd)):
-            return None
-        with os.fdopen(os.dup(fd), "rb") as file:
-            data = json.loads(file.read(1 << 20))
-    except (OSError, ValueError):
-        return None
-    finally:
-        os.close(fd)
-    try:
-        size, part_size, done = data["size"], data["part_size"], data["done"]
-        fields = [data.get(key) for key in ("etag", "last_modified", "date")]
-        if not (isinstance(size, int) and isinstance(part_size, int) and size > 0 and part_size > 0):
-            return None
-        if not all(value is None or isinstance(value, str) for value in fields):
-            return None
-        plan = _Plan(size, part_size, Validators(*fields))
-        if not isinstance(done, list) or not all(isinstance(i, int) and 0 <= i < plan.count for i in done):
-            return None
-    except (KeyError, TypeError):
-        return None
-    return plan, set(done)
-
-
-@attrs.define
-class Resumed:
-    """A parallel partial file taken over from a writer that is gone, with its record."""
-
-    partial: _Partial
-    plan: _Plan
-    done: set[int]
-
-
-def adopt_parts(final: Path) -> Optional[Resumed]:
-    """Take over an orphaned parallel partial file and its record (renamed to ours).
-
-    Only regular files of this user whose writer is gone, with a readable record for
-    their version and size, are candidates: the same rules as `_Partial.adopt`.
-    Records whose partial file is gone, and dead writers' temporary files, are removed."""
-    for leftover in dead_leftovers(final, (_RECORD_SUFFIX, ".tmp")):
-        partial = leftover.with_name(leftover.name[: -len(_RECORD_SUFFIX)] + ".part")
-        if leftover.name.endswith(".tmp") or not os.path.lexists(partial):
-            remove_quietly(leftover)
-    now = time.time()
-    for name in PartialName.all(final):
-        if not name.tag.startswith(PARALLEL_TAG):
-            continue
-        try:
-            info = os.lstat(name.path)
-        except OSError:
-            continue
-        if not (_ours(info) and _orphaned(name, info, now)):
-            continue
-        loaded = _load_record(_record_path(name))
-        if loaded is None or PARALLEL_TAG + loaded[0].validators.tag != name.tag:
-            continue
-        resumed = _take(name, *loaded)
-        if resumed is not None:
-            return resumed
-    return None
-
-
-def _take(name: PartialName, plan: _Plan, done: set[int]) -> Optional[Resumed]:
-    mine = name.renamed()
-    _ACTIVE.add(str(mine.path))
-    try:
-        os.rename(name.path, mine.path)  # atomic: at most one adopter wins
-    except OSError:
-        _ACTIVE.discard(str(mine.path))
-        return None
-    try:
-        os.rename(_record_path(name), _record_path(mine))
-        fd = os.open(mine.path, _ADOPT_FLAGS)
-    except OSError:
-        remove_quietly(_record_path(mine))
-        _ACTIVE.discard(str(mine.path))
-        return None  # the file stays, a later single-stream adoption starts it over
-    info = os.fstat(fd)
-    if not _ours(info) or info.st_size != plan.size:  # swapped since the lstat, or not ours
-        os.close(fd)
-        remove_quietly(_record_path(mine))
-        _ACTIVE.discard(str(mine.path))
-        return None
-    partial = _Partial(mine, fd)
-    partial.validators = plan.validators
-    partial.offset = sum(plan.bounds(i)[1] - plan.bounds(i)[0] for i in done)
-    return Resumed(partial, plan, done)
-
-
-def discard_record(partial: _Partial) -> None:
-    remove_quietly(_record_path(partial.name))
 
 
 class _Hasher:

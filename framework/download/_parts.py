@@ -1,0 +1,173 @@
+"""The part plan of a parallel fetch and its on-disk record of complete parts.
+
+A plan cuts an object of a known size and version into byte ranges of one part
+size. Which parts are complete is recorded next to the partial file
+(``<final>.P<tag>.<host>.<pid>.<random>.parts``, JSON written atomically), only
+after the part's bytes are fsynced; `adopt_parts` takes over an orphaned parallel
+partial file together with its record (the same rules as a single-stream partial:
+regular files of this user whose writer is gone). Parallel partial files carry a
+``P`` tag, so the single-stream path never takes their holes for bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Final, Optional
+
+import attrs
+
+from framework.download._cache import dead_leftovers, write_json_atomic
+from framework.download._publish import (
+    _ACTIVE,
+    PartialName,
+    Validators,
+    _orphaned,
+    _ours,
+    _Partial,
+    remove_quietly,
+)
+
+__all__ = [
+    "PARALLEL_TAG",
+    "Resumed",
+    "adopt_parts",
+    "discard_record",
+]
+
+PARALLEL_TAG: Final = "P"  # prefixes the tag of a parallel partial file (never resumed as contiguous)
+_RECORD_SUFFIX: Final = ".parts"
+_ADOPT_FLAGS: Final = os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+@attrs.frozen
+class _Plan:
+    size: int
+    part_size: int
+    validators: Validators
+
+    @property
+    def count(self) -> int:
+        return -(-self.size // self.part_size)
+
+    def bounds(self, index: int) -> tuple[int, int]:
+        start = index * self.part_size
+        return start, min(self.size, start + self.part_size)
+
+
+def _record_path(name: PartialName) -> Path:
+    return name.path.with_name(name.path.name[: -len(".part")] + _RECORD_SUFFIX)
+
+
+def _save_record(name: PartialName, plan: _Plan, done: set[int]) -> None:
+    """Record the complete parts; the caller fsynced their bytes first."""
+    data = {
+        "size": plan.size,
+        "part_size": plan.part_size,
+        "etag": plan.validators.etag,
+        "last_modified": plan.validators.last_modified,
+        "date": plan.validators.date,
+        "done": sorted(done),
+    }
+    write_json_atomic(_record_path(name), data, durable=True)
+
+
+def _load_record(path: Path) -> Optional[tuple[_Plan, set[int]]]:
+    """A record of ours, readable and consistent, else None (a miss: start over)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        if not _ours(os.fstat(fd)):
+            return None
+        with os.fdopen(os.dup(fd), "rb") as file:
+            data = json.loads(file.read(1 << 20))
+    except (OSError, ValueError):
+        return None
+    finally:
+        os.close(fd)
+    try:
+        size, part_size, done = data["size"], data["part_size"], data["done"]
+        fields = [data.get(key) for key in ("etag", "last_modified", "date")]
+        if not (isinstance(size, int) and isinstance(part_size, int) and size > 0 and part_size > 0):
+            return None
+        if not all(value is None or isinstance(value, str) for value in fields):
+            return None
+        plan = _Plan(size, part_size, Validators(*fields))
+        if not isinstance(done, list) or not all(isinstance(i, int) and 0 <= i < plan.count for i in done):
+            return None
+    except (KeyError, TypeError):
+        return None
+    return plan, set(done)
+
+
+@attrs.define
+class Resumed:
+    """A parallel partial file taken over from a writer that is gone, with its record."""
+
+    partial: _Partial
+    plan: _Plan
+    done: set[int]
+
+
+def adopt_parts(final: Path) -> Optional[Resumed]:
+    """Take over an orphaned parallel partial file and its record (renamed to ours).
+
+    Only regular files of this user whose writer is gone, with a readable record for
+    their version and size, are candidates: the same rules as `_Partial.adopt`.
+    Records whose partial file is gone, and dead writers' temporary files, are removed."""
+    for leftover in dead_leftovers(final, (_RECORD_SUFFIX, ".tmp")):
+        partial = leftover.with_name(leftover.name[: -len(_RECORD_SUFFIX)] + ".part")
+        if leftover.name.endswith(".tmp") or not os.path.lexists(partial):
+            remove_quietly(leftover)
+    now = time.time()
+    for name in PartialName.all(final):
+        if not name.tag.startswith(PARALLEL_TAG):
+            continue
+        try:
+            info = os.lstat(name.path)
+        except OSError:
+            continue
+        if not (_ours(info) and _orphaned(name, info, now)):
+            continue
+        loaded = _load_record(_record_path(name))
+        if loaded is None or PARALLEL_TAG + loaded[0].validators.tag != name.tag:
+            continue
+        resumed = _take(name, *loaded)
+        if resumed is not None:
+            return resumed
+    return None
+
+
+def _take(name: PartialName, plan: _Plan, done: set[int]) -> Optional[Resumed]:
+    mine = name.renamed()
+    _ACTIVE.add(str(mine.path))
+    try:
+        os.rename(name.path, mine.path)  # atomic: at most one adopter wins
+    except OSError:
+        _ACTIVE.discard(str(mine.path))
+        return None
+    try:
+        os.rename(_record_path(name), _record_path(mine))
+        fd = os.open(mine.path, _ADOPT_FLAGS)
+    except OSError:
+        remove_quietly(_record_path(mine))
+        _ACTIVE.discard(str(mine.path))
+        return None  # the file stays, a later single-stream adoption starts it over
+    info = os.fstat(fd)
+    if not _ours(info) or info.st_size != plan.size:  # swapped since the lstat, or not ours
+        os.close(fd)
+        remove_quietly(_record_path(mine))
+        _ACTIVE.discard(str(mine.path))
+        return None
+    partial = _Partial(mine, fd)
+    partial.validators = plan.validators
+    partial.offset = sum(plan.bounds(i)[1] - plan.bounds(i)[0] for i in done)
+    return Resumed(partial, plan, done)
+
+
+def discard_record(partial: _Partial) -> None:
+    remove_quietly(_record_path(partial.name))

@@ -23,34 +23,24 @@ can say exactly where an epoch stands.
 from __future__ import annotations
 
 import itertools
-import json
 import math
 import multiprocessing
 import pickle
 import warnings
 import weakref
-import zlib
 from collections.abc import Generator, Iterator, Mapping
 from typing import Any, Optional, TypeVar, Union, cast
 
 import torch
 
 from framework.data._batching import BatchPlan, derive_seed, slot_batches
-from framework.data._checks import config_checks, describe, no_instances, validate
+from framework.data._checks import config_checks, no_instances, validate
 from framework.data._distributed import agree, even
 from framework.data._pool import Position, UserCode, WorkerPool, in_process, main_thread
 from framework.data._protocol import Batch, Instances
 from framework.data._rng import PrivateRandom, seed_everything
-from framework.data._shards import (
-    STATE_VERSION,
-    Consumed,
-    Point,
-    ShardPlan,
-    check_files,
-    check_settings,
-    consumed_by,
-    file_stamps,
-)
+from framework.data._shards import Consumed, Point, ShardPlan
+from framework.data._state import resumed_position, whole_state
 from framework.data._worker import WorkerSpec
 from framework.data.collate import DataCollator, DefaultDataCollator
 from framework.data.loader import DataLoader, TensorDict, move_to_device, pin_memory
@@ -314,48 +304,7 @@ class MultiProcessDataLoader(DataLoader):
         Under torch.distributed this is a collective (every rank calls it; one
         ``all_gather_object``) and every rank returns the same whole-job state.
         """
-        current = self._current
-        position = current or self._next_position()
-        info = current_distributed_info()
-        world, rank = (info.world_size, info.global_rank) if info else (1, 0)
-        mine = self._rank_part(position, rank, world, self._eager_lists if current else [])
-        parts = [mine]
-        if world > 1:
-            import torch.distributed as dist
-
-            # A rank whose epoch ended (uneven ranks) while others are still in it
-            # speaks for that epoch with the pass it finished.
-            last = self._last
-            if current is None and last is not None and last.epoch == position.epoch - 1:
-                mine["finished"] = self._rank_part(last, rank, world, self._eager_lists)
-            gathered: list[Any] = [None] * world
-            dist.all_gather_object(gathered, mine)
-            epoch = min(part["position"]["epoch"] for part in gathered)
-            parts = [
-                part.get("finished") or part if part["position"]["epoch"] > epoch else part
-                for part in gathered
-            ]
-        consumed: Optional[Consumed] = None
-        if all(part["tracked"] for part in parts):
-            limits = {slot: limit for part in parts for slot, limit in part["limits"]}
-            consumed = consumed_by(
-                Consumed.from_dict(parts[0]["position"]["base"]),
-                world * self._slots_per_rank(),
-                limits,
-                [index for part in parts for index in part["taken"]],
-                {record: token for part in parts for record, token in part["tokens"]},
-            )
-        return {
-            "version": STATE_VERSION,
-            "epoch": parts[0]["position"]["epoch"],
-            "world_size": world,
-            "num_workers": self.num_workers,
-            "settings": self._settings(),
-            "files": file_stamps(self.data_path),
-            "epoch_batches": self._epoch_batches,  # batches_per_epoch: already yielded
-            "ranks": [part["position"] for part in parts],
-            "consumed": None if consumed is None else consumed.to_dict(),
-        }
+        return whole_state(self)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume from a `state_dict()`, saved with any num_workers or world size.
@@ -365,7 +314,7 @@ class MultiProcessDataLoader(DataLoader):
         Settings that would change which instances exist or how they batch (reader,
         data_path, batch settings, sampler) must be the same: ValueError naming them.
         """
-        position = self._resumed_position(state)
+        position = resumed_position(self, state)
         epoch_batches = state.get("epoch_batches", 0)  # absent: a state from before the count
         if not isinstance(epoch_batches, int) or epoch_batches < 0:
             raise ValueError(
@@ -388,106 +337,6 @@ class MultiProcessDataLoader(DataLoader):
             self._batch_generator.close()
             self._batch_generator = None
         self._close_pool()
-
-    def _slots_per_rank(self) -> int:
-        return max(1, self.num_workers) if self.max_instances_in_memory is not None else 1
-
-    def _rank_part(
-        self, position: Position, rank: int, world: int, lists: list[list[int]]
-    ) -> dict[str, Any]:
-        """This rank's share of the whole-job state: its exact position, and what it
-        yielded (eager mode: the first `position.consumed` of the pass's `lists`)."""
-        if self.max_instances_in_memory is None:
-            indexes = self._indexes
-            tracked = indexes is not None
-            taken = [] if indexes is None else [indexes[i] for b in lists[: position.consumed] for i in b]
-            limits = [(rank, position.base.below)]
-            tokens: list[tuple[int, Any]] = []
-        else:
-            position.begin(self._slots_per_rank())
-            tracked = position.tracked
-            taken = [index for listed in position.taken for index in listed]
-            limits = list(position.limits(rank, world).items())
-            tokens = list(position.tokens().items())
-        return {
-            "position": position.to_dict(),
-            "tracked": tracked,
-            "taken": taken,
-            "limits": limits,
-            "tokens": tokens,
-        }
-
-    def _resumed_position(self, state: Mapping[str, Any]) -> Position:
-        if not isinstance(state, Mapping) or "version" not in state:
-            old = isinstance(state, Mapping) and "position" in state
-            raise ValueError(
-                "load_state_dict() expects what MultiProcessDataLoader.state_dict() returned "
-                f"(a mapping with 'version': {STATE_VERSION}), got "
-                + (
-                    "a state in the format before resuming across topologies (no 'version'); "
-                    "it cannot be read by this version: start the epoch afresh"
-                    if old
-                    else f"{type(state).__name__}: pass the loader's own state_dict()"
-                )
-            )
-        if state["version"] != STATE_VERSION:
-            raise ValueError(
-                f"the state has format version {state['version']!r}, and this version of "
-                f"framework reads version {STATE_VERSION}: resume it with the version that "
-                "saved it, or start the epoch afresh"
-            )
-        check_files(state.get("files"))  # before the settings: its own clear error
-        try:
-            check_settings(state["settings"], self._settings())
-            info = current_distributed_info()
-            world, rank = (info.world_size, info.global_rank) if info else (1, 0)
-            ranks = list(state["ranks"])
-            if state["world_size"] == world and self._same_split(state):
-                return Position.from_dict(dict(ranks[rank]))  # the same split: exact
-            first = Position.from_dict(dict(ranks[0]))
-            consumed = None if state["consumed"] is None else Consumed.from_dict(state["consumed"])
-        except (KeyError, TypeError, IndexError, AttributeError, ValueError, zlib.error) as error:
-            raise ValueError(
-                f"load_state_dict() expects what MultiProcessDataLoader.state_dict() "
-                f"returned; this state lacks or mangles a part ({type(error).__name__}: "
-                f"{error}); pass the loader's own state_dict()"
-            ) from error
-        if consumed is None:
-            raise ValueError(
-                f"the state was saved with world_size={state['world_size']} and "
-                f"num_workers={state['num_workers']}, and {type(self.reader).__name__} does "
-                "not say which record each instance came from (it shards by itself, builds "
-                "a list, or yields several instances per record), so the rest of the epoch "
-                "cannot be dealt over another split. Resume with the same num_workers and "
-                "world size, or see 'Resume anywhere' in the loader docs"
-            )
-        # Another split: a new pass over what is left, seeded from the saved pass.
-        seed = derive_seed(first.seed, "resumed", world, self._slots_per_rank(), rank)
-        return Position(epoch=first.epoch, seed=seed, base=consumed)
-
-    def _same_split(self, state: Mapping[str, Any]) -> bool:
-        """Whether this rank's saved position resumes exactly here (same world size given)."""
-        if self.max_instances_in_memory is not None:
-            return bool(max(1, state["num_workers"]) == self._slots_per_rank())
-        # Eager mode caches the rank's instances in record order, whatever num_workers,
-        # when the reader says which record each came from. A reader that shards by
-        # itself (one file per worker, say) caches another order under another num_workers.
-        return bool(state["num_workers"] == self.num_workers or state["consumed"] is not None)
-
-    def _settings(self) -> dict[str, Any]:
-        """What a saved state is valid for: the same data, batched the same way."""
-        sampler = self.batch_sampler
-        return {
-            "lazy": self.max_instances_in_memory is not None,
-            "max_instances_in_memory": self.max_instances_in_memory,
-            "batch_size": self.batch_size,
-            "drop_last": self.drop_last,
-            "shuffle": self.shuffle,
-            "batch_sampler": None if sampler is None else describe(sampler),
-            "data_path": json.loads(json.dumps(self.data_path, default=str)),
-            "reader": describe(self.reader)["type"],
-            "max_instances": self.reader.max_instances,  # the reader's, which changes the data
-        }
 
     # -- passes over the data -------------------------------------------------------------
 

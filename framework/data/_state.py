@@ -1,0 +1,192 @@
+"""`MultiProcessDataLoader`'s saved state: what `state_dict()` returns and how
+`load_state_dict()` reads it back.
+
+Functions of the loader: the whole-job state (`whole_state`, gathered over ranks
+under torch.distributed), each rank's share of it (`rank_part`), the position a
+saved state resumes at (`resumed_position`, exact in the same split, otherwise a
+new pass over what is left), and the settings a state is valid for (`settings`).
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Optional
+
+from framework.data._batching import derive_seed
+from framework.data._checks import describe
+from framework.data._pool import Position
+from framework.data._shards import (
+    STATE_VERSION,
+    Consumed,
+    check_files,
+    check_settings,
+    consumed_by,
+    file_stamps,
+)
+from framework.data.reader import current_distributed_info
+
+if TYPE_CHECKING:
+    from framework.data.multiprocess import MultiProcessDataLoader
+
+__all__ = [
+    "rank_part",
+    "resumed_position",
+    "same_split",
+    "settings",
+    "slots_per_rank",
+    "whole_state",
+]
+
+
+def whole_state(loader: MultiProcessDataLoader) -> dict[str, Any]:
+    """`MultiProcessDataLoader.state_dict()`: where iteration stands, as plain data
+    (a collective under torch.distributed)."""
+    current = loader._current
+    position = current or loader._next_position()
+    info = current_distributed_info()
+    world, rank = (info.world_size, info.global_rank) if info else (1, 0)
+    mine = rank_part(loader, position, rank, world, loader._eager_lists if current else [])
+    parts = [mine]
+    if world > 1:
+        import torch.distributed as dist
+
+        # A rank whose epoch ended (uneven ranks) while others are still in it
+        # speaks for that epoch with the pass it finished.
+        last = loader._last
+        if current is None and last is not None and last.epoch == position.epoch - 1:
+            mine["finished"] = rank_part(loader, last, rank, world, loader._eager_lists)
+        gathered: list[Any] = [None] * world
+        dist.all_gather_object(gathered, mine)
+        epoch = min(part["position"]["epoch"] for part in gathered)
+        parts = [
+            part.get("finished") or part if part["position"]["epoch"] > epoch else part
+            for part in gathered
+        ]
+    consumed: Optional[Consumed] = None
+    if all(part["tracked"] for part in parts):
+        limits = {slot: limit for part in parts for slot, limit in part["limits"]}
+        consumed = consumed_by(
+            Consumed.from_dict(parts[0]["position"]["base"]),
+            world * slots_per_rank(loader),
+            limits,
+            [index for part in parts for index in part["taken"]],
+            {record: token for part in parts for record, token in part["tokens"]},
+        )
+    return {
+        "version": STATE_VERSION,
+        "epoch": parts[0]["position"]["epoch"],
+        "world_size": world,
+        "num_workers": loader.num_workers,
+        "settings": settings(loader),
+        "files": file_stamps(loader.data_path),
+        "epoch_batches": loader._epoch_batches,  # batches_per_epoch: already yielded
+        "ranks": [part["position"] for part in parts],
+        "consumed": None if consumed is None else consumed.to_dict(),
+    }
+
+
+def slots_per_rank(loader: MultiProcessDataLoader) -> int:
+    return max(1, loader.num_workers) if loader.max_instances_in_memory is not None else 1
+
+
+def rank_part(
+    loader: MultiProcessDataLoader, position: Position, rank: int, world: int, lists: list[list[int]]
+) -> dict[str, Any]:
+    """This rank's share of the whole-job state: its exact position, and what it
+    yielded (eager mode: the first `position.consumed` of the pass's `lists`)."""
+    if loader.max_instances_in_memory is None:
+        indexes = loader._indexes
+        tracked = indexes is not None
+        taken = [] if indexes is None else [indexes[i] for b in lists[: position.consumed] for i in b]
+        limits = [(rank, position.base.below)]
+        tokens: list[tuple[int, Any]] = []
+    else:
+        position.begin(slots_per_rank(loader))
+        tracked = position.tracked
+        taken = [index for listed in position.taken for index in listed]
+        limits = list(position.limits(rank, world).items())
+        tokens = list(position.tokens().items())
+    return {
+        "position": position.to_dict(),
+        "tracked": tracked,
+        "taken": taken,
+        "limits": limits,
+        "tokens": tokens,
+    }
+
+
+def resumed_position(loader: MultiProcessDataLoader, state: Mapping[str, Any]) -> Position:
+    if not isinstance(state, Mapping) or "version" not in state:
+        old = isinstance(state, Mapping) and "position" in state
+        raise ValueError(
+            "load_state_dict() expects what MultiProcessDataLoader.state_dict() returned "
+            f"(a mapping with 'version': {STATE_VERSION}), got "
+            + (
+                "a state in the format before resuming across topologies (no 'version'); "
+                "it cannot be read by this version: start the epoch afresh"
+                if old
+                else f"{type(state).__name__}: pass the loader's own state_dict()"
+            )
+        )
+    if state["version"] != STATE_VERSION:
+        raise ValueError(
+            f"the state has format version {state['version']!r}, and this version of "
+            f"framework reads version {STATE_VERSION}: resume it with the version that "
+            "saved it, or start the epoch afresh"
+        )
+    check_files(state.get("files"))  # before the settings: its own clear error
+    try:
+        check_settings(state["settings"], settings(loader))
+        info = current_distributed_info()
+        world, rank = (info.world_size, info.global_rank) if info else (1, 0)
+        ranks = list(state["ranks"])
+        if state["world_size"] == world and same_split(loader, state):
+            return Position.from_dict(dict(ranks[rank]))  # the same split: exact
+        first = Position.from_dict(dict(ranks[0]))
+        consumed = None if state["consumed"] is None else Consumed.from_dict(state["consumed"])
+    except (KeyError, TypeError, IndexError, AttributeError, ValueError, zlib.error) as error:
+        raise ValueError(
+            f"load_state_dict() expects what MultiProcessDataLoader.state_dict() "
+            f"returned; this state lacks or mangles a part ({type(error).__name__}: "
+            f"{error}); pass the loader's own state_dict()"
+        ) from error
+    if consumed is None:
+        raise ValueError(
+            f"the state was saved with world_size={state['world_size']} and "
+            f"num_workers={state['num_workers']}, and {type(loader.reader).__name__} does "
+            "not say which record each instance came from (it shards by itself, builds "
+            "a list, or yields several instances per record), so the rest of the epoch "
+            "cannot be dealt over another split. Resume with the same num_workers and "
+            "world size, or see 'Resume anywhere' in the loader docs"
+        )
+    # Another split: a new pass over what is left, seeded from the saved pass.
+    seed = derive_seed(first.seed, "resumed", world, slots_per_rank(loader), rank)
+    return Position(epoch=first.epoch, seed=seed, base=consumed)
+
+
+def same_split(loader: MultiProcessDataLoader, state: Mapping[str, Any]) -> bool:
+    """Whether this rank's saved position resumes exactly here (same world size given)."""
+    if loader.max_instances_in_memory is not None:
+        return bool(max(1, state["num_workers"]) == slots_per_rank(loader))
+    # Eager mode caches the rank's instances in record order, whatever num_workers,
+    # when the reader says which record each came from. A reader that shards by
+    # itself (one file per worker, say) caches another order under another num_workers.
+    return bool(state["num_workers"] == loader.num_workers or state["consumed"] is not None)
+
+
+def settings(loader: MultiProcessDataLoader) -> dict[str, Any]:
+    """What a saved state is valid for: the same data, batched the same way."""
+    sampler = loader.batch_sampler
+    return {
+        "lazy": loader.max_instances_in_memory is not None,
+        "max_instances_in_memory": loader.max_instances_in_memory,
+        "batch_size": loader.batch_size,
+        "drop_last": loader.drop_last,
+        "shuffle": loader.shuffle,
+        "batch_sampler": None if sampler is None else describe(sampler),
+        "data_path": json.loads(json.dumps(loader.data_path, default=str)),
+        "reader": describe(loader.reader)["type"],
+        "max_instances": loader.reader.max_instances,  # the reader's, which changes the data
+    }

@@ -27,12 +27,13 @@ import multiprocessing
 import os
 import shutil
 import socket
+import statistics
 import subprocess
 import tempfile
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 RESULTS = Path(__file__).parent / "results" / "parallel.json"
 FORK = multiprocessing.get_context("fork")
@@ -40,6 +41,7 @@ MIB = 1 << 20
 PER_CONNECTION = 16 * MIB
 TOTAL = 128 * MIB
 FIRST_BYTE_S = 0.020
+OPTIONS: dict[str, Any] = {}
 
 
 def _free_port() -> int:
@@ -172,6 +174,8 @@ def _timed(run: Callable[[], None]) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--size-mb", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--only", default="", help="run only the rows whose tool contains this text")
     args = parser.parse_args()
     size = args.size_mb * MIB
     work = Path(tempfile.mkdtemp(prefix="bench-parallel-"))
@@ -231,11 +235,11 @@ def main() -> None:
             check=True,
         )
 
-    def ours(url: str, connections: int) -> Callable[[], None]:
+    def ours(url: str, connections: Optional[int]) -> Callable[[], None]:
         def run() -> None:
             backends = {"s3": S3Backend(endpoint_url=f"http://127.0.0.1:{moto_proxy}")}
             with DownloadManager(
-                fresh(), connections=connections, progress=False, backends=backends
+                fresh(), connections=connections, progress=False, backends=backends, **OPTIONS
             ) as manager:
                 manager.cached_path(url)
 
@@ -244,31 +248,45 @@ def main() -> None:
     rows: list[tuple[str, str, Callable[[], None]]] = [
         ("HTTP", "raw requests, one stream", raw_http),
         ("HTTP", "ours, connections=1", ours(http_url, 1)),
-        ("HTTP", "ours, connections=8", ours(http_url, 8)),
+        ("HTTP", "ours, default (adaptive, cap 16)", ours(http_url, None)),
         ("S3", "boto3 get_object, one stream", boto_get),
         ("S3", "boto3 download_file (s3transfer)", boto_download_file),
         ("S3", "ours, connections=1", ours("s3://bench/object.bin", 1)),
-        ("S3", "ours, connections=8", ours("s3://bench/object.bin", 8)),
+        ("S3", "ours, default (adaptive, cap 16)", ours("s3://bench/object.bin", None)),
     ]
     if shutil.which("aria2c"):
         rows.insert(1, ("HTTP", "aria2c -x8 -s8", aria2))
+    rows = [row for row in rows if args.only in f"{row[0]} {row[1]}"]
+    def median_time(run: Callable[[], None], repeats: int) -> float:
+        times = []
+        for _ in range(repeats):
+            times.append(_timed(run))
+            for folder in work.iterdir():  # each run's copy: keep the disk and page cache small
+                if folder.is_dir():
+                    shutil.rmtree(folder)
+        return statistics.median(times)
+
     results = []
-    print(f"{args.size_mb} MiB object; link: 16 MiB/s per connection, 128 MiB/s total, 20 ms to first byte")
+    print(
+        f"{args.size_mb} MiB object; link: 16 MiB/s per connection, 128 MiB/s total, "
+        f"20 ms to first byte; median of {args.repeats}"
+    )
     print(f"{'protocol':<8} {'tool':<36} {'seconds':>8} {'share of link':>14}")
     for protocol, name, run in rows:
-        seconds = _timed(run)
+        seconds = median_time(run, args.repeats)
         share = size / seconds / TOTAL
         results.append(
             {"protocol": protocol, "tool": name, "seconds": round(seconds, 3), "share": round(share, 3)}
         )
-        print(f"{protocol:<8} {name:<36} {seconds:>8.2f} {share:>14.2f}")
+        print(f"{protocol:<8} {name:<36} {seconds:>8.2f} {share:>14.2f}", flush=True)
     direct = f"http://127.0.0.1:{http_port}/object.bin"
-    unpaced = {}
-    for connections in (1, 8):
-        unpaced[connections] = _timed(ours(direct, connections))
+    unpaced = {
+        "default": median_time(ours(direct, None), 2 * args.repeats + 1),
+        "1": median_time(ours(direct, 1), 2 * args.repeats + 1),
+    }
     print(
-        f"unpaced loopback, cold: ours (8) {unpaced[8]:.2f}s, ours (1) {unpaced[1]:.2f}s "
-        f"({unpaced[1] / unpaced[8]:.2f}x)"
+        f"unpaced loopback, cold: ours default {unpaced['default']:.3f}s, ours (1) {unpaced['1']:.3f}s "
+        f"(default at {unpaced['1'] / unpaced['default']:.2f}x the speed of one stream)"
     )
     RESULTS.parent.mkdir(exist_ok=True)
     RESULTS.write_text(
@@ -276,7 +294,7 @@ def main() -> None:
             {
                 "size_mib": args.size_mb,
                 "paced": results,
-                "unpaced_s": {str(k): v for k, v in unpaced.items()},
+                "unpaced_s": unpaced,
             },
             indent=2,
         )

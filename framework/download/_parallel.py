@@ -29,14 +29,17 @@ one chunk per connection.
 
 from __future__ import annotations
 
+import collections
 import errno
 import inspect
 import logging
+import math
 import os
-import queue
 import threading
 import time
 from typing import Any, Callable, Final, Optional
+
+import attrs
 
 from framework.download._parts import (
     PARALLEL_TAG,
@@ -69,10 +72,12 @@ __all__ = [
 
 logger = logging.getLogger("framework.download")
 
-# One stream until the adaptive default lands: on a 2-CPU machine over loopback, 8
-# connections measured 0.71x one stream (threads and a read-back hash compete for the CPU).
-DEFAULT_CONNECTIONS: Final = 1
+# The cap; `_Ramp` decides how many of them an object gets (often one).
+DEFAULT_CONNECTIONS: Final = 16
 DEFAULT_PART_SIZE: Final = 8 << 20  # as s3transfer: large enough that a request's latency is amortized
+# A range end past any object: a server reads it as "to the end" (RFC 9110, 14.1.2), so the
+# first request is one stream for the whole object that still tells whether ranges are served.
+_TO_THE_END: Final = 1 << 62
 
 # Module-level so a test can inject a write failure (ENOSPC), as `_pipeline._writev`.
 _pwrite = os.pwrite
@@ -220,8 +225,82 @@ class _Recorder:
         self._thread.join()
 
 
+class _Ramp:
+    """How many connections fetch an object: grow while throughput grows, up to the cap.
+
+    One stream first, its rate measured over `PROBE_S`. A stream that would bring the
+    rest in under `ALONE_S` stays alone: one stream fills that link, and more would only
+    compete for the CPU. Otherwise the first step opens as many connections as would each
+    still have `ALONE_S` of work at that rate, then the count doubles, up to the cap.
+    Each step's rate is measured over `WINDOW_S` once its new connections have their
+    first bytes; a step that did not pay (less than `GAIN` more, or half the gain the
+    added connections could bring if that is less) is undone: the extra connections
+    finish the part they hold, then stop, and the count stays where it was.
+    """
+
+    PROBE_S: Final = 0.05
+    ALONE_S: Final = 0.5
+    WINDOW_S: Final = 0.05
+    GAIN: Final = 1.25
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self.target = 1
+        self.settled = cap == 1
+        self._before = 1  # the count before the step being measured
+        self._rate = 0.0  # the rate measured before that step (bytes/s)
+        self._since: Optional[tuple[float, int]] = None  # when and at which byte count this measurement began
+
+    def update(self, now: float, at: float, received: int, remaining: int, ready: bool) -> int:
+        """The count wanted `now`. `received`: bytes so far, the last of them written at
+        `at` (rates are measured between writes: a backend that hands over 1 MiB chunks
+        is not idle between them); `remaining`: bytes still to come; `ready`: every
+        running connection has had its first byte."""
+        if self.settled or not ready:
+            return self.target
+        if self._since is None:
+            self._since = (at, received)
+            return self.target
+        began, before = self._since
+        if now - began < (self.PROBE_S if self.target == 1 else self.WINDOW_S) or at <= began:
+            return self.target
+        rate = (received - before) / (at - began)
+        if self.target == 1:
+            alone_s = remaining / rate if rate > 0 else 0.0
+            if alone_s < self.ALONE_S:
+                self.settled = True
+                return self.target
+            wanted = math.ceil(alone_s / self.ALONE_S)
+        else:
+            added = self.target / self._before - 1
+            if rate < self._rate * min(self.GAIN, 1 + added / 2):  # the last step did not pay: undo it
+                self.target, self.settled = self._before, True
+                return self.target
+            wanted = 2 * self.target
+        if self.target >= self.cap:
+            self.settled = True
+            return self.target
+        self._before, self._rate, self._since = self.target, rate, None
+        self.target = min(self.cap, max(2, wanted))
+        return self.target
+
+
+@attrs.define
+class _Connection:
+    """One thread's standing with the ramp."""
+
+    live: bool = True  # counted in `_Engine.live`
+    waiting: bool = True  # no byte of its first answer yet (the ramp measures from the first)
+
+
 class _Engine:
-    """The threads that fetch the plan's missing parts into `partial`."""
+    """The threads that fetch the plan's missing parts into `partial`.
+
+    Parts are claimed lowest first, so the hashed prefix grows as they arrive. A
+    connection asks for one part, except while it is alone: then it asks for the whole
+    run of missing parts ahead and goes on part after part in one request (one stream is
+    one request). The first answer is such a stream. When another connection claims the
+    next part, the stream stops at the part's end."""
 
     def __init__(
         self,
@@ -235,35 +314,37 @@ class _Engine:
         bar: Any,
     ) -> None:
         self.backend, self.url, self.partial, self.plan = backend, url, partial, plan
-        self.done = set(done)
         self.attempts, self.backoff_factor, self.bar = attempts, backoff_factor, bar
-        self.todo: queue.SimpleQueue[int] = queue.SimpleQueue()
+        self.todo = collections.deque(i for i in range(plan.count) if i not in done)
         self.stop = threading.Event()
-        self.lock = threading.Lock()  # the offset, the bar, `errors`
+        self.lock = threading.Lock()  # everything below, the partial's offset and the bar
         self.errors: list[BaseException] = []
+        self.received = 0  # bytes written by this run
+        self.written_at = 0.0  # when the last of them were (time.monotonic)
+        self.live = 0  # connections running
+        self.waiting = 0  # of those, ones that have not had a byte of their first answer yet
+        self.ramp: Optional[_Ramp] = None
         self.hasher = _Hasher(url, partial, plan, done)
         self.recorder = _Recorder(partial, plan, done)
 
-    def run(self, connections: int, first: Optional[ByteStream]) -> None:
-        """Fetch the missing parts; part 0 from `first` when given (the first answer)."""
-        for index in range(0 if first is None else 1, self.plan.count):
-            if index not in self.done:
-                self.todo.put(index)
-        workers = [
-            threading.Thread(
-                target=self._work,
-                args=(first if i == 0 else None,),
-                name=f"framework-parallel-{i}",
-                daemon=True,
-            )
-            for i in range(max(1, min(connections, self.plan.count - len(self.done))))
-        ]
+    def run(self, cap: int, first: Optional[ByteStream]) -> None:
+        """Fetch the missing parts; part 0 and on from `first` when given (the first answer)."""
+        remaining = sum(end - start for start, end in map(self.plan.bounds, self.todo))
+        if first is not None:
+            self.todo.popleft()  # part 0: a fresh plan has every part to do
+        ramp = self.ramp = _Ramp(cap)
+        workers = [self._start(first)]
         try:
-            for worker in workers:
-                worker.start()
-            for worker in workers:
-                while worker.is_alive():  # a timed join: Ctrl-C still reaches this thread
-                    worker.join(0.1)
+            while any(worker.is_alive() for worker in workers):
+                with self.lock:
+                    at, received, ready = self.written_at, self.received, self.waiting == 0
+                    live, left = self.live, bool(self.todo)
+                wanted = ramp.update(time.monotonic(), at, received, remaining - received, ready)
+                if wanted != live and left:
+                    logger.debug("%s: %d connections (%d bytes so far)", self.url, wanted, received)
+                for _ in range(wanted - live if left else 0):
+                    workers.append(self._start(None))
+                time.sleep(0.1 if ramp.settled else 0.005)  # Ctrl-C reaches this thread here
         except BaseException:
             self.stop.set()
             for worker in workers:
@@ -275,40 +356,101 @@ class _Engine:
             self.hasher.stop()
             self.recorder.close(flush=True)
             raise self.errors[0]
+        logger.debug("all parts in")
         self.recorder.close(flush=False)  # complete: the record is removed next
+        logger.debug("recorder closed")
         self.partial.hasher = self.hasher.finish()
+        logger.debug("hashed")
         self.partial.offset = self.plan.size
 
+    def _start(self, first: Optional[ByteStream]) -> threading.Thread:
+        with self.lock:
+            self.live += 1
+            self.waiting += 1
+        worker = threading.Thread(
+            target=self._work, args=(first,), name=f"framework-parallel-{self.live}", daemon=True
+        )
+        worker.start()
+        return worker
+
     def _work(self, first: Optional[ByteStream]) -> None:
+        connection = _Connection()
         try:
-            if first is not None:
-                self._part(0, first)
-            while not self.stop.is_set():
-                try:
-                    index = self.todo.get_nowait()
-                except queue.Empty:
-                    return
-                self._part(index, None)
+            index = 0 if first is not None else self._claim(connection)
+            while index is not None and not self.stop.is_set():
+                self._part(index, first, connection)
+                first, index = None, self._claim(connection)
         except BaseException as error:
             with self.lock:
                 self.errors.append(error)
             self.stop.set()
+        finally:
+            with self.lock:
+                self._leave(connection)
 
-    def _part(self, index: int, stream: Optional[ByteStream]) -> None:
-        """Fetch part `index` (from `stream` if given), resuming within it after a break."""
-        start, end = self.plan.bounds(index)
-        position, failures = start, 0
-        while position < end:
+    def _leave(self, connection: _Connection) -> None:
+        """Count `connection` out (under the lock); once only."""
+        if connection.live:
+            connection.live = False
+            self.live -= 1
+            self.waiting -= connection.waiting
+
+    def _claim(self, connection: _Connection) -> Optional[int]:
+        """The lowest missing part, now this connection's; None when none is left or the
+        ramp wants fewer connections (this one stops, counted out at once so that only
+        the surplus stops)."""
+        with self.lock:
+            if self.todo and self.live <= self._wanted():
+                return self.todo.popleft()
+            self._leave(connection)
+            return None
+
+    def _wanted(self) -> int:
+        return self.ramp.target if self.ramp is not None else 1
+
+    def _next(self, index: int, stream_end: int) -> Optional[int]:
+        """Part `index` + 1 if the current stream covers it and nobody claimed it."""
+        with self.lock:
+            if (
+                self.plan.bounds(index)[1] < stream_end
+                and self.todo
+                and self.todo[0] == index + 1
+                and self.live <= self._wanted()
+            ):
+                return self.todo.popleft()
+        return None
+
+    def _run_end(self, index: int) -> int:
+        """Where a request from part `index` ends: that part's end, or, for a connection
+        that is alone, the end of the run of missing parts from there."""
+        with self.lock:
+            last = index
+            if self.live == 1 and self._wanted() == 1:
+                for following in self.todo:
+                    if following != last + 1:
+                        break
+                    last = following
+        return self.plan.bounds(last)[1]
+
+    def _part(self, index: int, stream: Optional[ByteStream], connection: _Connection) -> None:
+        """Fetch part `index` (from `stream` if given) and, while that stream covers
+        them, the parts after it nobody claimed; a break resumes within the part."""
+        position, failures = self.plan.bounds(index)[0], 0
+        stream_end = self.plan.size
+        while True:
             if self.stop.is_set():
                 return
             try:
                 if stream is None:
-                    stream = self._open(position, end)
+                    stream_end = self._run_end(index)
+                    stream = self._open(position, stream_end)
                 with stream:
                     self._check(stream, position)
-                    position = self._write(stream, position, end)
-                if position < end:
-                    raise NetworkError(self.url, f"a part broke off at byte {position} of {start}-{end}")
+                    more = self._write(stream, index, position, stream_end, connection)
+                if more is None:
+                    return
+                index, position = more
+                raise NetworkError(self.url, f"a part broke off at byte {position}")
             except NetworkError as error:
                 failures += 1
                 if failures >= self.attempts or self.stop.is_set():
@@ -316,12 +458,6 @@ class _Engine:
                 logger.warning("%s; resuming the part at byte %d", error, position)
                 time.sleep(self.backoff_factor * (2 ** (failures - 1)))
             stream = None
-        if self.stop.is_set():
-            return
-        with self.lock:
-            self.partial.offset += end - start
-        self.recorder.completed(index)
-        self.hasher.complete(index)
 
     def _open(self, position: int, end: int) -> ByteStream:
         if_range = self.plan.validators.if_range
@@ -346,31 +482,56 @@ class _Engine:
                 f"version {got.version!r}; the plan was for {self.plan.validators.version!r}"
             )
 
-    def _write(self, stream: ByteStream, position: int, end: int) -> int:
-        fd = self.partial.fd
+    def _write(
+        self, stream: ByteStream, index: int, position: int, stream_end: int, connection: _Connection
+    ) -> Optional[tuple[int, int]]:
+        """Write `stream` from `position` (in part `index`) on; None once the stream's
+        work is done (or the fetch stops), else the part and byte where it broke off."""
+        end = self.plan.bounds(index)[1]
         for chunk in stream.chunks:
-            if self.stop.is_set():
-                return position
-            if position + len(chunk) > end:
-                raise _VersionChanged(f"a part ran past its end ({position + len(chunk)} > {end})")
             view = memoryview(chunk)
             while view:
-                try:
-                    written = _pwrite(fd, view, position)
-                except OSError as error:
-                    if error.errno in (errno.ENOSPC, errno.EDQUOT):
-                        raise DownloadError(
-                            self.url,
-                            f"no space left on the device holding {self.partial.name.path.parent} "
-                            f"({os.strerror(error.errno)}); free some space or point "
-                            "FRAMEWORK_CACHE at a larger disk",
-                        ) from error
-                    raise
-                view, position = view[written:], position + written
-                if self.bar is not None:
-                    with self.lock:
-                        self.bar.update(written)
-        return position
+                if self.stop.is_set():
+                    return None
+                piece = view[: end - position]
+                self._pwrite(piece, position)
+                position, view = position + len(piece), view[len(piece) :]
+                with self.lock:
+                    self.received += len(piece)
+                    self.written_at = time.monotonic()
+                    self.waiting -= connection.waiting
+                    connection.waiting = False
+                    if self.bar is not None:
+                        self.bar.update(len(piece))
+                if position == end:
+                    self._complete(index)
+                    following = self._next(index, stream_end)
+                    if following is None:
+                        return None  # a stream that ran past its end is not read further
+                    index, end = following, self.plan.bounds(following)[1]
+        return index, position
+
+    def _pwrite(self, view: memoryview, position: int) -> None:
+        while view:
+            try:
+                written = _pwrite(self.partial.fd, view, position)
+            except OSError as error:
+                if error.errno in (errno.ENOSPC, errno.EDQUOT):
+                    raise DownloadError(
+                        self.url,
+                        f"no space left on the device holding {self.partial.name.path.parent} "
+                        f"({os.strerror(error.errno)}); free some space or point "
+                        "FRAMEWORK_CACHE at a larger disk",
+                    ) from error
+                raise
+            view, position = view[written:], position + written
+
+    def _complete(self, index: int) -> None:
+        start, end = self.plan.bounds(index)
+        with self.lock:
+            self.partial.offset += end - start
+        self.recorder.completed(index)
+        self.hasher.complete(index)
 
 
 class _Hashed:
@@ -409,7 +570,7 @@ def fetch_parts(
         if partial.offset:
             return None, 0  # a single-stream partial file: that path resumes it
         try:
-            first = backend.open(url, 0, end=part_size)  # type: ignore[call-arg]
+            first = backend.open(url, 0, end=_TO_THE_END)  # type: ignore[call-arg]
         except HTTPStatusError as error:
             if error.status != 416:
                 raise

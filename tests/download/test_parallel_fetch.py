@@ -19,6 +19,10 @@ from framework.errors import ChecksumError
 pytestmark = pytest.mark.timeout(60)
 
 PART = 256 * 1024
+# A server that sends each connection 16 KiB every 8 ms (about 2 MiB/s): one stream would
+# need well over `_Ramp.ALONE_S` for the objects below, so the ramp adds connections.
+SLOW: dict[str, Any] = {"chunk": 16 * 1024, "delay": 0.008}
+TO_THE_END = f"bytes=0-{(1 << 62) - 1}"  # the first request: one stream that may go on to the end
 
 
 def _manager(cache: Path, connections: Optional[int] = 4, **options: Any) -> DownloadManager:
@@ -38,18 +42,85 @@ def _path(name: str) -> str:
 
 def test_large_object_comes_over_several_connections(http_server: FaultServer, tmp_path: Path) -> None:
     data = _data(12.5)
-    url = http_server.add(_path("large"), data, delay=0.002)
+    url = http_server.add(_path("large"), data, **SLOW)
     path = _manager(tmp_path).cached_path(url)
     route = http_server.route(url)
     assert path.read_bytes() == data
-    assert route.max_in_flight >= 2  # parts overlapped
-    assert route.gets == 13  # one request per part, no more
-    assert route.body_bytes == len(data)  # one copy of traffic
-    assert route.ranges[0] == f"bytes=0-{PART - 1}"
+    # the ramp went up to the cap (the server counts a stream the client closed until its
+    # next write fails, so one more may show)
+    assert 4 <= route.max_in_flight <= 5
+    assert route.ranges[0] == TO_THE_END
+    # every later request asks for one part, with the first answer's version
+    assert all(r.startswith("bytes=") and r != TO_THE_END for r in route.ranges[1:])
     etag = route.etag or ""
-    assert route.if_ranges[1:] == [etag] * 12  # every later part names the first answer's version
+    assert route.if_ranges[1:] == [etag] * (route.gets - 1)
+    assert route.gets <= 13  # one request per part at most (the first stream covers several)
+    # about one copy: the first stream stops where the others' parts begin, wasting at most
+    # what the server had sent ahead (a chunk)
+    assert len(data) <= route.body_bytes <= len(data) + 2 * SLOW["chunk"]
     assert stray_files(tmp_path) == []
     assert not [n for n in os.listdir(tmp_path) if n.endswith(".parts")]
+
+
+def test_a_link_one_stream_fills_keeps_one_stream(http_server: FaultServer, tmp_path: Path) -> None:
+    """Adaptive: an object one stream brings in quickly is one request, however high the cap."""
+    data = _data(12.5)
+    url = http_server.add(_path("fast"), data)
+    assert _manager(tmp_path, connections=16).cached_path(url).read_bytes() == data
+    route = http_server.route(url)
+    assert (route.gets, route.ranges, route.body_bytes) == (1, [TO_THE_END], len(data))
+
+
+def test_the_ramp_grows_while_throughput_grows(http_server: FaultServer, tmp_path: Path) -> None:
+    """A server that paces each connection: every step pays, so the count climbs past the
+    first step to the cap (16)."""
+    data = _data(40)
+    url = http_server.add(_path("ramp"), data, **SLOW)
+    assert _manager(tmp_path, connections=16).cached_path(url).read_bytes() == data
+    assert http_server.route(url).max_in_flight > 8
+
+
+@pytest.mark.parametrize(
+    ("rates", "wanted"),
+    [
+        # one stream would bring the rest (1 MB) in 0.1 s (< ALONE_S): it stays alone
+        ([1e7], [1]),
+        # 10 s alone: 20 connections would each still have ALONE_S of work; capped at 16
+        ([1e5, 1.6e6], [16, 16]),
+        # more connections do not help at all: back to one
+        ([1e5, 1.1e5], [16, 1]),
+        # 1.5 s alone: 3 connections; each step pays, so it doubles up to the cap
+        ([6.7e5, 2e6, 4e6, 7.9e6, 9.5e6], [3, 6, 12, 16, 16]),
+        # the link is full at 3: the step to 6 is undone
+        ([6.7e5, 2e6, 2.1e6], [3, 6, 3]),
+        # from 12 to 16 can bring at most a third more: a sixth more keeps it, less undoes it
+        ([6.7e5, 2e6, 4e6, 7.9e6, 8.8e6], [3, 6, 12, 16, 12]),
+    ],
+)
+def test_ramp_decisions(rates: list[float], wanted: list[int]) -> None:
+    """Each rate (bytes/s) is what one measurement window saw, with 1 MB still to come."""
+    from framework.download._parallel import _Ramp
+
+    ramp, now, received, seen = _Ramp(cap=16), 0.0, 0, []
+    for rate in rates:
+        ramp.update(now, now, received, 10**6, ready=True)  # a measurement begins
+        assert ramp.update(now + 0.1, now, received, 10**6, ready=True) == ramp.target  # no write since
+        now += 0.06
+        received += int(rate * 0.06)
+        seen.append(ramp.update(now, now, received, 10**6, ready=True))
+    assert seen == wanted
+    assert ramp.settled
+
+
+def test_ramp_waits_for_the_new_connections_first_bytes() -> None:
+    from framework.download._parallel import _Ramp
+
+    ramp = _Ramp(cap=16)
+    ramp.update(0.0, 0.0, 0, 10**9, ready=True)
+    assert ramp.update(0.1, 0.1, 100, 10**9, ready=True) == 16
+    assert ramp.update(0.2, 0.2, 200, 10**9, ready=False) == 16  # not measured while any waits
+    assert ramp.update(5.0, 5.0, 10**6, 10**9, ready=False) == 16
+    assert not ramp.settled
 
 
 def test_small_object_takes_one_request(http_server: FaultServer, tmp_path: Path) -> None:
@@ -71,14 +142,14 @@ def test_connections_from_the_environment(
     http_server: FaultServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     data = _data(6)
-    url = http_server.add(_path("env"), data)
+    url = http_server.add(_path("env"), data, **SLOW)
     monkeypatch.delenv("FRAMEWORK_CONNECTIONS", raising=False)
     manager = _manager(tmp_path, connections=None)
-    assert manager.connections == 1  # the default: one stream until an adaptive default lands
+    assert manager.connections == 16  # the default cap; the ramp decides how many are used
     monkeypatch.setenv("FRAMEWORK_CONNECTIONS", "3")
     assert manager.connections == 3
     assert manager.cached_path(url).read_bytes() == data
-    assert http_server.route(url).gets > 1
+    assert 2 <= http_server.route(url).max_in_flight <= 4  # 3, and a closed stream the server still counts
     monkeypatch.setenv("FRAMEWORK_CONNECTIONS", "many")
     with pytest.raises(ValueError, match=r"FRAMEWORK_CONNECTIONS must be a whole number.*'many'"):
         _ = manager.connections
@@ -119,7 +190,7 @@ def test_swap_mid_fetch_never_publishes_a_mix(
             "last_modified": "Mon, 02 Jan 2023 00:00:00 GMT",
             "then": {"data": new, "last_modified": "Tue, 03 Jan 2023 00:00:00 GMT"},
         }
-    url = http_server.add(_path("swap"), old, swap_at_get=4, delay=0.001, **options)
+    url = http_server.add(_path("swap"), old, swap_at_get=4, **SLOW, **options)
     path = _manager(tmp_path).cached_path(url)
     assert sha256(path.read_bytes()) == sha256(new)  # the new version, whole; never a mix
     assert stray_files(tmp_path) == []
@@ -153,7 +224,7 @@ def _parts_done(cache: Path) -> int:
 
 def test_kill_half_way_then_resume_fetches_the_other_half(http_server: FaultServer, tmp_path: Path) -> None:
     data = _data(16)
-    url = http_server.add(_path("kill"), data, delay=0.02)
+    url = http_server.add(_path("kill"), data, **SLOW)
     child = FORK.Process(target=_fetch_child, args=(url, str(tmp_path)))
     child.start()
     try:
@@ -164,18 +235,20 @@ def test_kill_half_way_then_resume_fetches_the_other_half(http_server: FaultServ
     done = _parts_done(tmp_path)
     assert 8 <= done < 16
     route = http_server.route(url)
-    route.body_bytes, route.delay = 0, 0.0
+    route.body_bytes, route.delay, route.gets = 0, 0.0, 0
     path = _manager(tmp_path).cached_path(url)
     assert path.read_bytes() == data
     missing = (16 - done) * PART
-    # only the unfinished parts come again (those in flight at the kill were unfinished)
-    assert missing <= route.body_bytes <= missing + PART
+    # only the unfinished parts come again (those in flight at the kill were unfinished), as
+    # one stream per run of missing parts (a link one stream fills)
+    assert route.body_bytes == missing
+    assert route.gets <= 16 - done
     assert stray_files(tmp_path) == []
 
 
 def test_resume_of_another_version_starts_over(http_server: FaultServer, tmp_path: Path) -> None:
     old, new = _data(8), _data(8)
-    url = http_server.add(_path("resume-swap"), old, etag='"v1"', delay=0.02)
+    url = http_server.add(_path("resume-swap"), old, etag='"v1"', **SLOW)
     child = FORK.Process(target=_fetch_child, args=(url, str(tmp_path)))
     child.start()
     try:
@@ -238,6 +311,16 @@ def bucket(s3_env: str) -> str:
     return name
 
 
+def _slowly(chunks: Any) -> Any:
+    """`chunks` at the pace of `SLOW` (moto serves at loopback speed)."""
+    import time
+
+    for chunk in chunks:
+        for offset in range(0, len(chunk), SLOW["chunk"]):
+            time.sleep(SLOW["delay"])
+            yield chunk[offset : offset + SLOW["chunk"]]
+
+
 def _s3_backend(on_open: Any = None) -> Any:
     from framework_plugins.s3 import S3Backend
 
@@ -250,7 +333,9 @@ def _s3_backend(on_open: Any = None) -> Any:
             self.ends.append(end)
             if on_open is not None:
                 on_open(len(self.ends))
-            return super().open(url, offset, if_range=if_range, end=end)
+            stream = super().open(url, offset, if_range=if_range, end=end)
+            stream.chunks = _slowly(stream.chunks)
+            return stream
 
     return Counting(retries=2, backoff_factor=0.01)
 
@@ -263,7 +348,29 @@ def test_s3_parts_over_several_connections(bucket: str, s3_env: str, tmp_path: P
     backend = _s3_backend()
     path = _manager(tmp_path, backends={"s3": backend}).cached_path(f"s3://{bucket}/big.bin")
     assert path.read_bytes() == data
-    assert len(backend.ends) == 7 and None not in backend.ends  # one ranged get per part
+    assert backend.ends[0] == 1 << 62  # the first request: one stream that may go on to the end
+    # then one ranged get per part, for the parts the first stream did not reach
+    assert 3 <= len(backend.ends) <= 7 and None not in backend.ends
+
+
+def test_s3_fast_object_is_one_request(bucket: str, s3_env: str, tmp_path: Path) -> None:
+    import boto3
+    from framework_plugins.s3 import S3Backend
+
+    data = _data(6.5)
+    boto3.client("s3", endpoint_url=s3_env).put_object(Bucket=bucket, Key="fast.bin", Body=data)
+    ends: list[Optional[int]] = []
+
+    class Counting(S3Backend):
+        def open(
+            self, url: str, offset: int = 0, *, if_range: Optional[str] = None, end: Optional[int] = None
+        ) -> Any:
+            ends.append(end)
+            return super().open(url, offset, if_range=if_range, end=end)
+
+    manager = _manager(tmp_path, connections=16, backends={"s3": Counting()})
+    assert manager.cached_path(f"s3://{bucket}/fast.bin").read_bytes() == data
+    assert ends == [1 << 62]
 
 
 def test_s3_swap_mid_fetch_is_refused_by_if_match(bucket: str, s3_env: str, tmp_path: Path) -> None:

@@ -287,10 +287,12 @@ class _Ramp:
 
 @attrs.define
 class _Connection:
-    """One thread's standing with the ramp."""
+    """One thread: its standing with the ramp, and where it is."""
 
     live: bool = True  # counted in `_Engine.live`
     waiting: bool = True  # no byte of its first answer yet (the ramp measures from the first)
+    index: int = 0  # the part it fetches
+    position: int = 0  # the next byte it writes (a break resumes here)
 
 
 class _Engine:
@@ -434,28 +436,26 @@ class _Engine:
 
     def _part(self, index: int, stream: Optional[ByteStream], connection: _Connection) -> None:
         """Fetch part `index` (from `stream` if given) and, while that stream covers
-        them, the parts after it nobody claimed; a break resumes within the part."""
-        position, failures = self.plan.bounds(index)[0], 0
-        stream_end = self.plan.size
+        them, the parts after it nobody claimed; a break resumes at the byte reached."""
+        connection.index, connection.position = index, self.plan.bounds(index)[0]
+        stream_end, failures = self.plan.size, 0
         while True:
             if self.stop.is_set():
                 return
             try:
                 if stream is None:
-                    stream_end = self._run_end(index)
-                    stream = self._open(position, stream_end)
+                    stream_end = self._run_end(connection.index)
+                    stream = self._open(connection.position, stream_end)
                 with stream:
-                    self._check(stream, position)
-                    more = self._write(stream, index, position, stream_end, connection)
-                if more is None:
-                    return
-                index, position = more
-                raise NetworkError(self.url, f"a part broke off at byte {position}")
+                    self._check(stream, connection.position)
+                    if self._write(stream, stream_end, connection):
+                        return
+                raise NetworkError(self.url, f"a part broke off at byte {connection.position}")
             except NetworkError as error:
                 failures += 1
                 if failures >= self.attempts or self.stop.is_set():
                     raise
-                logger.warning("%s; resuming the part at byte %d", error, position)
+                logger.warning("%s; resuming the part at byte %d", error, connection.position)
                 time.sleep(self.backoff_factor * (2 ** (failures - 1)))
             stream = None
 
@@ -482,20 +482,21 @@ class _Engine:
                 f"version {got.version!r}; the plan was for {self.plan.validators.version!r}"
             )
 
-    def _write(
-        self, stream: ByteStream, index: int, position: int, stream_end: int, connection: _Connection
-    ) -> Optional[tuple[int, int]]:
-        """Write `stream` from `position` (in part `index`) on; None once the stream's
-        work is done (or the fetch stops), else the part and byte where it broke off."""
+    def _write(self, stream: ByteStream, stream_end: int, connection: _Connection) -> bool:
+        """Write `stream` at the connection's part and byte, keeping them current (a
+        break resumes there); True once the stream's work is done or the fetch stops,
+        False if it ended short."""
+        index, position = connection.index, connection.position
         end = self.plan.bounds(index)[1]
         for chunk in stream.chunks:
             view = memoryview(chunk)
             while view:
                 if self.stop.is_set():
-                    return None
+                    return True
                 piece = view[: end - position]
                 self._pwrite(piece, position)
                 position, view = position + len(piece), view[len(piece) :]
+                connection.position = position
                 with self.lock:
                     self.received += len(piece)
                     self.written_at = time.monotonic()
@@ -507,9 +508,10 @@ class _Engine:
                     self._complete(index)
                     following = self._next(index, stream_end)
                     if following is None:
-                        return None  # a stream that ran past its end is not read further
+                        return True  # a stream that ran past its end is not read further
                     index, end = following, self.plan.bounds(following)[1]
-        return index, position
+                    connection.index = index
+        return False
 
     def _pwrite(self, view: memoryview, position: int) -> None:
         while view:

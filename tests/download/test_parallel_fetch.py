@@ -123,6 +123,21 @@ def test_ramp_waits_for_the_new_connections_first_bytes() -> None:
     assert not ramp.settled
 
 
+def test_a_part_that_breaks_off_resumes_at_its_byte(http_server: FaultServer, tmp_path: Path) -> None:
+    """A connection that drops mid-part asks again from the byte it reached, with the
+    plan's validator: nothing is fetched twice."""
+    data = _data(12.5)
+    url = http_server.add(_path("broken"), data, drop_after=100_000, drops=1, drop_kind="short", **SLOW)
+    assert _manager(tmp_path).cached_path(url).read_bytes() == data
+    route = http_server.route(url)
+    resumed = [i for i, r in enumerate(route.ranges) if r.startswith("bytes=100000-")]
+    assert len(resumed) == 1 and route.if_ranges[resumed[0]] == route.etag
+    # the server counts whole chunks only, so the bytes before the fault are not all counted
+    assert len(data) - SLOW["chunk"] <= route.body_bytes <= len(data) + 2 * SLOW["chunk"]
+    assert route.full_gets == 1  # the first request only: the object never started over
+    assert stray_files(tmp_path) == []
+
+
 def test_small_object_takes_one_request(http_server: FaultServer, tmp_path: Path) -> None:
     data = _data(0.7)
     url = http_server.add(_path("small"), data)

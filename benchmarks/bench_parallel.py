@@ -9,12 +9,16 @@ once, cold, through the proxy:
 - raw one-stream copy (`requests`, HTTP) and boto3 ``get_object`` (one stream, S3);
 - ``aria2c -x8 -s8`` (skipped when not installed);
 - boto3 ``download_file`` (s3transfer: 8 MiB parts, 10 threads);
-- ours (``DownloadManager``) with ``connections=8`` and with 1 (the default).
+- ours (``DownloadManager``) with its defaults (the adaptive ramp, at most 16
+  connections), the same hashing in one pass at the end instead of as parts complete,
+  and with ``connections=1`` (one stream).
 
-Printed: seconds and the share of the link (object size / time / 128 MiB/s). Also an
-unpaced row: ours (8) vs ours (1) straight to the HTTP server (loopback, cold).
+Printed: median seconds and the share of the link (object size / time / 128 MiB/s).
+Also: ours with its defaults vs one stream straight to the HTTP server (unpaced
+loopback, cold), and the peak RSS growth of a process fetching a 1 GiB object over the
+paced link with the defaults.
 
-Run: ``python benchmarks/bench_parallel.py [--size-mb 128]``; results go to
+Run: ``python benchmarks/bench_parallel.py [--size-mb 128] [--repeats 3]``; results go to
 ``benchmarks/results/parallel.json``.
 """
 
@@ -30,6 +34,7 @@ import socket
 import statistics
 import subprocess
 import tempfile
+import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -50,9 +55,10 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def _serve_http(path: str, port: int) -> None:
-    data = Path(path).read_bytes()
-    etag = f'"{len(data)}-bench"'
+def _serve_http(folder: str, port: int) -> None:
+    """Serve the files in `folder` by name (each read into memory at its first GET)."""
+    objects: dict[str, bytes] = {}
+    lock = threading.Lock()
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -61,6 +67,11 @@ def _serve_http(path: str, port: int) -> None:
             pass
 
         def do_GET(self) -> None:
+            with lock:
+                if self.path not in objects:
+                    objects[self.path] = (Path(folder) / self.path.lstrip("/")).read_bytes()
+                data = objects[self.path]
+            etag = f'"{len(data)}-bench"'
             start, stop, status = 0, len(data), 200
             wanted = self.headers.get("Range")
             if_range = self.headers.get("If-Range")
@@ -154,6 +165,25 @@ def _proxy(listen: int, upstream: int) -> None:
     asyncio.run(main())
 
 
+def _status_kib(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise RuntimeError(f"no {field} in /proc/self/status")
+
+
+def _rss_child(url: str, cache: str, answer: Any) -> None:
+    """Fetch `url` with the defaults; send back (seconds, peak RSS growth in MiB)."""
+    from framework.download import DownloadManager
+
+    with DownloadManager(cache, progress=False) as manager:
+        before = _status_kib("VmRSS")
+        start = time.perf_counter()
+        manager.cached_path(url)
+        seconds = time.perf_counter() - start
+    answer.send((seconds, (_status_kib("VmHWM") - before) / 1024))
+
+
 def _wait_port(port: int) -> None:
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -176,6 +206,7 @@ def main() -> None:
     parser.add_argument("--size-mb", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--only", default="", help="run only the rows whose tool contains this text")
+    parser.add_argument("--rss-mb", type=int, default=1024, help="object size for the memory row (0: skip)")
     args = parser.parse_args()
     size = args.size_mb * MIB
     work = Path(tempfile.mkdtemp(prefix="bench-parallel-"))
@@ -183,7 +214,7 @@ def main() -> None:
     source.write_bytes(os.urandom(size))
     http_port, moto_port, http_proxy, moto_proxy = (_free_port() for _ in range(4))
     procs = [
-        FORK.Process(target=_serve_http, args=(str(source), http_port), daemon=True),
+        FORK.Process(target=_serve_http, args=(str(work), http_port), daemon=True),
         FORK.Process(target=_serve_moto, args=(moto_port,), daemon=True),
         FORK.Process(target=_proxy, args=(http_proxy, http_port), daemon=True),
         FORK.Process(target=_proxy, args=(moto_proxy, moto_port), daemon=True),
@@ -209,7 +240,7 @@ def main() -> None:
 
     from framework_plugins.s3 import S3Backend
 
-    from framework.download import DownloadManager
+    from framework.download import DownloadManager, _parallel
 
     def fresh() -> Path:
         folder = Path(tempfile.mkdtemp(dir=work))
@@ -235,6 +266,16 @@ def main() -> None:
             check=True,
         )
 
+    def one_hash_pass(run: Callable[[], None]) -> Callable[[], None]:
+        def hashed_at_the_end() -> None:
+            _parallel.HASH_AS_PARTS_COMPLETE = False
+            try:
+                run()
+            finally:
+                _parallel.HASH_AS_PARTS_COMPLETE = True
+
+        return hashed_at_the_end
+
     def ours(url: str, connections: Optional[int]) -> Callable[[], None]:
         def run() -> None:
             backends = {"s3": S3Backend(endpoint_url=f"http://127.0.0.1:{moto_proxy}")}
@@ -249,6 +290,7 @@ def main() -> None:
         ("HTTP", "raw requests, one stream", raw_http),
         ("HTTP", "ours, connections=1", ours(http_url, 1)),
         ("HTTP", "ours, default (adaptive, cap 16)", ours(http_url, None)),
+        ("HTTP", "ours, default, one hash pass at the end", one_hash_pass(ours(http_url, None))),
         ("S3", "boto3 get_object, one stream", boto_get),
         ("S3", "boto3 download_file (s3transfer)", boto_download_file),
         ("S3", "ours, connections=1", ours("s3://bench/object.bin", 1)),
@@ -288,6 +330,23 @@ def main() -> None:
         f"unpaced loopback, cold: ours default {unpaced['default']:.3f}s, ours (1) {unpaced['1']:.3f}s "
         f"(default at {unpaced['1'] / unpaced['default']:.2f}x the speed of one stream)"
     )
+    memory: dict[str, float] = {}
+    if args.rss_mb:
+        with open(work / "big.bin", "wb") as out:
+            for _ in range(args.rss_mb):
+                out.write(os.urandom(MIB))
+        receive, send = FORK.Pipe(duplex=False)
+        child = FORK.Process(
+            target=_rss_child, args=(f"http://127.0.0.1:{http_proxy}/big.bin", str(fresh()), send)
+        )
+        child.start()
+        seconds, growth = receive.recv()
+        child.join()
+        memory = {"size_mib": args.rss_mb, "seconds": seconds, "peak_rss_growth_mib": growth}
+        print(
+            f"{args.rss_mb} MiB object over the paced link, defaults: {seconds:.2f}s "
+            f"(share {args.rss_mb * MIB / seconds / TOTAL:.2f}), peak RSS growth {growth:.1f} MiB"
+        )
     RESULTS.parent.mkdir(exist_ok=True)
     RESULTS.write_text(
         json.dumps(
@@ -295,6 +354,7 @@ def main() -> None:
                 "size_mib": args.size_mb,
                 "paced": results,
                 "unpaced_s": unpaced,
+                "memory": memory,
             },
             indent=2,
         )

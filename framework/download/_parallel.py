@@ -75,9 +75,16 @@ logger = logging.getLogger("framework.download")
 # The cap; `_Ramp` decides how many of them an object gets (often one).
 DEFAULT_CONNECTIONS: Final = 16
 DEFAULT_PART_SIZE: Final = 8 << 20  # as s3transfer: large enough that a request's latency is amortized
+# Parts are `part_size` at most, smaller for an object that would otherwise have fewer parts
+# than connections, down to this.
+_SMALLEST_PART: Final = 1 << 20
 # A range end past any object: a server reads it as "to the end" (RFC 9110, 14.1.2), so the
 # first request is one stream for the whole object that still tells whether ranges are served.
 _TO_THE_END: Final = 1 << 62
+
+# Hash the file's prefix as its parts complete (overlapped with the download), else in one
+# pass once every part is in; benchmarks/bench_parallel.py measures both.
+HASH_AS_PARTS_COMPLETE = True
 
 # Module-level so a test can inject a write failure (ENOSPC), as `_pipeline._writev`.
 _pwrite = os.pwrite
@@ -136,6 +143,12 @@ class _Hasher:
         self._thread = threading.Thread(target=self._run, name="framework-parallel-hash", daemon=True)
         self._thread.start()
 
+    def _ready(self) -> bool:
+        """Whether the next part can be hashed (under the condition's lock)."""
+        if HASH_AS_PARTS_COMPLETE:
+            return self._next in self._done
+        return len(self._done) == self.plan.count
+
     def complete(self, index: int) -> None:
         with self._cond:
             self._done.add(index)
@@ -145,7 +158,7 @@ class _Hasher:
         try:
             while True:
                 with self._cond:
-                    while not self._stopped and self._next not in self._done and self._next < self.plan.count:
+                    while not self._stopped and self._next < self.plan.count and not self._ready():
                         self._cond.wait()
                     if self._stopped or self._next >= self.plan.count:
                         return
@@ -578,16 +591,17 @@ def fetch_parts(
                 raise
             return None, 0  # an empty object answers 416 to any range
         validators = Validators.of(first)
+        size = first.size or 0
+        part_size = min(part_size, max(_SMALLEST_PART, -(-size // connections)))
         if (
             first.status != 206
             or first.start != 0
-            or first.size is None
-            or first.size <= part_size
+            or size <= part_size
             or first.encoding is not None
             or validators.if_range is None
         ):
             return _whole(backend, url, first, partial, bar, on_size, attempts, backoff_factor)
-        plan, done = _Plan(first.size, part_size, validators), set()
+        plan, done = _Plan(size, part_size, validators), set()
         partial.restart(validators)
         _retag(partial, PARALLEL_TAG + validators.tag)
         os.ftruncate(partial.fd, plan.size)  # sparse: blocks are allocated as parts arrive

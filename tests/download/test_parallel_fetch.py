@@ -138,6 +138,19 @@ def test_a_part_that_breaks_off_resumes_at_its_byte(http_server: FaultServer, tm
     assert stray_files(tmp_path) == []
 
 
+def test_an_object_of_few_default_parts_is_cut_finer(http_server: FaultServer, tmp_path: Path) -> None:
+    """4 MiB with the default part size (8 MiB) and 4 connections: 1 MiB parts, so that
+    every connection has one."""
+    data = os.urandom(4 << 20)
+    url = http_server.add(_path("finer"), data, **SLOW)
+    manager = DownloadManager(tmp_path, connections=4, backoff_factor=0.01, progress=False)
+    assert manager.cached_path(url).read_bytes() == data
+    route = http_server.route(url)
+    assert route.max_in_flight >= 3
+    later = [tuple(int(n) for n in r[len("bytes=") :].split("-")) for r in route.ranges[1:]]
+    assert later and all(first % (1 << 20) == 0 and last - first < 1 << 20 for first, last in later)
+
+
 def test_small_object_takes_one_request(http_server: FaultServer, tmp_path: Path) -> None:
     data = _data(0.7)
     url = http_server.add(_path("small"), data)

@@ -1,14 +1,20 @@
 """Parallel fetch: a large object comes as byte-range parts over several connections.
 
 One partial file (preallocated, sparse) is written with ``pwrite`` at each part's
-offset. The first answer decides everything: it is a ranged request for part 0, and
+offset. The first answer decides everything: it is a request for the whole object as a
+range (``bytes=0-`` and a last byte past any end), and
 
-- a 206 naming the total size and a strong validator, for an object larger than
-  one part, makes the plan: the other parts are asked for by a pool of threads, each
-  with its own stream, every request conditioned on that validator (HTTP
-  ``If-Range``, S3 ``IfMatch``);
+- a 206 naming the total size and a strong validator, for an object larger than one
+  part, makes the plan: that answer goes on as the first connection's stream, and the
+  ramp (`_Ramp`) decides whether more connections are worth it; every later request is
+  conditioned on that validator (HTTP ``If-Range``, S3 ``IfMatch``);
 - anything else (a 200 from a server that ignores Range, a small object, no strong
   validator) is streamed as the single-stream path does, so it costs one copy.
+
+The ramp measures the one stream first: if it would bring the rest in under half a
+second it stays alone, and the object is one request, as on the single-stream path.
+Otherwise connections are added while throughput grows, up to the cap; each asks for
+one part at a time, lowest missing part first, so the hashed prefix keeps growing.
 
 A part answered whole (200), with another validator, another total size, or an
 encoded body aborts the parallel attempt: what was written is dropped and the

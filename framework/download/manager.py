@@ -120,11 +120,14 @@ class DownloadManager:
             ``{"s3": S3Backend(profile="lab"), "https": HttpBackend(headers={...})}``.
             They are used as given (their own retries and timeouts); other schemes get
             the registered backend, made with this manager's settings.
-        connections: at most this many connections fetch one object larger than
-            `part_size`, in byte ranges, from a server that serves them (HTTP, S3);
-            1 = one stream. `None` reads ``FRAMEWORK_CONNECTIONS`` at each call
-            (default 1, one stream: parallel fetch is opt-in for now).
-        part_size: bytes per ranged request of a parallel fetch.
+        connections: the most connections that fetch one object, in byte ranges, from
+            a server that serves them (HTTP, S3); 1 = one stream. How many are used is
+            adaptive: one stream that would bring the object in under half a second
+            stays alone, else connections are added while throughput grows. `None`
+            reads ``FRAMEWORK_CONNECTIONS`` at each call (default 16).
+        part_size: the most bytes one ranged request of a parallel fetch asks for
+            (an object with fewer such parts than `connections` is cut finer, down
+            to 1 MiB parts).
 
     The manager is a context manager; `close` (or leaving the ``with`` block) closes
     every backend it holds, the ones given to it included. A closed backend opens new

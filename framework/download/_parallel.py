@@ -84,6 +84,9 @@ DEFAULT_PART_SIZE: Final = 8 << 20  # as s3transfer: large enough that a request
 # Parts are `part_size` at most, smaller for an object that would otherwise have fewer parts
 # than connections, down to this.
 _SMALLEST_PART: Final = 1 << 20
+# How long an interrupted fetch waits for its connections before it returns: one blocked in
+# a read is left to its read timeout (on a daemon thread that writes nothing more).
+STOP_WAIT_S: Final = 1.0
 # A range end past any object: a server reads it as "to the end" (RFC 9110, 14.1.2), so the
 # first request is one stream for the whole object that still tells whether ranges are served.
 _TO_THE_END: Final = 1 << 62
@@ -127,6 +130,8 @@ def serves_parts(backend: DownloadBackend) -> bool:
 
 class _VersionChanged(Exception):
     """A part did not come from the version the plan was made for."""
+
+
 
 
 class _Hasher:
@@ -200,15 +205,22 @@ class _Hasher:
 
 
 class _Recorder:
-    """Records complete parts on its own thread: one ``fdatasync`` covers every part
-    completed before it, then the record is rewritten. Workers never wait on the disk;
-    a part counts (for a later resume) only once its bytes are durable."""
+    """Records progress on its own thread: when parts complete, and every `EVERY_S`
+    while any part is under way. One ``fdatasync`` covers every byte written before
+    it, then the record is rewritten: complete parts, and how far the others got.
+    Workers never wait on the disk; bytes count (for a later resume) only once they
+    are durable."""
 
-    def __init__(self, partial: _Partial, plan: _Plan, done: set[int]) -> None:
-        self.partial, self.plan = partial, plan
+    EVERY_S: Final = 1.0
+
+    def __init__(
+        self, partial: _Partial, plan: _Plan, done: set[int], reached: Callable[[], dict[int, int]]
+    ) -> None:
+        self.partial, self.plan, self._reached = partial, plan, reached
         self.recorded = set(done)
+        self._recorded_reached: dict[int, int] = {}
         self._pending: set[int] = set()
-        self._closing = False
+        self._closing = self._flush = False
         self._cond = threading.Condition()
         self._thread = threading.Thread(target=self._run, name="framework-parallel-record", daemon=True)
         self._thread.start()
@@ -221,25 +233,28 @@ class _Recorder:
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._pending and not self._closing:
-                    self._cond.wait()
-                if not self._pending:
+                self._cond.wait_for(lambda: self._pending or self._closing, timeout=self.EVERY_S)
+                if self._closing and not self._flush:
                     return
                 batch, self._pending = self._pending, set()
-            try:
-                os.fdatasync(self.partial.fd)  # the bytes are on disk before the record says so
-                self.recorded |= batch
-                _save_record(self.partial.name, self.plan, self.recorded)
-            except OSError as error:  # only a later resume loses: it fetches those parts again
-                logger.warning("cannot record the complete parts of %s: %s", self.partial.name.path, error)
+                last = self._closing
+            reached = self._reached()  # taken before the fdatasync: those bytes are written
+            if batch or reached != self._recorded_reached:
+                try:
+                    os.fdatasync(self.partial.fd)  # the bytes are on disk before the record says so
+                    self.recorded |= batch
+                    _save_record(self.partial.name, self.plan, self.recorded, reached)
+                    self._recorded_reached = reached
+                except OSError as error:  # only a later resume loses: it fetches those bytes again
+                    logger.warning("cannot record the progress of %s: %s", self.partial.name.path, error)
+                    return
+            if last:
                 return
 
     def close(self, flush: bool) -> None:
-        """Stop; with `flush`, record what completed first (the fetch stops short)."""
+        """Stop; with `flush`, record the progress first (the fetch stops short)."""
         with self._cond:
-            self._closing = True
-            if not flush:
-                self._pending.clear()
+            self._closing, self._flush = True, flush
             self._cond.notify()
         self._thread.join()
 
@@ -269,6 +284,10 @@ class _Ramp:
         self._before = 1  # the count before the step being measured
         self._rate = 0.0  # the rate measured before that step (bytes/s)
         self._since: Optional[tuple[float, int]] = None  # when and at which byte count this measurement began
+
+    def refused(self, live: int) -> None:
+        """The server refused a connection: keep to the `live` ones that it serves."""
+        self.target, self.settled = max(1, live), True
 
     def update(self, now: float, at: float, received: int, remaining: int, ready: bool) -> int:
         """The count wanted `now`. `received`: bytes so far, the last of them written at
@@ -321,7 +340,9 @@ class _Engine:
     connection asks for one part, except while it is alone: then it asks for the whole
     run of missing parts ahead and goes on part after part in one request (one stream is
     one request). The first answer is such a stream. When another connection claims the
-    next part, the stream stops at the part's end."""
+    next part, the stream stops at the part's end. Workers write through their own
+    descriptor, closed by whichever of them, or of the engine, leaves last: a worker
+    still blocked in a read when the fetch is interrupted can never write elsewhere."""
 
     def __init__(
         self,
@@ -330,6 +351,7 @@ class _Engine:
         partial: _Partial,
         plan: _Plan,
         done: set[int],
+        reached: dict[int, int],
         attempts: int,
         backoff_factor: float,
         bar: Any,
@@ -337,52 +359,83 @@ class _Engine:
         self.backend, self.url, self.partial, self.plan = backend, url, partial, plan
         self.attempts, self.backoff_factor, self.bar = attempts, backoff_factor, bar
         self.todo = collections.deque(i for i in range(plan.count) if i not in done)
+        self.reached = dict(reached)  # parts begun, not complete: the first byte not yet written
         self.stop = threading.Event()
-        self.lock = threading.Lock()  # everything below, the partial's offset and the bar
+        self.lock = threading.Condition()  # everything below, `reached`, the partial's offset and the bar
         self.errors: list[BaseException] = []
         self.received = 0  # bytes written by this run
         self.written_at = 0.0  # when the last of them were (time.monotonic)
         self.live = 0  # connections running
         self.waiting = 0  # of those, ones that have not had a byte of their first answer yet
-        self.ramp: Optional[_Ramp] = None
+        self.writing = 0  # of those, ones in a pwrite now
+        self.ramp = _Ramp(1)
+        self.fd: Optional[int] = os.dup(partial.fd)
+        self.done_with_fd = False  # the engine no longer needs `fd`: the last worker out closes it
         self.hasher = _Hasher(url, partial, plan, done)
-        self.recorder = _Recorder(partial, plan, done)
+        self.recorder = _Recorder(partial, plan, done, self._reached)
+
+    def _reached(self) -> dict[int, int]:
+        with self.lock:
+            return dict(self.reached)
 
     def run(self, cap: int, first: Optional[ByteStream]) -> None:
         """Fetch the missing parts; part 0 and on from `first` when given (the first answer)."""
-        remaining = sum(end - start for start, end in map(self.plan.bounds, self.todo))
+        remaining = self.plan.size - self.partial.offset
         if first is not None:
             self.todo.popleft()  # part 0: a fresh plan has every part to do
-        ramp = self.ramp = _Ramp(cap)
+        self.ramp = _Ramp(cap)
         workers = [self._start(first)]
         try:
             while any(worker.is_alive() for worker in workers):
-                with self.lock:
-                    at, received, ready = self.written_at, self.received, self.waiting == 0
-                    live, left = self.live, bool(self.todo)
-                wanted = ramp.update(time.monotonic(), at, received, remaining - received, ready)
-                if wanted != live and left:
-                    logger.debug("%s: %d connections (%d bytes so far)", self.url, wanted, received)
-                for _ in range(wanted - live if left else 0):
-                    workers.append(self._start(None))
-                time.sleep(0.1 if ramp.settled else 0.005)  # Ctrl-C reaches this thread here
+                self._steer(workers, remaining)
+                time.sleep(0.1 if self.ramp.settled else 0.005)  # Ctrl-C reaches this thread here
         except BaseException:
             self.stop.set()
-            for worker in workers:
-                worker.join()
-            self.hasher.stop()
-            self.recorder.close(flush=True)
+            self._wind_down(workers, complete=False)
             raise
         if self.errors:
-            self.hasher.stop()
-            self.recorder.close(flush=True)
+            self._wind_down(workers, complete=False)
             raise self.errors[0]
-        logger.debug("all parts in")
-        self.recorder.close(flush=False)  # complete: the record is removed next
-        logger.debug("recorder closed")
+        self._wind_down(workers, complete=True)  # the record is removed next
         self.partial.hasher = self.hasher.finish()
-        logger.debug("hashed")
         self.partial.offset = self.plan.size
+
+    def _steer(self, workers: list[threading.Thread], remaining: int) -> None:
+        """Start the connections the ramp wants now."""
+        with self.lock:
+            at, received, ready = self.written_at, self.received, self.waiting == 0
+            live, left = self.live, bool(self.todo)
+        wanted = self.ramp.update(time.monotonic(), at, received, remaining - received, ready)
+        if wanted > live and left:
+            logger.debug("%s: %d connections (%d bytes so far)", self.url, wanted, received)
+            workers.extend(self._start(None) for _ in range(wanted - live))
+
+    def _wind_down(self, workers: list[threading.Thread], complete: bool) -> None:
+        """Wait for the workers (at most `STOP_WAIT_S` once stopped: one blocked in a read
+        finishes on its own and writes nothing more), then stop the hasher (unless the
+        fetch is complete: it finishes) and the recorder (recording the progress of a
+        fetch that stops short), whatever interrupts the wait."""
+        deadline = time.monotonic() + STOP_WAIT_S
+        try:
+            for worker in workers:
+                worker.join(max(0.0, deadline - time.monotonic()) if self.stop.is_set() else None)
+            with self.lock:  # a worker still live now writes nothing more once its pwrite is done
+                self.lock.wait_for(lambda: self.writing == 0)
+        finally:
+            try:
+                if not complete:
+                    self.hasher.stop()
+            finally:
+                self.recorder.close(flush=not complete)
+                with self.lock:
+                    self.done_with_fd = True
+                    self._close_fd()
+
+    def _close_fd(self) -> None:
+        """Close the workers' descriptor once the engine and every worker are done (under the lock)."""
+        if self.done_with_fd and self.live == 0 and self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
 
     def _start(self, first: Optional[ByteStream]) -> threading.Thread:
         with self.lock:
@@ -396,16 +449,19 @@ class _Engine:
 
     def _work(self, first: Optional[ByteStream]) -> None:
         connection = _Connection()
+        stream = first
         try:
             index = 0 if first is not None else self._claim(connection)
             while index is not None and not self.stop.is_set():
-                self._part(index, first, connection)
-                first, index = None, self._claim(connection)
+                self._part(index, stream, connection)
+                stream, index = None, self._claim(connection)
         except BaseException as error:
             with self.lock:
                 self.errors.append(error)
             self.stop.set()
         finally:
+            if first is not None:
+                first.close()  # if it was never read (closing twice is nothing)
             with self.lock:
                 self._leave(connection)
 
@@ -415,19 +471,17 @@ class _Engine:
             connection.live = False
             self.live -= 1
             self.waiting -= connection.waiting
+            self._close_fd()
 
     def _claim(self, connection: _Connection) -> Optional[int]:
         """The lowest missing part, now this connection's; None when none is left or the
         ramp wants fewer connections (this one stops, counted out at once so that only
         the surplus stops)."""
         with self.lock:
-            if self.todo and self.live <= self._wanted():
+            if connection.live and self.todo and self.live <= self.ramp.target:
                 return self.todo.popleft()
             self._leave(connection)
             return None
-
-    def _wanted(self) -> int:
-        return self.ramp.target if self.ramp is not None else 1
 
     def _next(self, index: int, stream_end: int) -> Optional[int]:
         """Part `index` + 1 if the current stream covers it and nobody claimed it."""
@@ -436,31 +490,46 @@ class _Engine:
                 self.plan.bounds(index)[1] < stream_end
                 and self.todo
                 and self.todo[0] == index + 1
-                and self.live <= self._wanted()
+                and index + 1 not in self.reached  # begun before: its request starts where it got to
+                and self.live <= self.ramp.target
             ):
                 return self.todo.popleft()
         return None
 
     def _run_end(self, index: int) -> int:
         """Where a request from part `index` ends: that part's end, or, for a connection
-        that is alone, the end of the run of missing parts from there."""
+        that is alone, the end of the run of missing, unbegun parts from there."""
         with self.lock:
             last = index
-            if self.live == 1 and self._wanted() == 1:
+            if self.live == 1 and self.ramp.target == 1:
                 for following in self.todo:
-                    if following != last + 1:
+                    if following != last + 1 or following in self.reached:
                         break
                     last = following
         return self.plan.bounds(last)[1]
 
+    def _give_back(self, connection: _Connection) -> bool:
+        """The server refused this connection (429/503) while others are live: hand its
+        part back (first in line), cap the ramp at the connections that remain and stop
+        this one. False for the last connection: the refusal is the fetch's to handle."""
+        with self.lock:
+            if self.live <= 1:
+                return False
+            self.todo.appendleft(connection.index)
+            self.ramp.refused(self.live - 1)
+            self._leave(connection)
+            return True
+
     def _part(self, index: int, stream: Optional[ByteStream], connection: _Connection) -> None:
         """Fetch part `index` (from `stream` if given) and, while that stream covers
-        them, the parts after it nobody claimed; a break resumes at the byte reached."""
-        connection.index, connection.position = index, self.plan.bounds(index)[0]
+        them, the parts after it nobody claimed. A break resumes at the byte reached; an
+        answer shorter than asked (a server capping its ranges) is followed by another."""
+        with self.lock:
+            position = self.reached.get(index, self.plan.bounds(index)[0])
+        connection.index, connection.position = index, position
         stream_end, failures = self.plan.size, 0
-        while True:
-            if self.stop.is_set():
-                return
+        while not self.stop.is_set():
+            began = connection.position
             try:
                 if stream is None:
                     stream_end = self._run_end(connection.index)
@@ -469,9 +538,17 @@ class _Engine:
                     self._check(stream, connection.position)
                     if self._write(stream, stream_end, connection):
                         return
-                raise NetworkError(self.url, f"a part broke off at byte {connection.position}")
+                if connection.position == began:
+                    raise NetworkError(self.url, f"an answer for byte {began} on had no bytes")
+                # A whole answer, shorter than asked (a server capping its ranges): not a
+                # failure; ask for the rest.
+            except HTTPStatusError as error:
+                if error.status in (429, 503) and self._give_back(connection):
+                    logger.info("%s refused one more connection (%s); going on with fewer", self.url, error)
+                    return
+                raise
             except NetworkError as error:
-                failures += 1
+                failures += 1  # as on the single-stream path: progress does not reset it
                 if failures >= self.attempts or self.stop.is_set():
                     raise
                 logger.warning("%s; resuming the part at byte %d", error, connection.position)
@@ -510,13 +587,22 @@ class _Engine:
         for chunk in stream.chunks:
             view = memoryview(chunk)
             while view:
-                if self.stop.is_set():
-                    return True
                 piece = view[: end - position]
-                self._pwrite(piece, position)
+                with self.lock:
+                    if self.stop.is_set():  # checked with `writing` raised: see `_wind_down`
+                        return True
+                    self.writing += 1
+                try:
+                    self._pwrite(piece, position)
+                finally:
+                    with self.lock:
+                        self.writing -= 1
+                        self.lock.notify_all()
                 position, view = position + len(piece), view[len(piece) :]
                 connection.position = position
                 with self.lock:
+                    self.reached[index] = position
+                    self.partial.offset += len(piece)
                     self.received += len(piece)
                     self.written_at = time.monotonic()
                     self.waiting -= connection.waiting
@@ -533,9 +619,10 @@ class _Engine:
         return False
 
     def _pwrite(self, view: memoryview, position: int) -> None:
+        assert self.fd is not None  # closed only once every worker has left
         while view:
             try:
-                written = _pwrite(self.partial.fd, view, position)
+                written = _pwrite(self.fd, view, position)
             except OSError as error:
                 if error.errno in (errno.ENOSPC, errno.EDQUOT):
                     raise DownloadError(
@@ -548,9 +635,8 @@ class _Engine:
             view, position = view[written:], position + written
 
     def _complete(self, index: int) -> None:
-        start, end = self.plan.bounds(index)
         with self.lock:
-            self.partial.offset += end - start
+            del self.reached[index]
         self.recorder.completed(index)
         self.hasher.complete(index)
 
@@ -582,8 +668,9 @@ def fetch_parts(
     on (with `partial` empty, or holding the bytes of a whole answer it resumes), with
     the attempts already spent (a first answer that broke off counts as one)."""
     first: Optional[ByteStream] = None
+    reached: dict[int, int] = {}
     if resumed is not None:
-        plan, done = resumed.plan, resumed.done
+        plan, done, reached = resumed.plan, resumed.done, resumed.reached
         logger.info("resuming %s: %d of %d parts are here", url, len(done), plan.count)
     else:
         if partial.name.tag.startswith(PARALLEL_TAG):
@@ -596,6 +683,11 @@ def fetch_parts(
             if error.status != 416:
                 raise
             return None, 0  # an empty object answers 416 to any range
+        if first.status == 206 and first.size is None:
+            # A range of an object of unknown size (``bytes 0-n/*``) cannot say it is the
+            # whole object: the single-stream path asks for it without a Range.
+            first.close()
+            return None, 0
         validators = Validators.of(first)
         size = first.size or 0
         part_size = min(part_size, max(_SMALLEST_PART, -(-size // connections)))
@@ -611,14 +703,22 @@ def fetch_parts(
         partial.restart(validators)
         _retag(partial, PARALLEL_TAG + validators.tag)
         os.ftruncate(partial.fd, plan.size)  # sparse: blocks are allocated as parts arrive
-        _save_record(partial.name, plan, done)
+        _save_record(partial.name, plan, done, reached)
     if on_size is not None:
         on_size(plan.size)
     if bar is not None:
         bar.total, bar.n = plan.size, partial.offset
         bar.refresh()
-    engine = _Engine(backend, url, partial, plan, done, attempts, backoff_factor, bar)
     try:
+        engine = _Engine(backend, url, partial, plan, done, reached, attempts, backoff_factor, bar)
+    except BaseException:
+        if first is not None:
+            first.close()
+        discard_record(partial)
+        raise
+    try:
+        # The first stream is the engine's now: its worker closes it. Closing it here could
+        # wait on that worker's blocked read (a buffered reader's close takes its lock).
         engine.run(connections, first)
     except _VersionChanged as error:
         logger.info("%s changed while it was fetched in parts (%s); starting over", url, error)
@@ -629,9 +729,6 @@ def fetch_parts(
         if partial.offset == 0 or not isinstance(error, (NetworkError, KeyboardInterrupt)):
             discard_record(partial)  # the partial file is removed too: nothing to resume
         raise
-    finally:
-        if first is not None:
-            first.close()
     discard_record(partial)  # complete: verified and published next, or removed
     return _Hashed(), 0
 

@@ -1,9 +1,9 @@
 """The part plan of a parallel fetch and its on-disk record of complete parts.
 
 A plan cuts an object of a known size and version into byte ranges of one part
-size. Which parts are complete is recorded next to the partial file
-(``<final>.P<tag>.<host>.<pid>.<random>.parts``, JSON written atomically), only
-after the part's bytes are fsynced; `adopt_parts` takes over an orphaned parallel
+size. Which parts are complete, and how far the others got, is recorded next to the
+partial file (``<final>.P<tag>.<host>.<pid>.<random>.parts``, JSON written
+atomically), only after those bytes are fsynced; `adopt_parts` takes over an orphaned parallel
 partial file together with its record (the same rules as a single-stream partial:
 regular files of this user whose writer is gone). Parallel partial files carry a
 ``P`` tag, so the single-stream path never takes their holes for bytes.
@@ -22,6 +22,7 @@ import attrs
 from framework.download._cache import dead_leftovers, write_json_atomic
 from framework.download._publish import (
     _ACTIVE,
+    PARALLEL_TAG,
     PartialName,
     Validators,
     _orphaned,
@@ -37,7 +38,6 @@ __all__ = [
     "discard_record",
 ]
 
-PARALLEL_TAG: Final = "P"  # prefixes the tag of a parallel partial file (never resumed as contiguous)
 _RECORD_SUFFIX: Final = ".parts"
 _ADOPT_FLAGS: Final = os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
@@ -61,8 +61,9 @@ def _record_path(name: PartialName) -> Path:
     return name.path.with_name(name.path.name[: -len(".part")] + _RECORD_SUFFIX)
 
 
-def _save_record(name: PartialName, plan: _Plan, done: set[int]) -> None:
-    """Record the complete parts; the caller fsynced their bytes first."""
+def _save_record(name: PartialName, plan: _Plan, done: set[int], reached: dict[int, int]) -> None:
+    """Record the complete parts, and how far the others got (the first byte not yet
+    written of each); the caller fsynced those bytes first."""
     data = {
         "size": plan.size,
         "part_size": plan.part_size,
@@ -70,11 +71,12 @@ def _save_record(name: PartialName, plan: _Plan, done: set[int]) -> None:
         "last_modified": plan.validators.last_modified,
         "date": plan.validators.date,
         "done": sorted(done),
+        "reached": {str(index): position for index, position in sorted(reached.items())},
     }
     write_json_atomic(_record_path(name), data, durable=True)
 
 
-def _load_record(path: Path) -> Optional[tuple[_Plan, set[int]]]:
+def _load_record(path: Path) -> Optional[tuple[_Plan, set[int], dict[int, int]]]:
     """A record of ours, readable and consistent, else None (a miss: start over)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
@@ -99,9 +101,18 @@ def _load_record(path: Path) -> Optional[tuple[_Plan, set[int]]]:
         plan = _Plan(size, part_size, Validators(*fields))
         if not isinstance(done, list) or not all(isinstance(i, int) and 0 <= i < plan.count for i in done):
             return None
-    except (KeyError, TypeError):
+        reached: dict[int, int] = {}
+        for key, position in dict(data.get("reached", {})).items():
+            index = int(key)
+            if not isinstance(position, int) or not 0 <= index < plan.count or index in done:
+                return None
+            start, end = plan.bounds(index)
+            if not start <= position < end:
+                return None
+            reached[index] = position
+    except (KeyError, TypeError, ValueError):
         return None
-    return plan, set(done)
+    return plan, set(done), reached
 
 
 @attrs.define
@@ -111,6 +122,7 @@ class Resumed:
     partial: _Partial
     plan: _Plan
     done: set[int]
+    reached: dict[int, int]  # parts begun: the first byte not yet written
 
 
 def adopt_parts(final: Path) -> Optional[Resumed]:
@@ -142,7 +154,7 @@ def adopt_parts(final: Path) -> Optional[Resumed]:
     return None
 
 
-def _take(name: PartialName, plan: _Plan, done: set[int]) -> Optional[Resumed]:
+def _take(name: PartialName, plan: _Plan, done: set[int], reached: dict[int, int]) -> Optional[Resumed]:
     mine = name.renamed()
     _ACTIVE.add(str(mine.path))
     try:
@@ -166,7 +178,8 @@ def _take(name: PartialName, plan: _Plan, done: set[int]) -> Optional[Resumed]:
     partial = _Partial(mine, fd)
     partial.validators = plan.validators
     partial.offset = sum(plan.bounds(i)[1] - plan.bounds(i)[0] for i in done)
-    return Resumed(partial, plan, done)
+    partial.offset += sum(position - plan.bounds(i)[0] for i, position in reached.items())
+    return Resumed(partial, plan, done, reached)
 
 
 def discard_record(partial: _Partial) -> None:

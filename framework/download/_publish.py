@@ -66,6 +66,7 @@ _READ_CHUNK: Final = 1 << 20
 STALE_AFTER_S: Final = 300.0
 # The tag of a partial file whose bytes no validator names: it is never resumed.
 NO_VALIDATOR: Final = "noetag"
+PARALLEL_TAG: Final = "P"  # prefixes the tag of a parallel partial file (never resumed as contiguous)
 
 
 def _new_hasher() -> Any:
@@ -271,12 +272,13 @@ class _Partial:
                 continue
             if _ours(info) and _orphaned(name, info, now):
                 orphans.append((info.st_size, name))
-        for leftover in dead_leftovers(final, (".tmp",)):
+        for leftover in dead_leftovers(final, (".tmp", ".parts")):  # a parallel partial's record too
             remove_quietly(leftover)
         orphans.sort(key=lambda pair: pair[0], reverse=True)
         adopted: Optional[_Partial] = None
         for _size, name in orphans:
-            if adopted is None and name.tag != NO_VALIDATOR:
+            # A parallel partial file has holes: only `_parts.adopt_parts`, with its record, takes it.
+            if adopted is None and name.tag != NO_VALIDATOR and not name.tag.startswith(PARALLEL_TAG):
                 adopted = cls._take(name)
                 if adopted is not None:
                     continue
@@ -510,8 +512,9 @@ def fetch(
     """
     from framework.download import _parallel  # it builds on this module
 
-    parallel = connections > 1 and _parallel.serves_parts(backend)
-    resumed = _parallel.adopt_parts(final) if parallel else None
+    ranged = _parallel.serves_parts(backend)
+    resumed = _parallel.adopt_parts(final) if ranged else None  # with one connection too
+    parallel = resumed is not None or (connections > 1 and ranged)
     partial = resumed.partial if resumed is not None else _Partial.adopt(final)
     if partial is not None:
         logger.info("resuming %s from byte %d", url, partial.offset)

@@ -41,6 +41,10 @@ class Route:
     drop_kind: str = "reset"  # "reset" (RST) | "short" (clean close, body < Content-Length)
     then: dict[str, Any] = attrs.field(factory=dict)  # route fields set after a fault: a new version
     star_total: bool = False  # answer 206 with an unknown total: Content-Range bytes a-b/*
+    range_cap: Optional[int] = None  # a ranged answer (206) carries at most this many bytes
+    stall_after: Optional[int] = None  # body bytes sent before the answer stalls (once)
+    stall_s: float = 30.0
+    busy_over: Optional[int] = None  # a GET while this many bodies are being sent gets 503
     gzip_whole: bool = False  # whole answers (200) come gzip-encoded, whatever was asked
     head_status: Optional[int] = None  # HEAD is answered with this (405: a server without HEAD)
     chunk: int = 64 * 1024
@@ -130,6 +134,8 @@ class _Handler(BaseHTTPRequestHandler):
             else:
                 route.heads += 1
             fail = route.fail_statuses.pop(0) if route.fail_statuses and self.command == "GET" else None
+            if route.busy_over is not None and route.in_flight >= route.busy_over and self.command == "GET":
+                fail = 503
         if fail is not None:
             self._empty(fail)
             return
@@ -154,6 +160,8 @@ class _Handler(BaseHTTPRequestHandler):
                 self._empty(416, {"Content-Range": f"bytes */{size}"})
                 return
             stop = min(size, int(last) + 1) if last.strip() else size
+            if route.range_cap is not None:  # a server that sends less than asked (and says so)
+                stop = min(stop, start + route.range_cap)
             status = 206
         if self.command == "GET" and start == 0:
             with self.server.lock:
@@ -205,7 +213,13 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(body[sent:end])
             with self.server.lock:
                 route.body_bytes += end - sent
+                stall = route.stall_after is not None and sent < route.stall_after <= end
+                if stall:
+                    route.stall_after = None
             sent = end
+            if stall:
+                self.wfile.flush()
+                time.sleep(route.stall_s)
             if route.delay:
                 time.sleep(route.delay)
 

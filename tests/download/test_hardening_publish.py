@@ -23,7 +23,7 @@ from dl_helpers import FORK, FaultServer, Route, sha256, stray_files, wait_for
 from framework.download import DownloadManager
 from framework.download._cache import HOST, Entry, unique_token
 from framework.download._lock import EntryLock
-from framework.download._publish import NO_VALIDATOR, Validators
+from framework.download._publish import NO_VALIDATOR, Validators, partial_bytes
 from framework.download.backend import parse_content_range
 from framework.errors import (
     DownloadError,
@@ -459,11 +459,11 @@ def test_after_ctrl_c_a_later_call_in_the_same_process_resumes(http_server: Faul
     results = FORK.Queue()
     child = FORK.Process(target=_interrupted_then_again, args=(str(cache), url, results))
     child.start()
+    final = Entry(cache, url).final
     try:
-        wait_for(
-            lambda: any(p.name.endswith(".part") and p.stat().st_size > 256 * 1024 for p in cache.glob("*")),
-            what="a partial file",
-        )
+        # Bytes written, not the file's length: a parallel fetch's file is sparse, as long
+        # as the object from the start.
+        wait_for(lambda: partial_bytes(final) > 256 * 1024, what="a partial file")
         http_server.route(url).delay = 0
         os.kill(child.pid or 0, signal.SIGINT)
         assert results.get(timeout=30) == sha256(data)

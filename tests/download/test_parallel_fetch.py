@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import os
 import signal
+import time
 import uuid
 from pathlib import Path
 from typing import Any, Optional
@@ -151,6 +152,26 @@ def test_an_object_of_few_default_parts_is_cut_finer(http_server: FaultServer, t
     assert later and all(first % (1 << 20) == 0 and last - first < 1 << 20 for first, last in later)
 
 
+@pytest.mark.parametrize("star_total", [True, False])
+def test_a_server_that_caps_its_ranges_still_gives_the_whole_object(
+    http_server: FaultServer, tmp_path: Path, star_total: bool
+) -> None:
+    """Ranged answers of at most 1 MiB: with an unknown total (``bytes 0-1048575/*``) the
+    first answer cannot say it is the whole object, so the object is asked for again
+    without a Range; with the total, each short answer is followed by another, and
+    none of them counts as a failure."""
+    data = os.urandom(5 << 20)
+    url = http_server.add(_path("capped"), data, range_cap=1 << 20, star_total=star_total)
+    manager = DownloadManager(tmp_path, connections=4, retries=2, backoff_factor=0.01, progress=False)
+    assert manager.cached_path(url).read_bytes() == data
+    route = http_server.route(url)
+    if star_total:
+        assert route.ranges == [TO_THE_END, ""]
+    else:
+        assert route.gets == 5 and route.body_bytes == len(data)
+    assert stray_files(tmp_path) == []
+
+
 def test_small_object_takes_one_request(http_server: FaultServer, tmp_path: Path) -> None:
     data = _data(0.7)
     url = http_server.add(_path("small"), data)
@@ -238,16 +259,32 @@ def _fetch_child(url: str, cache: str) -> None:
     _manager(Path(cache)).cached_path(url)
 
 
-def _parts_done(cache: Path) -> int:
+def _record(cache: Path) -> dict[str, Any]:
+    """The parallel fetch's record of progress in `cache` ({} if none can be read)."""
+    import json
+
     for name in os.listdir(cache) if cache.exists() else []:
         if name.endswith(".parts"):
             try:
-                import json
-
-                return len(json.loads((cache / name).read_text())["done"])
+                return dict(json.loads((cache / name).read_text()))
             except (OSError, ValueError):
-                return 0
-    return 0
+                return {}
+    return {}
+
+
+def _parts_done(cache: Path) -> int:
+    return len(_record(cache).get("done", []))
+
+
+def _still_to_come(cache: Path, size: int) -> int:
+    """Bytes a resume has to fetch by the record: the parts not done, from where each got to."""
+    record = _record(cache)
+    reached = {int(index): position for index, position in record["reached"].items()}
+    return sum(
+        min(size, (index + 1) * PART) - reached.get(index, index * PART)
+        for index in range(-(-size // PART))
+        if index not in record["done"]
+    )
 
 
 def test_kill_half_way_then_resume_fetches_the_other_half(http_server: FaultServer, tmp_path: Path) -> None:
@@ -263,15 +300,100 @@ def test_kill_half_way_then_resume_fetches_the_other_half(http_server: FaultServ
     done = _parts_done(tmp_path)
     assert 8 <= done < 16
     route = http_server.route(url)
+    wait_for(lambda: route.in_flight == 0, what="the killed child's answers to end")
     route.body_bytes, route.delay, route.gets = 0, 0.0, 0
+    still_to_come = _still_to_come(tmp_path, len(data))
+    assert still_to_come < (16 - done) * PART  # parts under way at the kill kept what was durable
     path = _manager(tmp_path).cached_path(url)
     assert path.read_bytes() == data
-    missing = (16 - done) * PART
-    # only the unfinished parts come again (those in flight at the kill were unfinished), as
-    # one stream per run of missing parts (a link one stream fills)
-    assert route.body_bytes == missing
+    # only what the record did not vouch for comes again, as one stream per run of missing
+    # parts, each from where it got to (a link one stream fills)
+    assert route.body_bytes == still_to_come
     assert route.gets <= 16 - done
     assert stray_files(tmp_path) == []
+
+
+def _interrupted_child(url: str, cache: str, results: Any) -> None:
+    import threading
+    import time
+
+    start = time.monotonic()
+    try:
+        _manager(Path(cache), connections=None).cached_path(url)
+        results.put(("finished", 0.0, []))
+    except KeyboardInterrupt:
+        took = time.monotonic() - start
+        helpers = [t.name for t in threading.enumerate() if t.name.startswith("framework-parallel-")]
+        results.put(("interrupted", took, helpers))
+
+
+def test_ctrl_c_with_a_stalled_connection_returns_and_keeps_the_bytes(
+    http_server: FaultServer, tmp_path: Path
+) -> None:
+    """Ctrl-C while the one stream is stuck in a read: the call returns at once (not after
+    the read timeout), the hash and record threads are gone, and the bytes that arrived
+    are recorded, so the next call asks only for the rest."""
+    data = _data(12)
+    reached = PART + PART // 2  # part 0 complete, part 1 half-way
+    url = http_server.add(_path("stall"), data, stall_after=reached, stall_s=30.0)
+    results = FORK.Queue()
+    child = FORK.Process(target=_interrupted_child, args=(url, str(tmp_path), results))
+    child.start()
+    try:
+        wait_for(lambda: _record(tmp_path).get("reached", {}).get("1", 0) >= reached, what="progress")
+        sent = time.monotonic()
+        os.kill(child.pid or 0, signal.SIGINT)
+        outcome, _took, helpers = results.get(timeout=20)
+        returned_after = time.monotonic() - sent
+    finally:
+        child.join(10)
+        if child.is_alive():
+            child.kill()
+    assert outcome == "interrupted"
+    assert returned_after < 15  # the stalled read would have held it 30 s
+    assert not [name for name in helpers if name.endswith(("hash", "record"))]
+    route = http_server.route(url)
+    route.body_bytes = 0
+    assert _manager(tmp_path).cached_path(url).read_bytes() == data
+    assert route.ranges[-1].startswith(f"bytes={reached}-")  # the rest, in one stream
+    assert route.body_bytes == len(data) - reached
+    assert stray_files(tmp_path) == []
+
+
+def test_a_server_refusing_more_connections_is_served_with_fewer(
+    http_server: FaultServer, tmp_path: Path
+) -> None:
+    """503 beyond two bodies at once: the refused connections hand their part back and
+    stop; the fetch completes over the two the server serves."""
+    data = _data(16)
+    url = http_server.add(_path("busy"), data, busy_over=2, **SLOW)
+    manager = _manager(tmp_path, connections=8, retries=1)
+    assert manager.cached_path(url).read_bytes() == data
+    route = http_server.route(url)
+    assert route.max_in_flight <= 3  # two, and a closed stream the server still counts
+    assert stray_files(tmp_path) == []
+
+
+def test_a_one_stream_call_resumes_a_parallel_partial_and_leaves_no_record(
+    http_server: FaultServer, tmp_path: Path
+) -> None:
+    data = _data(16)
+    url = http_server.add(_path("kill-then-one"), data, **SLOW)
+    child = FORK.Process(target=_fetch_child, args=(url, str(tmp_path)))
+    child.start()
+    try:
+        wait_for(lambda: _parts_done(tmp_path) >= 4, what="some parts recorded")
+        os.kill(child.pid or 0, signal.SIGKILL)
+    finally:
+        child.join(10)
+    route = http_server.route(url)
+    wait_for(lambda: route.in_flight == 0, what="the killed child's answers to end")
+    route.body_bytes, route.delay = 0, 0.0
+    still_to_come = _still_to_come(tmp_path, len(data))
+    assert _manager(tmp_path, connections=1).cached_path(url).read_bytes() == data
+    assert route.body_bytes == still_to_come < len(data)
+    assert stray_files(tmp_path) == []
+    assert not [n for n in os.listdir(tmp_path) if n.endswith(".parts")]
 
 
 def test_resume_of_another_version_starts_over(http_server: FaultServer, tmp_path: Path) -> None:

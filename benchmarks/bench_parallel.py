@@ -9,6 +9,8 @@ once, cold, through the proxy:
 - raw one-stream copy (`requests`, HTTP) and boto3 ``get_object`` (one stream, S3);
 - ``aria2c -x8 -s8`` (skipped when not installed);
 - boto3 ``download_file`` (s3transfer: 8 MiB parts, 10 threads);
+- a calibration row: 16 plain threads of 8 MiB ranged GETs, no hash, no fsync (what
+  the link, the proxy and the server allow on this machine);
 - ours (``DownloadManager``) with its defaults (the adaptive ramp, at most 16
   connections), the same hashing in one pass at the end instead of as parts complete,
   and with ``connections=1`` (one stream).
@@ -235,7 +237,11 @@ def main() -> None:
     boto3.client("s3", endpoint_url=f"http://127.0.0.1:{moto_port}").upload_file(
         str(source), "bench", "object.bin"
     )
-    s3 = boto3.client("s3", endpoint_url=f"http://127.0.0.1:{moto_proxy}")
+    from botocore.config import Config
+
+    s3 = boto3.client(
+        "s3", endpoint_url=f"http://127.0.0.1:{moto_proxy}", config=Config(max_pool_connections=16)
+    )
     http_url = f"http://127.0.0.1:{http_proxy}/object.bin"
 
     from framework_plugins.s3 import S3Backend
@@ -259,6 +265,47 @@ def main() -> None:
 
     def boto_download_file() -> None:
         s3.download_file("bench", "object.bin", str(fresh() / "o"), Config=TransferConfig())
+
+    def plain_threads(get_range: Callable[[int, int], Any]) -> Callable[[], None]:
+        """The calibration row: 16 threads, 8 MiB ranged GETs written at their offsets; no
+        hash, no fsync, no publish: what the link, the proxy and the server allow here."""
+
+        def run() -> None:
+            starts = list(range(0, size, 8 * MIB))
+            lock = threading.Lock()
+            fd = os.open(fresh() / "o", os.O_RDWR | os.O_CREAT, 0o644)
+
+            def worker() -> None:
+                while True:
+                    with lock:
+                        if not starts:
+                            return
+                        start = starts.pop(0)
+                    position = start
+                    for chunk in get_range(start, min(size, start + 8 * MIB) - 1):
+                        os.pwrite(fd, chunk, position)
+                        position += len(chunk)
+
+            threads = [threading.Thread(target=worker) for _ in range(16)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            os.close(fd)
+
+        return run
+
+    session = requests.Session()
+    session.mount("http://", requests.adapters.HTTPAdapter(pool_maxsize=16))
+
+    def http_range(first: int, last: int) -> Any:
+        with session.get(http_url, headers={"Range": f"bytes={first}-{last}"}, stream=True) as response:
+            yield from response.iter_content(MIB)
+
+    def s3_range(first: int, last: int) -> Any:
+        yield from s3.get_object(Bucket="bench", Key="object.bin", Range=f"bytes={first}-{last}")[
+            "Body"
+        ].iter_chunks(MIB)
 
     def aria2() -> None:
         subprocess.run(
@@ -288,11 +335,13 @@ def main() -> None:
 
     rows: list[tuple[str, str, Callable[[], None]]] = [
         ("HTTP", "raw requests, one stream", raw_http),
+        ("HTTP", "calibration: 16 plain threads, no hash", plain_threads(http_range)),
         ("HTTP", "ours, connections=1", ours(http_url, 1)),
         ("HTTP", "ours, default (adaptive, cap 16)", ours(http_url, None)),
         ("HTTP", "ours, default, one hash pass at the end", one_hash_pass(ours(http_url, None))),
         ("S3", "boto3 get_object, one stream", boto_get),
         ("S3", "boto3 download_file (s3transfer)", boto_download_file),
+        ("S3", "calibration: 16 plain threads, no hash", plain_threads(s3_range)),
         ("S3", "ours, connections=1", ours("s3://bench/object.bin", 1)),
         ("S3", "ours, default (adaptive, cap 16)", ours("s3://bench/object.bin", None)),
     ]

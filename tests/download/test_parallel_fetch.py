@@ -23,6 +23,9 @@ PART = 256 * 1024
 # A server that sends each connection 16 KiB every 8 ms (about 2 MiB/s): one stream would
 # need well over `_Ramp.ALONE_S` for the objects below, so the ramp adds connections.
 SLOW: dict[str, Any] = {"chunk": 16 * 1024, "delay": 0.008}
+# Half that pace, for tests that kill a fetch mid-way: the recorder writes progress every
+# `_Recorder.EVERY_S`, so the fetch must last several of those.
+SLOWER: dict[str, Any] = {"chunk": 16 * 1024, "delay": 0.016}
 TO_THE_END = f"bytes=0-{(1 << 62) - 1}"  # the first request: one stream that may go on to the end
 
 
@@ -289,7 +292,7 @@ def _still_to_come(cache: Path, size: int) -> int:
 
 def test_kill_half_way_then_resume_fetches_the_other_half(http_server: FaultServer, tmp_path: Path) -> None:
     data = _data(16)
-    url = http_server.add(_path("kill"), data, **SLOW)
+    url = http_server.add(_path("kill"), data, **SLOWER)
     child = FORK.Process(target=_fetch_child, args=(url, str(tmp_path)))
     child.start()
     try:
@@ -378,7 +381,7 @@ def test_a_one_stream_call_resumes_a_parallel_partial_and_leaves_no_record(
     http_server: FaultServer, tmp_path: Path
 ) -> None:
     data = _data(16)
-    url = http_server.add(_path("kill-then-one"), data, **SLOW)
+    url = http_server.add(_path("kill-then-one"), data, **SLOWER)
     child = FORK.Process(target=_fetch_child, args=(url, str(tmp_path)))
     child.start()
     try:
@@ -398,7 +401,7 @@ def test_a_one_stream_call_resumes_a_parallel_partial_and_leaves_no_record(
 
 def test_resume_of_another_version_starts_over(http_server: FaultServer, tmp_path: Path) -> None:
     old, new = _data(8), _data(8)
-    url = http_server.add(_path("resume-swap"), old, etag='"v1"', **SLOW)
+    url = http_server.add(_path("resume-swap"), old, etag='"v1"', **SLOWER)
     child = FORK.Process(target=_fetch_child, args=(url, str(tmp_path)))
     child.start()
     try:

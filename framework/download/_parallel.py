@@ -151,8 +151,15 @@ class _Hasher:
         self._cond = threading.Condition()
         self._stopped = False
         self.error: Optional[BaseException] = None
+        # Waited on instead of a join: a join interrupted by Ctrl-C leaves the thread
+        # marked as stopped while it runs (CPython's bpo-45274 handling), so later joins return.
+        self._ended = threading.Event()
         self._thread = threading.Thread(target=self._run, name="framework-parallel-hash", daemon=True)
-        self._thread.start()
+        try:
+            self._thread.start()  # the thread owns `read_fd` from here: it closes it as it ends
+        except BaseException:
+            os.close(self.read_fd)
+            raise
 
     def _ready(self) -> bool:
         """Whether the next part can be hashed (under the condition's lock)."""
@@ -185,11 +192,13 @@ class _Hasher:
                     self._next += 1
         except BaseException as error:  # reported by `finish`
             self.error = error
+        finally:
+            os.close(self.read_fd)
+            self._ended.set()
 
     def finish(self) -> Any:
         """Wait until every part is hashed; the hasher, or raise what stopped the thread."""
-        self._thread.join()
-        os.close(self.read_fd)
+        self._ended.wait()
         if self.error is not None:
             raise DownloadError(
                 self.url, f"hashing the download failed: {type(self.error).__name__}: {self.error}"
@@ -197,11 +206,11 @@ class _Hasher:
         return self.hasher
 
     def stop(self) -> None:
+        """Stop hashing (the thread ends on its own if this wait is interrupted)."""
         with self._cond:
             self._stopped = True
             self._cond.notify()
-        self._thread.join()
-        os.close(self.read_fd)
+        self._ended.wait()
 
 
 class _Recorder:
@@ -217,46 +226,67 @@ class _Recorder:
     def __init__(
         self, partial: _Partial, plan: _Plan, done: set[int], reached: Callable[[], dict[int, int]]
     ) -> None:
-        self.partial, self.plan, self._reached = partial, plan, reached
+        self.name, self.plan, self._reached = partial.name, plan, reached
         self.recorded = set(done)
         self._recorded_reached: dict[int, int] = {}
         self._pending: set[int] = set()
         self._closing = self._flush = False
         self._cond = threading.Condition()
+        # A failed fdatasync means written bytes may not be on the disk. Linux reports it
+        # once per open file, so the publishing fsync could then succeed: the fetch fails.
+        self.sync_error: Optional[OSError] = None
+        self._fd = os.dup(partial.fd)  # its own: the thread closes it as it ends
+        self._ended = threading.Event()  # waited on instead of a join, as `_Hasher._ended`
         self._thread = threading.Thread(target=self._run, name="framework-parallel-record", daemon=True)
-        self._thread.start()
+        try:
+            self._thread.start()
+        except BaseException:
+            os.close(self._fd)
+            raise
 
     def completed(self, index: int) -> None:
         with self._cond:
             self._pending.add(index)
 
     def _run(self) -> None:
-        while True:
-            with self._cond:
-                self._cond.wait_for(lambda: self._closing, timeout=self.EVERY_S)
-                if self._closing and not self._flush:
-                    return
-                batch, self._pending = self._pending, set()
-                last = self._closing
-            reached = self._reached()  # taken before the fdatasync: those bytes are written
-            if batch or reached != self._recorded_reached:
-                try:
-                    os.fdatasync(self.partial.fd)  # the bytes are on disk before the record says so
-                    self.recorded |= batch
-                    _save_record(self.partial.name, self.plan, self.recorded, reached)
-                    self._recorded_reached = reached
-                except OSError as error:  # only a later resume loses: it fetches those bytes again
-                    logger.warning("cannot record the progress of %s: %s", self.partial.name.path, error)
-                    return
-            if last:
-                return
+        try:
+            while self._record_once():
+                pass
+        finally:
+            os.close(self._fd)
+            self._ended.set()
+
+    def _record_once(self) -> bool:
+        """Wait for the next record and write it; False once there is none to come."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._closing, timeout=self.EVERY_S)
+            if self._closing and not self._flush:
+                return False
+            batch, self._pending = self._pending, set()
+            last = self._closing
+        reached = self._reached()  # taken before the fdatasync: those bytes are written
+        if batch or reached != self._recorded_reached:
+            try:
+                os.fdatasync(self._fd)  # the bytes are on disk before the record says so
+            except OSError as error:
+                self.sync_error = error
+                return False
+            self.recorded |= batch
+            try:
+                _save_record(self.name, self.plan, self.recorded, reached)
+            except OSError as error:  # only a later resume loses: it fetches those bytes again
+                logger.warning("cannot record the progress of %s: %s", self.name.path, error)
+                return False
+            self._recorded_reached = reached
+        return not last
 
     def close(self, flush: bool) -> None:
-        """Stop; with `flush`, record the progress first (the fetch stops short)."""
+        """Stop; with `flush`, record the progress first (the fetch stops short). The
+        thread ends on its own if this wait is interrupted."""
         with self._cond:
             self._closing, self._flush = True, flush
             self._cond.notify()
-        self._thread.join()
+        self._ended.wait()
 
 
 class _Ramp:
@@ -369,10 +399,19 @@ class _Engine:
         self.waiting = 0  # of those, ones that have not had a byte of their first answer yet
         self.writing = 0  # of those, ones in a pwrite now
         self.ramp = _Ramp(1)
-        self.fd: Optional[int] = os.dup(partial.fd)
         self.done_with_fd = False  # the engine no longer needs `fd`: the last worker out closes it
         self.hasher = _Hasher(url, partial, plan, done)
-        self.recorder = _Recorder(partial, plan, done, self._reached)
+        try:
+            self.recorder = _Recorder(partial, plan, done, self._reached)
+        except BaseException:
+            self.hasher.stop()
+            raise
+        try:
+            self.fd: Optional[int] = os.dup(partial.fd)
+        except BaseException:
+            self.hasher.stop()
+            self.recorder.close(flush=False)
+            raise
 
     def _reached(self) -> dict[int, int]:
         with self.lock:
@@ -384,21 +423,38 @@ class _Engine:
         if first is not None:
             self.todo.popleft()  # part 0: a fresh plan has every part to do
         self.ramp = _Ramp(cap)
-        workers = [self._start(first)]
+        workers: list[threading.Thread] = []
         try:
-            while any(worker.is_alive() for worker in workers):
+            if first is None and not self.todo:
+                self._confirm()  # a resume with every part here: still the version on the server?
+            workers.append(self._start(first))
+            while not self.stop.is_set() and any(worker.is_alive() for worker in workers):
                 self._steer(workers, remaining)
                 time.sleep(0.1 if self.ramp.settled else 0.005)  # Ctrl-C reaches this thread here
+            if self.errors:
+                raise self.errors[0]
         except BaseException:
             self.stop.set()
             self._wind_down(workers, complete=False)
             raise
-        if self.errors:
-            self._wind_down(workers, complete=False)
-            raise self.errors[0]
-        self._wind_down(workers, complete=True)  # the record is removed next
-        self.partial.hasher = self.hasher.finish()
+        try:
+            self._wind_down(workers, complete=True)  # the record is removed next
+            if self.recorder.sync_error is not None:
+                raise DownloadError(
+                    self.url, f"writing {self.partial.name.path} failed: {self.recorder.sync_error}"
+                ) from self.recorder.sync_error
+            self.partial.hasher = self.hasher.finish()
+        except BaseException:
+            self.hasher.stop()
+            raise
         self.partial.offset = self.plan.size
+
+    def _confirm(self) -> None:
+        """Ask for the last byte with the plan's validator, as any part is asked for: a
+        version that changed raises `_VersionChanged` (the fetch starts over)."""
+        position = self.plan.size - 1
+        with self._open(position, self.plan.size) as stream:
+            self._check(stream, position)
 
     def _steer(self, workers: list[threading.Thread], remaining: int) -> None:
         """Start the connections the ramp wants now."""
@@ -413,8 +469,9 @@ class _Engine:
     def _wind_down(self, workers: list[threading.Thread], complete: bool) -> None:
         """Wait for the workers (at most `STOP_WAIT_S` once stopped: one blocked in a read
         finishes on its own and writes nothing more), then stop the hasher (unless the
-        fetch is complete: it finishes) and the recorder (recording the progress of a
-        fetch that stops short), whatever interrupts the wait."""
+        fetch is complete: it finishes) and the recorder, which records the progress
+        first. Whatever interrupts a wait, the descriptor is handed to the last worker
+        out, and the hasher and recorder end on their own threads."""
         deadline = time.monotonic() + STOP_WAIT_S
         try:
             for worker in workers:
@@ -422,14 +479,15 @@ class _Engine:
             with self.lock:  # a worker still live now writes nothing more once its pwrite is done
                 self.lock.wait_for(lambda: self.writing == 0)
         finally:
+            with self.lock:
+                self.done_with_fd = True
+                self._close_fd()
             try:
                 if not complete:
                     self.hasher.stop()
             finally:
-                self.recorder.close(flush=not complete)
-                with self.lock:
-                    self.done_with_fd = True
-                    self._close_fd()
+                # Recorded even when complete: a Ctrl-C during the final hash keeps the parts.
+                self.recorder.close(flush=True)
 
     def _close_fd(self) -> None:
         """Close the workers' descriptor once the engine and every worker are done (under the lock)."""

@@ -45,6 +45,7 @@ class Route:
     stall_after: Optional[int] = None  # body bytes sent before the answer stalls (once)
     stall_s: float = 30.0
     busy_over: Optional[int] = None  # a GET while this many bodies are being sent gets 503
+    refused: int = 0  # GETs answered 503 for `busy_over`
     gzip_whole: bool = False  # whole answers (200) come gzip-encoded, whatever was asked
     head_status: Optional[int] = None  # HEAD is answered with this (405: a server without HEAD)
     chunk: int = 64 * 1024
@@ -136,6 +137,7 @@ class _Handler(BaseHTTPRequestHandler):
             fail = route.fail_statuses.pop(0) if route.fail_statuses and self.command == "GET" else None
             if route.busy_over is not None and route.in_flight >= route.busy_over and self.command == "GET":
                 fail = 503
+                route.refused += 1
         if fail is not None:
             self._empty(fail)
             return

@@ -246,7 +246,7 @@ def main() -> None:
 
     from framework_plugins.s3 import S3Backend
 
-    from framework.download import DownloadManager, _parallel
+    from framework.download import DownloadManager, _followers
 
     def fresh() -> Path:
         folder = Path(tempfile.mkdtemp(dir=work))
@@ -315,11 +315,11 @@ def main() -> None:
 
     def one_hash_pass(run: Callable[[], None]) -> Callable[[], None]:
         def hashed_at_the_end() -> None:
-            _parallel.HASH_AS_PARTS_COMPLETE = False
+            _followers.HASH_AS_PARTS_COMPLETE = False
             try:
                 run()
             finally:
-                _parallel.HASH_AS_PARTS_COMPLETE = True
+                _followers.HASH_AS_PARTS_COMPLETE = True
 
         return hashed_at_the_end
 

@@ -6,7 +6,7 @@ range (``bytes=0-`` and a last byte past any end), and
 
 - a 206 naming the total size and a strong validator, for an object larger than one
   part, makes the plan: that answer goes on as the first connection's stream, and the
-  ramp (`_Ramp`) decides whether more connections are worth it; every later request is
+  ramp (`Ramp`) decides whether more connections are worth it; every later request is
   conditioned on that validator (HTTP ``If-Range``, S3 ``IfMatch``);
 - anything else (a 200 from a server that ignores Range, a small object, no strong
   validator) is streamed as the single-stream path does, so it costs one copy.
@@ -26,7 +26,7 @@ after the part's bytes are fsynced; a later call adopts both (the same rules as 
 single-stream partial: regular files of this user whose writer is gone) and fetches
 only the parts not recorded. Parallel partial files carry a ``P`` tag, so the
 single-stream path never takes their holes for bytes. The plan and its record are
-in `_parts`.
+in `_parts`, the ramp in `_ramp`, the threads that hash and record in `_followers`.
 
 The sha256 is computed by a thread that reads the file back as its contiguous
 prefix of written bytes grows, overlapped with the download; memory is bounded by
@@ -39,7 +39,6 @@ import collections
 import errno
 import inspect
 import logging
-import math
 import os
 import threading
 import time
@@ -47,23 +46,10 @@ from typing import Any, Callable, Final, Optional
 
 import attrs
 
-from framework.download._parts import (
-    PARALLEL_TAG,
-    Resumed,
-    _Plan,
-    _save_record,
-    adopt_parts,
-    discard_record,
-)
-from framework.download._publish import (
-    _ACTIVE,
-    _READ_CHUNK,
-    Validators,
-    _new_hasher,
-    _Partial,
-    _place,
-    _receive,
-)
+from framework.download._followers import PrefixHasher, ProgressRecorder
+from framework.download._parts import PARALLEL_TAG, Resumed, _Plan, adopt_parts, discard_record
+from framework.download._publish import _ACTIVE, Validators, _new_hasher, _Partial, _place, _receive
+from framework.download._ramp import Ramp
 from framework.download.backend import ByteStream, DownloadBackend
 from framework.errors import DownloadError, HTTPStatusError, NetworkError
 
@@ -78,7 +64,7 @@ __all__ = [
 
 logger = logging.getLogger("framework.download")
 
-# The cap; `_Ramp` decides how many of them an object gets (often one).
+# The cap; `Ramp` decides how many of them an object gets (often one).
 DEFAULT_CONNECTIONS: Final = 16
 DEFAULT_PART_SIZE: Final = 8 << 20  # as s3transfer: large enough that a request's latency is amortized
 # Parts are `part_size` at most, smaller for an object that would otherwise have fewer parts
@@ -90,10 +76,6 @@ STOP_WAIT_S: Final = 1.0
 # A range end past any object: a server reads it as "to the end" (RFC 9110, 14.1.2), so the
 # first request is one stream for the whole object that still tells whether ranges are served.
 _TO_THE_END: Final = 1 << 62
-
-# Hash the file's prefix as its parts complete (overlapped with the download), else in one
-# pass once every part is in; benchmarks/bench_parallel.py measures both.
-HASH_AS_PARTS_COMPLETE = True
 
 # Module-level so a test can inject a write failure (ENOSPC), as `_pipeline._writev`.
 _pwrite = os.pwrite
@@ -132,225 +114,6 @@ class _VersionChanged(Exception):
     """A part did not come from the version the plan was made for."""
 
 
-
-
-class _Hasher:
-    """Hashes the file's contiguous prefix of complete parts, on its own thread, reading
-    it back through a descriptor checked to be the partial file."""
-
-    def __init__(self, url: str, partial: _Partial, plan: _Plan, done: set[int]) -> None:
-        self.url, self.plan = url, plan
-        self.hasher = _new_hasher()
-        self.read_fd = os.open(partial.name.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-        mine, seen = os.fstat(partial.fd), os.fstat(self.read_fd)
-        if (mine.st_dev, mine.st_ino) != (seen.st_dev, seen.st_ino):
-            os.close(self.read_fd)
-            raise DownloadError(url, f"{partial.name.path} was replaced while it was written")
-        self._done = set(done)
-        self._next = 0  # the first part not hashed yet
-        self._cond = threading.Condition()
-        self._stopped = False
-        self.error: Optional[BaseException] = None
-        # Waited on instead of a join: a join interrupted by Ctrl-C leaves the thread
-        # marked as stopped while it runs (CPython's bpo-45274 handling), so later joins return.
-        self._ended = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="framework-parallel-hash", daemon=True)
-        try:
-            self._thread.start()  # the thread owns `read_fd` from here: it closes it as it ends
-        except BaseException:
-            os.close(self.read_fd)
-            raise
-
-    def _ready(self) -> bool:
-        """Whether the next part can be hashed (under the condition's lock)."""
-        if HASH_AS_PARTS_COMPLETE:
-            return self._next in self._done
-        return len(self._done) == self.plan.count
-
-    def complete(self, index: int) -> None:
-        with self._cond:
-            self._done.add(index)
-            self._cond.notify()
-
-    def _run(self) -> None:
-        try:
-            while True:
-                with self._cond:
-                    while not self._stopped and self._next < self.plan.count and not self._ready():
-                        self._cond.wait()
-                    if self._stopped or self._next >= self.plan.count:
-                        return
-                    index = self._next
-                start, end = self.plan.bounds(index)
-                while start < end:
-                    chunk = os.pread(self.read_fd, min(_READ_CHUNK, end - start), start)
-                    if not chunk:
-                        raise DownloadError(self.url, "the partial file shrank while it was hashed")
-                    self.hasher.update(chunk)
-                    start += len(chunk)
-                with self._cond:
-                    self._next += 1
-        except BaseException as error:  # reported by `finish`
-            self.error = error
-        finally:
-            os.close(self.read_fd)
-            self._ended.set()
-
-    def finish(self) -> Any:
-        """Wait until every part is hashed; the hasher, or raise what stopped the thread."""
-        self._ended.wait()
-        if self.error is not None:
-            raise DownloadError(
-                self.url, f"hashing the download failed: {type(self.error).__name__}: {self.error}"
-            ) from self.error
-        return self.hasher
-
-    def stop(self) -> None:
-        """Stop hashing (the thread ends on its own if this wait is interrupted)."""
-        with self._cond:
-            self._stopped = True
-            self._cond.notify()
-        self._ended.wait()
-
-
-class _Recorder:
-    """Records progress on its own thread, every `EVERY_S` while it changes, and when the
-    fetch stops short. One ``fdatasync`` covers every byte written before it, then the
-    record is rewritten: complete parts, and how far the others got. Workers never wait
-    on the disk; bytes count (for a later resume) only once they are durable. (Not at
-    each part: on a fast link that would put an fdatasync in the way every few
-    milliseconds; a kill loses at most the last `EVERY_S` of progress.)"""
-
-    EVERY_S: Final = 0.25
-
-    def __init__(
-        self, partial: _Partial, plan: _Plan, done: set[int], reached: Callable[[], dict[int, int]]
-    ) -> None:
-        self.name, self.plan, self._reached = partial.name, plan, reached
-        self.recorded = set(done)
-        self._recorded_reached: dict[int, int] = {}
-        self._pending: set[int] = set()
-        self._closing = self._flush = False
-        self._cond = threading.Condition()
-        # A failed fdatasync means written bytes may not be on the disk. Linux reports it
-        # once per open file, so the publishing fsync could then succeed: the fetch fails.
-        self.sync_error: Optional[OSError] = None
-        self._fd = os.dup(partial.fd)  # its own: the thread closes it as it ends
-        self._ended = threading.Event()  # waited on instead of a join, as `_Hasher._ended`
-        self._thread = threading.Thread(target=self._run, name="framework-parallel-record", daemon=True)
-        try:
-            self._thread.start()
-        except BaseException:
-            os.close(self._fd)
-            raise
-
-    def completed(self, index: int) -> None:
-        with self._cond:
-            self._pending.add(index)
-
-    def _run(self) -> None:
-        try:
-            while self._record_once():
-                pass
-        finally:
-            os.close(self._fd)
-            self._ended.set()
-
-    def _record_once(self) -> bool:
-        """Wait for the next record and write it; False once there is none to come."""
-        with self._cond:
-            self._cond.wait_for(lambda: self._closing, timeout=self.EVERY_S)
-            if self._closing and not self._flush:
-                return False
-            batch, self._pending = self._pending, set()
-            last = self._closing
-        reached = self._reached()  # taken before the fdatasync: those bytes are written
-        if batch or reached != self._recorded_reached:
-            try:
-                os.fdatasync(self._fd)  # the bytes are on disk before the record says so
-            except OSError as error:
-                self.sync_error = error
-                return False
-            self.recorded |= batch
-            try:
-                _save_record(self.name, self.plan, self.recorded, reached)
-            except OSError as error:  # only a later resume loses: it fetches those bytes again
-                logger.warning("cannot record the progress of %s: %s", self.name.path, error)
-                return False
-            self._recorded_reached = reached
-        return not last
-
-    def close(self, flush: bool) -> None:
-        """Stop; with `flush`, record the progress first (the fetch stops short). The
-        thread ends on its own if this wait is interrupted."""
-        with self._cond:
-            self._closing, self._flush = True, flush
-            self._cond.notify()
-        self._ended.wait()
-
-
-class _Ramp:
-    """How many connections fetch an object: grow while throughput grows, up to the cap.
-
-    One stream first, its rate measured over `PROBE_S`. A stream that would bring the
-    rest in under `ALONE_S` stays alone: one stream fills that link, and more would only
-    compete for the CPU. Otherwise the first step opens as many connections as would each
-    still have `ALONE_S` of work at that rate, then the count doubles, up to the cap.
-    Each step's rate is measured over `WINDOW_S` once its new connections have their
-    first bytes; a step that did not pay (less than `GAIN` more, or half the gain the
-    added connections could bring if that is less) is undone: the extra connections
-    finish the part they hold, then stop, and the count stays where it was.
-    """
-
-    PROBE_S: Final = 0.05
-    ALONE_S: Final = 0.5
-    WINDOW_S: Final = 0.05
-    GAIN: Final = 1.25
-
-    def __init__(self, cap: int) -> None:
-        self.cap = cap
-        self.target = 1
-        self.settled = cap == 1
-        self._before = 1  # the count before the step being measured
-        self._rate = 0.0  # the rate measured before that step (bytes/s)
-        self._since: Optional[tuple[float, int]] = None  # when and at which byte count this measurement began
-
-    def refused(self, live: int) -> None:
-        """The server refused a connection: keep to the `live` ones that it serves."""
-        self.target, self.settled = max(1, live), True
-
-    def update(self, now: float, at: float, received: int, remaining: int, ready: bool) -> int:
-        """The count wanted `now`. `received`: bytes so far, the last of them written at
-        `at` (rates are measured between writes: a backend that hands over 1 MiB chunks
-        is not idle between them); `remaining`: bytes still to come; `ready`: every
-        running connection has had its first byte."""
-        if self.settled or not ready:
-            return self.target
-        if self._since is None:
-            self._since = (at, received)
-            return self.target
-        began, before = self._since
-        if now - began < (self.PROBE_S if self.target == 1 else self.WINDOW_S) or at <= began:
-            return self.target
-        rate = (received - before) / (at - began)
-        if self.target == 1:
-            alone_s = remaining / rate if rate > 0 else 0.0
-            if alone_s < self.ALONE_S:
-                self.settled = True
-                return self.target
-            wanted = math.ceil(alone_s / self.ALONE_S)
-        else:
-            added = self.target / self._before - 1
-            if rate < self._rate * min(self.GAIN, 1 + added / 2):  # the last step did not pay: undo it
-                self.target, self.settled = self._before, True
-                return self.target
-            wanted = 2 * self.target
-        if self.target >= self.cap:
-            self.settled = True
-            return self.target
-        self._before, self._rate, self._since = self.target, rate, None
-        self.target = min(self.cap, max(2, wanted))
-        return self.target
 
 
 @attrs.define
@@ -398,11 +161,11 @@ class _Engine:
         self.live = 0  # connections running
         self.waiting = 0  # of those, ones that have not had a byte of their first answer yet
         self.writing = 0  # of those, ones in a pwrite now
-        self.ramp = _Ramp(1)
+        self.ramp = Ramp(1)
         self.done_with_fd = False  # the engine no longer needs `fd`: the last worker out closes it
-        self.hasher = _Hasher(url, partial, plan, done)
+        self.hasher = PrefixHasher(url, partial, plan, done)
         try:
-            self.recorder = _Recorder(partial, plan, done, self._reached)
+            self.recorder = ProgressRecorder(partial, plan, done, self._reached)
         except BaseException:
             self.hasher.stop()
             raise
@@ -422,7 +185,7 @@ class _Engine:
         remaining = self.plan.size - self.partial.offset
         if first is not None:
             self.todo.popleft()  # part 0: a fresh plan has every part to do
-        self.ramp = _Ramp(cap)
+        self.ramp = Ramp(cap)
         workers: list[threading.Thread] = []
         try:
             if first is None and not self.todo:

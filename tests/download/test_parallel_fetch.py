@@ -21,10 +21,10 @@ pytestmark = pytest.mark.timeout(60)
 
 PART = 256 * 1024
 # A server that sends each connection 16 KiB every 8 ms (about 2 MiB/s): one stream would
-# need well over `_Ramp.ALONE_S` for the objects below, so the ramp adds connections.
+# need well over `Ramp.ALONE_S` for the objects below, so the ramp adds connections.
 SLOW: dict[str, Any] = {"chunk": 16 * 1024, "delay": 0.008}
 # Half that pace, for tests that kill a fetch mid-way: the recorder writes progress every
-# `_Recorder.EVERY_S`, so the fetch must last several of those.
+# `ProgressRecorder.EVERY_S`, so the fetch must last several of those.
 SLOWER: dict[str, Any] = {"chunk": 16 * 1024, "delay": 0.016}
 TO_THE_END = f"bytes=0-{(1 << 62) - 1}"  # the first request: one stream that may go on to the end
 
@@ -103,9 +103,9 @@ def test_the_ramp_grows_while_throughput_grows(http_server: FaultServer, tmp_pat
 )
 def test_ramp_decisions(rates: list[float], wanted: list[int]) -> None:
     """Each rate (bytes/s) is what one measurement window saw, with 1 MB still to come."""
-    from framework.download._parallel import _Ramp
+    from framework.download._ramp import Ramp
 
-    ramp, now, received, seen = _Ramp(cap=16), 0.0, 0, []
+    ramp, now, received, seen = Ramp(cap=16), 0.0, 0, []
     for rate in rates:
         ramp.update(now, now, received, 10**6, ready=True)  # a measurement begins
         assert ramp.update(now + 0.1, now, received, 10**6, ready=True) == ramp.target  # no write since
@@ -117,9 +117,9 @@ def test_ramp_decisions(rates: list[float], wanted: list[int]) -> None:
 
 
 def test_ramp_waits_for_the_new_connections_first_bytes() -> None:
-    from framework.download._parallel import _Ramp
+    from framework.download._ramp import Ramp
 
-    ramp = _Ramp(cap=16)
+    ramp = Ramp(cap=16)
     ramp.update(0.0, 0.0, 0, 10**9, ready=True)
     assert ramp.update(0.1, 0.1, 100, 10**9, ready=True) == 16
     assert ramp.update(0.2, 0.2, 200, 10**9, ready=False) == 16  # not measured while any waits
@@ -369,7 +369,7 @@ def _slowly_hashed_child(url: str, cache: str, results: Any) -> None:
     import threading
     import time
 
-    from framework.download import _parallel
+    from framework.download import _followers
 
     class SlowHash:
         def __init__(self) -> None:
@@ -382,8 +382,8 @@ def _slowly_hashed_child(url: str, cache: str, results: Any) -> None:
         def hexdigest(self) -> str:
             return self.real.hexdigest()
 
-    _parallel.HASH_AS_PARTS_COMPLETE = False
-    _parallel._new_hasher = SlowHash  # type: ignore[assignment]
+    _followers.HASH_AS_PARTS_COMPLETE = False
+    _followers._new_hasher = SlowHash  # type: ignore[assignment]
     try:
         _manager(Path(cache)).cached_path(url)
         results.put(("finished", []))
@@ -446,14 +446,14 @@ def test_a_failing_connection_ends_the_fetch_without_waiting_for_a_stalled_one(
 def test_an_engine_that_cannot_start_leaves_no_descriptor(
     http_server: FaultServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from framework.download import _parallel
+    from framework.download import _followers
 
     def broken() -> Any:
         raise RuntimeError("no hasher today")
 
     data = _data(8)
     url = http_server.add(_path("no-engine"), data, **SLOW)
-    monkeypatch.setattr(_parallel, "_new_hasher", broken)
+    monkeypatch.setattr(_followers, "_new_hasher", broken)
 
     def partial_fds() -> list[str]:
         found = []

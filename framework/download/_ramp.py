@@ -1,0 +1,72 @@
+"""How many connections fetch one object: the adaptive ramp of a parallel fetch."""
+
+from __future__ import annotations
+
+import math
+from typing import Final, Optional
+
+__all__ = ["Ramp"]
+
+
+class Ramp:
+    """How many connections fetch an object: grow while throughput grows, up to the cap.
+
+    One stream first, its rate measured over `PROBE_S`. A stream that would bring the
+    rest in under `ALONE_S` stays alone: one stream fills that link, and more would only
+    compete for the CPU. Otherwise the first step opens as many connections as would each
+    still have `ALONE_S` of work at that rate, then the count doubles, up to the cap.
+    Each step's rate is measured over `WINDOW_S` once its new connections have their
+    first bytes; a step that did not pay (less than `GAIN` more, or half the gain the
+    added connections could bring if that is less) is undone: the extra connections
+    finish the part they hold, then stop, and the count stays where it was.
+    """
+
+    PROBE_S: Final = 0.05
+    ALONE_S: Final = 0.5
+    WINDOW_S: Final = 0.05
+    GAIN: Final = 1.25
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self.target = 1
+        self.settled = cap == 1
+        self._before = 1  # the count before the step being measured
+        self._rate = 0.0  # the rate measured before that step (bytes/s)
+        self._since: Optional[tuple[float, int]] = None  # when and at which byte count this measurement began
+
+    def refused(self, live: int) -> None:
+        """The server refused a connection: keep to the `live` ones that it serves."""
+        self.target, self.settled = max(1, live), True
+
+    def update(self, now: float, at: float, received: int, remaining: int, ready: bool) -> int:
+        """The count wanted `now`. `received`: bytes so far, the last of them written at
+        `at` (rates are measured between writes: a backend that hands over 1 MiB chunks
+        is not idle between them); `remaining`: bytes still to come; `ready`: every
+        running connection has had its first byte."""
+        if self.settled or not ready:
+            return self.target
+        if self._since is None:
+            self._since = (at, received)
+            return self.target
+        began, before = self._since
+        if now - began < (self.PROBE_S if self.target == 1 else self.WINDOW_S) or at <= began:
+            return self.target
+        rate = (received - before) / (at - began)
+        if self.target == 1:
+            alone_s = remaining / rate if rate > 0 else 0.0
+            if alone_s < self.ALONE_S:
+                self.settled = True
+                return self.target
+            wanted = math.ceil(alone_s / self.ALONE_S)
+        else:
+            added = self.target / self._before - 1
+            if rate < self._rate * min(self.GAIN, 1 + added / 2):  # the last step did not pay: undo it
+                self.target, self.settled = self._before, True
+                return self.target
+            wanted = 2 * self.target
+        if self.target >= self.cap:
+            self.settled = True
+            return self.target
+        self._before, self._rate, self._since = self.target, rate, None
+        self.target = min(self.cap, max(2, wanted))
+        return self.target

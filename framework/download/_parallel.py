@@ -193,7 +193,9 @@ class _Engine:
             workers.append(self._start(first))
             while not self.stop.is_set() and any(worker.is_alive() for worker in workers):
                 self._steer(workers, remaining)
-                time.sleep(0.1 if self.ramp.settled else 0.005)  # Ctrl-C reaches this thread here
+                with self.lock:  # woken as a worker leaves; Ctrl-C reaches this thread here
+                    if self.live:
+                        self.lock.wait(0.1 if self.ramp.settled else 0.005)
             if self.errors:
                 raise self.errors[0]
         except BaseException:
@@ -293,6 +295,7 @@ class _Engine:
             self.live -= 1
             self.waiting -= connection.waiting
             self._close_fd()
+            self.lock.notify_all()
 
     def _claim(self, connection: _Connection) -> Optional[int]:
         """The lowest missing part, now this connection's; None when none is left or the

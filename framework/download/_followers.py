@@ -17,6 +17,9 @@ __all__ = ["HASH_AS_PARTS_COMPLETE", "PrefixHasher", "ProgressRecorder"]
 
 logger = logging.getLogger("framework.download")
 
+# fdatasync where the platform has it (not macOS), else fsync.
+_datasync: Callable[[int], None] = getattr(os, "fdatasync", os.fsync)
+
 # Hash the file's prefix as its parts complete (overlapped with the download), else in one
 # pass once every part is in; benchmarks/bench_parallel.py measures both.
 HASH_AS_PARTS_COMPLETE = True
@@ -81,8 +84,12 @@ class PrefixHasher:
         except BaseException as error:  # reported by `finish`
             self.error = error
         finally:
-            os.close(self.read_fd)
-            self._ended.set()
+            try:
+                os.close(self.read_fd)
+            except OSError:
+                pass  # read only: nothing of ours is lost
+            finally:
+                self._ended.set()
 
     def finish(self) -> Any:
         """Wait until every part is hashed; the hasher, or raise what stopped the thread."""
@@ -112,7 +119,12 @@ class ProgressRecorder:
     EVERY_S: Final = 0.25
 
     def __init__(
-        self, partial: _Partial, plan: _Plan, done: set[int], reached: Callable[[], dict[int, int]]
+        self,
+        partial: _Partial,
+        plan: _Plan,
+        done: set[int],
+        reached: Callable[[], dict[int, int]],
+        on_error: Callable[[OSError], None],
     ) -> None:
         self.name, self.plan, self._reached = partial.name, plan, reached
         self.recorded = set(done)
@@ -121,8 +133,10 @@ class ProgressRecorder:
         self._closing = self._flush = False
         self._cond = threading.Condition()
         # A failed fdatasync means written bytes may not be on the disk. Linux reports it
-        # once per open file, so the publishing fsync could then succeed: the fetch fails.
+        # once per open file, so the publishing fsync could then succeed: the fetch fails,
+        # at once (`on_error`).
         self.sync_error: Optional[OSError] = None
+        self._on_error = on_error
         self._fd = os.dup(partial.fd)  # its own: the thread closes it as it ends
         self._ended = threading.Event()  # waited on instead of a join, as `PrefixHasher._ended`
         self._thread = threading.Thread(target=self._run, name="framework-parallel-record", daemon=True)
@@ -141,8 +155,17 @@ class ProgressRecorder:
             while self._record_once():
                 pass
         finally:
-            os.close(self._fd)
-            self._ended.set()
+            try:
+                os.close(self._fd)  # NFS may report a write-back error here
+            except OSError as error:
+                self._failed(error)
+            finally:
+                self._ended.set()
+
+    def _failed(self, error: OSError) -> None:
+        if self.sync_error is None:
+            self.sync_error = error
+            self._on_error(error)
 
     def _record_once(self) -> bool:
         """Wait for the next record and write it; False once there is none to come."""
@@ -155,9 +178,9 @@ class ProgressRecorder:
         reached = self._reached()  # taken before the fdatasync: those bytes are written
         if batch or reached != self._recorded_reached:
             try:
-                os.fdatasync(self._fd)  # the bytes are on disk before the record says so
+                _datasync(self._fd)  # the bytes are on disk before the record says so
             except OSError as error:
-                self.sync_error = error
+                self._failed(error)
                 return False
             self.recorded |= batch
             try:

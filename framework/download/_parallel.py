@@ -20,13 +20,15 @@ A part answered whole (200), with another validator, another total size, or an
 encoded body aborts the parallel attempt: what was written is dropped and the
 single-stream path starts over from byte 0; two versions' bytes never mix.
 
-Which parts are complete is recorded next to the partial file
-(``<final>.P<tag>.<host>.<pid>.<random>.parts``, JSON written atomically), only
-after the part's bytes are fsynced; a later call adopts both (the same rules as a
-single-stream partial: regular files of this user whose writer is gone) and fetches
-only the parts not recorded. Parallel partial files carry a ``P`` tag, so the
-single-stream path never takes their holes for bytes. The plan and its record are
-in `_parts`, the ramp in `_ramp`, the threads that hash and record in `_followers`.
+Which parts are complete, and how far each begun part got, is recorded next to the
+partial file (``<final>.P<tag>.<host>.<pid>.<random>.parts``, JSON written
+atomically) every quarter second and when the fetch stops, only after those bytes are
+fsynced; a later call, with any number of connections, adopts both (the same rules as
+a single-stream partial: regular files of this user whose writer is gone) and asks
+only for what is not recorded, each part from where it got to. Parallel partial files
+carry a ``P`` tag, so the single-stream path never takes their holes for bytes. The
+plan and its record are in `_parts`, the ramp in `_ramp`, the threads that hash and
+record in `_followers`.
 
 The sha256 is computed by a thread that reads the file back as its contiguous
 prefix of written bytes grows, overlapped with the download; memory is bounded by
@@ -165,7 +167,7 @@ class _Engine:
         self.done_with_fd = False  # the engine no longer needs `fd`: the last worker out closes it
         self.hasher = PrefixHasher(url, partial, plan, done)
         try:
-            self.recorder = ProgressRecorder(partial, plan, done, self._reached)
+            self.recorder = ProgressRecorder(partial, plan, done, self._reached, self._recorder_failed)
         except BaseException:
             self.hasher.stop()
             raise
@@ -190,11 +192,17 @@ class _Engine:
         try:
             if first is None and not self.todo:
                 self._confirm()  # a resume with every part here: still the version on the server?
-            workers.append(self._start(first))
-            while not self.stop.is_set() and any(worker.is_alive() for worker in workers):
-                self._steer(workers, remaining)
-                with self.lock:  # woken as a worker leaves; Ctrl-C reaches this thread here
-                    if self.live:
+            try:
+                worker = self._start(first)
+            except BaseException:
+                if first is not None:
+                    first.close()
+                raise
+            assert worker is not None  # the first one raises when it cannot start
+            workers.append(worker)
+            while self._steer(workers, remaining):
+                with self.lock:  # woken as a worker leaves or fails; Ctrl-C reaches this thread here
+                    if self.live and not self.stop.is_set():
                         self.lock.wait(0.1 if self.ramp.settled else 0.005)
             if self.errors:
                 raise self.errors[0]
@@ -204,10 +212,8 @@ class _Engine:
             raise
         try:
             self._wind_down(workers, complete=True)  # the record is removed next
-            if self.recorder.sync_error is not None:
-                raise DownloadError(
-                    self.url, f"writing {self.partial.name.path} failed: {self.recorder.sync_error}"
-                ) from self.recorder.sync_error
+            if self.errors:  # the recorder's last sync failed
+                raise self.errors[0]
             self.partial.hasher = self.hasher.finish()
         except BaseException:
             self.hasher.stop()
@@ -221,15 +227,23 @@ class _Engine:
         with self._open(position, self.plan.size) as stream:
             self._check(stream, position)
 
-    def _steer(self, workers: list[threading.Thread], remaining: int) -> None:
-        """Start the connections the ramp wants now."""
+    def _steer(self, workers: list[threading.Thread], remaining: int) -> bool:
+        """Start the connections the ramp wants now; False once the fetch is over (every
+        connection has left: no part is left, or one failed)."""
         with self.lock:
+            if self.stop.is_set() or self.live == 0:
+                return False
             at, received, ready = self.written_at, self.received, self.waiting == 0
             live, left = self.live, bool(self.todo)
         wanted = self.ramp.update(time.monotonic(), at, received, remaining - received, ready)
         if wanted > live and left:
             logger.debug("%s: %d connections (%d bytes so far)", self.url, wanted, received)
-            workers.extend(self._start(None) for _ in range(wanted - live))
+            for _ in range(wanted - live):
+                worker = self._start(None)
+                if worker is None:
+                    break
+                workers.append(worker)
+        return True
 
     def _wind_down(self, workers: list[threading.Thread], complete: bool) -> None:
         """Wait for the workers (at most `STOP_WAIT_S` once stopped: one blocked in a read
@@ -260,14 +274,27 @@ class _Engine:
             os.close(self.fd)
             self.fd = None
 
-    def _start(self, first: Optional[ByteStream]) -> threading.Thread:
+    def _start(self, first: Optional[ByteStream]) -> Optional[threading.Thread]:
+        """Start a worker (on `first` if given). None if the system refuses another
+        thread while others run: the ramp keeps to those (raised for the first one)."""
         with self.lock:
             self.live += 1
             self.waiting += 1
         worker = threading.Thread(
             target=self._work, args=(first,), name=f"framework-parallel-{self.live}", daemon=True
         )
-        worker.start()
+        try:
+            worker.start()
+        except BaseException as error:
+            with self.lock:
+                self.live -= 1
+                self.waiting -= 1
+                self._close_fd()
+                if first is not None or self.live == 0 or not isinstance(error, RuntimeError):
+                    raise
+                self.ramp.refused(self.live)
+            logger.info("%s: cannot start another connection (%s); going on with fewer", self.url, error)
+            return None
         return worker
 
     def _work(self, first: Optional[ByteStream]) -> None:
@@ -421,7 +448,8 @@ class _Engine:
                 finally:
                     with self.lock:
                         self.writing -= 1
-                        self.lock.notify_all()
+                        if self.stop.is_set():  # `_wind_down` waits for the last pwrite
+                            self.lock.notify_all()
                 position, view = position + len(piece), view[len(piece) :]
                 connection.position = position
                 with self.lock:
@@ -449,14 +477,29 @@ class _Engine:
                 written = _pwrite(self.fd, view, position)
             except OSError as error:
                 if error.errno in (errno.ENOSPC, errno.EDQUOT):
-                    raise DownloadError(
-                        self.url,
-                        f"no space left on the device holding {self.partial.name.path.parent} "
-                        f"({os.strerror(error.errno)}); free some space or point "
-                        "FRAMEWORK_CACHE at a larger disk",
-                    ) from error
+                    raise self._write_error(error) from error
                 raise
             view, position = view[written:], position + written
+
+    def _write_error(self, error: OSError) -> DownloadError:
+        """What a failed write or sync of the partial file tells the user."""
+        if error.errno in (errno.ENOSPC, errno.EDQUOT):
+            return DownloadError(
+                self.url,
+                f"no space left on the device holding {self.partial.name.path.parent} "
+                f"({os.strerror(error.errno)}); free some space or point "
+                "FRAMEWORK_CACHE at a larger disk",
+            )
+        return DownloadError(self.url, f"writing {self.partial.name.path} failed: {error}")
+
+    def _recorder_failed(self, error: OSError) -> None:
+        """The recorder could not make written bytes durable: the fetch stops now."""
+        failure = self._write_error(error)
+        failure.__cause__ = error
+        with self.lock:
+            self.errors.append(failure)
+            self.stop.set()
+            self.lock.notify_all()
 
     def _complete(self, index: int) -> None:
         with self.lock:

@@ -40,6 +40,7 @@ __all__ = [
 
 _RECORD_SUFFIX: Final = ".parts"
 _ADOPT_FLAGS: Final = os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_LARGEST_RECORD: Final = 16 << 20  # read no more of a record (a planted one may be huge)
 
 
 @attrs.frozen
@@ -70,10 +71,22 @@ def _save_record(name: PartialName, plan: _Plan, done: set[int], reached: dict[i
         "etag": plan.validators.etag,
         "last_modified": plan.validators.last_modified,
         "date": plan.validators.date,
-        "done": sorted(done),
+        "done": _runs(done),
         "reached": {str(index): position for index, position in sorted(reached.items())},
     }
     write_json_atomic(_record_path(name), data, durable=True)
+
+
+def _runs(indices: set[int]) -> list[list[int]]:
+    """`indices` as runs ``[first, last]``: parts complete lowest first, so a record stays
+    small whatever the object's size."""
+    runs: list[list[int]] = []
+    for index in sorted(indices):
+        if runs and runs[-1][1] == index - 1:
+            runs[-1][1] = index
+        else:
+            runs.append([index, index])
+    return runs
 
 
 def _load_record(path: Path) -> Optional[tuple[_Plan, set[int], dict[int, int]]]:
@@ -86,7 +99,7 @@ def _load_record(path: Path) -> Optional[tuple[_Plan, set[int], dict[int, int]]]
         if not _ours(os.fstat(fd)):
             return None
         with os.fdopen(os.dup(fd), "rb") as file:
-            data = json.loads(file.read(1 << 20))
+            data = json.loads(file.read(_LARGEST_RECORD))
     except (OSError, ValueError):
         return None
     finally:
@@ -99,8 +112,12 @@ def _load_record(path: Path) -> Optional[tuple[_Plan, set[int], dict[int, int]]]
         if not all(value is None or isinstance(value, str) for value in fields):
             return None
         plan = _Plan(size, part_size, Validators(*fields))
-        if not isinstance(done, list) or not all(isinstance(i, int) and 0 <= i < plan.count for i in done):
-            return None
+        complete: set[int] = set()
+        for first, last in done:
+            if not (isinstance(first, int) and isinstance(last, int) and 0 <= first <= last < plan.count):
+                return None
+            complete.update(range(first, last + 1))
+        done = complete
         reached: dict[int, int] = {}
         for key, position in dict(data.get("reached", {})).items():
             index = int(key)
@@ -112,7 +129,7 @@ def _load_record(path: Path) -> Optional[tuple[_Plan, set[int], dict[int, int]]]
             reached[index] = position
     except (KeyError, TypeError, ValueError):
         return None
-    return plan, set(done), reached
+    return plan, done, reached
 
 
 @attrs.define
@@ -130,12 +147,14 @@ def adopt_parts(final: Path) -> Optional[Resumed]:
 
     Only regular files of this user whose writer is gone, with a readable record for
     their version and size, are candidates: the same rules as `_Partial.adopt`.
-    Records whose partial file is gone, and dead writers' temporary files, are removed."""
+    Records whose partial file is gone, dead writers' temporary files and, once one is
+    taken, the other dead writers' parallel partial files are removed."""
     for leftover in dead_leftovers(final, (_RECORD_SUFFIX, ".tmp")):
         partial = leftover.with_name(leftover.name[: -len(_RECORD_SUFFIX)] + ".part")
         if leftover.name.endswith(".tmp") or not os.path.lexists(partial):
             remove_quietly(leftover)
     now = time.time()
+    adopted: Optional[Resumed] = None
     for name in PartialName.all(final):
         if not name.tag.startswith(PARALLEL_TAG):
             continue
@@ -145,13 +164,17 @@ def adopt_parts(final: Path) -> Optional[Resumed]:
             continue
         if not (_ours(info) and _orphaned(name, info, now)):
             continue
-        loaded = _load_record(_record_path(name))
-        if loaded is None or PARALLEL_TAG + loaded[0].validators.tag != name.tag:
-            continue
-        resumed = _take(name, *loaded)
-        if resumed is not None:
-            return resumed
-    return None
+        if adopted is None:
+            loaded = _load_record(_record_path(name))
+            if loaded is None or PARALLEL_TAG + loaded[0].validators.tag != name.tag:
+                continue  # `_Partial.adopt` sweeps it
+            adopted = _take(name, *loaded)
+            if adopted is not None:
+                continue
+        else:  # another dead writer's: nothing will resume it now
+            remove_quietly(name.path)
+            remove_quietly(_record_path(name))
+    return adopted
 
 
 def _take(name: PartialName, plan: _Plan, done: set[int], reached: dict[int, int]) -> Optional[Resumed]:

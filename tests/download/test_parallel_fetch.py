@@ -275,8 +275,13 @@ def _record(cache: Path) -> dict[str, Any]:
     return {}
 
 
+def _done(record: dict[str, Any]) -> set[int]:
+    """The complete parts of a record (kept as runs ``[first, last]``)."""
+    return {index for first, last in record.get("done", []) for index in range(first, last + 1)}
+
+
 def _parts_done(cache: Path) -> int:
-    return len(_record(cache).get("done", []))
+    return len(_done(_record(cache)))
 
 
 def _still_to_come(cache: Path, size: int) -> int:
@@ -286,7 +291,7 @@ def _still_to_come(cache: Path, size: int) -> int:
     return sum(
         min(size, (index + 1) * PART) - reached.get(index, index * PART)
         for index in range(-(-size // PART))
-        if index not in record["done"]
+        if index not in _done(record)
     )
 
 
@@ -471,6 +476,142 @@ def test_an_engine_that_cannot_start_leaves_no_descriptor(
             _manager(tmp_path).cached_path(url)
     assert partial_fds() == []
     assert stray_files(tmp_path) == []
+
+
+def test_a_failed_sync_stops_the_fetch_at_once(
+    http_server: FaultServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The recorder's fdatasync fails (the disk is full): the fetch fails then, with the
+    space hint, not after every byte has come."""
+    from framework.download import _followers
+    from framework.errors import DownloadError
+
+    def full(fd: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(_followers, "_datasync", full)
+    data = _data(64)  # 16 MiB at 2 MiB/s per connection: seconds
+    url = http_server.add(_path("sync-fails"), data, **SLOW)
+    with pytest.raises(DownloadError, match="no space left on the device"):
+        _manager(tmp_path).cached_path(url)
+    assert http_server.route(url).body_bytes < len(data) // 2
+    assert stray_files(tmp_path) == []
+
+
+def test_a_failing_close_of_the_recorders_descriptor_is_an_error_not_a_hang(
+    http_server: FaultServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import threading as real_threading
+    import types
+
+    from framework.download import _followers
+    from framework.errors import DownloadError
+
+    def close(fd: int) -> None:
+        os.close(fd)
+        if real_threading.current_thread().name.endswith("-record"):
+            raise OSError(5, "Input/output error")  # as NFS reports a write-back error
+
+    fake_os = types.SimpleNamespace(**{n: getattr(os, n) for n in dir(os) if not n.startswith("__")})
+    fake_os.close = close
+    monkeypatch.setattr(_followers, "os", fake_os)
+    data = _data(8)
+    url = http_server.add(_path("close-fails"), data, **SLOW)
+    with pytest.raises(DownloadError, match="Input/output error"):
+        _manager(tmp_path).cached_path(url)
+
+
+def test_a_thread_that_cannot_start_means_fewer_connections(
+    http_server: FaultServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import threading
+
+    real_start = threading.Thread.start
+
+    def start(thread: threading.Thread) -> None:
+        if thread.name.startswith("framework-parallel-") and thread.name[-1].isdigit() and thread.name != (
+            "framework-parallel-1"
+        ):
+            raise RuntimeError("can't start new thread")
+        real_start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", start)
+    data = _data(8)
+    url = http_server.add(_path("no-threads"), data, **SLOW)
+    assert _manager(tmp_path).cached_path(url).read_bytes() == data
+    assert http_server.route(url).max_in_flight == 1
+    leftover = [
+        target
+        for fd in os.listdir("/proc/self/fd")
+        if (target := os.path.realpath(f"/proc/self/fd/{fd}")).startswith(str(tmp_path))
+    ]
+    assert leftover == []
+
+
+def test_the_settled_steering_loop_does_not_wake_for_every_write(
+    http_server: FaultServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from framework.download import _parallel
+
+    counts = {"steer": 0, "write": 0}
+    real_steer, real_pwrite = _parallel._Engine._steer, _parallel._pwrite
+
+    def steer(self: Any, *args: Any) -> bool:
+        counts["steer"] += 1
+        return bool(real_steer(self, *args))
+
+    def pwrite(fd: int, view: Any, offset: int) -> int:
+        counts["write"] += 1
+        return real_pwrite(fd, view, offset)
+
+    monkeypatch.setattr(_parallel._Engine, "_steer", steer)
+    monkeypatch.setattr(_parallel, "_pwrite", pwrite)
+    data = _data(16)
+    url = http_server.add(_path("steer"), data, **SLOW)
+    assert _manager(tmp_path).cached_path(url).read_bytes() == data
+    assert counts["write"] >= 100, counts  # 16 KiB chunks
+    assert counts["steer"] < counts["write"] / 2, counts  # it woke on every write before
+
+
+def test_once_a_partial_is_adopted_other_dead_writers_partials_go(
+    http_server: FaultServer, tmp_path: Path
+) -> None:
+    """Two processes without a lock fetch the same object and are killed: the next call
+    resumes one writer's file and removes the other's, with its record."""
+    data = _data(16)
+    url = http_server.add(_path("two-dead"), data, **SLOWER)
+    results = FORK.Queue()
+    children = [
+        FORK.Process(target=_race_child, args=(url, str(tmp_path), results, "none")) for _ in range(2)
+    ]
+    for child in children:
+        child.start()
+    try:
+        wait_for(
+            lambda: len([n for n in os.listdir(tmp_path) if n.endswith(".parts")]) == 2, what="two records"
+        )
+    finally:
+        for child in children:
+            os.kill(child.pid or 0, signal.SIGKILL)
+            child.join(10)
+    assert _manager(tmp_path).cached_path(url).read_bytes() == data
+    assert stray_files(tmp_path) == []
+    assert not [n for n in os.listdir(tmp_path) if n.endswith(".parts")]
+
+
+def test_a_record_of_a_huge_object_stays_small_and_reads_back(tmp_path: Path) -> None:
+    """Parts complete lowest first, so the record keeps runs: 1.27 TiB in 8 MiB parts,
+    all but ten done, is a few hundred bytes (a list of indices was over 1 MiB and was
+    refused on resume)."""
+    from framework.download._parts import _load_record, _Plan, _record_path, _save_record
+    from framework.download._publish import PartialName, Validators
+
+    plan = _Plan(166_400 * (8 << 20), 8 << 20, Validators('"big"', None, None))
+    done = set(range(166_390)) | {166_395}
+    name = PartialName(tmp_path / "object.bin", "P" + plan.validators.tag)
+    _save_record(name, plan, done, {166_391: 166_391 * (8 << 20) + 5})
+    assert _record_path(name).stat().st_size < 1024
+    assert _load_record(_record_path(name)) == (plan, done, {166_391: 166_391 * (8 << 20) + 5})
 
 
 def test_a_server_refusing_more_connections_is_served_with_fewer(

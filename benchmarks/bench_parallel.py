@@ -384,6 +384,8 @@ def main() -> None:
         with open(work / "big.bin", "wb") as out:
             for _ in range(args.rss_mb):
                 out.write(os.urandom(MIB))
+        # The server reads an object into memory at its first GET: not part of the fetch.
+        requests.get(f"http://127.0.0.1:{http_port}/big.bin", headers={"Range": "bytes=0-0"}).close()
         receive, send = FORK.Pipe(duplex=False)
         child = FORK.Process(
             target=_rss_child, args=(f"http://127.0.0.1:{http_proxy}/big.bin", str(fresh()), send)

@@ -39,6 +39,7 @@ __all__ = [
     "digest_of",
     "file_identity",
     "is_alive_local",
+    "parse_json",
     "parse_owner",
     "read_metadata",
     "read_small_file",
@@ -313,6 +314,17 @@ def _read_small(path: Path) -> Optional[tuple[bytes, os.stat_result]]:
     return (data, info) if len(data) <= _MAX_SMALL_FILE else None
 
 
+def parse_json(raw: Optional[bytes]) -> Any:
+    """`raw` decoded as JSON; None when there is nothing, or nothing this library wrote
+    (any file in a shared cache may be planted: deep nesting raises RecursionError)."""
+    if raw is None:
+        return None
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError):
+        return None
+
+
 def read_small_file(path: Path) -> Optional[bytes]:
     """The bytes of a small regular file (see `_read_small`)."""
     found = _read_small(path)
@@ -324,10 +336,7 @@ def read_metadata(path: Path) -> Optional[Metadata]:
 
 
 def _parse_metadata(raw: Optional[bytes]) -> Optional[Metadata]:
-    try:
-        data: Any = json.loads(raw) if raw is not None else None
-    except ValueError:
-        return None
+    data = parse_json(raw)
     if not isinstance(data, dict):
         return None
     # Anyone may have written it (a neighbour, another tool, an older release): a field of

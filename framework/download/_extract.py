@@ -21,7 +21,6 @@ a newer one; the old marker goes before the old folder does.
 from __future__ import annotations
 
 import copy
-import json
 import lzma
 import os
 import shutil
@@ -34,7 +33,13 @@ from typing import IO, Any, Final, Optional, Union
 
 import attrs
 
-from framework.download._cache import dead_leftovers, read_small_file, unique_token, write_json_atomic
+from framework.download._cache import (
+    dead_leftovers,
+    parse_json,
+    read_small_file,
+    unique_token,
+    write_json_atomic,
+)
 from framework.errors import CorruptArchiveError, DownloadError, UnsafeArchiveError
 
 __all__ = [
@@ -341,11 +346,7 @@ def extracted_from(target: Path, digest: str) -> bool:
         return False
     if not stat.S_ISDIR(folder.st_mode):
         return False
-    raw = read_small_file(_marker(target))
-    try:
-        marker = json.loads(raw) if raw is not None else None
-    except ValueError:
-        return False
+    marker = parse_json(read_small_file(_marker(target)))
     return (
         isinstance(marker, dict)
         and marker.get("sha256") == digest

@@ -13,7 +13,6 @@ working, however long that takes, and time out only on a holder that stopped.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import stat
@@ -28,7 +27,7 @@ from typing import Any, Callable, Literal, Optional, Union
 import filelock
 
 from framework._redact import redact_url
-from framework.download._cache import HOST, is_alive_local, read_small_file, write_json_atomic
+from framework.download._cache import HOST, is_alive_local, parse_json, read_small_file, write_json_atomic
 from framework.errors import LockTimeoutError
 
 __all__ = ["EntryLock", "LockKind"]
@@ -88,11 +87,7 @@ class EntryLock:
         return f"pid {owner.get('pid')} on {owner.get('host')}{ago}"
 
     def _read_owner(self) -> dict[str, Any]:
-        raw = read_small_file(self.owner_path)
-        try:
-            data = json.loads(raw) if raw is not None else None
-        except ValueError:
-            return {}
+        data = parse_json(read_small_file(self.owner_path))
         return data if isinstance(data, dict) else {}
 
     def _heartbeat(self) -> int:

@@ -49,7 +49,7 @@ from typing import Any, Callable, Final, Optional
 import attrs
 
 from framework.download._followers import PrefixHasher, ProgressRecorder
-from framework.download._parts import PARALLEL_TAG, Resumed, _Plan, adopt_parts, discard_record
+from framework.download._parts import MOST_PARTS, PARALLEL_TAG, Resumed, _Plan, adopt_parts, discard_record
 from framework.download._publish import _ACTIVE, Validators, _new_hasher, _Partial, _place, _receive
 from framework.download._ramp import Ramp
 from framework.download.backend import ByteStream, DownloadBackend
@@ -290,7 +290,9 @@ class _Engine:
                 self.live -= 1
                 self.waiting -= 1
                 self._close_fd()
-                if first is not None or self.live == 0 or not isinstance(error, RuntimeError):
+                # The first worker, another error, or nobody left to fetch what remains: fail.
+                stranded = self.live == 0 and bool(self.todo)
+                if first is not None or not isinstance(error, RuntimeError) or stranded:
                     raise
                 self.ramp.refused(self.live)
             logger.info("%s: cannot start another connection (%s); going on with fewer", self.url, error)
@@ -453,7 +455,10 @@ class _Engine:
                 position, view = position + len(piece), view[len(piece) :]
                 connection.position = position
                 with self.lock:
-                    self.reached[index] = position
+                    if position < end:
+                        self.reached[index] = position
+                    else:  # complete: recorded as done once `_complete` says so, never as reached
+                        self.reached.pop(index, None)
                     self.partial.offset += len(piece)
                     self.received += len(piece)
                     self.written_at = time.monotonic()
@@ -502,8 +507,6 @@ class _Engine:
             self.lock.notify_all()
 
     def _complete(self, index: int) -> None:
-        with self.lock:
-            del self.reached[index]
         self.recorder.completed(index)
         self.hasher.complete(index)
 
@@ -558,6 +561,7 @@ def fetch_parts(
         validators = Validators.of(first)
         size = first.size or 0
         part_size = min(part_size, max(_SMALLEST_PART, -(-size // connections)))
+        part_size = max(part_size, -(-size // MOST_PARTS))  # a huge object: fewer, larger parts
         if (
             first.status != 206
             or first.start != 0

@@ -11,7 +11,6 @@ regular files of this user whose writer is gone). Parallel partial files carry a
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from pathlib import Path
@@ -19,7 +18,7 @@ from typing import Final, Optional
 
 import attrs
 
-from framework.download._cache import dead_leftovers, write_json_atomic
+from framework.download._cache import dead_leftovers, parse_json, write_json_atomic
 from framework.download._publish import (
     _ACTIVE,
     PARALLEL_TAG,
@@ -32,6 +31,7 @@ from framework.download._publish import (
 )
 
 __all__ = [
+    "MOST_PARTS",
     "PARALLEL_TAG",
     "Resumed",
     "adopt_parts",
@@ -41,6 +41,7 @@ __all__ = [
 _RECORD_SUFFIX: Final = ".parts"
 _ADOPT_FLAGS: Final = os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _LARGEST_RECORD: Final = 16 << 20  # read no more of a record (a planted one may be huge)
+MOST_PARTS: Final = 1 << 20  # a plan has at most this many parts (larger ones for huge objects)
 
 
 @attrs.frozen
@@ -90,7 +91,8 @@ def _runs(indices: set[int]) -> list[list[int]]:
 
 
 def _load_record(path: Path) -> Optional[tuple[_Plan, set[int], dict[int, int]]]:
-    """A record of ours, readable and consistent, else None (a miss: start over)."""
+    """A record of ours, readable and consistent, else None (a miss: start over). A
+    `reached` entry that makes no sense is dropped (its part is fetched whole)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
@@ -99,8 +101,8 @@ def _load_record(path: Path) -> Optional[tuple[_Plan, set[int], dict[int, int]]]
         if not _ours(os.fstat(fd)):
             return None
         with os.fdopen(os.dup(fd), "rb") as file:
-            data = json.loads(file.read(_LARGEST_RECORD))
-    except (OSError, ValueError):
+            data = parse_json(file.read(_LARGEST_RECORD))
+    except OSError:
         return None
     finally:
         os.close(fd)
@@ -112,24 +114,29 @@ def _load_record(path: Path) -> Optional[tuple[_Plan, set[int], dict[int, int]]]
         if not all(value is None or isinstance(value, str) for value in fields):
             return None
         plan = _Plan(size, part_size, Validators(*fields))
+        if plan.count > MOST_PARTS:  # no plan of ours has more; a planted one must not cost memory
+            return None
         complete: set[int] = set()
         for first, last in done:
             if not (isinstance(first, int) and isinstance(last, int) and 0 <= first <= last < plan.count):
                 return None
             complete.update(range(first, last + 1))
-        done = complete
         reached: dict[int, int] = {}
         for key, position in dict(data.get("reached", {})).items():
             index = int(key)
-            if not isinstance(position, int) or not 0 <= index < plan.count or index in done:
-                return None
-            start, end = plan.bounds(index)
-            if not start <= position < end:
-                return None
-            reached[index] = position
+            if isinstance(position, int) and 0 <= index < plan.count and index not in complete:
+                start, end = plan.bounds(index)
+                if start < position < end:
+                    reached[index] = position
     except (KeyError, TypeError, ValueError):
         return None
-    return plan, done, reached
+    return plan, complete, reached
+
+
+def _recorded_bytes(plan: _Plan, done: set[int], reached: dict[int, int]) -> int:
+    return sum(end - start for start, end in map(plan.bounds, done)) + sum(
+        position - plan.bounds(index)[0] for index, position in reached.items()
+    )
 
 
 @attrs.define
@@ -147,14 +154,15 @@ def adopt_parts(final: Path) -> Optional[Resumed]:
 
     Only regular files of this user whose writer is gone, with a readable record for
     their version and size, are candidates: the same rules as `_Partial.adopt`.
-    Records whose partial file is gone, dead writers' temporary files and, once one is
-    taken, the other dead writers' parallel partial files are removed."""
+    The one with the most recorded progress is taken. Records whose partial file is
+    gone, dead writers' temporary files and, once one is taken, the other dead writers'
+    parallel partial files are removed (otherwise `_Partial.adopt` sweeps them)."""
     for leftover in dead_leftovers(final, (_RECORD_SUFFIX, ".tmp")):
         partial = leftover.with_name(leftover.name[: -len(_RECORD_SUFFIX)] + ".part")
         if leftover.name.endswith(".tmp") or not os.path.lexists(partial):
             remove_quietly(leftover)
     now = time.time()
-    adopted: Optional[Resumed] = None
+    candidates = []
     for name in PartialName.all(final):
         if not name.tag.startswith(PARALLEL_TAG):
             continue
@@ -162,16 +170,19 @@ def adopt_parts(final: Path) -> Optional[Resumed]:
             info = os.lstat(name.path)
         except OSError:
             continue
-        if not (_ours(info) and _orphaned(name, info, now)):
-            continue
-        if adopted is None:
+        if _ours(info) and _orphaned(name, info, now):
             loaded = _load_record(_record_path(name))
-            if loaded is None or PARALLEL_TAG + loaded[0].validators.tag != name.tag:
-                continue  # `_Partial.adopt` sweeps it
+            if loaded is not None and PARALLEL_TAG + loaded[0].validators.tag != name.tag:
+                loaded = None
+            candidates.append((_recorded_bytes(*loaded) if loaded is not None else -1, name, loaded))
+    candidates.sort(key=lambda candidate: candidate[0], reverse=True)  # the most progress first
+    adopted: Optional[Resumed] = None
+    for _recorded, name, loaded in candidates:
+        if adopted is None and loaded is not None:
             adopted = _take(name, *loaded)
             if adopted is not None:
                 continue
-        else:  # another dead writer's: nothing will resume it now
+        if adopted is not None:  # another dead writer's: nothing will resume it now
             remove_quietly(name.path)
             remove_quietly(_record_path(name))
     return adopted

@@ -614,6 +614,88 @@ def test_a_record_of_a_huge_object_stays_small_and_reads_back(tmp_path: Path) ->
     assert _load_record(_record_path(name)) == (plan, done, {166_391: 166_391 * (8 << 20) + 5})
 
 
+def _dead_writer(final: str, size: int, done: list[int], reached: dict[int, int], record: bool) -> None:
+    """In a child (whose pid is dead afterwards): leave a parallel partial file of `final`,
+    with a record of `done` and `reached` parts of PART bytes (or no record)."""
+    from framework.download._parts import _Plan, _save_record
+    from framework.download._publish import PartialName, Validators
+
+    plan = _Plan(size, PART, Validators('"v1"', None, None))
+    name = PartialName(Path(final), "P" + plan.validators.tag)
+    with open(name.path, "wb") as out:
+        out.truncate(size)
+    if record:
+        _save_record(name, plan, set(done), reached)
+
+
+def test_the_orphan_with_the_most_progress_is_adopted_and_the_others_go(tmp_path: Path) -> None:
+    from framework.download._parts import adopt_parts
+
+    final = tmp_path / "object.bin"
+    size = 8 * PART
+    for done, reached, record in [
+        ([0], {}, True),
+        ([0, 1, 2, 3, 5, 6, 7], {4: 4 * PART + 10}, True),
+        ([], {}, False),  # killed before its first record
+        ([0, 1], {}, True),
+    ]:
+        child = FORK.Process(target=_dead_writer, args=(str(final), size, done, reached, record))
+        child.start()
+        child.join(10)
+    resumed = adopt_parts(final)
+    assert resumed is not None
+    try:
+        assert resumed.done == {0, 1, 2, 3, 5, 6, 7} and resumed.reached == {4: 4 * PART + 10}
+        mine = resumed.partial.name.path.name
+        left = sorted(n for n in os.listdir(tmp_path) if n.endswith((".part", ".parts")))
+        assert left == sorted([mine, mine[: -len(".part")] + ".parts"])
+    finally:
+        resumed.partial.close(False)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "[" * 200_000,  # nesting: json raises RecursionError
+        '{"size": 1125899906842624, "part_size": 1, "done": [[0, 1125899906842622]], "etag": "\\"v1\\""}',
+        '{"size": 1024, "part_size": 256, "done": 7}',
+    ],
+    ids=["deep", "huge-plan", "done-not-runs"],
+)
+def test_a_planted_or_broken_record_is_a_miss(tmp_path: Path, text: str) -> None:
+    from framework.download._parts import _load_record
+
+    path = tmp_path / "x.parts"
+    path.write_text(text)
+    assert _load_record(path) is None
+
+
+def test_a_reached_entry_that_makes_no_sense_is_dropped_not_the_record(tmp_path: Path) -> None:
+    """A part whose reached byte is its end (a record taken as it completed) is fetched
+    again whole; the rest of the record still counts."""
+    import json
+
+    from framework.download._parts import _load_record
+
+    path = tmp_path / "x.parts"
+    record = {"size": 4 * PART, "part_size": PART, "etag": '"v1"', "last_modified": None, "date": None}
+    record |= {"done": [[0, 1]], "reached": {"2": 3 * PART, "3": 3 * PART + 5}}
+    path.write_text(json.dumps(record))
+    loaded = _load_record(path)
+    assert loaded is not None and loaded[1:] == ({0, 1}, {3: 3 * PART + 5})
+
+
+def test_a_planted_deeply_nested_sidecar_is_a_miss(http_server: FaultServer, tmp_path: Path) -> None:
+    from framework.download._cache import Entry
+
+    data = _data(2)
+    url = http_server.add(_path("sidecar"), data)
+    manager = _manager(tmp_path)
+    assert manager.cached_path(url).read_bytes() == data
+    Entry(tmp_path, url).sidecar.write_text("[" * 5000)
+    assert manager.cached_path(url).read_bytes() == data  # fetched again, not a RecursionError
+
+
 def test_a_server_refusing_more_connections_is_served_with_fewer(
     http_server: FaultServer, tmp_path: Path
 ) -> None:

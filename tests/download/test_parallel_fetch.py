@@ -295,20 +295,27 @@ def _still_to_come(cache: Path, size: int) -> int:
     )
 
 
-def test_kill_half_way_then_resume_fetches_the_other_half(http_server: FaultServer, tmp_path: Path) -> None:
-    data = _data(16)
-    url = http_server.add(_path("kill"), data, **SLOWER)
-    child = FORK.Process(target=_fetch_child, args=(url, str(tmp_path)))
+def _kill_once_recorded(http_server: FaultServer, url: str, cache: Path, parts: int) -> Any:
+    """SIGKILL a child fetching `url` once `parts` parts are recorded; the route, once the
+    server has stopped sending to the dead child."""
+    child = FORK.Process(target=_fetch_child, args=(url, str(cache)))
     child.start()
     try:
-        wait_for(lambda: _parts_done(tmp_path) >= 8, what="half of the parts recorded")
+        wait_for(lambda: _parts_done(cache) >= parts, what=f"{parts} parts recorded")
         os.kill(child.pid or 0, signal.SIGKILL)
     finally:
         child.join(10)
-    done = _parts_done(tmp_path)
-    assert 8 <= done < 16
     route = http_server.route(url)
     wait_for(lambda: route.in_flight == 0, what="the killed child's answers to end")
+    return route
+
+
+def test_kill_half_way_then_resume_fetches_the_other_half(http_server: FaultServer, tmp_path: Path) -> None:
+    data = _data(16)
+    url = http_server.add(_path("kill"), data, **SLOWER)
+    route = _kill_once_recorded(http_server, url, tmp_path, 8)
+    done = _parts_done(tmp_path)
+    assert 8 <= done < 16
     route.body_bytes, route.delay, route.gets = 0, 0.0, 0
     still_to_come = _still_to_come(tmp_path, len(data))
     assert still_to_come < (16 - done) * PART  # parts under way at the kill kept what was durable
@@ -716,15 +723,7 @@ def test_a_one_stream_call_resumes_a_parallel_partial_and_leaves_no_record(
 ) -> None:
     data = _data(16)
     url = http_server.add(_path("kill-then-one"), data, **SLOWER)
-    child = FORK.Process(target=_fetch_child, args=(url, str(tmp_path)))
-    child.start()
-    try:
-        wait_for(lambda: _parts_done(tmp_path) >= 4, what="some parts recorded")
-        os.kill(child.pid or 0, signal.SIGKILL)
-    finally:
-        child.join(10)
-    route = http_server.route(url)
-    wait_for(lambda: route.in_flight == 0, what="the killed child's answers to end")
+    route = _kill_once_recorded(http_server, url, tmp_path, 4)
     route.body_bytes, route.delay = 0, 0.0
     still_to_come = _still_to_come(tmp_path, len(data))
     assert _manager(tmp_path, connections=1).cached_path(url).read_bytes() == data
@@ -736,15 +735,8 @@ def test_a_one_stream_call_resumes_a_parallel_partial_and_leaves_no_record(
 def test_resume_of_another_version_starts_over(http_server: FaultServer, tmp_path: Path) -> None:
     old, new = _data(8), _data(8)
     url = http_server.add(_path("resume-swap"), old, etag='"v1"', **SLOWER)
-    child = FORK.Process(target=_fetch_child, args=(url, str(tmp_path)))
-    child.start()
-    try:
-        wait_for(lambda: _parts_done(tmp_path) >= 3, what="some parts recorded")
-        os.kill(child.pid or 0, signal.SIGKILL)
-    finally:
-        child.join(10)
+    route = _kill_once_recorded(http_server, url, tmp_path, 3)
     assert 3 <= _parts_done(tmp_path) < 8  # killed before it was complete
-    route = http_server.route(url)
     route.data, route.etag, route.delay = new, '"v2"', 0.0
     assert _manager(tmp_path).cached_path(url).read_bytes() == new
     assert stray_files(tmp_path) == []

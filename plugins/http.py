@@ -21,13 +21,13 @@ from requests.adapters import HTTPAdapter
 from urllib3.util.retry import Retry
 
 from framework._redact import RedactingFilter
-from framework.download.backend import ByteStream, DownloadBackend, RemoteInfo, parse_content_range
+from framework.download.backend import POOL_SIZE, ByteStream, DownloadBackend, RemoteInfo, parse_content_range
 from framework.errors import DownloadError, HTTPStatusError, InvalidArgumentError, NetworkError
 
 __all__ = ["HttpBackend"]
 
 CHUNK_SIZE: Final = 1 << 20
-RETRY_STATUSES: Final = frozenset({408, 429, *range(500, 600)})
+RETRY_STATUSES: Final = frozenset({408, 429, *range(500, 600)} - {501})  # 501: asking again cannot help
 
 
 # urllib3 logs requests and retries with their path and query (connectionpool, and
@@ -153,7 +153,7 @@ class HttpBackend(DownloadBackend):
         if isinstance(auth, tuple):
             auth = requests.auth.HTTPBasicAuth(*auth)
         self.session.recording_auth = _RecordingAuth(auth) if auth is not None else None
-        adapter = HTTPAdapter(max_retries=retry, pool_connections=4, pool_maxsize=16)
+        adapter = HTTPAdapter(max_retries=retry, pool_connections=4, pool_maxsize=POOL_SIZE)
         self.session.mount("http://", adapter)
         self.session.mount("https://", adapter)
 

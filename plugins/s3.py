@@ -12,7 +12,7 @@ import os
 from collections.abc import Iterator
 from typing import Any, ClassVar, Final, Optional
 
-from framework.download.backend import ByteStream, DownloadBackend, RemoteInfo, parse_content_range
+from framework.download.backend import POOL_SIZE, ByteStream, DownloadBackend, RemoteInfo, parse_content_range
 from framework.errors import (
     DownloadError,
     HTTPStatusError,
@@ -82,6 +82,7 @@ class S3Backend(DownloadBackend):
             except ImportError as error:
                 raise ImportError(_NEEDS_BOTO3) from error
             config = Config(
+                max_pool_connections=POOL_SIZE,  # botocore keeps 10: fewer than one object's connections
                 retries={"max_attempts": self.retries, "mode": "standard"},
                 connect_timeout=self.timeout,
                 read_timeout=self.timeout,

@@ -72,6 +72,8 @@ DEFAULT_PART_SIZE: Final = 8 << 20  # as s3transfer: large enough that a request
 # Parts are `part_size` at most, smaller for an object that would otherwise have fewer parts
 # than connections, down to this.
 _SMALLEST_PART: Final = 1 << 20
+# Answers that say the object is missing or forbidden, whatever the Range.
+_NOT_THERE: Final = frozenset({401, 403, 404, 407, 410})
 # How long an interrupted fetch waits for its connections before it returns: one blocked in
 # a read is left to its read timeout (on a daemon thread that writes nothing more).
 STOP_WAIT_S: Final = 1.0
@@ -550,9 +552,12 @@ def fetch_parts(
         try:
             first = backend.open(url, 0, end=_TO_THE_END)  # type: ignore[call-arg]
         except HTTPStatusError as error:
-            if error.status != 416:
-                raise
-            return None, 0  # an empty object answers 416 to any range
+            if error.status in _NOT_THERE or (error.status >= 500 and error.status != 501):
+                raise  # the object or the server, not the Range: one stream would fail alike
+            # 416 (an empty object), or a server that refuses this Range (400, 501, ...):
+            # the single-stream path asks without one.
+            logger.info("%s refused a ranged request (%s); fetching it in one stream", url, error)
+            return None, 0
         if first.status == 206 and first.size is None:
             # A range of an object of unknown size (``bytes 0-n/*``) cannot say it is the
             # whole object: the single-stream path asks for it without a Range.

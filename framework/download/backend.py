@@ -10,13 +10,17 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from types import TracebackType
-from typing import Callable, ClassVar, Optional
+from typing import Callable, ClassVar, Final, Optional
 
 import attrs
 
 from framework.registry import Registrable
 
-__all__ = ["ByteStream", "DownloadBackend", "RemoteInfo", "parse_content_range"]
+__all__ = ["POOL_SIZE", "ByteStream", "DownloadBackend", "RemoteInfo", "parse_content_range"]
+
+# Connections a backend keeps open per host: room for two objects fetched at once at the
+# default cap (16 connections each), so a parallel fetch does not throw connections away.
+POOL_SIZE: Final = 32
 
 _CONTENT_RANGE = re.compile(r"bytes\s+(?:(\d+)-\d+|\*)/(\d+|\*)\s*$")
 

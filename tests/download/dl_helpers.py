@@ -34,7 +34,7 @@ class Route:
     last_modified: Optional[str] = None  # sent as Last-Modified; matched by If-Range
     status: Optional[int] = None  # a fixed answer, e.g. 404
     fail_statuses: list[int] = attrs.field(factory=list)  # answered first, one per GET
-    range_mode: str = "honor"  # "honor" | "ignore" (answer 200) | "416"
+    range_mode: str = "honor"  # "honor" | "ignore" (answer 200) | "416" | another status for any Range
     redirect: Optional[str] = None
     drop_after: Optional[int] = None  # body bytes sent before the fault
     drops: int = 0  # how many GETs get the fault
@@ -160,6 +160,9 @@ class _Handler(BaseHTTPRequestHandler):
             start = int(first)
             if route.range_mode == "416" or start >= size:
                 self._empty(416, {"Content-Range": f"bytes */{size}"})
+                return
+            if route.range_mode.isdigit():  # a server that refuses ranges with this status
+                self._empty(int(route.range_mode))
                 return
             stop = min(size, int(last) + 1) if last.strip() else size
             if route.range_cap is not None:  # a server that sends less than asked (and says so)

@@ -220,6 +220,18 @@ def test_range_ignoring_server_costs_one_copy(http_server: FaultServer, tmp_path
     assert route.body_bytes == len(data)
 
 
+@pytest.mark.parametrize("status", ["400", "501"])
+def test_a_server_refusing_ranges_gets_one_plain_request(
+    http_server: FaultServer, tmp_path: Path, status: str
+) -> None:
+    """The default's first request carries a Range; a server that answers it with an
+    error (not one that says the object is missing) is asked again without one."""
+    data = _data(6)
+    url = http_server.add(_path("no-ranges"), data, range_mode=status)
+    assert _manager(tmp_path, connections=None, retries=1).cached_path(url).read_bytes() == data
+    assert http_server.route(url).ranges == [TO_THE_END, ""]
+
+
 def test_object_without_strong_validator_is_one_stream(http_server: FaultServer, tmp_path: Path) -> None:
     data = _data(6)
     url = http_server.add(_path("weak"), data, etag='W/"weak"')

@@ -42,9 +42,9 @@ def _inject(kind: str, spec: dict[str, Any], stack: ExitStack) -> None:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
         patch(_pipeline, "_writev", full)
-        from framework.download import _parallel
+        from framework.download import _engine
 
-        patch(_parallel, "_pwrite", lambda fd, data, offset: full(fd, [data]))
+        patch(_engine, "_pwrite", lambda fd, data, offset: full(fd, [data]))
     elif kind in ("corrupt", "die", "slow", "stall"):
         receive = _cluster._Receiver.write
 

@@ -448,19 +448,19 @@ def test_ctrl_c_during_the_final_hash_then_a_new_version(http_server: FaultServe
 def test_a_failing_connection_ends_the_fetch_without_waiting_for_a_stalled_one(
     http_server: FaultServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from framework.download import _parallel
+    from framework.download import _engine
     from framework.errors import DownloadError
 
     data = _data(16)
     url = http_server.add(_path("fail-while-stalled"), data, stall_after=PART // 2, stall_s=30.0, **SLOW)
-    real = _parallel._pwrite
+    real = _engine._pwrite
 
     def full_past_part_4(fd: int, view: Any, offset: int) -> int:
         if offset >= 4 * PART:
             raise OSError(28, "No space left on device")
         return real(fd, view, offset)
 
-    monkeypatch.setattr(_parallel, "_pwrite", full_past_part_4)
+    monkeypatch.setattr(_engine, "_pwrite", full_past_part_4)
     started = time.monotonic()
     with pytest.raises(DownloadError, match="no space left"):
         _manager(tmp_path, timeout=60).cached_path(url)
@@ -570,10 +570,10 @@ def test_a_thread_that_cannot_start_means_fewer_connections(
 def test_the_settled_steering_loop_does_not_wake_for_every_write(
     http_server: FaultServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from framework.download import _parallel
+    from framework.download import _engine
 
     counts = {"steer": 0, "write": 0}
-    real_steer, real_pwrite = _parallel._Engine._steer, _parallel._pwrite
+    real_steer, real_pwrite = _engine.Engine._steer, _engine._pwrite
 
     def steer(self: Any, *args: Any) -> bool:
         counts["steer"] += 1
@@ -583,8 +583,8 @@ def test_the_settled_steering_loop_does_not_wake_for_every_write(
         counts["write"] += 1
         return real_pwrite(fd, view, offset)
 
-    monkeypatch.setattr(_parallel._Engine, "_steer", steer)
-    monkeypatch.setattr(_parallel, "_pwrite", pwrite)
+    monkeypatch.setattr(_engine.Engine, "_steer", steer)
+    monkeypatch.setattr(_engine, "_pwrite", pwrite)
     data = _data(16)
     url = http_server.add(_path("steer"), data, **SLOW)
     assert _manager(tmp_path).cached_path(url).read_bytes() == data

@@ -33,13 +33,14 @@ from typing import Any, Optional, TypeVar, Union, cast
 
 import torch
 
-from framework.data._batching import BatchPlan, derive_seed, slot_batches
+from framework.data._batching import BatchPlan, derive_seed
 from framework.data._checks import config_checks, no_instances, validate
 from framework.data._distributed import agree, even
-from framework.data._pool import Position, UserCode, WorkerPool, in_process, main_thread
+from framework.data._passes import eager_pass, lazy_pass_in_process
+from framework.data._pool import Position, UserCode, WorkerPool, main_thread
 from framework.data._protocol import Batch, Instances
-from framework.data._rng import PrivateRandom, seed_everything
-from framework.data._shards import Consumed, Point, ShardPlan
+from framework.data._rng import PrivateRandom
+from framework.data._shards import Consumed, ShardPlan
 from framework.data._state import resumed_position, whole_state
 from framework.data._worker import WorkerSpec
 from framework.data.collate import DataCollator, DefaultDataCollator
@@ -374,9 +375,9 @@ class MultiProcessDataLoader(DataLoader):
         self._epoch = position.epoch + 1
         info = current_distributed_info()
         if self.max_instances_in_memory is None:
-            stream = cls._eager_pass(self, position)
+            stream = eager_pass(self, position)
         elif self.num_workers == 0:
-            stream = cls._lazy_pass_in_process(self, position)
+            stream = lazy_pass_in_process(self, position)
         else:
             stream = cls._lazy_pass_in_workers(self, position, info)
         if self._evened() and self.max_instances_in_memory is not None:
@@ -400,83 +401,6 @@ class MultiProcessDataLoader(DataLoader):
         """Whether ranks agree on batch counts (and so must fail together, never alone)."""
         info = current_distributed_info()
         return info is not None and info.world_size > 1 and self.even_batches
-
-    def _eager_pass(self, position: Position) -> Iterator[Any]:
-        instances = self._load_instances()
-        error: Optional[Exception] = None
-        lists: list[list[int]] = []
-        # Resumed in another split: only what the epoch has not yielded yet.
-        keep = list(range(len(instances)))
-        if position.base.below or position.base.bits:
-            assert self._indexes is not None  # a state without indexes is refused on load
-            keep = [i for i, record in enumerate(self._indexes) if record not in position.base]
-        try:
-            kept = [instances[i] for i in keep]
-            lists = self._plan.batch_lists(kept, derive_seed(position.seed, "eager"))
-            lists = [[keep[i] for i in indices] for indices in lists]
-        except Exception as raised:
-            error = in_process(raised)  # wrapped before agree: one type on every rank
-        if self._evened():
-            lists = lists[: agree(len(lists), error)]
-        elif error is not None:
-            raise error
-        self._eager_lists = lists
-        with UserCode():
-            for index in range(position.consumed, len(lists)):
-                chosen = [instances[i] for i in lists[index]]
-                if self.seed is None:
-                    batch = self.collate_fn(chosen)
-                else:
-                    # A random collator (masking) draws from the loader's streams, seeded per
-                    # batch: the caller's are untouched, and a resumed epoch collates the same.
-                    with PrivateRandom(derive_seed(position.seed, "collate", index)).active():
-                        batch = self.collate_fn(chosen)
-                position.consumed = index + 1
-                yield batch
-
-    def _lazy_pass_in_process(self, position: Position) -> Iterator[Any]:
-        info = current_distributed_info()
-        world, rank = (info.world_size, info.global_rank) if info else (1, 0)
-        position.begin(1)
-        resumed = position.consumed > 0 or bool(position.base.below or position.base.bits)
-        worker_seed = derive_seed(position.seed, "worker", 0)
-        start = position.points[0] or Point(record=position.base.below, token=position.base.token)
-        shards = ShardPlan(rank, world, position.base, max(start.record, 0), start.token)
-        reader = self.reader  # the reader itself (`self` is a weak proxy), to unset the plan
-        reader._set_shard_plan(shards)
-        counter = itertools.count()
-        counting = _CountingReader(reader, counter)
-        # Chunks reseed the streams: the loader's own ones (swapped in below), never the
-        # caller's; unseeded, nothing is reseeded.
-        reseed = (lambda s: seed_everything(s, cuda=False)) if self.seed is not None else _no_reseed
-
-        def collated() -> Iterator[tuple[list[Optional[int]], Any, Any]]:
-            stream = slot_batches(counting, self.data_path, self._plan, worker_seed, shards, start, reseed)
-            for instances, indexes, point in stream:
-                yield indexes, point, self.collate_fn(instances)
-
-        batches = collated()
-        if self.seed is not None:
-            # Seeded as worker 0 would be, in streams of its own: the caller's draws
-            # between batches change nothing, and the caller's streams stay untouched.
-            # A swap costs ~0.1-0.3 ms, so make a chunk's worth of batches per swap
-            # (memory stays about max_instances_in_memory, as in a worker's prefetch).
-            batches = PrivateRandom(worker_seed).wrap(batches, self._batches_per_chunk())
-        try:
-            with UserCode():
-                for indexes, point, batch in batches:
-                    position.consumed += 1
-                    position.record(0, indexes, point)
-                    yield batch
-            position.finish(0, next(counter), shards.where()[0])
-        finally:
-            reader._set_shard_plan(None)  # the reader reads whole again outside the loader
-        if position.instances == 0 and not resumed:
-            raise no_instances(self.reader, self.data_path)
-
-    def _batches_per_chunk(self) -> int:
-        size = self.batch_size or (self.batch_sampler and self.batch_sampler.get_batch_size())
-        return max(1, (self.max_instances_in_memory or 1) // (size or 1))
 
     def _lazy_pass_in_workers(
         self, position: Position, info: Optional[DistributedInfo]
@@ -662,21 +586,6 @@ class MultiProcessDataLoader(DataLoader):
                 pool.shutdown()
         except Exception:  # interpreter shutdown: the pool's finalizer reaps instead
             pass
-
-
-class _CountingReader:
-    """`reader.read`, counting the instances it yields into `counter`."""
-
-    def __init__(self, reader: DatasetReader, counter: Iterator[int]) -> None:
-        self.reader = reader
-        self.counter = counter
-
-    def read(self, data_path: Any) -> Iterator[Instance]:
-        return (x for x, _ in zip(self.reader.read(data_path), self.counter))
-
-
-def _no_reseed(seed: int) -> None:
-    """Unseeded loaders leave the random streams alone."""
 
 
 def _zip_longest(chunks: list[list[_P]]) -> Iterator[_P]:

@@ -1,0 +1,120 @@
+"""The two passes over an epoch that run in the loader's own process: an eager one
+(batches of the cached instances) and a lazy one with no workers (this process reads
+its shard and batches it as worker 0 would). The worker pool's pass stays with the
+loader, which owns the pool."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, Optional
+
+from framework.data._batching import derive_seed, slot_batches
+from framework.data._checks import no_instances
+from framework.data._distributed import agree
+from framework.data._pool import Position, UserCode, in_process
+from framework.data._rng import PrivateRandom, seed_everything
+from framework.data._shards import Point, ShardPlan
+from framework.data.reader import DatasetReader, Instance, current_distributed_info
+
+if TYPE_CHECKING:
+    from framework.data.multiprocess import MultiProcessDataLoader
+
+__all__ = ["eager_pass", "lazy_pass_in_process"]
+
+
+def eager_pass(loader: MultiProcessDataLoader, position: Position) -> Iterator[Any]:
+    """An eager epoch: batches of the cached instances, sampled and collated here."""
+    instances = loader._load_instances()
+    error: Optional[Exception] = None
+    lists: list[list[int]] = []
+    # Resumed in another split: only what the epoch has not yielded yet.
+    keep = list(range(len(instances)))
+    if position.base.below or position.base.bits:
+        assert loader._indexes is not None  # a state without indexes is refused on load
+        keep = [i for i, record in enumerate(loader._indexes) if record not in position.base]
+    try:
+        kept = [instances[i] for i in keep]
+        lists = loader._plan.batch_lists(kept, derive_seed(position.seed, "eager"))
+        lists = [[keep[i] for i in indices] for indices in lists]
+    except Exception as raised:
+        error = in_process(raised)  # wrapped before agree: one type on every rank
+    if loader._evened():
+        lists = lists[: agree(len(lists), error)]
+    elif error is not None:
+        raise error
+    loader._eager_lists = lists
+    with UserCode():
+        for index in range(position.consumed, len(lists)):
+            chosen = [instances[i] for i in lists[index]]
+            if loader.seed is None:
+                batch = loader.collate_fn(chosen)
+            else:
+                # A random collator (masking) draws from the loader's streams, seeded per
+                # batch: the caller's are untouched, and a resumed epoch collates the same.
+                with PrivateRandom(derive_seed(position.seed, "collate", index)).active():
+                    batch = loader.collate_fn(chosen)
+            position.consumed = index + 1
+            yield batch
+
+
+def lazy_pass_in_process(loader: MultiProcessDataLoader, position: Position) -> Iterator[Any]:
+    """A lazy epoch with no workers: this process reads its shard and batches as worker 0 would."""
+    info = current_distributed_info()
+    world, rank = (info.world_size, info.global_rank) if info else (1, 0)
+    position.begin(1)
+    resumed = position.consumed > 0 or bool(position.base.below or position.base.bits)
+    worker_seed = derive_seed(position.seed, "worker", 0)
+    start = position.points[0] or Point(record=position.base.below, token=position.base.token)
+    shards = ShardPlan(rank, world, position.base, max(start.record, 0), start.token)
+    reader = loader.reader  # the reader itself (`loader` may be a weak proxy), to unset the plan
+    reader._set_shard_plan(shards)
+    counter = itertools.count()
+    counting = _CountingReader(reader, counter)
+    # Chunks reseed the streams: the loader's own ones (swapped in below), never the
+    # caller's; unseeded, nothing is reseeded.
+    reseed = (lambda s: seed_everything(s, cuda=False)) if loader.seed is not None else _no_reseed
+
+    def collated() -> Iterator[tuple[list[Optional[int]], Any, Any]]:
+        stream = slot_batches(counting, loader.data_path, loader._plan, worker_seed, shards, start, reseed)
+        for instances, indexes, point in stream:
+            yield indexes, point, loader.collate_fn(instances)
+
+    batches = collated()
+    if loader.seed is not None:
+        # Seeded as worker 0 would be, in streams of its own: the caller's draws
+        # between batches change nothing, and the caller's streams stay untouched.
+        # A swap costs ~0.1-0.3 ms, so make a chunk's worth of batches per swap
+        # (memory stays about max_instances_in_memory, as in a worker's prefetch).
+        batches = PrivateRandom(worker_seed).wrap(batches, _batches_per_chunk(loader))
+    try:
+        with UserCode():
+            for indexes, point, batch in batches:
+                position.consumed += 1
+                position.record(0, indexes, point)
+                yield batch
+        position.finish(0, next(counter), shards.where()[0])
+    finally:
+        reader._set_shard_plan(None)  # the reader reads whole again outside the loader
+    if position.instances == 0 and not resumed:
+        raise no_instances(loader.reader, loader.data_path)
+
+
+def _batches_per_chunk(loader: MultiProcessDataLoader) -> int:
+    size = loader.batch_size or (loader.batch_sampler and loader.batch_sampler.get_batch_size())
+    return max(1, (loader.max_instances_in_memory or 1) // (size or 1))
+
+
+class _CountingReader:
+    """`reader.read`, counting the instances it yields into `counter`."""
+
+    def __init__(self, reader: DatasetReader, counter: Iterator[int]) -> None:
+        self.reader = reader
+        self.counter = counter
+
+    def read(self, data_path: Any) -> Iterator[Instance]:
+        return (x for x, _ in zip(self.reader.read(data_path), self.counter))
+
+
+def _no_reseed(seed: int) -> None:
+    """Unseeded loaders leave the random streams alone."""

@@ -52,6 +52,19 @@ def groups_of(iterable: Iterable[Any], size: int) -> Iterator[list[Any]]:
 
 
 @dataclass(frozen=True)
+class _Slot:
+    """One slot's stream for `BatchPlan.resumable`: its (instance, record index) pairs,
+    its seed, where to start, where a chunk starts (`where()`) and how to reseed the
+    reader's random streams."""
+
+    items: Iterator[tuple[Any, Optional[int]]]
+    seed: int
+    start: Point
+    where: Callable[[], tuple[int, Any]]
+    reseed: Callable[[int], None]
+
+
+@dataclass(frozen=True)
 class BatchPlan:
     """How instances become batches: a sampler, or batch_size/shuffle/drop_last."""
 
@@ -76,31 +89,24 @@ class BatchPlan:
             lists.pop()
         return lists
 
-    def resumable(
-        self,
-        items: Iterator[tuple[Any, Optional[int]]],
-        seed: int,
-        start: Point,
-        where: Callable[[], tuple[int, Any]],
-        reseed: Callable[[int], None],
-    ) -> Iterator[tuple[list[Any], list[Optional[int]], Point]]:
+    def resumable(self, slot: _Slot) -> Iterator[tuple[list[Any], list[Optional[int]], Point]]:
         """Lazy mode: (instances, their record indexes, where to restart after them).
 
-        `items` are (instance, record index) pairs of one slot; they are batched one
+        The slot's `items` are (instance, record index) pairs; they are batched one
         chunk of `max_instances_in_memory` at a time, from `start` (a chunk and how much
         of it was taken). Each chunk starts from seeds of its own (`reseed` seeds the
         reader's random streams), so a chunk read again after a seek is the same
         chunk; `where()` gives the (record, seek token) a chunk starts at.
         """
         if self.batch_sampler is not None:
-            yield from self._sampled(items, seed, start, where, reseed)
+            yield from self._sampled(slot)
             return
         assert self.batch_size is not None
         size = self.batch_size
         batch: list[tuple[Any, Optional[int]]] = []
-        point, taken = start, start.within
+        point, taken = slot.start, slot.start.within
         # Batches span chunk boundaries, as with a shuffle buffer: only the last is short.
-        for item, point, taken in self._flat(items, seed, start, where, reseed):
+        for item, point, taken in self._flat(slot):
             batch.append(item)
             if len(batch) == size:
                 yield [x for x, _ in batch], [i for _, i in batch], replace(point, within=taken)
@@ -108,24 +114,17 @@ class BatchPlan:
         if batch and not self.drop_last:
             yield [x for x, _ in batch], [i for _, i in batch], replace(point, within=taken)
 
-    def _chunks(
-        self,
-        items: Iterator[tuple[Any, Optional[int]]],
-        seed: int,
-        start: Point,
-        where: Callable[[], tuple[int, Any]],
-        reseed: Callable[[int], None],
-    ) -> Iterator[tuple[Point, Iterator[tuple[Any, Optional[int]]]]]:
+    def _chunks(self, slot: _Slot) -> Iterator[tuple[Point, Iterator[tuple[Any, Optional[int]]]]]:
         """(where chunk n starts, its items), lazily: the next chunk starts after the last."""
         size = self.max_instances_in_memory
         assert size is not None
-        number, pulled = start.chunk, start.skip
+        number, pulled = slot.start.chunk, slot.start.skip
         while True:
-            record, token = where()
-            reseed(derive_seed(seed, "chunk", number))
+            record, token = slot.where()
+            slot.reseed(derive_seed(slot.seed, "chunk", number))
             counter = itertools.count()
             # map/zip: counted in C, not per item in Python
-            chunk = map(operator.itemgetter(0), zip(itertools.islice(items, size), counter))
+            chunk = map(operator.itemgetter(0), zip(itertools.islice(slot.items, size), counter))
             yield Point(number, record, token, pulled), chunk
             for _ in chunk:  # the consumer may have stopped early: finish the chunk
                 pass
@@ -135,41 +134,27 @@ class BatchPlan:
             pulled += count
             number += 1
 
-    def _flat(
-        self,
-        items: Iterator[tuple[Any, Optional[int]]],
-        seed: int,
-        start: Point,
-        where: Callable[[], tuple[int, Any]],
-        reseed: Callable[[int], None],
-    ) -> Iterator[tuple[tuple[Any, Optional[int]], Point, int]]:
+    def _flat(self, slot: _Slot) -> Iterator[tuple[tuple[Any, Optional[int]], Point, int]]:
         """Each item (shuffled within its chunk), its chunk's start and how many of the
         chunk it completes (restarting after it: that chunk, that many taken)."""
-        drop = start.within
-        for point, chunk in self._chunks(items, seed, start, where, reseed):
+        drop = slot.start.within
+        for point, chunk in self._chunks(slot):
             ordered: Iterator[tuple[Any, Optional[int]]] = chunk
             if self.shuffle:
                 listed = list(chunk)
-                random.Random(derive_seed(seed, "shuffle", point.chunk)).shuffle(listed)
+                random.Random(derive_seed(slot.seed, "shuffle", point.chunk)).shuffle(listed)
                 ordered = iter(listed)
             for taken, item in enumerate(ordered, 1):
                 if taken > drop:
                     yield item, point, taken
             drop = 0
 
-    def _sampled(
-        self,
-        items: Iterator[tuple[Any, Optional[int]]],
-        seed: int,
-        start: Point,
-        where: Callable[[], tuple[int, Any]],
-        reseed: Callable[[int], None],
-    ) -> Iterator[tuple[list[Any], list[Optional[int]], Point]]:
-        drop = start.within
-        for point, chunk in self._chunks(items, seed, start, where, reseed):
+    def _sampled(self, slot: _Slot) -> Iterator[tuple[list[Any], list[Optional[int]], Point]]:
+        drop = slot.start.within
+        for point, chunk in self._chunks(slot):
             pairs = list(chunk)
             instances = [x for x, _ in pairs]
-            lists = self.batch_lists(instances, derive_seed(seed, point.chunk)) if pairs else []
+            lists = self.batch_lists(instances, derive_seed(slot.seed, point.chunk)) if pairs else []
             for taken, indices in enumerate(lists, 1):
                 if taken > drop:
                     yield (
@@ -206,7 +191,7 @@ def slot_batches(
         for _ in itertools.islice(instances, start.skip):
             shards.take()
     items = ((instance, shards.take()) for instance in instances)
-    return plan.resumable(items, seed, start, shards.where, reseed)
+    return plan.resumable(_Slot(items, seed, start, shards.where, reseed))
 
 
 def _once_skipped(reseed: Callable[[int], None]) -> Callable[[int], None]:

@@ -99,10 +99,13 @@ def _serve_http(folder: str, port: int) -> None:
     ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()
 
 
-def _serve_moto(port: int) -> None:
+def _serve_moto(port: int, stock: bool) -> None:
     import logging
 
     from moto.server import ThreadedMotoServer
+
+    if not stock:
+        _read_objects_once()
 
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one line per request otherwise
 
@@ -110,6 +113,30 @@ def _serve_moto(port: int) -> None:
     server.start()
     while True:
         time.sleep(3600)
+
+
+def _read_objects_once() -> None:
+    """Make moto read an object's bytes from its spool file once, not at every GET.
+
+    Stock moto reads the whole object for every GET, ranged or not (about 0.1 s for
+    128 MiB here, measured): S3 does not, and every parallel tool pays it once per
+    request, on the CPU that also runs the client and the proxy. Here the bytes are
+    kept in memory after the first read; a new upload replaces them."""
+    from moto.s3.models import FakeKey
+
+    stock = FakeKey.value
+
+    def read(key: Any) -> bytes:
+        cached = key.__dict__.get("_bench_bytes")
+        if cached is None:
+            cached = key.__dict__["_bench_bytes"] = stock.fget(key)
+        return cached
+
+    def write(key: Any, value: bytes) -> None:
+        key.__dict__.pop("_bench_bytes", None)
+        stock.fset(key, value)
+
+    FakeKey.value = property(read, write)  # type: ignore[method-assign,assignment]
 
 
 def _proxy(listen: int, upstream: int) -> None:
@@ -131,11 +158,10 @@ def _proxy(listen: int, upstream: int) -> None:
         loop = asyncio.get_running_loop()
         mine = 0.0
         while data := await reader.read(64 * 1024):
-            now = loop.time()
-            if flag["first"]:
+            if flag["first"]:  # an answer's first byte waits; the link stays free for others
                 flag["first"] = False
-                now += FIRST_BYTE_S
-                mine = max(mine, now)
+                await asyncio.sleep(FIRST_BYTE_S)
+            now = loop.time()
             link = max(now, state["next"]) + len(data) / TOTAL
             state["next"] = link
             mine = max(now, mine) + len(data) / PER_CONNECTION
@@ -208,6 +234,9 @@ def main() -> None:
     parser.add_argument("--size-mb", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--only", default="", help="run only the rows whose tool contains this text")
+    parser.add_argument(
+        "--stock-moto", action="store_true", help="let moto read the whole object at every GET, as it does"
+    )
     parser.add_argument("--rss-mb", type=int, default=1024, help="object size for the memory row (0: skip)")
     args = parser.parse_args()
     size = args.size_mb * MIB
@@ -217,7 +246,7 @@ def main() -> None:
     http_port, moto_port, http_proxy, moto_proxy = (_free_port() for _ in range(4))
     procs = [
         FORK.Process(target=_serve_http, args=(str(work), http_port), daemon=True),
-        FORK.Process(target=_serve_moto, args=(moto_port,), daemon=True),
+        FORK.Process(target=_serve_moto, args=(moto_port, args.stock_moto), daemon=True),
         FORK.Process(target=_proxy, args=(http_proxy, http_port), daemon=True),
         FORK.Process(target=_proxy, args=(moto_proxy, moto_port), daemon=True),
     ]

@@ -3,6 +3,7 @@ one partial file, steered by the ramp (see `_parallel` for the whole design)."""
 
 from __future__ import annotations
 
+import bisect
 import collections
 import errno
 import logging
@@ -14,7 +15,7 @@ from typing import Any, Final, Optional
 import attrs
 
 from framework.download._followers import PrefixHasher, ProgressRecorder
-from framework.download._parts import _Plan
+from framework.download._parts import _Plan, discard_record
 from framework.download._publish import Validators, _Partial
 from framework.download._ramp import Ramp
 from framework.download.backend import ByteStream, DownloadBackend
@@ -45,6 +46,7 @@ class _Connection:
     live: bool = True  # counted in `_Engine.live`
     waiting: bool = True  # no byte of its first answer yet (the ramp measures from the first)
     index: int = 0  # the part it fetches
+    last: int = 0  # the last part of the run it holds (its request ends there)
     position: int = 0  # the next byte it writes (a break resumes here)
 
 
@@ -52,12 +54,17 @@ class Engine:
     """The threads that fetch the plan's missing parts into `partial`.
 
     Parts are claimed lowest first, so the hashed prefix grows as they arrive. A
-    connection asks for one part, except while it is alone: then it asks for the whole
-    run of missing parts ahead and goes on part after part in one request (one stream is
-    one request). The first answer is such a stream. When another connection claims the
-    next part, the stream stops at the part's end. Workers write through their own
-    descriptor, closed by whichever of them, or of the engine, leaves last: a worker
-    still blocked in a read when the fetch is interrupted can never write elsewhere."""
+    connection claims a run of parts and asks for it in one request: its share of what
+    is left (guided self-scheduling), at most `run_parts` parts, so requests are large
+    while much is left and one part each at the end, where the connections then finish
+    together and the hash has little left once the last byte is in. While a connection
+    is alone it asks for the whole run of missing parts ahead instead and goes on part
+    after part (one stream is one request); the first answer is such a stream. When
+    another connection claims the next part, the stream stops at the part's end.
+
+    Workers write through their own descriptor, closed by whichever of them, or of the
+    engine, leaves last: a worker still blocked in a read when the fetch is interrupted
+    can never write elsewhere."""
 
     def __init__(
         self,
@@ -70,8 +77,11 @@ class Engine:
         attempts: int,
         backoff_factor: float,
         bar: Any,
+        *,
+        run_parts: int = 1,
     ) -> None:
         self.backend, self.url, self.partial, self.plan = backend, url, partial, plan
+        self.run_parts = run_parts  # the most parts one request asks for
         self.attempts, self.backoff_factor, self.bar = attempts, backoff_factor, bar
         self.todo = collections.deque(i for i in range(plan.count) if i not in done)
         self.reached = dict(reached)  # parts begun, not complete: the first byte not yet written
@@ -84,6 +94,9 @@ class Engine:
         self.waiting = 0  # of those, ones that have not had a byte of their first answer yet
         self.writing = 0  # of those, ones in a pwrite now
         self.ramp = Ramp(1)
+        # The connection whose request runs on to the end of the missing parts (it was alone
+        # when it asked): when others join, it claims a run first and goes on uncut.
+        self.open_ended: Optional[_Connection] = None
         self.done_with_fd = False  # the engine no longer needs `fd`: the last worker out closes it
         self.hasher = PrefixHasher(url, partial, plan, done)
         try:
@@ -102,12 +115,15 @@ class Engine:
         with self.lock:
             return dict(self.reached)
 
-    def run(self, cap: int, first: Optional[ByteStream]) -> None:
-        """Fetch the missing parts; part 0 and on from `first` when given (the first answer)."""
+    def run(self, cap: int, first: Optional[ByteStream], answered: float = 0.0) -> None:
+        """Fetch the missing parts; part 0 and on from `first` when given (the first
+        answer, which came at `answered`, on the `time.monotonic` clock)."""
         remaining = self.plan.size - self.partial.offset
         if first is not None:
             self.todo.popleft()  # part 0: a fresh plan has every part to do
         self.ramp = Ramp(cap)
+        if first is not None:
+            self.ramp.answered(answered, 0)
         workers: list[threading.Thread] = []
         try:
             if first is None and not self.todo:
@@ -134,11 +150,23 @@ class Engine:
             self._wind_down(workers, complete=True)  # the record is removed next
             if self.errors:  # the recorder's last sync failed
                 raise self.errors[0]
-            self.partial.hasher = self.hasher.finish()
         except BaseException:
             self.hasher.stop()
             raise
         self.partial.offset = self.plan.size
+
+    def close(self) -> None:
+        """Wait for the hash of the whole file (the parts that completed last are hashed
+        while the caller fsyncs the file), hand it to the partial file and remove the
+        record; a Ctrl-C meanwhile keeps the record, so a later call resumes the parts."""
+        try:
+            self.partial.hasher = self.hasher.finish()
+        except KeyboardInterrupt:
+            raise
+        except BaseException:
+            discard_record(self.partial)  # the partial file is removed too: nothing to resume
+            raise
+        discard_record(self.partial)  # verified and published next, or removed
 
     def _confirm(self) -> None:
         """Ask for the last byte with the plan's validator, as any part is asked for: a
@@ -155,7 +183,9 @@ class Engine:
                 return False
             at, received, ready = self.written_at, self.received, self.waiting == 0
             live, left = self.live, bool(self.todo)
-        wanted = self.ramp.update(time.monotonic(), at, received, remaining - received, ready)
+            wanted = self.ramp.update(time.monotonic(), at, received, remaining - received, ready)
+            if wanted > live and left:
+                self._bound_open_ended(wanted)
         if wanted > live and left:
             logger.debug("%s: %d connections (%d bytes so far)", self.url, wanted, received)
             for _ in range(wanted - live):
@@ -164,6 +194,23 @@ class Engine:
                     break
                 workers.append(worker)
         return True
+
+    def _bound_open_ended(self, connections: int) -> None:
+        """Others are about to join: the connection asking for the rest of the object
+        claims its share first, so it goes on uncut (cutting a stream closes its
+        connection and wastes what is in flight), and they claim after it (under the lock)."""
+        connection, self.open_ended = self.open_ended, None
+        if connection is None or not connection.live:
+            return
+        share = self._share(connections)
+        while connection.last - connection.index + 1 < share and self._unbegun_next(connection.last):
+            connection.last = self.todo.popleft()
+
+    def _share(self, connections: int) -> int:
+        """How many parts a run claimed now holds: what is left, divided among the
+        connections there are or will soon be, at least one, at most `run_parts` (under
+        the lock)."""
+        return max(1, min(self.run_parts, len(self.todo) // max(connections, self.ramp.target)))
 
     def _wind_down(self, workers: list[threading.Thread], complete: bool) -> None:
         """Wait for the workers (at most `STOP_WAIT_S` once stopped: one blocked in a read
@@ -222,6 +269,9 @@ class Engine:
     def _work(self, first: Optional[ByteStream]) -> None:
         connection = _Connection()
         stream = first
+        if first is not None:
+            with self.lock:
+                self.open_ended = connection  # the first answer runs to the end
         try:
             index = 0 if first is not None else self._claim(connection)
             while index is not None and not self.stop.is_set():
@@ -247,34 +297,48 @@ class Engine:
             self.lock.notify_all()
 
     def _claim(self, connection: _Connection) -> Optional[int]:
-        """The lowest missing part, now this connection's; None when none is left or the
-        ramp wants fewer connections (this one stops, counted out at once so that only
-        the surplus stops)."""
+        """The lowest missing part, now this connection's with the run after it (see the
+        class); None when none is left or the ramp wants fewer connections (this one
+        stops, counted out at once so that only the surplus stops)."""
         with self.lock:
-            if connection.live and self.todo and self.live <= self.ramp.target:
-                return self.todo.popleft()
-            self._leave(connection)
-            return None
+            if not (connection.live and self.todo and self.live <= self.ramp.target):
+                self._leave(connection)
+                return None
+            share = self._share(self.live)
+            index = last = self.todo.popleft()
+            while len(range(index, last + 1)) < share and self._unbegun_next(last):
+                last = self.todo.popleft()
+            connection.last = last
+            return index
 
-    def _next(self, index: int, stream_end: int) -> Optional[int]:
-        """Part `index` + 1 if the current stream covers it and nobody claimed it."""
+    def _unbegun_next(self, index: int) -> bool:
+        """Whether part `index` + 1 is the next missing part and nothing of it is written
+        yet (a begun part's request starts where it got to), under the lock."""
+        return bool(self.todo) and self.todo[0] == index + 1 and index + 1 not in self.reached
+
+    def _next(self, connection: _Connection, stream_end: int) -> Optional[int]:
+        """The part after the connection's, if its stream covers it: the next of its run,
+        or one nobody claimed (a stream that is alone runs on)."""
+        index = connection.index
         with self.lock:
+            if index < connection.last:
+                return index + 1
             if (
                 self.plan.bounds(index)[1] < stream_end
-                and self.todo
-                and self.todo[0] == index + 1
-                and index + 1 not in self.reached  # begun before: its request starts where it got to
+                and self._unbegun_next(index)
                 and self.live <= self.ramp.target
             ):
-                return self.todo.popleft()
+                connection.last = self.todo.popleft()
+                return connection.last
         return None
 
-    def _run_end(self, index: int) -> int:
-        """Where a request from part `index` ends: that part's end, or, for a connection
-        that is alone, the end of the run of missing, unbegun parts from there."""
+    def _run_end(self, connection: _Connection) -> int:
+        """Where a request from the connection's part ends: its run's end, or, for a
+        connection that is alone, the end of the run of missing, unbegun parts from there."""
         with self.lock:
-            last = index
+            last = connection.last
             if self.live == 1 and self.ramp.target == 1:
+                self.open_ended = connection
                 for following in self.todo:
                     if following != last + 1 or following in self.reached:
                         break
@@ -283,12 +347,13 @@ class Engine:
 
     def _give_back(self, connection: _Connection) -> bool:
         """The server refused this connection (429/503) while others are live: hand its
-        part back (first in line), cap the ramp at the connections that remain and stop
+        run back (first in line), cap the ramp at the connections that remain and stop
         this one. False for the last connection: the refusal is the fetch's to handle."""
         with self.lock:
             if self.live <= 1:
                 return False
-            self.todo.appendleft(connection.index)
+            for index in range(connection.index, connection.last + 1):
+                bisect.insort(self.todo, index)  # kept in order: claims take the lowest
             self.ramp.refused(self.live - 1)
             self._leave(connection)
             return True
@@ -305,8 +370,10 @@ class Engine:
             began = connection.position
             try:
                 if stream is None:
-                    stream_end = self._run_end(connection.index)
+                    stream_end = self._run_end(connection)
                     stream = self._open(connection.position, stream_end)
+                    with self.lock:
+                        self.ramp.answered(time.monotonic(), self.received)
                 with stream:
                     self._check(stream, connection.position)
                     if self._write(stream, stream_end, connection):
@@ -388,7 +455,7 @@ class Engine:
                         self.bar.update(len(piece))
                 if position == end:
                     self._complete(index)
-                    following = self._next(index, stream_end)
+                    following = self._next(connection, stream_end)
                     if following is None:
                         return True  # a stream that ran past its end is not read further
                     index, end = following, self.plan.bounds(following)[1]

@@ -14,7 +14,8 @@ range (``bytes=0-`` and a last byte past any end), and
 The ramp measures the one stream first: if it would bring the rest in under half a
 second it stays alone, and the object is one request, as on the single-stream path.
 Otherwise connections are added while throughput grows, up to the cap; each asks for
-one part at a time, lowest missing part first, so the hashed prefix keeps growing.
+a run of parts at a time, lowest missing parts first, so the hashed prefix keeps
+growing, and a run is a share of what is left, so the last requests are one part each.
 
 A part answered whole (200), with another validator, another total size, or an
 encoded body aborts the parallel attempt: what was written is dropped and the
@@ -63,9 +64,9 @@ logger = logging.getLogger("framework.download")
 # The cap; `Ramp` decides how many of them an object gets (often one).
 DEFAULT_CONNECTIONS: Final = 16
 DEFAULT_PART_SIZE: Final = 8 << 20  # as s3transfer: large enough that a request's latency is amortized
-# Parts are `part_size` at most, smaller for an object that would otherwise have fewer parts
-# than connections, down to this.
-_SMALLEST_PART: Final = 1 << 20
+# A plan's parts (what is recorded, and hashed, as complete) are this size, or `part_size`
+# if smaller; a request asks for a run of them, `part_size` at most (see `Engine`).
+_PART: Final = 1 << 20
 # Answers that say the object is missing or forbidden, whatever the Range.
 _NOT_THERE: Final = frozenset({401, 403, 404, 407, 410})
 # A range end past any object: a server reads it as "to the end" (RFC 9110, 14.1.2), so the
@@ -101,13 +102,6 @@ def serves_parts(backend: DownloadBackend) -> bool:
         return False
 
 
-class _Hashed:
-    """What `fetch_parts` hands back in place of a pipeline: the hash is already done."""
-
-    def close(self) -> None:
-        pass
-
-
 def fetch_parts(
     backend: DownloadBackend,
     url: str,
@@ -124,10 +118,11 @@ def fetch_parts(
     """Fetch `url` into `partial` in parts.
 
     Returns an object with ``close()``, as `_download` does, once the partial file
-    holds the whole object and its hash; or None when the single-stream path is to go
+    holds the whole object (``close`` waits for its hash); or None when the single-stream path is to go
     on (with `partial` empty, or holding the bytes of a whole answer it resumes), with
     the attempts already spent (a first answer that broke off counts as one)."""
     first: Optional[ByteStream] = None
+    answered = 0.0  # when the first answer came (the ramp measures from there)
     reached: dict[int, int] = {}
     if resumed is not None:
         plan, done, reached = resumed.plan, resumed.done, resumed.reached
@@ -139,6 +134,7 @@ def fetch_parts(
             return None, 0  # a single-stream partial file: that path resumes it
         try:
             first = backend.open(url, 0, end=_TO_THE_END)  # type: ignore[call-arg]
+            answered = time.monotonic()
         except HTTPStatusError as error:
             if error.status in _NOT_THERE or (error.status >= 500 and error.status != 501):
                 raise  # the object or the server, not the Range: one stream would fail alike
@@ -153,17 +149,16 @@ def fetch_parts(
             return None, 0
         validators = Validators.of(first)
         size = first.size or 0
-        part_size = min(part_size, max(_SMALLEST_PART, -(-size // connections)))
-        part_size = max(part_size, -(-size // MOST_PARTS))  # a huge object: fewer, larger parts
+        unit = max(min(part_size, _PART), -(-size // MOST_PARTS))  # a huge object: fewer, larger parts
         if (
             first.status != 206
             or first.start != 0
-            or size <= part_size
+            or size <= unit
             or first.encoding is not None
             or validators.if_range is None
         ):
             return _whole(backend, url, first, partial, bar, on_size, attempts, backoff_factor)
-        plan, done = _Plan(size, part_size, validators), set()
+        plan, done = _Plan(size, unit, validators), set()
         partial.restart(validators)
         _retag(partial, PARALLEL_TAG + validators.tag)
         os.ftruncate(partial.fd, plan.size)  # sparse: blocks are allocated as parts arrive
@@ -175,7 +170,18 @@ def fetch_parts(
         bar.total, bar.n = plan.size, partial.offset
         bar.refresh()
     try:
-        engine = Engine(backend, url, partial, plan, done, reached, attempts, backoff_factor, bar)
+        engine = Engine(
+            backend,
+            url,
+            partial,
+            plan,
+            done,
+            reached,
+            attempts,
+            backoff_factor,
+            bar,
+            run_parts=max(1, part_size // plan.part_size),
+        )
     except BaseException:
         if first is not None:
             first.close()
@@ -184,7 +190,7 @@ def fetch_parts(
     try:
         # The first stream is the engine's now: its worker closes it. Closing it here could
         # wait on that worker's blocked read (a buffered reader's close takes its lock).
-        engine.run(connections, first)
+        engine.run(connections, first, answered)
     except VersionChanged as error:
         logger.info("%s changed while it was fetched in parts (%s); starting over", url, error)
         discard_record(partial)
@@ -194,8 +200,7 @@ def fetch_parts(
         if partial.offset == 0 or not isinstance(error, (NetworkError, KeyboardInterrupt)):
             discard_record(partial)  # the partial file is removed too: nothing to resume
         raise
-    discard_record(partial)  # complete: verified and published next, or removed
-    return _Hashed(), 0
+    return engine, 0  # its `close` waits for the hash, as a pipeline's does, then drops the record
 
 
 def _whole(

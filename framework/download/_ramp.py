@@ -11,17 +11,18 @@ __all__ = ["Ramp"]
 class Ramp:
     """How many connections fetch an object: grow while throughput grows, up to the cap.
 
-    One stream first, its rate measured over `PROBE_S`. A stream that would bring the
-    rest in under `ALONE_S` stays alone: one stream fills that link, and more would only
-    compete for the CPU. Otherwise the first step opens as many connections as would each
-    still have `ALONE_S` of work at that rate, then the count doubles, up to the cap.
-    Each step's rate is measured over `WINDOW_S` once its new connections have their
-    first bytes; a step that did not pay (less than `GAIN` more, or half the gain the
-    added connections could bring if that is less) is undone: the extra connections
-    finish the part they hold, then stop, and the count stays where it was.
+    One stream first, its rate measured over `PROBE_S` from its answer's arrival. A
+    stream that would bring the rest in under `ALONE_S` stays alone: one stream fills
+    that link, and more would only compete for the CPU. Otherwise the first step opens
+    as many connections as would each still have `ALONE_S` of work at that rate, then
+    the count doubles, up to the cap. Each step's rate is measured over `WINDOW_S` once
+    its new connections have their first bytes; a step that did not pay (less than
+    `GAIN` more, or half the gain the added connections could bring if that is less) is
+    undone: the extra connections finish the run they hold, then stop, and the count
+    stays where it was.
     """
 
-    PROBE_S: Final = 0.05
+    PROBE_S: Final = 0.02
     ALONE_S: Final = 0.5
     WINDOW_S: Final = 0.05
     GAIN: Final = 1.25
@@ -33,6 +34,12 @@ class Ramp:
         self._before = 1  # the count before the step being measured
         self._rate = 0.0  # the rate measured before that step (bytes/s)
         self._since: Optional[tuple[float, int]] = None  # when and at which byte count this measurement began
+
+    def answered(self, now: float, received: int) -> None:
+        """The first connection's answer is here (`received` bytes so far): the probe
+        measures its rate from `now`, not from its first chunk (which may be a large one)."""
+        if self.target == 1 and self._since is None:
+            self._since = (now, received)
 
     def refused(self, live: int) -> None:
         """The server refused a connection: keep to the `live` ones that it serves."""

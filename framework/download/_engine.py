@@ -158,15 +158,21 @@ class Engine:
     def close(self) -> None:
         """Wait for the hash of the whole file (the parts that completed last are hashed
         while the caller fsyncs the file), hand it to the partial file and remove the
-        record; a Ctrl-C meanwhile keeps the record, so a later call resumes the parts."""
+        record. Interrupted, it stops as `abandon` does."""
         try:
             self.partial.hasher = self.hasher.finish()
-        except KeyboardInterrupt:
-            raise
-        except BaseException:
-            discard_record(self.partial)  # the partial file is removed too: nothing to resume
+        except BaseException as error:
+            self.abandon(error)
             raise
         discard_record(self.partial)  # verified and published next, or removed
+
+    def abandon(self, error: BaseException) -> None:
+        """The file will not be published (`error`): stop hashing. The record stays if
+        the partial file does (an interruption: a later call resumes the parts), else it
+        goes with it."""
+        self.hasher.stop()
+        if not isinstance(error, (NetworkError, KeyboardInterrupt)):
+            discard_record(self.partial)
 
     def _confirm(self) -> None:
         """Ask for the last byte with the plan's validator, as any part is asked for: a

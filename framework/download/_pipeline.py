@@ -100,6 +100,14 @@ class Pipeline:
             self._thread.join()
         self._check()
 
+    def abandon(self, error: BaseException) -> None:
+        """The file will not be published (`error`): end the hash thread, raising
+        nothing over `error`."""
+        try:
+            self.close()
+        except DownloadError:
+            pass
+
     def _check(self) -> None:
         if self._error is not None:
             raise DownloadError(

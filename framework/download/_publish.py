@@ -541,8 +541,10 @@ def fetch(
                 pending = _download(backend, url, partial, attempts - failed, backoff_factor, bar, on_size)
         try:
             os.fsync(partial.fd)  # meanwhile the hash thread works through its backlog
-        finally:
-            pending.close()  # even when fsync fails: the hash thread never stays blocked
+        except BaseException as error:
+            pending.abandon(error)  # the hash thread never stays blocked
+            raise
+        pending.close()
         result = partial.verified(url, sha256)
         keep = True
         return result

@@ -427,9 +427,11 @@ def test_ctrl_c_with_a_stalled_connection_returns_and_keeps_the_bytes(
     assert stray_files(tmp_path) == []
 
 
-def _slowly_hashed_child(url: str, cache: str, results: Any) -> None:
-    """Fetch with the hash done in one pass at the end, slowly, and report the helper
-    threads left after a Ctrl-C."""
+def _slowly_hashed_child(url: str, cache: str, results: Any, slow_fsync: bool = False) -> None:
+    """Fetch with the hash done in one pass at the end, slowly (4 s for 8 parts, longer
+    than the 2 s this waits for helper threads to end), and report the helper threads
+    left after a Ctrl-C and how long it took to come back. With `slow_fsync`, the
+    publishing fsync of the partial file takes 30 s (a file ``fsyncing`` says it began)."""
     import threading
     import time
 
@@ -440,7 +442,7 @@ def _slowly_hashed_child(url: str, cache: str, results: Any) -> None:
             self.real = hashlib.sha256()
 
         def update(self, data: bytes) -> None:
-            time.sleep(0.2)
+            time.sleep(0.5)
             self.real.update(data)
 
         def hexdigest(self) -> str:
@@ -448,10 +450,25 @@ def _slowly_hashed_child(url: str, cache: str, results: Any) -> None:
 
     _followers.HASH_AS_PARTS_COMPLETE = False
     _followers._new_hasher = SlowHash  # type: ignore[assignment]
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        if slow_fsync and os.readlink(f"/proc/self/fd/{fd}").endswith(".part"):
+            Path(cache, "fsyncing").touch()
+            time.sleep(30)
+        real_fsync(fd)
+
+    os.fsync = fsync
+    interrupted = 0.0
     try:
-        _manager(Path(cache)).cached_path(url)
+        try:
+            _manager(Path(cache)).cached_path(url)
+        except KeyboardInterrupt:
+            interrupted = time.monotonic()
+            raise
         results.put(("finished", []))
     except KeyboardInterrupt:
+        results.put(("returned", time.monotonic() - interrupted))
         deadline = time.monotonic() + 2  # a thread that has ended is listed for a moment more
         while True:
             helpers = [t.name for t in threading.enumerate() if t.name.endswith(("-hash", "-record"))]
@@ -473,15 +490,42 @@ def test_ctrl_c_during_the_final_hash_then_a_new_version(http_server: FaultServe
     try:
         wait_for(lambda: _parts_done(tmp_path) == 8, what="every part recorded")
         os.kill(child.pid or 0, signal.SIGINT)
+        assert results.get(timeout=20)[0] == "returned"
         outcome, helpers = results.get(timeout=20)
     finally:
         child.join(10)
     assert outcome == "interrupted"
-    assert not [name for name in helpers if name.endswith(("hash", "record"))]
+    assert not [name for name in helpers if name.endswith(("hash", "record"))]  # the hash stopped
     route = http_server.route(url)
     route.data, route.etag, route.delay, route.gets = new, '"v2"', 0.0, 0
     assert sha256(_manager(tmp_path).cached_path(url).read_bytes()) == sha256(new)
     assert route.gets >= 2  # asked, found another version, fetched it whole
+    assert stray_files(tmp_path) == []
+
+
+def test_ctrl_c_during_the_publishing_fsync_keeps_the_parts(http_server: FaultServer, tmp_path: Path) -> None:
+    """Every part is in and the file is being fsynced, the hash far behind: Ctrl-C comes
+    back at once, without waiting for the hash, and leaves the record, so the next call
+    fetches nothing again."""
+    data = _data(8)
+    url = http_server.add(_path("fsync-ctrl-c"), data, **SLOW)
+    results = FORK.Queue()
+    child = FORK.Process(target=_slowly_hashed_child, args=(url, str(tmp_path), results, True))
+    child.start()
+    try:
+        wait_for(lambda: (tmp_path / "fsyncing").exists(), what="the publishing fsync")
+        os.kill(child.pid or 0, signal.SIGINT)
+        outcome, seconds = results.get(timeout=20)
+        assert (outcome, results.get(timeout=20)[0]) == ("returned", "interrupted")
+    finally:
+        child.join(10)
+    assert seconds < 2  # the hash alone would take 4 s
+    assert _parts_done(tmp_path) == 8
+    route = http_server.route(url)
+    route.delay, route.body_bytes = 0.0, 0
+    (tmp_path / "fsyncing").unlink()
+    assert _manager(tmp_path).cached_path(url).read_bytes() == data
+    assert route.body_bytes <= SLOW["chunk"]  # the last byte, asked with the recorded version
     assert stray_files(tmp_path) == []
 
 

@@ -4,8 +4,8 @@ A pacing TCP proxy on 127.0.0.1 (its own process) stands for a network link: eac
 connection at most 16 MiB/s, all together at most 128 MiB/s, and 20 ms before the
 first byte of each answer (while other connections' bytes go on). It sits in front of
 an HTTP server (Range, ETag) and of moto's S3 server, each in its own process; moto
-reads an object once, not at every GET (``--stock-moto`` for as it is). One 128 MiB object; each tool fetches it
-once, cold, through the proxy:
+reads an object once, not at every GET (``--stock-moto`` for as it is). One 128 MiB
+object; each tool fetches it once, cold, through the proxy:
 
 - raw one-stream copy (`requests`, HTTP) and boto3 ``get_object`` (one stream, S3);
 - ``aria2c -x8 -s8`` (skipped when not installed);

@@ -16,7 +16,7 @@ import attrs
 
 from framework.download._followers import PrefixHasher, ProgressRecorder
 from framework.download._parts import _Plan, discard_record
-from framework.download._publish import Validators, _Partial
+from framework.download._publish import RESUMABLE, Validators, _Partial
 from framework.download._ramp import Ramp
 from framework.download.backend import ByteStream, DownloadBackend
 from framework.errors import DownloadError, HTTPStatusError, NetworkError
@@ -78,7 +78,7 @@ class Engine:
         backoff_factor: float,
         bar: Any,
         *,
-        run_parts: int = 1,
+        run_parts: int,
     ) -> None:
         self.backend, self.url, self.partial, self.plan = backend, url, partial, plan
         self.run_parts = run_parts  # the most parts one request asks for
@@ -119,10 +119,9 @@ class Engine:
         """Fetch the missing parts; part 0 and on from `first` when given (the first
         answer, which came at `answered`, on the `time.monotonic` clock)."""
         remaining = self.plan.size - self.partial.offset
-        if first is not None:
-            self.todo.popleft()  # part 0: a fresh plan has every part to do
         self.ramp = Ramp(cap)
         if first is not None:
+            self.todo.popleft()  # part 0: a fresh plan has every part to do
             self.ramp.answered(answered, 0)
         workers: list[threading.Thread] = []
         try:
@@ -171,7 +170,7 @@ class Engine:
         the partial file does (an interruption: a later call resumes the parts), else it
         goes with it."""
         self.hasher.stop()
-        if not isinstance(error, (NetworkError, KeyboardInterrupt)):
+        if not isinstance(error, RESUMABLE):
             discard_record(self.partial)
 
     def _confirm(self) -> None:
@@ -206,9 +205,12 @@ class Engine:
         claims its share first, so it goes on uncut (cutting a stream closes its
         connection and wastes what is in flight), and they claim after it (under the lock)."""
         connection, self.open_ended = self.open_ended, None
-        if connection is None or not connection.live:
-            return
-        share = self._share(connections)
+        if connection is not None and connection.live:
+            self._extend_run(connection, self._share(connections))
+
+    def _extend_run(self, connection: _Connection, share: int) -> None:
+        """Claim the missing, unbegun parts right after the connection's run until the
+        run holds `share` parts (under the lock)."""
         while connection.last - connection.index + 1 < share and self._unbegun_next(connection.last):
             connection.last = self.todo.popleft()
 
@@ -310,12 +312,9 @@ class Engine:
             if not (connection.live and self.todo and self.live <= self.ramp.target):
                 self._leave(connection)
                 return None
-            share = self._share(self.live)
-            index = last = self.todo.popleft()
-            while len(range(index, last + 1)) < share and self._unbegun_next(last):
-                last = self.todo.popleft()
-            connection.last = last
-            return index
+            connection.index = connection.last = self.todo.popleft()
+            self._extend_run(connection, self._share(self.live))
+            return connection.index
 
     def _unbegun_next(self, index: int) -> bool:
         """Whether part `index` + 1 is the next missing part and nothing of it is written
@@ -340,7 +339,8 @@ class Engine:
 
     def _run_end(self, connection: _Connection) -> int:
         """Where a request from the connection's part ends: its run's end, or, for a
-        connection that is alone, the end of the run of missing, unbegun parts from there."""
+        connection that is alone, the end of the run of missing, unbegun parts from there
+        (it is then the open-ended one)."""
         with self.lock:
             last = connection.last
             if self.live == 1 and self.ramp.target == 1:

@@ -46,7 +46,15 @@ from typing import Any, Callable, Final, Optional
 
 from framework.download._engine import Engine, VersionChanged
 from framework.download._parts import MOST_PARTS, PARALLEL_TAG, Resumed, _Plan, adopt_parts, discard_record
-from framework.download._publish import _ACTIVE, Validators, _new_hasher, _Partial, _place, _receive
+from framework.download._publish import (
+    _ACTIVE,
+    RESUMABLE,
+    Validators,
+    _new_hasher,
+    _Partial,
+    _place,
+    _receive,
+)
 from framework.download.backend import ByteStream, DownloadBackend
 from framework.errors import HTTPStatusError, NetworkError
 
@@ -117,10 +125,11 @@ def fetch_parts(
 ) -> tuple[Optional[Any], int]:
     """Fetch `url` into `partial` in parts.
 
-    Returns an object with ``close()``, as `_download` does, once the partial file
-    holds the whole object (``close`` waits for its hash); or None when the single-stream path is to go
-    on (with `partial` empty, or holding the bytes of a whole answer it resumes), with
-    the attempts already spent (a first answer that broke off counts as one)."""
+    Returns an object with ``close()`` and ``abandon()``, as `_download` does, once the
+    partial file holds the whole object (``close`` waits for its hash); or None when
+    the single-stream path is to go on (with `partial` empty, or holding the bytes of a
+    whole answer it resumes), with the attempts already spent (a first answer that
+    broke off counts as one)."""
     first: Optional[ByteStream] = None
     answered = 0.0  # when the first answer came (the ramp measures from there)
     reached: dict[int, int] = {}
@@ -197,7 +206,7 @@ def fetch_parts(
         _empty(partial)
         return None, 0
     except BaseException as error:
-        if partial.offset == 0 or not isinstance(error, (NetworkError, KeyboardInterrupt)):
+        if partial.offset == 0 or not isinstance(error, RESUMABLE):
             discard_record(partial)  # the partial file is removed too: nothing to resume
         raise
     return engine, 0  # its `close` waits for the hash, as a pipeline's does, then drops the record

@@ -47,6 +47,7 @@ from framework.download.backend import ByteStream, DownloadBackend, RemoteInfo
 from framework.errors import ChecksumError, DownloadError, NetworkError
 
 __all__ = [
+    "RESUMABLE",
     "Fetched",
     "PartialName",
     "Validators",
@@ -76,6 +77,9 @@ def _new_hasher() -> Any:
 # Partial files this process is writing right now; any other partial of this process
 # is left over from an interrupted call (Ctrl-C) and may be adopted like a dead one's.
 _ACTIVE: set[str] = set()
+# What may interrupt a fetch that a later call resumes: the partial file (and a parallel
+# fetch's record of its parts) is kept.
+RESUMABLE: Final = (NetworkError, KeyboardInterrupt)
 
 
 def _etag_tag(etag: Optional[str]) -> str:
@@ -548,7 +552,7 @@ def fetch(
         result = partial.verified(url, sha256)
         keep = True
         return result
-    except (NetworkError, KeyboardInterrupt):
+    except RESUMABLE:
         keep = True
         raise
     finally:

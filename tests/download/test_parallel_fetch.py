@@ -856,9 +856,12 @@ def test_racing_processes_fetch_one_copy(http_server: FaultServer, tmp_path: Pat
     for proc in procs:
         proc.join(40)
     assert [results.get(timeout=5) for _ in procs] == [sha256(data)] * 4
-    # one copy: the one fetcher's first stream, cut where another connection's run
-    # begins, wastes at most what the server had sent ahead (a chunk)
-    assert len(data) <= http_server.route(url).body_bytes <= len(data) + 64 * 1024
+    route = http_server.route(url)
+    assert route.ranges.count(TO_THE_END) == 1  # one process fetched; the others waited
+    # One copy: the fetcher's first stream, cut where another connection's run begins,
+    # wastes only what was in flight (this fast server may be well ahead of a loaded
+    # client, so no tighter bound than a second copy holds).
+    assert len(data) <= route.body_bytes < 2 * len(data)
 
 
 def test_racing_processes_without_a_lock_each_publish_whole_bytes(

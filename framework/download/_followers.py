@@ -109,14 +109,17 @@ class PrefixHasher:
 
 
 class ProgressRecorder:
-    """Records progress on its own thread, every `EVERY_S` while it changes, and when the
-    fetch stops short. One ``fdatasync`` covers every byte written before it, then the
-    record is rewritten: complete parts, and how far the others got. Workers never wait
-    on the disk; bytes count (for a later resume) only once they are durable. (Not at
-    each part: on a fast link that would put an fdatasync in the way every few
-    milliseconds; a kill loses at most the last `EVERY_S` of progress.)"""
+    """Records progress on its own thread, every `EVERY_S` while it changes or sooner
+    once parts of `EVERY_BYTES` have completed since the last record, and when the fetch
+    stops short. One ``fdatasync`` covers every byte written before it, then the record
+    is rewritten: complete parts, and how far the others got. Workers never wait on the
+    disk; bytes count (for a later resume) only once they are durable. (Not at each
+    part: on a fast link that would put an fdatasync in the way every few milliseconds.
+    A kill loses at most the last `EVERY_S` of progress; the bytes bound leaves the
+    publishing fsync little to write once the last byte is in, 16 ms less at 128 MiB/s.)"""
 
     EVERY_S: Final = 0.25
+    EVERY_BYTES: Final = 8 << 20
 
     def __init__(
         self,
@@ -130,6 +133,7 @@ class ProgressRecorder:
         self.recorded = set(done)
         self._recorded_reached: dict[int, int] = {}
         self._pending: set[int] = set()
+        self._pending_bytes = 0  # the size of the parts in `_pending`
         self._closing = self._flush = False
         self._cond = threading.Condition()
         # A failed fdatasync means written bytes may not be on the disk. Linux reports it
@@ -147,8 +151,12 @@ class ProgressRecorder:
             raise
 
     def completed(self, index: int) -> None:
+        start, end = self.plan.bounds(index)
         with self._cond:
             self._pending.add(index)
+            self._pending_bytes += end - start
+            if self._pending_bytes >= self.EVERY_BYTES:
+                self._cond.notify()
 
     def _run(self) -> None:
         try:
@@ -170,10 +178,12 @@ class ProgressRecorder:
     def _record_once(self) -> bool:
         """Wait for the next record and write it; False once there is none to come."""
         with self._cond:
-            self._cond.wait_for(lambda: self._closing, timeout=self.EVERY_S)
+            self._cond.wait_for(
+                lambda: self._closing or self._pending_bytes >= self.EVERY_BYTES, timeout=self.EVERY_S
+            )
             if self._closing and not self._flush:
                 return False
-            batch, self._pending = self._pending, set()
+            batch, self._pending, self._pending_bytes = self._pending, set(), 0
             last = self._closing
         reached = self._reached()  # taken before the fdatasync: those bytes are written
         if batch or reached != self._recorded_reached:

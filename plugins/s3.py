@@ -148,7 +148,7 @@ class S3Backend(DownloadBackend):
         body = response["Body"]
         modified = response.get("LastModified")
         return ByteStream(
-            self._chunks(body, url),
+            self._chunks(body, url, response.get("ContentLength")),
             start=start,
             size=size,
             etag=response.get("ETag"),
@@ -157,14 +157,27 @@ class S3Backend(DownloadBackend):
             close_callback=body.close,
         )
 
-    def _chunks(self, body: Any, url: str) -> Iterator[bytes]:
+    def _chunks(self, body: Any, url: str, length: Optional[int]) -> Iterator[bytes]:
         import urllib3.exceptions
         from botocore import exceptions as bce
 
+        # What has arrived, up to CHUNK_SIZE, as the HTTP backend reads: `iter_chunks`
+        # waits for whole chunks, so a parallel fetch's ramp would see the first answer's
+        # rate a MiB late, and a break would lose up to a MiB received. botocore's body
+        # checks the length as it reads; its urllib3 response, read here, does not.
+        read = getattr(getattr(body, "_raw_stream", None), "read1", None)
+        received = 0
         try:
-            yield from body.iter_chunks(CHUNK_SIZE)
+            if read is None:  # another botocore or urllib3 than ours
+                yield from body.iter_chunks(CHUNK_SIZE)
+                return
+            while chunk := read(CHUNK_SIZE):
+                received += len(chunk)
+                yield chunk
         except (bce.BotoCoreError, urllib3.exceptions.HTTPError, OSError) as error:
             raise NetworkError(url, f"S3 stream broke off: {error}") from error
+        if length is not None and received != length:
+            raise NetworkError(url, f"S3 stream broke off after {received} of {length} bytes")
 
     def stat(self, url: str) -> RemoteInfo:
         bucket, key = _split(url)

@@ -235,6 +235,56 @@ class _Handler(BaseHTTPRequestHandler):
         self.connection.close()
 
 
+class PacedProxy:
+    """A TCP forwarder on 127.0.0.1 in front of `upstream` (a port): what comes back is
+    sent on in `chunk`-byte writes `delay` apart, and a connection is cut once it has
+    sent `cut_after` bytes back (headers included). A context manager; `url` is its address."""
+
+    def __init__(self, upstream: int, chunk: int, delay: float, cut_after: Optional[int] = None) -> None:
+        self.upstream, self.chunk, self.delay, self.cut_after = upstream, chunk, delay, cut_after
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:  # closed
+                return
+            server = socket.create_connection(("127.0.0.1", self.upstream))
+            threading.Thread(target=self._pump, args=(client, server, None, 0.0), daemon=True).start()
+            threading.Thread(
+                target=self._pump, args=(server, client, self.cut_after, self.delay), daemon=True
+            ).start()
+
+    def _pump(self, source: socket.socket, sink: socket.socket, limit: Optional[int], delay: float) -> None:
+        sent = 0
+        try:
+            while limit is None or sent < limit:
+                data = source.recv(self.chunk if limit is None else min(self.chunk, limit - sent))
+                if not data:
+                    break
+                time.sleep(delay)
+                sink.sendall(data)
+                sent += len(data)
+        except OSError:
+            pass
+        finally:
+            for end in (source, sink):
+                try:
+                    end.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+                end.close()
+
+    def __enter__(self) -> PacedProxy:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.listener.close()
+
+
 def stray_files(folder: Path) -> list[str]:
     """Temporary or partial files left in a cache folder."""
     if not folder.exists():

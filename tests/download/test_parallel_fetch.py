@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 import pytest
-from dl_helpers import FORK, FaultServer, sha256, stray_files, wait_for
+from dl_helpers import FORK, FaultServer, PacedProxy, sha256, stray_files, wait_for
 
 from framework.download import DownloadManager
 from framework.errors import ChecksumError
@@ -380,6 +380,26 @@ def test_kill_half_way_then_resume_fetches_the_other_half(http_server: FaultServ
     assert stray_files(tmp_path) == []
 
 
+def test_progress_is_recorded_every_few_parts_on_a_fast_link(
+    http_server: FaultServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Parts of `EVERY_BYTES` completed since the last record bring the next one forward
+    (here every 2 parts, with `EVERY_S` a minute): the publishing fsync has little left
+    to write, and a kill loses little. The child inherits the settings (forked)."""
+    from framework.download._followers import ProgressRecorder
+
+    monkeypatch.setattr(ProgressRecorder, "EVERY_S", 60.0)
+    monkeypatch.setattr(ProgressRecorder, "EVERY_BYTES", 2 * PART)
+    data = _data(16)
+    url = http_server.add(_path("every"), data, **SLOWER)
+    route = _kill_once_recorded(http_server, url, tmp_path, 4)  # in well under a minute
+    assert 4 <= _parts_done(tmp_path) < 16
+    route.body_bytes, route.delay = 0, 0.0
+    still_to_come = _still_to_come(tmp_path, len(data))
+    assert _manager(tmp_path).cached_path(url).read_bytes() == data
+    assert route.body_bytes == still_to_come
+
+
 def _interrupted_child(url: str, cache: str, results: Any) -> None:
     import threading
     import time
@@ -643,6 +663,39 @@ def test_a_thread_that_cannot_start_means_fewer_connections(
     url = http_server.add(_path("no-threads"), data, **SLOW)
     assert _manager(tmp_path).cached_path(url).read_bytes() == data
     assert http_server.route(url).max_in_flight == 1
+    leftover = [
+        target
+        for fd in os.listdir("/proc/self/fd")
+        if (target := os.path.realpath(f"/proc/self/fd/{fd}")).startswith(str(tmp_path))
+    ]
+    assert leftover == []
+
+
+def test_ctrl_c_while_starting_connections_leaves_no_thread_waiting(
+    http_server: FaultServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """New connections wait at a gate until all are started; a Ctrl-C between two starts
+    still opens it, so the ones already started end (and close their descriptor)."""
+    import threading
+
+    real_start = threading.Thread.start
+
+    def start(thread: threading.Thread) -> None:
+        if thread.name == "framework-parallel-3":
+            raise KeyboardInterrupt
+        real_start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", start)
+    # One stream would take 2 s: the first step opens 3 connections or more at once.
+    data = _data(8)
+    url = http_server.add(_path("ctrl-c-start"), data, **SLOWER)
+    with pytest.raises(KeyboardInterrupt):
+        _manager(tmp_path).cached_path(url)
+
+    def ours() -> list[str]:
+        return [t.name for t in threading.enumerate() if t.name.startswith("framework-parallel")]
+
+    wait_for(lambda: ours() == [], what="the parallel fetch's threads to end")
     leftover = [
         target
         for fd in os.listdir("/proc/self/fd")
@@ -968,6 +1021,45 @@ def test_s3_swap_mid_fetch_is_refused_by_if_match(bucket: str, s3_env: str, tmp_
     path = _manager(tmp_path, connections=2, backends={"s3": backend}).cached_path(f"s3://{bucket}/swap.bin")
     assert sha256(path.read_bytes()) == sha256(new)
     assert stray_files(tmp_path) == []
+
+
+def test_s3_stream_hands_over_bytes_as_they_arrive(bucket: str, s3_env: str) -> None:
+    """Through a link that brings 64 KiB every 8 ms, the first chunk is what has arrived,
+    not a whole MiB (which took 0.13 s more): the ramp measures the first answer at
+    once, and a break keeps what came before it. The bytes are all there, in order."""
+    import boto3
+    from framework_plugins.s3 import S3Backend
+
+    data = _data(6)
+    boto3.client("s3", endpoint_url=s3_env).put_object(Bucket=bucket, Key="paced.bin", Body=data)
+    with PacedProxy(int(s3_env.rsplit(":", 1)[1]), chunk=64 * 1024, delay=0.008) as proxy:
+        backend = S3Backend(endpoint_url=proxy.url, retries=0)
+        with backend.open(f"s3://{bucket}/paced.bin") as stream:
+            chunks = list(stream.chunks)
+        backend.close()
+    assert b"".join(chunks) == data
+    assert len(chunks[0]) < 1 << 20 and max(map(len, chunks)) <= 1 << 20
+
+
+def test_s3_stream_cut_short_is_a_network_error(bucket: str, s3_env: str) -> None:
+    """Reading what has arrived keeps the length check: a body cut short raises, after
+    handing over the bytes that came, and is never taken for the whole object."""
+    import boto3
+    from framework_plugins.s3 import S3Backend
+
+    from framework.errors import NetworkError
+
+    data = _data(4)
+    boto3.client("s3", endpoint_url=s3_env).put_object(Bucket=bucket, Key="cut.bin", Body=data)
+    with PacedProxy(int(s3_env.rsplit(":", 1)[1]), chunk=64 * 1024, delay=0.0, cut_after=600_000) as proxy:
+        backend = S3Backend(endpoint_url=proxy.url, retries=0)
+        got = bytearray()
+        with pytest.raises(NetworkError, match="broke off"):
+            with backend.open(f"s3://{bucket}/cut.bin") as stream:
+                for chunk in stream.chunks:
+                    got += chunk
+        backend.close()
+    assert 0 < len(got) < len(data) and data.startswith(bytes(got))
 
 
 def test_waiters_see_the_parts_arrive(http_server: FaultServer, tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ import logging
 import os
 import threading
 import time
-from typing import Any, Final, Optional
+from typing import Any, Final, Iterator, Optional
 
 import attrs
 
@@ -442,7 +442,8 @@ class Engine:
         False if it ended short."""
         index, position = connection.index, connection.position
         end = self.plan.bounds(index)[1]
-        for chunk in stream.chunks:
+        chunks = iter(stream.chunks)
+        for chunk in chunks:
             view = memoryview(chunk)
             while view:
                 piece = view[: end - position]
@@ -472,6 +473,8 @@ class Engine:
                     if self.bar is not None:
                         self.bar.update(len(piece))
                 if position == end:
+                    if position == stream_end:
+                        _read_the_end(chunks)
                     self._complete(index)
                     following = self._next(connection, stream_end)
                     if following is None:
@@ -514,3 +517,13 @@ class Engine:
     def _complete(self, index: int) -> None:
         self.recorder.completed(index)
         self.hasher.complete(index)
+
+
+def _read_the_end(chunks: Iterator[bytes]) -> None:
+    """The last byte asked for is in: read the answer's end before its last part counts,
+    so the backend checks what it checks there (the length; S3's checksum of a whole
+    object, which raises). A break there loses nothing: every byte asked for is in."""
+    try:
+        next(chunks, None)
+    except NetworkError:
+        pass

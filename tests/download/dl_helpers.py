@@ -237,11 +237,20 @@ class _Handler(BaseHTTPRequestHandler):
 
 class PacedProxy:
     """A TCP forwarder on 127.0.0.1 in front of `upstream` (a port): what comes back is
-    sent on in `chunk`-byte writes `delay` apart, and a connection is cut once it has
-    sent `cut_after` bytes back (headers included). A context manager; `url` is its address."""
+    sent on in `chunk`-byte writes `delay` apart; a connection is cut once it has sent
+    `cut_after` bytes back, and the byte at `flip_at` is flipped (counts include the
+    headers). A context manager; `url` is its address."""
 
-    def __init__(self, upstream: int, chunk: int, delay: float, cut_after: Optional[int] = None) -> None:
-        self.upstream, self.chunk, self.delay, self.cut_after = upstream, chunk, delay, cut_after
+    def __init__(
+        self,
+        upstream: int,
+        chunk: int,
+        delay: float,
+        cut_after: Optional[int] = None,
+        flip_at: Optional[int] = None,
+    ) -> None:
+        self.upstream, self.chunk, self.delay = upstream, chunk, delay
+        self.cut_after, self.flip_at = cut_after, flip_at
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
         threading.Thread(target=self._accept, daemon=True).start()
@@ -253,19 +262,21 @@ class PacedProxy:
             except OSError:  # closed
                 return
             server = socket.create_connection(("127.0.0.1", self.upstream))
-            threading.Thread(target=self._pump, args=(client, server, None, 0.0), daemon=True).start()
-            threading.Thread(
-                target=self._pump, args=(server, client, self.cut_after, self.delay), daemon=True
-            ).start()
+            threading.Thread(target=self._pump, args=(client, server, False), daemon=True).start()
+            threading.Thread(target=self._pump, args=(server, client, True), daemon=True).start()
 
-    def _pump(self, source: socket.socket, sink: socket.socket, limit: Optional[int], delay: float) -> None:
+    def _pump(self, source: socket.socket, sink: socket.socket, back: bool) -> None:
+        limit = self.cut_after if back else None
+        flip = self.flip_at if back else None
         sent = 0
         try:
             while limit is None or sent < limit:
                 data = source.recv(self.chunk if limit is None else min(self.chunk, limit - sent))
                 if not data:
                     break
-                time.sleep(delay)
+                if flip is not None and sent <= flip < sent + len(data):
+                    data = data[: flip - sent] + bytes([data[flip - sent] ^ 1]) + data[flip - sent + 1 :]
+                time.sleep(self.delay if back else 0.0)
                 sink.sendall(data)
                 sent += len(data)
         except OSError:

@@ -115,14 +115,12 @@ class Engine:
         with self.lock:
             return dict(self.reached)
 
-    def run(self, cap: int, first: Optional[ByteStream], answered: float = 0.0) -> None:
-        """Fetch the missing parts; part 0 and on from `first` when given (the first
-        answer, which came at `answered`, on the `time.monotonic` clock)."""
+    def run(self, cap: int, first: Optional[ByteStream]) -> None:
+        """Fetch the missing parts; part 0 and on from `first` (the first answer) when given."""
         remaining = self.plan.size - self.partial.offset
         self.ramp = Ramp(cap)
         if first is not None:
             self.todo.popleft()  # part 0: a fresh plan has every part to do
-            self.ramp.answered(answered, 0)
         workers: list[threading.Thread] = []
         try:
             if first is None and not self.todo:
@@ -390,8 +388,6 @@ class Engine:
                 if stream is None:
                     stream_end = self._run_end(connection)
                     stream = self._open(connection.position, stream_end)
-                    with self.lock:
-                        self.ramp.answered(time.monotonic(), self.received)
                 with stream:
                     self._check(stream, connection.position)
                     if self._write(stream, stream_end, connection):

@@ -131,7 +131,6 @@ def fetch_parts(
     whole answer it resumes), with the attempts already spent (a first answer that
     broke off counts as one)."""
     first: Optional[ByteStream] = None
-    answered = 0.0  # when the first answer came (the ramp measures from there)
     reached: dict[int, int] = {}
     if resumed is not None:
         plan, done, reached = resumed.plan, resumed.done, resumed.reached
@@ -143,7 +142,6 @@ def fetch_parts(
             return None, 0  # a single-stream partial file: that path resumes it
         try:
             first = backend.open(url, 0, end=_TO_THE_END)  # type: ignore[call-arg]
-            answered = time.monotonic()
         except HTTPStatusError as error:
             if error.status in _NOT_THERE or (error.status >= 500 and error.status != 501):
                 raise  # the object or the server, not the Range: one stream would fail alike
@@ -199,7 +197,7 @@ def fetch_parts(
     try:
         # The first stream is the engine's now: its worker closes it. Closing it here could
         # wait on that worker's blocked read (a buffered reader's close takes its lock).
-        engine.run(connections, first, answered)
+        engine.run(connections, first)
     except VersionChanged as error:
         logger.info("%s changed while it was fetched in parts (%s); starting over", url, error)
         discard_record(partial)

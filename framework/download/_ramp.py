@@ -11,7 +11,8 @@ __all__ = ["Ramp"]
 class Ramp:
     """How many connections fetch an object: grow while throughput grows, up to the cap.
 
-    One stream first, its rate measured over `PROBE_S` from its answer's arrival. A
+    One stream first, its rate measured over `PROBE_S` from its first chunk (the bytes
+    that came with the answer took no time to come: counted, they would inflate it). A
     stream that would bring the rest in under `ALONE_S` stays alone: one stream fills
     that link, and more would only compete for the CPU. Otherwise the first step opens
     as many connections as would each still have `ALONE_S` of work at that rate, then
@@ -34,12 +35,6 @@ class Ramp:
         self._before = 1  # the count before the step being measured
         self._rate = 0.0  # the rate measured before that step (bytes/s)
         self._since: Optional[tuple[float, int]] = None  # when and at which byte count this measurement began
-
-    def answered(self, now: float, received: int) -> None:
-        """The first connection's answer is here (`received` bytes so far): the probe
-        measures its rate from `now`, not from its first chunk (which may be a large one)."""
-        if self.target == 1 and self._since is None:
-            self._since = (now, received)
 
     def refused(self, live: int) -> None:
         """The server refused a connection: keep to the `live` ones that it serves."""

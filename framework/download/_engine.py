@@ -28,6 +28,8 @@ logger = logging.getLogger("framework.download")
 # How long an interrupted fetch waits for its connections before it returns: one blocked in
 # a read is left to its read timeout (on a daemon thread that writes nothing more).
 STOP_WAIT_S: Final = 1.0
+# How often a new connection waiting for its step's others to start checks for a stop.
+_GATE_POLL_S: Final = 0.05
 # Module-level so a test can inject a write failure (ENOSPC), as `_pipeline._writev`.
 _pwrite = os.pwrite
 
@@ -283,14 +285,16 @@ class Engine:
         return worker
 
     def _work(self, first: Optional[ByteStream], gate: Optional[threading.Event]) -> None:
-        if gate is not None:
-            gate.wait()
         connection = _Connection()
         stream = first
         if first is not None:
             with self.lock:
                 self.open_ended = connection  # the first answer runs to the end
         try:
+            # A Ctrl-C that lands as the gate opens may leave it shut: the stop says so.
+            while gate is not None and not gate.wait(_GATE_POLL_S):
+                if self.stop.is_set():
+                    return
             index = 0 if first is not None else self._claim(connection)
             while index is not None and not self.stop.is_set():
                 self._part(index, stream, connection)
@@ -474,7 +478,7 @@ class Engine:
                     self._complete(index)
                     following = self._next(connection, stream_end)
                     if following is None:
-                        return True  # a stream that ran past its end is not read further
+                        return True  # a stream asked past its run is not read further
                     index, end = following, self.plan.bounds(following)[1]
                     connection.index = index
         return False

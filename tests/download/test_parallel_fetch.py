@@ -708,6 +708,54 @@ def test_ctrl_c_while_starting_connections_leaves_no_thread_waiting(
     assert leftover == []
 
 
+def test_ctrl_c_as_the_gate_opens_leaves_no_thread_waiting(
+    http_server: FaultServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Ctrl-C that lands as the gate opens (before its flag is set, where a signal is
+    delivered at the next bytecode) leaves it shut: the waiting connections see the
+    fetch stop instead, leave, and the last closes the descriptor."""
+    import signal
+    import threading
+
+    from framework.download import _engine
+    from framework.download._ramp import Ramp
+
+    class Interrupted(threading.Event):
+        fired = False
+
+        def set(self) -> None:
+            if not Interrupted.fired:  # the first set is the gate's (the stop is set after it)
+                Interrupted.fired = True
+                signal.raise_signal(signal.SIGINT)
+            super().set()
+
+    class Threading:  # the engine's `threading`, its Event as above
+        Event = Interrupted
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(threading, name)
+
+    monkeypatch.setattr(_engine, "threading", Threading())
+    monkeypatch.setattr(Ramp, "ALONE_S", 0.05)  # the first step opens the cap's 4
+    data = _data(8)
+    url = http_server.add(_path("ctrl-c-gate"), data, **SLOWER)
+    earlier = set(threading.enumerate())
+    with pytest.raises(KeyboardInterrupt):
+        _manager(tmp_path).cached_path(url)
+
+    def ours() -> list[str]:
+        new = set(threading.enumerate()) - earlier
+        return [thread.name for thread in new if thread.name.startswith("framework-parallel")]
+
+    wait_for(lambda: ours() == [], timeout=5, what="the parallel fetch's threads to end")
+    leftover = [
+        target
+        for fd in os.listdir("/proc/self/fd")
+        if (target := os.path.realpath(f"/proc/self/fd/{fd}")).startswith(str(tmp_path))
+    ]
+    assert leftover == []
+
+
 def test_the_settled_steering_loop_does_not_wake_for_every_write(
     http_server: FaultServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

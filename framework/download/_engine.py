@@ -28,8 +28,6 @@ logger = logging.getLogger("framework.download")
 # How long an interrupted fetch waits for its connections before it returns: one blocked in
 # a read is left to its read timeout (on a daemon thread that writes nothing more).
 STOP_WAIT_S: Final = 1.0
-# How often a new connection waiting for its step's others to start checks for a stop.
-_GATE_POLL_S: Final = 0.05
 # Module-level so a test can inject a write failure (ENOSPC), as `_pipeline._writev`.
 _pwrite = os.pwrite
 
@@ -193,18 +191,11 @@ class Engine:
                 self._bound_open_ended(wanted)
         if wanted > live and left:
             logger.debug("%s: %d connections (%d bytes so far)", self.url, wanted, received)
-            # The new workers wait at a gate until all are started: one that ran at once
-            # would hold the GIL through its request's set-up while this thread waits to
-            # start the next (up to the 5 ms switch interval each: 25 ms for 15).
-            gate = threading.Event()
-            try:
-                for _ in range(wanted - live):
-                    worker = self._start(None, gate)
-                    if worker is None:
-                        break
-                    workers.append(worker)
-            finally:
-                gate.set()
+            for _ in range(wanted - live):
+                worker = self._start(None)
+                if worker is None:
+                    break
+                workers.append(worker)
         return True
 
     def _bound_open_ended(self, connections: int) -> None:
@@ -256,17 +247,14 @@ class Engine:
             os.close(self.fd)
             self.fd = None
 
-    def _start(
-        self, first: Optional[ByteStream], gate: Optional[threading.Event] = None
-    ) -> Optional[threading.Thread]:
-        """Start a worker (on `first` if given; once `gate` opens if given). None if the
-        system refuses another thread while others run: the ramp keeps to those (raised
-        for the first one)."""
+    def _start(self, first: Optional[ByteStream]) -> Optional[threading.Thread]:
+        """Start a worker (on `first` if given). None if the system refuses another
+        thread while others run: the ramp keeps to those (raised for the first one)."""
         with self.lock:
             self.live += 1
             self.waiting += 1
         worker = threading.Thread(
-            target=self._work, args=(first, gate), name=f"framework-parallel-{self.live}", daemon=True
+            target=self._work, args=(first,), name=f"framework-parallel-{self.live}", daemon=True
         )
         try:
             worker.start()
@@ -284,17 +272,13 @@ class Engine:
             return None
         return worker
 
-    def _work(self, first: Optional[ByteStream], gate: Optional[threading.Event]) -> None:
+    def _work(self, first: Optional[ByteStream]) -> None:
         connection = _Connection()
         stream = first
         if first is not None:
             with self.lock:
                 self.open_ended = connection  # the first answer runs to the end
         try:
-            # A Ctrl-C that lands as the gate opens may leave it shut: the stop says so.
-            while gate is not None and not gate.wait(_GATE_POLL_S):
-                if self.stop.is_set():
-                    return
             index = 0 if first is not None else self._claim(connection)
             while index is not None and not self.stop.is_set():
                 self._part(index, stream, connection)

@@ -673,8 +673,8 @@ def test_a_thread_that_cannot_start_means_fewer_connections(
 def test_ctrl_c_while_starting_connections_leaves_no_thread_waiting(
     http_server: FaultServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """New connections wait at a gate until all are started; a Ctrl-C between two starts
-    still opens it, so the ones already started end (and close their descriptor)."""
+    """A Ctrl-C between two starts of a ramp step: the connections already started end
+    (and the last closes the descriptor)."""
     import threading
 
     from framework.download._ramp import Ramp
@@ -700,54 +700,6 @@ def test_ctrl_c_while_starting_connections_leaves_no_thread_waiting(
         return [thread.name for thread in new if thread.name.startswith("framework-parallel")]
 
     wait_for(lambda: ours() == [], what="the parallel fetch's threads to end")
-    leftover = [
-        target
-        for fd in os.listdir("/proc/self/fd")
-        if (target := os.path.realpath(f"/proc/self/fd/{fd}")).startswith(str(tmp_path))
-    ]
-    assert leftover == []
-
-
-def test_ctrl_c_as_the_gate_opens_leaves_no_thread_waiting(
-    http_server: FaultServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A Ctrl-C that lands as the gate opens (before its flag is set, where a signal is
-    delivered at the next bytecode) leaves it shut: the waiting connections see the
-    fetch stop instead, leave, and the last closes the descriptor."""
-    import signal
-    import threading
-
-    from framework.download import _engine
-    from framework.download._ramp import Ramp
-
-    class Interrupted(threading.Event):
-        fired = False
-
-        def set(self) -> None:
-            if not Interrupted.fired:  # the first set is the gate's (the stop is set after it)
-                Interrupted.fired = True
-                signal.raise_signal(signal.SIGINT)
-            super().set()
-
-    class Threading:  # the engine's `threading`, its Event as above
-        Event = Interrupted
-
-        def __getattr__(self, name: str) -> Any:
-            return getattr(threading, name)
-
-    monkeypatch.setattr(_engine, "threading", Threading())
-    monkeypatch.setattr(Ramp, "ALONE_S", 0.05)  # the first step opens the cap's 4
-    data = _data(8)
-    url = http_server.add(_path("ctrl-c-gate"), data, **SLOWER)
-    earlier = set(threading.enumerate())
-    with pytest.raises(KeyboardInterrupt):
-        _manager(tmp_path).cached_path(url)
-
-    def ours() -> list[str]:
-        new = set(threading.enumerate()) - earlier
-        return [thread.name for thread in new if thread.name.startswith("framework-parallel")]
-
-    wait_for(lambda: ours() == [], timeout=5, what="the parallel fetch's threads to end")
     leftover = [
         target
         for fd in os.listdir("/proc/self/fd")

@@ -21,7 +21,7 @@ Also: ours with its defaults vs one stream straight to the HTTP server (unpaced
 loopback, cold), and the peak RSS growth of a process fetching a 1 GiB object over the
 paced link with the defaults.
 
-Run: ``python benchmarks/bench_parallel.py [--size-mb 128] [--repeats 3]``; results go to
+Run: ``python benchmarks/bench_parallel.py [--size-mb 128] [--repeats 5]``; results go to
 ``benchmarks/results/parallel.json``.
 """
 
@@ -233,7 +233,7 @@ def _timed(run: Callable[[], None]) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--size-mb", type=int, default=128)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--only", default="", help="run only the rows whose tool contains this text")
     parser.add_argument(
         "--stock-moto", action="store_true", help="let moto read the whole object at every GET, as it does"

@@ -59,7 +59,8 @@ from framework.download._collective import _Collective, _group_failed
 from framework.download._collective import _decode as _decode
 from framework.download._collective import _encode as _encode
 from framework.download._pipeline import write_all
-from framework.download._publish import Validators, _Partial, publish_fetched
+from framework.download._publish import _Partial, publish_fetched
+from framework.download._validators import Validators
 from framework.errors import ChecksumError, DownloadError, InvalidArgumentError
 
 if TYPE_CHECKING:

@@ -16,8 +16,9 @@ import attrs
 
 from framework.download._followers import PrefixHasher, ProgressRecorder
 from framework.download._parts import _Plan, discard_record
-from framework.download._publish import RESUMABLE, Validators, _Partial
+from framework.download._publish import RESUMABLE, _Partial
 from framework.download._ramp import Ramp
+from framework.download._validators import Validators
 from framework.download.backend import ByteStream, DownloadBackend
 from framework.errors import DownloadError, HTTPStatusError, NetworkError
 

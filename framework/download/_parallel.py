@@ -49,12 +49,12 @@ from framework.download._parts import MOST_PARTS, PARALLEL_TAG, Resumed, _Plan, 
 from framework.download._publish import (
     _ACTIVE,
     RESUMABLE,
-    Validators,
     _new_hasher,
     _Partial,
     _place,
     _receive,
 )
+from framework.download._validators import Validators
 from framework.download.backend import ByteStream, DownloadBackend
 from framework.errors import HTTPStatusError, NetworkError
 

@@ -23,12 +23,12 @@ from framework.download._publish import (
     _ACTIVE,
     PARALLEL_TAG,
     PartialName,
-    Validators,
     _orphaned,
     _ours,
     _Partial,
     remove_quietly,
 )
+from framework.download._validators import Validators
 
 __all__ = [
     "MOST_PARTS",

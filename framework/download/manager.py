@@ -31,8 +31,9 @@ from framework.download._extract import (
 )
 from framework.download._lock import EntryLock, LockKind
 from framework.download._parallel import DEFAULT_PART_SIZE, connections_from
-from framework.download._publish import Validators, fetch, partial_bytes, publish_fetched
+from framework.download._publish import fetch, partial_bytes, publish_fetched
 from framework.download._schemes import backend_name_for, describe_schemes, split_scheme, url_scheme
+from framework.download._validators import Validators
 from framework.download.backend import DownloadBackend, RemoteInfo
 from framework.errors import DownloadError, InvalidArgumentError, OfflineError
 

@@ -18,7 +18,7 @@ from dl_helpers import FaultServer, sha256, stray_files
 
 from framework.download import DownloadManager, _pipeline, cached_path
 from framework.download._cache import Entry, unique_token
-from framework.download._publish import _etag_tag
+from framework.download._validators import _etag_tag
 from framework.errors import (
     ChecksumError,
     DownloadError,

@@ -23,7 +23,8 @@ from dl_helpers import FORK, FaultServer, Route, sha256, stray_files, wait_for
 from framework.download import DownloadManager
 from framework.download._cache import HOST, Entry, unique_token
 from framework.download._lock import EntryLock
-from framework.download._publish import NO_VALIDATOR, Validators, partial_bytes
+from framework.download._publish import partial_bytes
+from framework.download._validators import NO_VALIDATOR, Validators
 from framework.download.backend import parse_content_range
 from framework.errors import (
     DownloadError,

@@ -764,7 +764,8 @@ def test_a_record_of_a_huge_object_stays_small_and_reads_back(tmp_path: Path) ->
     all but ten done, is a few hundred bytes (a list of indices was over 1 MiB and was
     refused on resume)."""
     from framework.download._parts import _load_record, _Plan, _record_path, _save_record
-    from framework.download._publish import PartialName, Validators
+    from framework.download._publish import PartialName
+    from framework.download._validators import Validators
 
     plan = _Plan(166_400 * (8 << 20), 8 << 20, Validators('"big"', None, None))
     done = set(range(166_390)) | {166_395}
@@ -778,7 +779,8 @@ def _dead_writer(final: str, size: int, done: list[int], reached: dict[int, int]
     """In a child (whose pid is dead afterwards): leave a parallel partial file of `final`,
     with a record of `done` and `reached` parts of PART bytes (or no record)."""
     from framework.download._parts import _Plan, _save_record
-    from framework.download._publish import PartialName, Validators
+    from framework.download._publish import PartialName
+    from framework.download._validators import Validators
 
     plan = _Plan(size, PART, Validators('"v1"', None, None))
     name = PartialName(Path(final), "P" + plan.validators.tag)

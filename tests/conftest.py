@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,6 +14,14 @@ from framework.registry import Registry
 from framework.testing import fresh_registry as _fresh_registry
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # A shell starts a background job (`... &`) with SIGINT ignored, Python then installs
+    # no handler, and every process the tests start inherits it: the tests that send
+    # Ctrl-C would wait on processes that never get it. Ctrl-C raises KeyboardInterrupt
+    # here, as in a terminal, and so in every forked or started test process.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(autouse=True)

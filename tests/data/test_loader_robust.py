@@ -180,7 +180,8 @@ def test_more_workers_than_instances(lazy: Any, no_leaks: None) -> None:
 # -- the main process dies or is interrupted ---------------------------------------------
 
 SCRIPT = """
-import os, sys, time
+import faulthandler, os, signal, sys, time
+faulthandler.register(signal.SIGUSR1, all_threads=True)  # a stuck run says where (see below)
 sys.path.insert(0, {here!r})
 from loader_helpers import SlowReader
 from framework.data.multiprocess import MultiProcessDataLoader
@@ -203,7 +204,9 @@ if __name__ == "__main__":
 def start_script(tmp_path: Path, method: str) -> subprocess.Popen[str]:
     script = tmp_path / "main.py"
     script.write_text(textwrap.dedent(SCRIPT.format(here=str(HERE), method=method)))
-    process = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        [sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     assert process.stdout is not None
     assert process.stdout.readline().strip() == "READY"
     return process
@@ -230,7 +233,14 @@ def test_ctrl_c_reaps_every_worker(tmp_path: Path) -> None:
     workers = child_pids(process.pid)
     os.killpg(os.getpgid(process.pid), 0)  # the group exists
     process.send_signal(signal.SIGINT)
-    out, _ = process.communicate(timeout=20)
+    try:
+        out, _ = process.communicate(timeout=20)
+    except subprocess.TimeoutExpired:
+        process.send_signal(signal.SIGUSR1)  # every thread's stack to its stderr
+        time.sleep(1)
+        process.kill()
+        out, err = process.communicate()
+        pytest.fail(f"Ctrl-C did not end the main process in 20 s; it printed {out!r} and:\n{err}")
     assert "INTERRUPTED" in out and "CHILDREN 0" in out
     assert not any(alive(pid) for pid in workers)
     assert new_shm_entries(before) == set()

@@ -5,7 +5,9 @@ Importable by module name, so "spawn" children (ranks, workers) can unpickle the
 
 from __future__ import annotations
 
+import faulthandler
 import json
+import sys
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
@@ -78,6 +80,9 @@ def empty_or_failing_rank(rank: int, world: int, port: int, out_dir: str) -> Non
 
     from framework.data.multiprocess import MultiProcessDataLoader
 
+    # A rank stuck anywhere prints every thread's stack and ends (the test then fails
+    # saying where), before the test's own timeout kills it silently.
+    faulthandler.dump_traceback_later(90, exit=True)
     # A rank left waiting in a collective fails after 20 s instead of 30 minutes.
     dist.init_process_group(
         "gloo", init_method=f"tcp://127.0.0.1:{port}", world_size=world, rank=rank,
@@ -89,6 +94,7 @@ def empty_or_failing_rank(rank: int, world: int, port: int, out_dir: str) -> Non
             options = dict(options)
             kind, number = options.pop("reader")
             reader = CountingReader(number) if kind == "counting" else RankFailingReader(after=number)
+            print(f"rank {rank}: case {name}", file=sys.stderr, flush=True)
             try:
                 loader = MultiProcessDataLoader(reader, "x", batch_size=2, quiet=True, seed=0, **options)
                 results[name] = {"batches": [len(batch["id"]) for batch in loader]}

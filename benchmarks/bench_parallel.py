@@ -16,7 +16,10 @@ object; each tool fetches it once, cold, through the proxy:
   connections), the same hashing in one pass at the end instead of as parts complete,
   and with ``connections=1`` (one stream).
 
-Printed: median seconds and the share of the link (object size / time / 128 MiB/s).
+The rows take turns (one run of each, `--repeats` times, in a new seeded order each
+time), so that this machine's drift weighs on every row alike. Printed: median seconds,
+the share of the link (object size / time / 128 MiB/s) and the share of the calibration
+row's speed (its time / the row's).
 Also: ours with its defaults vs one stream straight to the HTTP server (unpaced
 loopback, cold), and the peak RSS growth of a process fetching a 1 GiB object over the
 paced link with the defaults.
@@ -32,6 +35,7 @@ import asyncio
 import json
 import multiprocessing
 import os
+import random
 import shutil
 import socket
 import statistics
@@ -388,34 +392,51 @@ def main() -> None:
     if shutil.which("aria2c"):
         rows.insert(1, ("HTTP", "aria2c -x8 -s8", aria2))
     rows = [row for row in rows if args.only in f"{row[0]} {row[1]}"]
-    def median_time(run: Callable[[], None], repeats: int) -> float:
-        times = []
-        for _ in range(repeats):
-            times.append(_timed(run))
-            for folder in work.iterdir():  # each run's copy: keep the disk and page cache small
-                if folder.is_dir():
-                    shutil.rmtree(folder)
-            os.sync()  # the next run does not wait on this one's write-back
-        return statistics.median(times)
 
-    results = []
+    def median_times(runs: dict[str, Callable[[], None]], repeats: int) -> dict[str, float]:
+        """Each run's median time. The runs take turns (one of each, `repeats` times), so
+        that this machine's drift over minutes weighs on every row alike, not on the rows
+        that happened to run in a slow spell; in a new order each turn, as a run right
+        after a one-stream run was measured slower (~30 ms on S3)."""
+        times: dict[str, list[float]] = {key: [] for key in runs}
+        for turn in range(repeats):
+            order = list(runs.items())
+            random.Random(turn).shuffle(order)  # the same orders at every sitting
+            for key, run in order:
+                times[key].append(_timed(run))
+                for folder in work.iterdir():  # each run's copy: keep the disk and page cache small
+                    if folder.is_dir():
+                        shutil.rmtree(folder)
+                os.sync()  # the next run does not wait on this one's write-back
+        return {key: statistics.median(values) for key, values in times.items()}
+
     print(
         f"{args.size_mb} MiB object; link: 16 MiB/s per connection, 128 MiB/s total, "
-        f"20 ms to first byte; median of {args.repeats}"
+        f"20 ms to first byte; median of {args.repeats}, the rows taking turns"
     )
-    print(f"{'protocol':<8} {'tool':<36} {'seconds':>8} {'share of link':>14}")
-    for protocol, name, run in rows:
-        seconds = median_time(run, args.repeats)
-        share = size / seconds / TOTAL
-        results.append(
-            {"protocol": protocol, "tool": name, "seconds": round(seconds, 3), "share": round(share, 3)}
-        )
-        print(f"{protocol:<8} {name:<36} {seconds:>8.2f} {share:>14.2f}", flush=True)
-    direct = f"http://127.0.0.1:{http_port}/object.bin"
-    unpaced = {
-        "default": median_time(ours(direct, None), 2 * args.repeats + 1),
-        "1": median_time(ours(direct, 1), 2 * args.repeats + 1),
+    medians = median_times({f"{protocol} {name}": run for protocol, name, run in rows}, args.repeats)
+    calibration = {
+        protocol: medians[f"{protocol} {name}"]
+        for protocol, name, _ in rows
+        if name.startswith("calibration")
     }
+    print(f"{'protocol':<8} {'tool':<40} {'seconds':>8} {'share of link':>14} {'vs calibration':>15}")
+    results: list[dict[str, Any]] = []
+    for protocol, name, _ in rows:
+        seconds = medians[f"{protocol} {name}"]
+        share = size / seconds / TOTAL
+        # The calibration row's time over this row's: the share of what this machine's
+        # link, proxy and server allow (the two shares drift together between sittings).
+        relative = calibration[protocol] / seconds if protocol in calibration else float("nan")
+        results.append(
+            {
+                "protocol": protocol, "tool": name, "seconds": round(seconds, 3), "share": round(share, 3),
+                "vs_calibration": round(relative, 3),
+            }
+        )  # fmt: skip
+        print(f"{protocol:<8} {name:<40} {seconds:>8.2f} {share:>14.2f} {relative:>15.2f}", flush=True)
+    direct = f"http://127.0.0.1:{http_port}/object.bin"
+    unpaced = median_times({"default": ours(direct, None), "1": ours(direct, 1)}, 2 * args.repeats + 1)
     print(
         f"unpaced loopback, cold: ours default {unpaced['default']:.3f}s, ours (1) {unpaced['1']:.3f}s "
         f"(default at {unpaced['1'] / unpaced['default']:.2f}x the speed of one stream)"

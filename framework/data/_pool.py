@@ -22,6 +22,7 @@ import sys
 import threading
 import time
 import traceback
+import warnings
 import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -29,7 +30,7 @@ from multiprocessing.connection import Connection
 from typing import Any, Optional, Union, cast
 
 from framework.data._batching import derive_seed
-from framework.data._protocol import Batch, Done, Failed, Instances, PassKind, Progress, Start, Stop
+from framework.data._protocol import Batch, Done, Failed, Instances, PassKind, Progress, Ready, Start, Stop
 from framework.data._shards import Consumed, Point
 from framework.data._transfer import read_frame, set_pipe_size
 from framework.data._worker import WorkerSpec, _summary, worker_main
@@ -45,6 +46,10 @@ _HINTS = {
 }
 
 GRACE = 1.0  # seconds a stopped worker gets to exit cleanly before it is signalled
+# A forked worker's start-up takes milliseconds; one that has not said `Ready` in
+# START_S is stuck for good, and is killed and forked again (see `_await_start`).
+START_S = 30.0
+START_ATTEMPTS = 3
 
 
 @dataclass
@@ -141,6 +146,10 @@ class Position:
         return cls(**fields)
 
 
+class _Late(Exception):
+    """A forked worker's `Ready` did not come within `START_S`."""
+
+
 class WorkerPool:
     """`num_workers` worker processes; one `run()` per pass over the data."""
 
@@ -167,26 +176,10 @@ class WorkerPool:
         payload = spec if spec.start_method == "fork" else pickle.dumps(spec, protocol=5)
         try:
             for worker_id in range(num_workers):
-                slots = context.Semaphore(spec.prefetch)
-                data_read, data_write = context.Pipe(duplex=False)
-                control_read, control_write = context.Pipe(duplex=False)
-                set_pipe_size(data_write.fileno())
-                os.set_blocking(data_read.fileno(), False)  # reads ask _wait, never block
-                process = context.Process(
-                    target=worker_main,
-                    args=(worker_id, payload, data_write, control_read, os.getpid(), slots),
-                    name=f"framework-loader-worker-{worker_id}",
-                    daemon=True,
-                )
-                process.start()
-                # Close our copies of the worker's ends right away, so that later forks
-                # do not inherit them and a dead worker's pipe reads as end-of-file.
-                data_write.close()
-                control_read.close()
-                self.processes.append(process)
-                self.data.append(data_read)
-                self.control.append(control_write)
-                self.slots.append(slots)
+                self._launch(worker_id, spec, payload, context)
+            if spec.start_method == "fork":
+                for worker_id in range(num_workers):
+                    self._await_start(worker_id, spec, payload, context)
         except BaseException:
             self.shutdown()
             raise
@@ -201,8 +194,98 @@ class WorkerPool:
                 poller.register(sentinel, select.POLLIN)
             self._pollers.append(poller)
         self._finalizer = weakref.finalize(
-            self, _reap, self.processes, self.data, self.control, self.slots
+            self, _reap, self.processes, self.data, self.control, self.slots, os.getpid()
         )
+
+    def _launch(self, worker_id: int, spec: WorkerSpec, payload: Any, context: Any) -> None:
+        """Start worker `worker_id` (in its place in the lists if it had one)."""
+        slots = context.Semaphore(spec.prefetch)
+        data_read, data_write = context.Pipe(duplex=False)
+        control_read, control_write = context.Pipe(duplex=False)
+        set_pipe_size(data_write.fileno())
+        os.set_blocking(data_read.fileno(), False)  # reads ask _wait, never block
+        process = context.Process(
+            target=worker_main,
+            args=(worker_id, payload, data_write, control_read, os.getpid(), slots),
+            name=f"framework-loader-worker-{worker_id}",
+            daemon=True,
+        )
+        process.start()
+        # Close our copies of the worker's ends right away, so that later forks
+        # do not inherit them and a dead worker's pipe reads as end-of-file.
+        data_write.close()
+        control_read.close()
+        if worker_id < len(self.processes):
+            self.processes[worker_id], self.data[worker_id] = process, data_read
+            self.control[worker_id], self.slots[worker_id] = control_write, slots
+        else:
+            self.processes.append(process)
+            self.data.append(data_read)
+            self.control.append(control_write)
+            self.slots.append(slots)
+
+    def _await_start(self, worker_id: int, spec: WorkerSpec, payload: Any, context: Any) -> None:
+        """Wait for a forked worker's `Ready`, at most `START_S`; one that does not come
+        is killed and forked again, `START_ATTEMPTS` times in all, whatever `timeout`.
+
+        A forked child can be stuck for good before running a line of ours: on a lock
+        that another thread of this process held at the fork (CPython before 3.11.10
+        and 3.12.1 takes one in its own after-fork code, gh-112275; gloo's threads hold
+        it at times). Without this the pass would wait on it forever, and under
+        torch.distributed the other ranks would time out in their collectives.
+        """
+        for attempt in range(1, START_ATTEMPTS + 1):
+            if self._ready(worker_id):
+                return
+            process = self.processes[worker_id]
+            process.kill()
+            process.join(timeout=5.0)
+            self.data[worker_id].close()
+            self.control[worker_id].close()
+            if attempt < START_ATTEMPTS:
+                warnings.warn(
+                    f"loader worker {worker_id} (pid {process.pid}) did not get through its "
+                    f"start-up in {START_S:g}s (forked while another thread held a lock it "
+                    "needs?); it was killed and forked again. start_method='forkserver' "
+                    "avoids this",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+                self._launch(worker_id, spec, payload, context)
+        raise WorkerError(
+            f"loader worker {worker_id} did not get through its start-up in {START_S:g}s, "
+            f"{START_ATTEMPTS} times in a row: a forked worker waits forever on a lock that "
+            "another thread of the main process held when it was forked. Use "
+            "start_method='forkserver' or 'spawn' (workers that do not inherit the main "
+            "process's threads), or a Python with gh-112275 fixed (3.11.10, 3.12.1 or later)",
+            worker_id,
+        )
+
+    def _ready(self, worker_id: int) -> bool:
+        """Whether the worker's `Ready` came within `START_S` (its death raises as `_death`)."""
+        deadline = time.monotonic() + START_S
+        fd = self.data[worker_id].fileno()
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        poller.register(self.processes[worker_id].sentinel, select.POLLIN)
+
+        def wait() -> None:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise _Late
+            ready = {ready_fd for ready_fd, _ in poller.poll(math.ceil(remaining * 1000))}
+            if ready and fd not in ready:
+                raise EOFError  # only the sentinel: the worker exited
+
+        try:
+            message = read_frame(fd, wait)
+        except _Late:
+            return False
+        except EOFError:
+            raise self._death(worker_id) from None
+        if not isinstance(message, Ready):  # the protocol's first frame is Ready
+            raise WorkerError(f"loader worker {worker_id} began with {type(message).__name__}", worker_id)
+        return True
 
     def run(
         self,
@@ -399,7 +482,10 @@ class WorkerPool:
     def shutdown(self) -> None:
         """Stop every worker and release every pipe; safe to call twice."""
         self.closed = True
-        _reap(self.processes, self.data, self.control, self.slots)
+        finalizer = getattr(self, "_finalizer", None)  # none if __init__ failed
+        if finalizer is not None:
+            finalizer.detach()  # done here: forked workers must not inherit it to run
+        _reap(self.processes, self.data, self.control, self.slots, os.getpid())
 
 
 def _check_main_is_runnable(start_method: str) -> None:
@@ -473,14 +559,19 @@ class UserCode:
 
 
 def _reap(
-    processes: list[Any], data: list[Connection], control: list[Connection], slots: list[Any]
+    processes: list[Any], data: list[Connection], control: list[Connection], slots: list[Any],
+    owner: int,
 ) -> None:
     """Stop workers cooperatively; only one still busy after `GRACE` seconds gets a signal.
 
     A worker exits at its next batch boundary on `Stop`: a free slot wakes one waiting
     for backpressure, and closing its data pipe ends a write in progress (EPIPE). Its
     normal exit releases what it holds (shared-memory segments, files); a signal would not.
+    Only in the process that started them (`owner`): a forked worker inherits the
+    finalizers of the pools alive at its fork, and garbage collection there would run them.
     """
+    if os.getpid() != owner:
+        return
     for conn in control:
         try:
             conn.send(Stop())

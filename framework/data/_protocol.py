@@ -9,6 +9,8 @@ Main process -> worker, on the worker's control pipe:
 
 Worker -> main process, as frames on the worker's data pipe:
 
+- `Ready` (forked workers only, their first frame): the worker got through its
+  start-up, where a lock another thread held at the fork could stop it for good;
 - `Batch` (a collated batch), `Instances` (a list of instances), each with the
   record indexes of its instances and (lazy mode) the `Point` to restart after it;
 - `Progress`: the reader is still producing (sent only when a `timeout` is set, so
@@ -29,7 +31,7 @@ from typing import Any, Literal, Optional, Union
 from framework.data._shards import Consumed, Point
 
 __all__ = [
-    "Batch", "Done", "Failed", "Instances", "PassKind", "Progress", "Start", "Stop",
+    "Batch", "Done", "Failed", "Instances", "PassKind", "Progress", "Ready", "Start", "Stop",
     "ToMain", "ToWorker",
 ]
 
@@ -71,6 +73,11 @@ class Progress:
 
 
 @dataclass(frozen=True, slots=True)
+class Ready:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
 class Done:
     instances: int
     end: int = -1
@@ -84,4 +91,4 @@ class Failed:
 
 
 ToWorker = Union[Start, Stop]
-ToMain = Union[Batch, Instances, Progress, Done, Failed]
+ToMain = Union[Batch, Instances, Progress, Ready, Done, Failed]

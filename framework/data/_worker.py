@@ -33,6 +33,7 @@ from framework.data._protocol import (
     Failed,
     Instances,
     Progress,
+    Ready,
     Start,
     ToMain,
 )
@@ -140,6 +141,10 @@ def worker_main(
     torch.set_num_threads(1)
     _private_tqdm_lock()
     if spec.start_method == "fork":
+        try:
+            _send(fd, Ready(), spec.transfer)  # the pool waits for it, bounded (`WorkerPool`)
+        except _Stopped:
+            return
         try:
             after_fork()
         except RuntimeError as error:  # the pool reads this as the answer to its Start

@@ -78,8 +78,13 @@ def empty_or_failing_rank(rank: int, world: int, port: int, out_dir: str) -> Non
     """One rank of a gloo group: what each case yields or raises (the group times out fast)."""
     import torch.distributed as dist
 
+    from framework.data import _pool
     from framework.data.multiprocess import MultiProcessDataLoader
 
+    # A worker forked while a gloo thread held one of CPython's locks can hang before its
+    # first line (gh-112275, Python before 3.11.10); it is forked again after START_S,
+    # which must stay under the 20 s collective timeout below for the other ranks to wait.
+    _pool.START_S = 5.0
     # A rank stuck anywhere prints every thread's stack and ends (the test then fails
     # saying where), before the test's own timeout kills it silently.
     faulthandler.dump_traceback_later(90, exit=True)

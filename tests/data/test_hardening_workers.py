@@ -582,3 +582,87 @@ def test_shared_memory_frames_of_a_killed_or_stopped_worker(tmp_path: Path, how:
     assert "CAUGHT" in out, out
     if how == "SIGKILL":
         assert "SIGKILL" in out, out
+
+
+# -- a forked worker stuck before its first line ---------------------------------------------
+
+
+def _stuck_first(flag: Path, real: Any) -> Any:
+    """A start-up step that hangs in the first forked child only (the one that creates `flag`)."""
+
+    def step() -> None:
+        import time
+
+        try:
+            os.close(os.open(flag, os.O_CREAT | os.O_EXCL))
+        except FileExistsError:
+            return real()
+        time.sleep(3600)
+
+    return step
+
+
+def test_a_worker_stuck_in_its_start_up_is_forked_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_leaks: None
+) -> None:
+    # A forked child can wait forever before running a line of ours: on a lock another
+    # thread held at the fork (CPython before 3.11.10 takes one in its after-fork code,
+    # gh-112275; gloo's threads hold it at times). Before: the pass waited on that child
+    # forever, and under torch.distributed the other ranks timed out in a collective.
+    from framework.data import _pool, _worker
+
+    def ids() -> list[list[int]]:
+        data = make(CountingReader(24), num_workers=2, max_instances_in_memory=8, shuffle=True, seed=3)
+        return [batch["id"].tolist() for batch in data]
+
+    expected = ids()
+    flag = tmp_path / "stuck"
+    monkeypatch.setattr(_worker, "_private_tqdm_lock", _stuck_first(flag, _worker._private_tqdm_lock))
+    monkeypatch.setattr(_pool, "START_S", 1.0)
+    with pytest.warns(RuntimeWarning, match="killed and forked again"):
+        assert ids() == expected  # the same batches, from a worker forked again
+    assert flag.exists()  # one child did hang
+
+
+def test_a_worker_stuck_at_every_start_is_an_error_not_a_hang(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_leaks: None
+) -> None:
+    from framework.data import _pool, _worker
+
+    started = tmp_path / "started"
+
+    def stuck() -> None:
+        import time
+
+        with open(started, "a") as log:
+            log.write(f"{os.getpid()}\n")
+        time.sleep(3600)
+
+    monkeypatch.setattr(_worker, "_private_tqdm_lock", stuck)
+    monkeypatch.setattr(_pool, "START_S", 0.5)
+    with pytest.raises(WorkerError, match="start_method='forkserver'") as info, pytest.warns(RuntimeWarning):
+        list(make(CountingReader(8), num_workers=2, max_instances_in_memory=8))
+    assert info.value.worker_id == 0 and "3 times in a row" in str(info.value)
+    # Worker 0 forked three times; worker 1 once (stopped with the pool); none left (no_leaks).
+    assert len(started.read_text().split()) == 4
+
+
+def test_a_pools_finalizer_acts_only_in_the_process_that_started_its_workers(
+    no_leaks: None,
+) -> None:
+    # A forked worker inherits the finalizers of the pools alive at its fork; garbage
+    # collection there ran them: Stop sent down another pool's pipes (its worker quit),
+    # then "can only join a child process". Seen as 1,666 tracebacks in a stress run.
+    import multiprocessing
+
+    data = make(CountingReader(8), num_workers=1, max_instances_in_memory=8, persistent_workers=True)
+    first = [batch["id"].tolist() for batch in data]
+    pool = data._pool
+    assert pool is not None
+    child = multiprocessing.get_context("fork").Process(target=pool._finalizer)
+    child.start()
+    child.join(10)
+    assert child.exitcode == 0
+    assert [batch["id"].tolist() for batch in data] == first  # the same worker still serves
+    data.close()
+    assert not pool._finalizer.alive  # shut down: nothing left for a later fork to inherit

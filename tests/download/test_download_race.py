@@ -57,7 +57,10 @@ def test_16_processes_one_get_identical_bytes(http_server: FaultServer, cache: P
     assert {r[1] for r in results} == {str(Entry(cache, url).final)}, results
     assert {r[2] for r in results} == {sha256(data)}
     route = http_server.route(url)
-    assert route.gets == 1 and route.full_gets == 1
+    # One fetch: one request from byte 0, and less than a second copy served. Not one
+    # request: the racers have the default connections, and a fetch slowed by 16
+    # processes on the cores may have its ramp add ranged requests.
+    assert route.full_gets == 1 and route.body_bytes < 2 * len(data), route
     assert stray_files(cache) == []
 
 

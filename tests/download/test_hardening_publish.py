@@ -341,7 +341,10 @@ def test_revalidate_in_two_processes_fetches_a_changed_object_once(
     _, route = _race_on_a_changed_object(
         http_server, manager, payload, "revalidate.bin", 2, revalidate=True
     )
-    assert route.gets == 2  # the first fetch, then one for the new version (not two)
+    # The first fetch, then one for the new version (not two). Fetches, not requests: the
+    # racers' manager has the default connections, and on a slowed server a fetch's ramp
+    # may add ranged requests (a full run in CI once counted 3 GETs for 2 fetches).
+    assert route.full_gets == 2
 
 
 def _extract_slowly(cache: str, url: str, holding: Any) -> None:
@@ -963,9 +966,9 @@ def test_racers_with_force_fetch_once(
     http_server: FaultServer, manager: DownloadManager, payload: bytes
 ) -> None:
     url, route = _race_on_a_changed_object(http_server, manager, payload, "force.bin", 3, force=True)
-    assert route.gets == 2  # the first fetch, then one for all three racers
+    assert route.full_gets == 2  # the first fetch, then one for all three racers (see above)
     manager.cached_path(url, force=True)  # a later call: published before it began
-    assert route.gets == 3
+    assert route.full_gets == 3
 
 
 @pytest.mark.parametrize(

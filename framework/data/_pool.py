@@ -162,6 +162,7 @@ class WorkerPool:
             )
         if spec.start_method != "fork":
             _check_main_is_runnable(spec.start_method)
+        self.owner = os.getpid()  # a forked worker inherits this object: it must not reap
         self.num_workers = num_workers
         self.quiet = quiet
         self.transfer = spec.transfer
@@ -194,7 +195,7 @@ class WorkerPool:
                 poller.register(sentinel, select.POLLIN)
             self._pollers.append(poller)
         self._finalizer = weakref.finalize(
-            self, _reap, self.processes, self.data, self.control, self.slots, os.getpid()
+            self, _reap, self.processes, self.data, self.control, self.slots, self.owner
         )
 
     def _launch(self, worker_id: int, spec: WorkerSpec, payload: Any, context: Any) -> None:
@@ -210,18 +211,32 @@ class WorkerPool:
             name=f"framework-loader-worker-{worker_id}",
             daemon=True,
         )
-        process.start()
-        # Close our copies of the worker's ends right away, so that later forks
-        # do not inherit them and a dead worker's pipe reads as end-of-file.
-        data_write.close()
-        control_read.close()
+        try:
+            try:
+                process.start()
+            finally:
+                # Close our copies of the worker's ends right away, so that later forks
+                # do not inherit them and a dead worker's pipe reads as end-of-file.
+                data_write.close()
+                control_read.close()
+            self._place(worker_id, process, data_read, control_write, slots)
+        except BaseException:  # a failed start, or Ctrl-C before shutdown could see it
+            if process.pid is not None:
+                process.kill()
+                process.join()
+            data_read.close()
+            control_write.close()
+            raise
+
+    def _place(self, worker_id: int, process: Any, data: Connection, control: Connection, slots: Any) -> None:
+        """Put a started worker in its place in the lists (appended if it is new)."""
         if worker_id < len(self.processes):
-            self.processes[worker_id], self.data[worker_id] = process, data_read
-            self.control[worker_id], self.slots[worker_id] = control_write, slots
+            self.processes[worker_id], self.data[worker_id] = process, data
+            self.control[worker_id], self.slots[worker_id] = control, slots
         else:
             self.processes.append(process)
-            self.data.append(data_read)
-            self.control.append(control_write)
+            self.data.append(data)
+            self.control.append(control)
             self.slots.append(slots)
 
     def _await_start(self, worker_id: int, spec: WorkerSpec, payload: Any, context: Any) -> None:
@@ -388,7 +403,7 @@ class WorkerPool:
             raise self._death(worker_id) from None
         except (OSError, ValueError):
             if self.closed:  # shut down by another thread (loader.close()) under our read
-                raise _closed() from None
+                raise closed_error() from None
             raise
 
     def _rebuild(self, worker_id: int, load: Callable[[], Any], timeout: Optional[float]) -> Any:
@@ -442,7 +457,7 @@ class WorkerPool:
 
     def _death(self, worker_id: int) -> WorkerError:
         if self.closed:
-            return _closed()  # its workers were stopped on purpose
+            return closed_error()  # its workers were stopped on purpose
         process = self.processes[worker_id]
         process.join(timeout=5.0)
         last = self._last_words(worker_id)
@@ -480,12 +495,16 @@ class WorkerPool:
             return None
 
     def shutdown(self) -> None:
-        """Stop every worker and release every pipe; safe to call twice."""
+        """Stop every worker and release every pipe; safe to call twice; nothing in a
+        process other than the one that started the workers (a forked worker collecting
+        an inherited loader or pass)."""
+        if os.getpid() != self.owner:
+            return
         self.closed = True
+        _reap(self.processes, self.data, self.control, self.slots, self.owner)
         finalizer = getattr(self, "_finalizer", None)  # none if __init__ failed
         if finalizer is not None:
-            finalizer.detach()  # done here: forked workers must not inherit it to run
-        _reap(self.processes, self.data, self.control, self.slots, os.getpid())
+            finalizer.detach()  # reaped: an interrupted _reap leaves it to run again
 
 
 def _check_main_is_runnable(start_method: str) -> None:
@@ -517,7 +536,7 @@ def _attempt(call: Callable[[], Any]) -> tuple[bool, Any]:
         return False, error
 
 
-def _closed() -> WorkerError:
+def closed_error() -> WorkerError:
     return WorkerError(
         "the loader was closed (close() from another thread) while this iteration was "
         "waiting for a batch; build a new iterator to read again"

@@ -37,7 +37,7 @@ from framework.data._batching import BatchPlan, derive_seed
 from framework.data._checks import config_checks, no_instances, validate
 from framework.data._distributed import agree, even
 from framework.data._passes import eager_pass, lazy_pass_in_process
-from framework.data._pool import Position, UserCode, WorkerPool, main_thread
+from framework.data._pool import Position, UserCode, WorkerPool, closed_error, main_thread
 from framework.data._protocol import Batch, Instances
 from framework.data._rng import PrivateRandom
 from framework.data._shards import Consumed, ShardPlan
@@ -199,6 +199,7 @@ class MultiProcessDataLoader(DataLoader):
         self._indexes: Optional[list[int]] = None  # each cached instance's record index
         self._eager_lists: list[list[int]] = []  # the eager pass in progress, for state_dict
         self._pool: Optional[WorkerPool] = None
+        self._closes = 0  # close() calls: one while workers start (another thread) ends that pass
         self._epoch = 0
         self._pending: Optional[Position] = None  # where the next pass starts
         self._current: Optional[Position] = None  # the pass in progress
@@ -334,6 +335,7 @@ class MultiProcessDataLoader(DataLoader):
 
     def close(self) -> None:
         """Stop any workers now (they are also stopped when the loader is collected)."""
+        self._closes += 1
         if self._batch_generator is not None:
             self._batch_generator.close()
             self._batch_generator = None
@@ -559,8 +561,9 @@ class MultiProcessDataLoader(DataLoader):
 
     def _start_pool(self, info: Optional[DistributedInfo]) -> WorkerPool:
         context = multiprocessing.get_context(self.start_method)
+        closes = self._closes
         try:
-            return WorkerPool(self._spec(info), self.num_workers, context, self.quiet)
+            pool = WorkerPool(self._spec(info), self.num_workers, context, self.quiet)
         except (TypeError, AttributeError, ValueError, pickle.PicklingError) as error:
             if self.start_method == "fork":
                 raise
@@ -569,6 +572,10 @@ class MultiProcessDataLoader(DataLoader):
                 f"collate_fn to start each worker, and that failed: {error}. Define them "
                 "at module level (importable), or use start_method='fork'"
             ) from error
+        if self._closes != closes:  # close() from another thread while the workers started
+            pool.shutdown()
+            raise closed_error()
+        return pool
 
     def _close_pool(self) -> None:
         if self._pool is not None:

@@ -659,10 +659,83 @@ def test_a_pools_finalizer_acts_only_in_the_process_that_started_its_workers(
     first = [batch["id"].tolist() for batch in data]
     pool = data._pool
     assert pool is not None
-    child = multiprocessing.get_context("fork").Process(target=pool._finalizer)
-    child.start()
-    child.join(10)
-    assert child.exitcode == 0
-    assert [batch["id"].tolist() for batch in data] == first  # the same worker still serves
+    # What garbage collection in a forked worker runs: the finalizer, or shutdown() through
+    # the loader's __del__ or a pass's finally (the second review found the guard bypassed).
+    for inherited in (pool._finalizer, pool.shutdown):
+        child = multiprocessing.get_context("fork").Process(target=inherited)
+        child.start()
+        child.join(10)
+        assert child.exitcode == 0
+        assert [batch["id"].tolist() for batch in data] == first  # the same worker still serves
     data.close()
     assert not pool._finalizer.alive  # shut down: nothing left for a later fork to inherit
+
+
+def test_an_interrupted_shutdown_leaves_the_finalizer_to_reap(
+    monkeypatch: pytest.MonkeyPatch, no_leaks: None
+) -> None:
+    # shutdown() detached the finalizer before reaping: Ctrl-C during the reap left the
+    # workers with nothing to stop them once the pool was dropped.
+    from framework.data import _pool
+
+    data = make(CountingReader(8), num_workers=1, max_instances_in_memory=8, persistent_workers=True)
+    list(data)
+    pool = data._pool
+    assert pool is not None
+    real = _pool._reap
+
+    def interrupted(*args: Any) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(_pool, "_reap", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        pool.shutdown()
+    assert pool._finalizer.alive
+    monkeypatch.setattr(_pool, "_reap", real)
+    data._pool = None
+    del pool
+    gc.collect()  # the finalizer reaps the worker (no_leaks checks)
+
+
+def test_ctrl_c_between_a_workers_start_and_its_place_in_the_pool(
+    monkeypatch: pytest.MonkeyPatch, no_leaks: None
+) -> None:
+    # A worker started but not yet in the pool's lists was never reaped.
+    from framework.data._pool import WorkerPool
+
+    real = WorkerPool._place
+    calls: list[int] = []
+
+    def interrupted(self: WorkerPool, worker_id: int, *args: Any) -> None:
+        calls.append(worker_id)
+        if worker_id == 1:
+            raise KeyboardInterrupt
+        real(self, worker_id, *args)
+
+    monkeypatch.setattr(WorkerPool, "_place", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        list(make(CountingReader(8), num_workers=2, max_instances_in_memory=8))
+    assert calls == [0, 1]
+
+
+def test_close_from_another_thread_while_the_workers_start_ends_the_pass(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_leaks: None
+) -> None:
+    # close() saw no pool while a stuck worker was being forked again, and the pass went
+    # on, its pool outliving close().
+    import threading
+
+    from framework.data import _pool, _worker
+
+    flag = tmp_path / "stuck"
+    monkeypatch.setattr(_worker, "_private_tqdm_lock", _stuck_first(flag, _worker._private_tqdm_lock))
+    monkeypatch.setattr(_pool, "START_S", 1.0)
+    data = make(CountingReader(8), num_workers=2, max_instances_in_memory=8, persistent_workers=True)
+    closer = threading.Timer(0.3, data.close)
+    closer.start()
+    try:
+        with pytest.raises(WorkerError, match="closed"), pytest.warns(RuntimeWarning):
+            list(data)
+    finally:
+        closer.join()
+    assert data._pool is None

@@ -244,9 +244,9 @@ class WorkerPool:
         is killed and forked again, `START_ATTEMPTS` times in all, whatever `timeout`.
 
         A forked child can be stuck for good before running a line of ours: on a lock
-        that another thread of this process held at the fork (CPython before 3.11.10
-        and 3.12.1 takes one in its own after-fork code, gh-112275; gloo's threads hold
-        it at times). Without this the pass would wait on it forever, and under
+        that another thread of this process held at the fork (CPython 3.8 to 3.11 before
+        3.11.10 takes one in its own after-fork code, gh-112275; gloo's threads hold it
+        at times). Without this the pass would wait on it forever, and under
         torch.distributed the other ranks would time out in their collectives.
         """
         for attempt in range(1, START_ATTEMPTS + 1):
@@ -272,7 +272,7 @@ class WorkerPool:
             f"{START_ATTEMPTS} times in a row: a forked worker waits forever on a lock that "
             "another thread of the main process held when it was forked. Use "
             "start_method='forkserver' or 'spawn' (workers that do not inherit the main "
-            "process's threads), or a Python with gh-112275 fixed (3.11.10, 3.12.1 or later)",
+            "process's threads), or a Python with gh-112275 fixed (3.11.10 or later, or 3.12)",
             worker_id,
         )
 

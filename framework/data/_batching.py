@@ -42,6 +42,15 @@ def seeded_global_random(seed: int) -> Iterator[None]:
         random.setstate(state)
 
 
+def round_robin(chunks: list[list[Any]]) -> Iterator[Any]:
+    """The first item of each chunk, then the second of each, and so on (chunks may be short)."""
+    missing = object()
+    for row in itertools.zip_longest(*chunks, fillvalue=missing):
+        for item in row:
+            if item is not missing:
+                yield item
+
+
 def groups_of(iterable: Iterable[Any], size: int) -> Iterator[list[Any]]:
     iterator = iter(iterable)
     while True:

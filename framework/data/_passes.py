@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Any, Optional
 from framework.data._batching import derive_seed, slot_batches
 from framework.data._checks import no_instances
 from framework.data._distributed import agree
-from framework.data._pool import Position, UserCode, in_process
+from framework.data._pool import UserCode, in_process
+from framework.data._position import Position
 from framework.data._rng import PrivateRandom, seed_everything
 from framework.data._shards import Point, ShardPlan
 from framework.data.reader import DatasetReader, Instance, current_distributed_info

@@ -11,7 +11,6 @@ pipe) is noticed at once, never waited on. The pool is the only writer of
 
 from __future__ import annotations
 
-import copy
 import math
 import multiprocessing
 import os
@@ -25,18 +24,17 @@ import traceback
 import warnings
 import weakref
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
-from typing import Any, Optional, Union, cast
+from typing import Any, Optional, Union
 
 from framework.data._batching import derive_seed
+from framework.data._position import Position
 from framework.data._protocol import Batch, Done, Failed, Instances, PassKind, Progress, Ready, Start, Stop
-from framework.data._shards import Consumed, Point
 from framework.data._transfer import read_frame, set_pipe_size
 from framework.data._worker import WorkerSpec, _summary, worker_main
 from framework.errors import WorkerError
 
-__all__ = ["Position", "WorkerPool"]
+__all__ = ["WorkerPool"]
 
 _HINTS = {
     "SIGKILL": " (often the out-of-memory killer: lower max_instances_in_memory or num_workers)",
@@ -50,100 +48,6 @@ GRACE = 1.0  # seconds a stopped worker gets to exit cleanly before it is signal
 # START_S is stuck for good, and is killed and forked again (see `_await_start`).
 START_S = 30.0
 START_ATTEMPTS = 3
-
-
-@dataclass
-class Position:
-    """Where a pass over the data stands (one rank's): enough to resume it exactly.
-
-    Per worker (slot ``rank + world_size * worker``): batches taken, whether it is done,
-    the `Point` to restart it after its last batch, the record indexes it yielded at or
-    after that point's record (`taken`), and when done, the record below which it read
-    everything (`ends`). `base`: the records the epoch yielded before this pass began.
-    """
-
-    epoch: int
-    seed: int
-    consumed: int = 0
-    per_worker: list[int] = field(default_factory=list)
-    done: list[bool] = field(default_factory=list)
-    next_worker: int = 0
-    instances: int = 0
-    base: Consumed = field(default_factory=Consumed)
-    points: list[Optional[Point]] = field(default_factory=list)
-    taken: list[list[int]] = field(default_factory=list)
-    ends: list[int] = field(default_factory=list)
-    tracked: bool = True
-
-    def begin(self, workers: int) -> None:
-        """Size the per-worker lists for a pass with `workers` slots (once)."""
-        if not self.per_worker:
-            self.per_worker = [0] * workers
-            self.done = [False] * workers
-        if not self.points:
-            self.points = [None] * workers
-            self.taken = [[] for _ in range(workers)]
-            self.ends = [-1] * workers
-
-    def record(self, worker: int, indexes: list[Optional[int]], point: Optional[Point]) -> None:
-        """Worker `worker` yielded a batch of `indexes`; after it the worker restarts at `point`."""
-        previous = self.points[worker]
-        self.points[worker] = point
-        if point is None or point.record < 0 or any(i is None for i in indexes):
-            self.tracked = False
-        if not self.tracked or point is None:
-            return
-        taken = self.taken[worker]
-        taken.extend(cast(list[int], indexes))
-        if previous is None or previous.record != point.record:
-            self.taken[worker] = [i for i in taken if i >= point.record]
-
-    def finish(self, worker: int, instances: int, end: int) -> None:
-        self.done[worker] = True
-        self.instances += instances
-        self.ends[worker] = end
-
-    def limits(self, rank: int, world: int) -> dict[int, int]:
-        """Per slot of this rank: every record of its share below this one was yielded."""
-        out = {}
-        for worker, point in enumerate(self.points):
-            slot = rank + world * worker
-            if self.done[worker] and self.ends[worker] >= 0:
-                out[slot] = self.ends[worker]
-            elif point is not None:
-                out[slot] = point.record
-            else:
-                out[slot] = self.base.below  # nothing yielded yet
-        return out
-
-    def tokens(self) -> dict[int, Any]:
-        """Seek tokens by record index, where the workers' points know them."""
-        return {p.record: p.token for p in self.points if p is not None and p.token is not None}
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "epoch": self.epoch,
-            "seed": self.seed,
-            "consumed": self.consumed,
-            "per_worker": list(self.per_worker),
-            "done": list(self.done),
-            "next_worker": self.next_worker,
-            "instances": self.instances,
-            "base": self.base.to_dict(),
-            "points": [None if p is None else p.to_dict() for p in self.points],
-            "taken": [list(t) for t in self.taken],
-            "ends": list(self.ends),
-            "tracked": self.tracked,
-        }
-
-    @classmethod
-    def from_dict(cls, state: dict[str, Any]) -> Position:
-        # Copies: the caller's state must stay as saved (it may be loaded again).
-        fields = {key: copy.deepcopy(state[key]) for key in cls.__dataclass_fields__}
-        fields["base"] = Consumed.from_dict(state["base"])
-        fields["points"] = [None if p is None else Point.from_dict(p) for p in state["points"]]
-        fields["taken"] = [list(t) for t in state["taken"]]
-        return cls(**fields)
 
 
 class _Late(Exception):
@@ -221,11 +125,7 @@ class WorkerPool:
                 control_read.close()
             self._place(worker_id, process, data_read, control_write, slots)
         except BaseException:  # a failed start, or Ctrl-C before shutdown could see it
-            if process.pid is not None:
-                process.kill()
-                process.join()
-            data_read.close()
-            control_write.close()
+            _discard(process, data_read, control_write)
             raise
 
     def _place(self, worker_id: int, process: Any, data: Connection, control: Connection, slots: Any) -> None:
@@ -253,10 +153,7 @@ class WorkerPool:
             if self._ready(worker_id):
                 return
             process = self.processes[worker_id]
-            process.kill()
-            process.join(timeout=5.0)
-            self.data[worker_id].close()
-            self.control[worker_id].close()
+            _discard(process, self.data[worker_id], self.control[worker_id])
             if attempt < START_ATTEMPTS:
                 warnings.warn(
                     f"loader worker {worker_id} (pid {process.pid}) did not get through its "
@@ -612,6 +509,15 @@ def _reap(
         if process.exitcode is None:
             process.kill()
             process.join(timeout=1.0)
+
+
+def _discard(process: Any, data: Connection, control: Connection) -> None:
+    """Kill a worker that never got going (if it was started) and close our pipe ends."""
+    if process.pid is not None:
+        process.kill()
+        process.join(timeout=5.0)
+    data.close()
+    control.close()
 
 
 def main_thread() -> bool:

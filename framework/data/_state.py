@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from framework.data._batching import derive_seed
 from framework.data._checks import describe
-from framework.data._pool import Position
+from framework.data._position import Position
 from framework.data._shards import (
     STATE_VERSION,
     Consumed,

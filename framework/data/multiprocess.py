@@ -22,7 +22,6 @@ can say exactly where an epoch stands.
 
 from __future__ import annotations
 
-import itertools
 import math
 import multiprocessing
 import pickle
@@ -33,11 +32,12 @@ from typing import Any, Optional, TypeVar, Union, cast
 
 import torch
 
-from framework.data._batching import BatchPlan, derive_seed
+from framework.data._batching import BatchPlan, derive_seed, round_robin
 from framework.data._checks import config_checks, no_instances, validate
 from framework.data._distributed import agree, even
 from framework.data._passes import eager_pass, lazy_pass_in_process
-from framework.data._pool import Position, UserCode, WorkerPool, closed_error, main_thread
+from framework.data._pool import UserCode, WorkerPool, closed_error, main_thread
+from framework.data._position import Position
 from framework.data._protocol import Batch, Instances
 from framework.data._rng import PrivateRandom
 from framework.data._shards import Consumed, ShardPlan
@@ -499,9 +499,9 @@ class MultiProcessDataLoader(DataLoader):
         for message in messages:
             chunks.append(list(zip(message.instances, message.indexes)))
             if len(chunks) == self.num_workers:
-                yield from self._hooked(_zip_longest(chunks))
+                yield from self._hooked(round_robin(chunks))
                 chunks = []
-        yield from self._hooked(_zip_longest(chunks))
+        yield from self._hooked(round_robin(chunks))
 
     def _hooked(
         self, pairs: Iterator[tuple[Instance, Optional[int]]]
@@ -593,11 +593,3 @@ class MultiProcessDataLoader(DataLoader):
                 pool.shutdown()
         except Exception:  # interpreter shutdown: the pool's finalizer reaps instead
             pass
-
-
-def _zip_longest(chunks: list[list[_P]]) -> Iterator[_P]:
-    missing = object()
-    for row in itertools.zip_longest(*chunks, fillvalue=missing):
-        for instance in row:
-            if instance is not missing:
-                yield cast(_P, instance)

@@ -447,10 +447,12 @@ def test_ctrl_c_with_a_stalled_connection_returns_and_keeps_the_bytes(
 
 
 def _slowly_hashed_child(url: str, cache: str, results: Any, slow_fsync: bool = False) -> None:
-    """Fetch with the hash done in one pass at the end, slowly (4 s for 8 parts, longer
-    than the 2 s this waits for helper threads to end), and report the helper threads
-    left after a Ctrl-C and how long it took to come back. With `slow_fsync`, the
-    publishing fsync of the partial file takes 30 s (a file ``fsyncing`` says it began)."""
+    """Fetch 8 parts with the hash done in one pass at the end, slowly (4 s, longer than
+    the 2 s this waits for helper threads to end) and only once the record lists every
+    part (an fdatasync slowed by a busy disk must not let the hash end first), and report
+    the helper threads left after a Ctrl-C and how long it took to come back. With
+    `slow_fsync`, the publishing fsync of the partial file takes 30 s (a file
+    ``fsyncing`` says it began)."""
     import threading
     import time
 
@@ -461,6 +463,7 @@ def _slowly_hashed_child(url: str, cache: str, results: Any, slow_fsync: bool = 
             self.real = hashlib.sha256()
 
         def update(self, data: bytes) -> None:
+            wait_for(lambda: _parts_done(Path(cache)) == 8, timeout=60, what="every part recorded")
             time.sleep(0.5)
             self.real.update(data)
 

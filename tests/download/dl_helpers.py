@@ -44,6 +44,10 @@ class Route:
     range_cap: Optional[int] = None  # a ranged answer (206) carries at most this many bytes
     stall_after: Optional[int] = None  # body bytes sent before the answer stalls (once)
     stall_s: float = 30.0
+    # Once the route's GETs have sent this many body bytes in all, every answer waits for
+    # `released`: a test that kills a fetch mid-way knows the fetch cannot end first.
+    hold_after: Optional[int] = None
+    released: threading.Event = attrs.field(factory=threading.Event)
     busy_over: Optional[int] = None  # a GET while this many bodies are being sent gets 503
     refused: int = 0  # GETs answered 503 for `busy_over`
     gzip_whole: bool = False  # whole answers (200) come gzip-encoded, whatever was asked
@@ -215,6 +219,9 @@ class _Handler(BaseHTTPRequestHandler):
                         setattr(route, key, value)
                     route.then = {}
                 return
+            if route.hold_after is not None and route.body_bytes + end - sent > route.hold_after:
+                self.wfile.flush()
+                route.released.wait(60)
             self.wfile.write(body[sent:end])
             with self.server.lock:
                 route.body_bytes += end - sent

@@ -345,8 +345,15 @@ def _still_to_come(cache: Path, size: int) -> int:
 
 
 def _kill_once_recorded(http_server: FaultServer, url: str, cache: Path, parts: int) -> Any:
-    """SIGKILL a child fetching `url` once `parts` parts are recorded; the route, once the
-    server has stopped sending to the dead child."""
+    """SIGKILL a child fetching `url` (with 4 connections) once `parts` parts are
+    recorded; the route, once the server has stopped sending to the dead child. The
+    server holds its answers once `parts` + 3.5 parts are sent (then at least `parts`
+    are complete, as each connection has at most one under way, and some part has bytes
+    but is not complete), so a record slowed by a busy disk cannot let the fetch end
+    before the kill."""
+    route = http_server.route(url)
+    route.hold_after = (parts + 4) * PART - PART // 2
+    assert route.hold_after < len(route.data), "the fetch must be held before its end"
     child = FORK.Process(target=_fetch_child, args=(url, str(cache)))
     child.start()
     try:
@@ -354,7 +361,8 @@ def _kill_once_recorded(http_server: FaultServer, url: str, cache: Path, parts: 
         os.kill(child.pid or 0, signal.SIGKILL)
     finally:
         child.join(10)
-    route = http_server.route(url)
+        route.hold_after = None
+        route.released.set()
     wait_for(lambda: route.in_flight == 0, what="the killed child's answers to end")
     return route
 

@@ -48,8 +48,7 @@ class Route:
     # `released`: a test that kills a fetch mid-way knows the fetch cannot end first.
     hold_after: Optional[int] = None
     released: threading.Event = attrs.field(factory=threading.Event)
-    busy_over: Optional[int] = None  # a GET while this many others are being answered gets 503
-    admitted: int = 0  # GETs being answered (not refused for `busy_over`)
+    busy_over: Optional[int] = None  # a GET while this many bodies are being sent gets 503
     refused: int = 0  # GETs answered 503 for `busy_over`
     gzip_whole: bool = False  # whole answers (200) come gzip-encoded, whatever was asked
     head_status: Optional[int] = None  # HEAD is answered with this (405: a server without HEAD)
@@ -122,15 +121,6 @@ class _Handler(BaseHTTPRequestHandler):
         self.do_GET()
 
     def do_GET(self) -> None:
-        self._admitted: Optional[Route] = None  # counted in its `admitted` until answered
-        try:
-            self._answer()
-        finally:
-            if self._admitted is not None:
-                with self.server.lock:
-                    self._admitted.admitted -= 1
-
-    def _answer(self) -> None:
         route = self.server.routes.get(self.path)
         if route is None:
             self._empty(404)
@@ -150,12 +140,9 @@ class _Handler(BaseHTTPRequestHandler):
             else:
                 route.heads += 1
             fail = route.fail_statuses.pop(0) if route.fail_statuses and self.command == "GET" else None
-            if route.busy_over is not None and route.admitted >= route.busy_over and self.command == "GET":
+            if route.busy_over is not None and route.in_flight >= route.busy_over and self.command == "GET":
                 fail = 503
                 route.refused += 1
-            elif self.command == "GET":
-                route.admitted += 1
-                self._admitted = route
         if route.wait_s and self.command == "GET":
             time.sleep(route.wait_s)
         if fail is not None:

@@ -932,24 +932,6 @@ def test_a_server_refusing_more_connections_is_served_with_fewer(
     assert stray_files(tmp_path) == []
 
 
-@pytest.mark.far
-def test_a_far_server_that_serves_two_connections_refuses_the_head_start(
-    http_server: FaultServer, tmp_path: Path
-) -> None:
-    """The head start asks a far server for 8 connections at once; it serves two and
-    answers 503 to the rest: those hand their runs back, and the fetch completes over
-    the two, with about one copy of traffic."""
-    data = _data(16)
-    url = http_server.add(_path("far-busy"), data, busy_over=2, wait_s=0.03, **SLOW)
-    manager = _manager(tmp_path, connections=8, retries=1)
-    assert manager.cached_path(url).read_bytes() == data
-    route = http_server.route(url)
-    assert route.refused >= 6  # at least the 6 asked for at once beyond two
-    assert route.max_in_flight == 2
-    assert route.body_bytes <= len(data) + 4 * SLOW["chunk"]
-    assert stray_files(tmp_path) == []
-
-
 def test_a_one_stream_call_resumes_a_parallel_partial_and_leaves_no_record(
     http_server: FaultServer, tmp_path: Path
 ) -> None:

@@ -116,14 +116,12 @@ class Engine:
         with self.lock:
             return dict(self.reached)
 
-    def run(self, cap: int, first: Optional[ByteStream], waited: float = 0.0) -> None:
-        """Fetch the missing parts; part 0 and on from `first` (the first answer, which
-        took `waited` seconds to come) when given."""
+    def run(self, cap: int, first: Optional[ByteStream]) -> None:
+        """Fetch the missing parts; part 0 and on from `first` (the first answer) when given."""
         remaining = self.plan.size - self.partial.offset
         self.ramp = Ramp(cap)
         if first is not None:
             self.todo.popleft()  # part 0: a fresh plan has every part to do
-            self.ramp.far(waited, -(-self.plan.count // self.run_parts))
         workers: list[threading.Thread] = []
         try:
             if first is None and not self.todo:

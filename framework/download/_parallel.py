@@ -131,7 +131,6 @@ def fetch_parts(
     whole answer it resumes), with the attempts already spent (a first answer that
     broke off counts as one)."""
     first: Optional[ByteStream] = None
-    waited = 0.0  # how long the first answer took to come
     reached: dict[int, int] = {}
     if resumed is not None:
         plan, done, reached = resumed.plan, resumed.done, resumed.reached
@@ -141,10 +140,8 @@ def fetch_parts(
             _empty(partial)  # parts without their record: nothing says which bytes are real
         if partial.offset:
             return None, 0  # a single-stream partial file: that path resumes it
-        asked = time.monotonic()
         try:
             first = backend.open(url, 0, end=_TO_THE_END)  # type: ignore[call-arg]
-            waited = time.monotonic() - asked
         except HTTPStatusError as error:
             if error.status in _NOT_THERE or (error.status >= 500 and error.status != 501):
                 raise  # the object or the server, not the Range: one stream would fail alike
@@ -200,7 +197,7 @@ def fetch_parts(
     try:
         # The first stream is the engine's now: its worker closes it. Closing it here could
         # wait on that worker's blocked read (a buffered reader's close takes its lock).
-        engine.run(connections, first, waited)
+        engine.run(connections, first)
     except VersionChanged as error:
         logger.info("%s changed while it was fetched in parts (%s); starting over", url, error)
         discard_record(partial)

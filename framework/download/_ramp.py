@@ -11,8 +11,7 @@ __all__ = ["Ramp"]
 class Ramp:
     """How many connections fetch an object: grow while throughput grows, up to the cap.
 
-    From a server slow to answer (see `far`), the object's requests all start at once.
-    Else one stream first, its rate measured over `PROBE_S` from its first chunk (the bytes
+    One stream first, its rate measured over `PROBE_S` from its first chunk (the bytes
     that came with the answer took no time to come: counted, they would inflate it). A
     stream that would bring the rest in under `ALONE_S` stays alone: one stream fills
     that link, and more would only compete for the CPU. Otherwise the first step opens
@@ -24,7 +23,6 @@ class Ramp:
     stays where it was.
     """
 
-    FAR_S: Final = 0.01
     PROBE_S: Final = 0.02
     ALONE_S: Final = 0.5
     WINDOW_S: Final = 0.05
@@ -37,15 +35,6 @@ class Ramp:
         self._before = 1  # the count before the step being measured
         self._rate = 0.0  # the rate measured before that step (bytes/s)
         self._since: Optional[tuple[float, int]] = None  # when and at which byte count this measurement began
-
-    def far(self, waited: float, runs: int) -> None:
-        """The first answer took `waited` seconds to come. From a server at least `FAR_S`
-        away, the object's `runs` (its requests, at the largest size) start at once, up to
-        the cap, without probing one stream first: one stream's rate is at most its window
-        over that round trip, and every connection added later would wait as long again
-        for its first byte."""
-        if waited >= self.FAR_S and runs > 1 and not self.settled:
-            self.target, self.settled = min(self.cap, runs), True
 
     def refused(self, live: int) -> None:
         """The server refused a connection: keep to the `live` ones that it serves."""

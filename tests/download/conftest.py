@@ -33,17 +33,6 @@ def http_server() -> Iterator[FaultServer]:
         thread.join(timeout=5)
 
 
-@pytest.fixture(autouse=True)
-def _near_servers(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every server here is near (on 127.0.0.1), however long a loaded machine takes to
-    answer: the ramp probes one stream first, as the tests' request counts assume; tests
-    marked ``far`` keep the ramp's own `Ramp.FAR_S`."""
-    from framework.download._ramp import Ramp
-
-    if request.node.get_closest_marker("far") is None:
-        monkeypatch.setattr(Ramp, "FAR_S", float("inf"))
-
-
 @pytest.fixture
 def cache(tmp_path: Path) -> Path:
     return tmp_path / "cache"

@@ -54,7 +54,6 @@ class Route:
     head_status: Optional[int] = None  # HEAD is answered with this (405: a server without HEAD)
     chunk: int = 64 * 1024
     delay: float = 0.0  # seconds per chunk
-    wait_s: float = 0.0  # seconds before each GET is answered: a server far away
     gets: int = 0
     full_gets: int = 0  # GETs that started at byte 0
     heads: int = 0
@@ -143,8 +142,6 @@ class _Handler(BaseHTTPRequestHandler):
             if route.busy_over is not None and route.in_flight >= route.busy_over and self.command == "GET":
                 fail = 503
                 route.refused += 1
-        if route.wait_s and self.command == "GET":
-            time.sleep(route.wait_s)
         if fail is not None:
             self._empty(fail)
             return

@@ -128,54 +128,6 @@ def test_the_probe_does_not_count_the_bytes_that_came_with_the_answer() -> None:
     assert ramp.update(0.02, 0.02, 3 * 10**5, 10**8, ready=True) == 20
 
 
-@pytest.mark.far
-def test_a_far_server_gets_its_requests_at_once() -> None:
-    from framework.download._ramp import Ramp
-
-    ramp = Ramp(cap=16)
-    ramp.far(Ramp.FAR_S, runs=1)  # one request holds the object: nothing to start
-    ramp.far(Ramp.FAR_S / 2, runs=40)  # a near server: the probe decides
-    assert (ramp.target, ramp.settled) == (1, False)
-    ramp.far(Ramp.FAR_S, runs=5)
-    assert (ramp.target, ramp.settled) == (5, True)
-    assert ramp.update(1.0, 1.0, 10**9, 0, ready=True) == 5  # as fast as it goes: no probe undoes it
-    ramp = Ramp(cap=16)
-    ramp.far(0.03, runs=40)
-    assert (ramp.target, ramp.settled) == (16, True)  # at most the cap
-    ramp = Ramp(cap=1)
-    ramp.far(0.03, runs=40)
-    assert ramp.target == 1
-
-
-@pytest.mark.far
-@pytest.mark.parametrize("far", [True, False])
-def test_a_fast_far_server_gets_several_connections_a_near_one_one_stream(
-    http_server: FaultServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, far: bool
-) -> None:
-    """Each answer takes 50 ms to begin (over `Ramp.FAR_S`), then comes at about 30 MB/s:
-    one stream would bring 4 MiB in well under `Ramp.ALONE_S`, so the probe keeps a near
-    server (here, `FAR_S` out of reach) on one request. A server that far gets its
-    requests at once, each a run of parts, up to the cap, all with the first answer's
-    validator."""
-    from framework.download._ramp import Ramp
-
-    if not far:
-        monkeypatch.setattr(Ramp, "FAR_S", float("inf"))
-    data = _data(16)
-    chunk = 64 * 1024
-    url = http_server.add(_path("far"), data, wait_s=0.05, etag='"far"', chunk=chunk, delay=0.002)
-    assert _manager(tmp_path).cached_path(url).read_bytes() == data
-    route = http_server.route(url)
-    assert route.ranges[0] == TO_THE_END
-    if far:
-        assert route.max_in_flight == 4  # the cap, at once
-        assert all(if_range == '"far"' for if_range in route.if_ranges[1:])
-        assert route.body_bytes <= len(data) + 4 * chunk  # the first stream, cut at its run's end
-    else:
-        assert route.gets == 1
-    assert stray_files(tmp_path) == []
-
-
 def test_requests_ask_for_a_shrinking_share_of_what_is_left(
     http_server: FaultServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

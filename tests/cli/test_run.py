@@ -317,12 +317,29 @@ def test_a_local_folder_is_read_in_place(
     assert summary["instances"] == 6 and summary["cached_at"] == str(folder)
 
 
+def _alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie waiting for its parent to reap it does not)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    return "\nState:\tZ" not in status
+
+
 def test_ctrl_c_stops_cleanly(tmp_path: Path, cli_env: dict[str, str]) -> None:
+    """Ctrl-C once the workers are reading: exit 130 with one line, and no worker left."""
     import signal
     import time
 
+    pids = tmp_path / "pids"
+    pids.mkdir()
     (tmp_path / "slow_tokenizer.py").write_text(
-        "import time\n\ndef tokenize(text):\n    time.sleep(0.02)\n    return text.split()\n"
+        "import os, time\n"
+        f"PIDS = {str(pids)!r}\n\n"
+        "def tokenize(text):\n"
+        "    open(os.path.join(PIDS, str(os.getpid())), 'a').close()\n"
+        "    time.sleep(0.02)\n"
+        "    return text.split()\n"
     )
     text = tmp_path / "lines.txt"
     text.write_text("a b c\n" * 2000, encoding="utf-8")
@@ -338,8 +355,12 @@ def test_ctrl_c_stops_cleanly(tmp_path: Path, cli_env: dict[str, str]) -> None:
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env,
     )  # fmt: skip
     try:
-        time.sleep(3)
-        assert process.poll() is None, process.communicate()
+        deadline = time.monotonic() + 60  # start-up imports torch: seconds on a busy machine
+        while len(list(pids.iterdir())) < 2 and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        workers = {int(path.name) for path in pids.iterdir()}
+        assert len(workers) == 2 and process.poll() is None, process.communicate()
+        assert process.pid not in workers  # the tokenizer runs in the workers
         process.send_signal(signal.SIGINT)
         _, err = process.communicate(timeout=20)
     finally:
@@ -347,3 +368,7 @@ def test_ctrl_c_stops_cleanly(tmp_path: Path, cli_env: dict[str, str]) -> None:
             process.kill()
     assert process.returncode == 130, err
     assert "framework run: error: interrupted" in err
+    deadline = time.monotonic() + 5
+    while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(_alive(pid) for pid in workers), "a worker outlived the interrupted run"

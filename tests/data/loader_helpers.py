@@ -10,6 +10,7 @@ import ctypes
 import os
 import random
 import signal
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -282,3 +283,32 @@ class StallThenDie(CountingReader):
                 time.sleep(0.2)
                 os.kill(os.getpid(), signal.SIGKILL)
             yield instance
+
+
+class LockHolder(threading.Thread):
+    """A thread that holds `lock` from its start, as a thread busy with it while the
+    loader forks its workers would, until this process has `workers` more live children
+    or `release()` is called (at most 30 s). `timed_out`: it let go on its own, so the
+    workers may have forked after."""
+
+    def __init__(self, lock: Any, workers: int) -> None:
+        super().__init__(daemon=True)
+        self.lock, self.workers, self.before = lock, workers, child_pids()
+        self.timed_out = False
+        self.held, self.done = threading.Event(), threading.Event()
+        self.start()
+        self.held.wait()
+
+    def run(self) -> None:
+        with self.lock:
+            self.held.set()
+            deadline = time.monotonic() + 30
+            while not (self.done.is_set() or len(child_pids() - self.before) >= self.workers):
+                if time.monotonic() > deadline:
+                    self.timed_out = True
+                    return
+                time.sleep(0.01)
+
+    def release(self) -> None:
+        self.done.set()
+        self.join()

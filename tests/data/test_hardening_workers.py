@@ -60,25 +60,26 @@ def test_tqdm_lock_held_by_another_thread_at_fork_does_not_hang(tmp_path: Path) 
     # A progress bar in a background thread holds tqdm's lock while the loader forks:
     # the workers' copy of the thread lock stays held forever.
     out = run_script(tmp_path, """
-        import threading, time
+        import sys
         from tqdm import tqdm
-        from loader_helpers import CountingReader
+        from loader_helpers import CountingReader, LockHolder
         from framework.data.multiprocess import MultiProcessDataLoader
 
-        held = threading.Event()
-        def hold():
-            with tqdm.get_lock():
-                held.set()
-                time.sleep(2.0)  # a slow write to the terminal, say
-        thread = threading.Thread(target=hold)
-        thread.start()
-        held.wait()
-        data = MultiProcessDataLoader(CountingReader(40), "x", batch_size=4, num_workers=2,
+        class Says(CountingReader):  # a reader that writes around the bars, as readers do
+            def _read(self, file_path):
+                tqdm.write("reading", file=sys.stderr)  # takes tqdm's lock
+                yield from super()._read(file_path)
+
+        thread = LockHolder(tqdm.get_lock(), workers=2)  # a slow write to the terminal, say
+        data = MultiProcessDataLoader(Says(40), "x", batch_size=4, num_workers=2,
                                       max_instances_in_memory=8)  # quiet=False
-        print("BATCHES", sum(1 for _ in data))  # the workers fork while the lock is held
-        thread.join()
+        batches = iter(data)
+        next(batches)  # the workers fork while the lock is held (then it is let go:
+        thread.release()  # the main process's bar waits for it too)
+        print("BATCHES", 1 + sum(1 for _ in batches))
+        print("HELD THROUGH THE FORK", not thread.timed_out)
     """, timeout=60)
-    assert "BATCHES 10" in out
+    assert "BATCHES 10" in out and "HELD THROUGH THE FORK True" in out, out
 
 
 def test_worker_killed_holding_tqdm_lock_leaves_main_bars_working(tmp_path: Path) -> None:
@@ -391,25 +392,21 @@ def test_numpy_rng_lock_held_by_another_thread_at_fork_does_not_hang(tmp_path: P
     # A thread drawing from numpy's global RandomState holds its lock (GIL released) while
     # the loader forks: each worker's seeding waited forever on the copy.
     out = run_script(tmp_path, """
-        import threading, time
         import numpy.random
-        from loader_helpers import CountingReader
+        from loader_helpers import CountingReader, LockHolder
         from framework.data.multiprocess import MultiProcessDataLoader
 
-        held = threading.Event()
-        def hold():
-            with numpy.random.mtrand._rand._bit_generator.lock:  # what a long draw does
-                held.set()
-                time.sleep(3.0)
-        thread = threading.Thread(target=hold)
-        thread.start()
-        held.wait()
+        # what a long draw does
+        thread = LockHolder(numpy.random.mtrand._rand._bit_generator.lock, workers=2)
         data = MultiProcessDataLoader(CountingReader(40), "x", batch_size=4, num_workers=2,
                                       max_instances_in_memory=8, quiet=True, seed=1)
-        print("BATCHES", sum(1 for _ in data))
-        thread.join()
+        batches = iter(data)
+        next(batches)  # the workers fork while the lock is held, and seed numpy
+        thread.release()
+        print("BATCHES", 1 + sum(1 for _ in batches))
+        print("HELD THROUGH THE FORK", not thread.timed_out)
     """, timeout=60)
-    assert "BATCHES 10" in out
+    assert "BATCHES 10" in out and "HELD THROUGH THE FORK True" in out, out
 
 
 def test_torch_rng_mutex_held_by_another_thread_at_fork_is_an_error_not_a_hang(

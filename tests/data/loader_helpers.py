@@ -70,6 +70,21 @@ class RandomReader(CountingReader):
             yield instance
 
 
+class OwnShardRandomReader(DatasetReader):
+    """As `RandomReader`, but each worker draws only for its own records (it shards
+    before it draws), so workers seeded alike would give alike noise."""
+
+    def __init__(self, n: int = 16) -> None:
+        super().__init__(manual_distributed_sharding=True, manual_multiprocess_sharding=True)
+        self.n = n
+
+    def _read(self, file_path: Any) -> Iterator[dict[str, Any]]:
+        for i in self.shard_iterable(range(self.n)):
+            instance = make_instance(i)
+            instance["noise"] = random.random() + float(torch.rand(())) + numpy.random.random()
+            yield instance
+
+
 class FailingReader(CountingReader):
     """Raises after `fail_after` instances (in every worker)."""
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 import torch
-from loader_helpers import RandomReader
+from loader_helpers import OwnShardRandomReader, RandomReader
 
 from framework.data.multiprocess import MultiProcessDataLoader
 from framework.data.sampler import BatchSampler
@@ -63,12 +63,25 @@ def test_order_is_round_robin_across_workers() -> None:
     assert [b[0] % 2 for b in batches] == [0, 1] * 4
 
 
-def test_workers_are_seeded_per_worker_and_epoch() -> None:
-    data = MultiProcessDataLoader(RandomReader(8), "x", batch_size=2, num_workers=2,
+def test_workers_are_seeded_per_worker() -> None:
+    # Each worker draws only for its own records: with one seed for both (or a reader that
+    # draws for every record before sharding drops the other's), their noise would agree.
+    data = MultiProcessDataLoader(OwnShardRandomReader(16), "x", batch_size=2, num_workers=2,
                                   max_instances_in_memory=4, quiet=True, seed=3)
     noise = [b["noise"].tolist() for b in data]
-    by_worker = {0: [x for b in noise[0::2] for x in b], 1: [x for b in noise[1::2] for x in b]}
-    assert by_worker[0] != by_worker[1]  # not the same stream in both workers
+    assert len(noise) == 8
+    assert noise[0::2] != noise[1::2]  # worker 0's stream is not worker 1's
+
+
+@pytest.mark.parametrize("lazy", [None, 8])
+def test_no_workers_and_one_worker_give_the_same_batches(lazy: Any) -> None:
+    # The main process reads with worker 0's seeds, so num_workers=0 and 1 agree, noise and all.
+    def batches(workers: int) -> list[Any]:
+        data = MultiProcessDataLoader(RandomReader(24), "x", batch_size=4, shuffle=True, seed=7,
+                                      num_workers=workers, max_instances_in_memory=lazy, quiet=True)
+        return [(b["id"].tolist(), b["noise"].tolist()) for _ in range(2) for b in data]
+
+    assert batches(0) == batches(1)
 
 
 @pytest.mark.parametrize("num_workers,lazy,sampler,k", [

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -223,6 +224,139 @@ def test_killed_main_process_takes_its_workers(tmp_path: Path, method: str) -> N
     while time.monotonic() < deadline and any(alive(pid) for pid in workers):
         time.sleep(0.1)
     assert not any(alive(pid) for pid in workers), "workers outlived the main process"
+
+
+THREADED = """
+import signal, sys, threading, time
+sys.path.insert(0, {here!r})
+from loader_helpers import SlowReader
+from framework.data.multiprocess import MultiProcessDataLoader
+{setup}
+def run():
+    data = MultiProcessDataLoader(SlowReader(delay=0.01), "x", batch_size=2, num_workers=2,
+                                  max_instances_in_memory=4, quiet=True)
+    for i, batch in enumerate(data):
+        if i == 3:
+            print("READY", flush=True)
+
+{launch}
+"""
+
+# The watchdog never wakes: only the death signal (PR_SET_PDEATHSIG) is left to act.
+NO_WATCHDOG = """
+import framework.data._worker as worker_module
+
+class Clock:  # the worker module's `time`, whose sleep never ends in the watchdog
+    monotonic = staticmethod(time.monotonic)
+
+    @staticmethod
+    def sleep(seconds):
+        forever = threading.current_thread().name == "framework-loader-watchdog"
+        time.sleep(3600 if forever else seconds)
+
+worker_module.time = Clock
+"""
+
+
+@pytest.mark.parametrize(
+    ("setup", "launch"),
+    [
+        # A loader iterated in a thread: the death signal is not armed (it would fire when
+        # that thread ends), so the watchdog alone must see the main process go.
+        ("", "threading.Thread(target=run, daemon=True).start()\ntime.sleep(3600)"),
+        # In the main thread with the watchdog asleep: the death signal alone must do it.
+        (NO_WATCHDOG, "run()"),
+    ],
+    ids=["loader-in-a-thread", "death-signal-alone"],
+)
+def test_each_guard_alone_takes_the_workers_of_a_killed_main_process(
+    tmp_path: Path, setup: str, launch: str
+) -> None:
+    script = tmp_path / "main.py"
+    script.write_text(THREADED.format(here=str(HERE), setup=setup, launch=launch))
+    process = subprocess.Popen(
+        [sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    assert process.stdout is not None
+    assert process.stdout.readline().strip() == "READY", process.communicate()
+    workers = child_pids(process.pid)
+    assert len(workers) == 2
+    process.kill()
+    process.communicate(timeout=10)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(alive(pid) for pid in workers):
+        time.sleep(0.1)
+    left = [pid for pid in workers if alive(pid)]
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert not left, "workers outlived the main process"
+
+
+def test_persistent_workers_started_in_a_thread_outlive_that_thread(no_leaks: None) -> None:
+    # The death signal fires when the thread that started a worker ends: armed from a
+    # thread, it would kill these workers as soon as the first epoch's thread is done.
+    data = make(CountingReader(16), batch_size=2, num_workers=2, max_instances_in_memory=4,
+                persistent_workers=True)
+    first: list[int] = []
+    thread = threading.Thread(target=lambda: first.extend(flat(b["id"].tolist() for b in data)))
+    thread.start()
+    thread.join()
+    second = flat(b["id"].tolist() for b in data)  # the same workers, from the main thread
+    data.close()
+    assert sorted(first) == sorted(second) == list(range(16))
+
+
+def test_ctrl_c_caught_outside_the_loop_leaves_the_workers_working(tmp_path: Path) -> None:
+    # A Ctrl-C reaches the whole process group; the workers ignore it (the main process
+    # decides), so a program that catches it can go on with the same iterator.
+    script = tmp_path / "main.py"
+    script.write_text(textwrap.dedent(f"""
+        import os, signal, sys, time
+        sys.path.insert(0, {str(HERE)!r})
+        from loader_helpers import CountingReader
+        from framework.data.multiprocess import MultiProcessDataLoader
+
+        data = MultiProcessDataLoader(CountingReader(40), "x", batch_size=2, num_workers=2,
+                                      max_instances_in_memory=4, quiet=True,
+                                      persistent_workers=True)
+        batches = iter(data)
+        got = [next(batches)]  # the workers run
+        try:
+            os.killpg(os.getpgrp(), signal.SIGINT)
+            time.sleep(10)
+        except KeyboardInterrupt:
+            print("CAUGHT", flush=True)
+        got.extend(batches)
+        print("BATCHES", len(got), flush=True)
+    """))
+    process = subprocess.Popen(
+        [sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,  # its own process group: the SIGINT reaches nothing else
+    )
+    out, err = process.communicate(timeout=60)
+    assert "CAUGHT" in out and "BATCHES 20" in out, (out, err[-2000:])
+
+
+def test_a_worker_that_fails_at_start_is_reported_with_its_error(
+    monkeypatch: pytest.MonkeyPatch, no_leaks: None
+) -> None:
+    # Worker 1 fails before its first instance and exits while worker 0 is slow: the main
+    # process finds it dead, and says why from what it left in its pipe, not "exit code 1".
+    import multiprocessing
+
+    from framework.data import _worker
+
+    real = _worker.after_fork
+
+    def fails_in_worker_1() -> None:
+        if multiprocessing.current_process().name == "framework-loader-worker-1":
+            raise RuntimeError("set-up failed in worker 1")
+        real()
+
+    monkeypatch.setattr(_worker, "after_fork", fails_in_worker_1)
+    data = make(SlowReader(n=8, delay=1.0), batch_size=2, num_workers=2, max_instances_in_memory=4)
+    with pytest.raises(WorkerError, match="set-up failed in worker 1"):
+        list(data)
 
 
 def test_ctrl_c_reaps_every_worker(tmp_path: Path) -> None:

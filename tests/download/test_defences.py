@@ -51,6 +51,17 @@ def _single(cache: Path, backend: HttpBackend) -> DownloadManager:
     )
 
 
+def _planted_partial(cache: Path, url: str, etag: str, data: bytes) -> Path:
+    """A partial file of `url` at version `etag` holding `data`, left by a writer that is gone."""
+    final = Entry(cache, url).final
+    cache.mkdir(exist_ok=True)
+    token = unique_token().split(".")
+    token[1] = "999999"  # a pid that does not run
+    part = final.with_name(f"{final.name}.{_etag_tag(etag)}.{'.'.join(token)}.part")
+    part.write_bytes(data)
+    return part
+
+
 class NoIfRange(HttpBackend):
     """A proxy that strips If-Range: the engine's own checks must refuse another version."""
 
@@ -136,11 +147,7 @@ def test_a_416_for_another_version_of_the_same_size_starts_over(
 ) -> None:
     old, new = os.urandom(200_000), os.urandom(200_000)
     url = http_server.add(_path("416-version"), new, etag='"new"')
-    final = Entry(tmp_path, url).final
-    tmp_path.mkdir(exist_ok=True)
-    token = unique_token().split(".")
-    token[1] = "999999"  # a dead writer
-    final.with_name(f"{final.name}.{_etag_tag(OLD)}.{'.'.join(token)}.part").write_bytes(old)
+    _planted_partial(tmp_path, url, OLD, old)
     path = _single(tmp_path, NoIfRange(backoff_factor=0.01)).cached_path(url)  # a proxy that drops If-Range
     assert path.read_bytes() == new
 
@@ -151,12 +158,7 @@ def test_another_users_partial_is_never_adopted(http_server: FaultServer, tmp_pa
         pytest.skip("needs root to chown")
     data = os.urandom(200_000)
     url = http_server.add(_path("foreign-partial"), data, etag='"v"')
-    final = Entry(tmp_path, url).final
-    tmp_path.mkdir(exist_ok=True)
-    token = unique_token().split(".")
-    token[1] = "999999"
-    part = final.with_name(f"{final.name}.{_etag_tag(V)}.{'.'.join(token)}.part")
-    part.write_bytes(data[:50_000])
+    part = _planted_partial(tmp_path, url, V, data[:50_000])
     os.chown(part, 12345, 12345)
     path = _single(tmp_path, HttpBackend(backoff_factor=0.01)).cached_path(url)
     assert path.read_bytes() == data
@@ -172,12 +174,7 @@ def test_a_file_swapped_in_after_the_rename_is_not_adopted(
         pytest.skip("needs root to chown")
     data = os.urandom(200_000)
     url = http_server.add(_path("swap-after-rename"), data, etag='"v"')
-    final = Entry(tmp_path, url).final
-    tmp_path.mkdir(exist_ok=True)
-    token = unique_token().split(".")
-    token[1] = "999999"
-    part = final.with_name(f"{final.name}.{_etag_tag(V)}.{'.'.join(token)}.part")
-    part.write_bytes(data[:50_000])
+    part = _planted_partial(tmp_path, url, V, data[:50_000])
     real_rename = os.rename
 
     def rename(src: Any, dst: Any, *args: Any, **kwargs: Any) -> None:

@@ -393,15 +393,24 @@ def test_lazy_workers_run_only_a_bounded_distance_ahead(tmp_path: Path, no_leaks
     log = tmp_path / "progress"
     data = make(ProgressReader(str(log)), batch_size=1, num_workers=2, max_instances_in_memory=2)
     iterator = iter(data)
+
+    def produced() -> list[int]:
+        return [read_count(Path(f"{log}.{w}")) if Path(f"{log}.{w}").exists() else 0 for w in range(2)]
+
     try:
         next(iterator)
-        time.sleep(1.0)  # plenty of time to run far ahead, were it not held back
-        produced = [read_count(Path(f"{log}.{w}")) for w in range(2)]
+        # Until both workers have stood still for half a second (held back), or 30 s have
+        # gone: the reader is endless, so workers that are not held back never stand still.
+        counts, steady, deadline = produced(), 0, time.monotonic() + 30
+        while steady < 5 and time.monotonic() < deadline:
+            time.sleep(0.1)
+            counts, before = produced(), counts
+            steady = steady + 1 if counts == before and 0 not in counts else 0
     finally:
         iterator.close()
     # prefetch is max(2, 2 * 2 // 1) = 4 batches per worker, plus the one in hand; each
     # worker's _read sees every instance and keeps every other one (automatic sharding).
-    assert all(count <= 2 * 6 + 1 for count in produced), produced
+    assert steady == 5 and all(count <= 2 * 6 + 1 for count in counts), counts
 
 
 def read_count(path: Path) -> int:

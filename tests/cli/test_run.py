@@ -317,19 +317,12 @@ def test_a_local_folder_is_read_in_place(
     assert summary["instances"] == 6 and summary["cached_at"] == str(folder)
 
 
-def _alive(pid: int) -> bool:
-    """Whether `pid` runs (a zombie waiting for its parent to reap it does not)."""
-    try:
-        status = Path(f"/proc/{pid}/status").read_text()
-    except OSError:
-        return False
-    return "\nState:\tZ" not in status
-
-
 def test_ctrl_c_stops_cleanly(tmp_path: Path, cli_env: dict[str, str]) -> None:
     """Ctrl-C once the workers are reading: exit 130 with one line, and no worker left."""
     import signal
     import time
+
+    from loader_helpers import alive
 
     pids = tmp_path / "pids"
     pids.mkdir()
@@ -369,6 +362,6 @@ def test_ctrl_c_stops_cleanly(tmp_path: Path, cli_env: dict[str, str]) -> None:
     assert process.returncode == 130, err
     assert "framework run: error: interrupted" in err
     deadline = time.monotonic() + 5
-    while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
+    while any(alive(pid) for pid in workers) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not any(_alive(pid) for pid in workers), "a worker outlived the interrupted run"
+    assert not any(alive(pid) for pid in workers), "a worker outlived the interrupted run"

@@ -202,28 +202,41 @@ if __name__ == "__main__":
 """
 
 
-def start_script(tmp_path: Path, method: str) -> subprocess.Popen[str]:
+def start_script(tmp_path: Path, text: str) -> subprocess.Popen[str]:
+    """Run the script `text` until it prints READY."""
     script = tmp_path / "main.py"
-    script.write_text(textwrap.dedent(SCRIPT.format(here=str(HERE), method=method)))
+    script.write_text(text)
     process = subprocess.Popen(
         [sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
     assert process.stdout is not None
-    assert process.stdout.readline().strip() == "READY"
+    line = process.stdout.readline().strip()
+    if line != "READY":
+        process.kill()
+        out, err = process.communicate()
+        raise AssertionError(f"the script did not get going: {line!r} {out!r}\n{err}")
     return process
+
+
+def assert_workers_die_with(process: subprocess.Popen[str], workers: set[int]) -> None:
+    """SIGKILL `process`; its `workers` must be gone within 10 s (any left are killed)."""
+    process.kill()
+    process.communicate(timeout=10)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(alive(pid) for pid in workers):
+        time.sleep(0.1)
+    left = [pid for pid in workers if alive(pid)]
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert not left, "workers outlived the main process"
 
 
 @pytest.mark.parametrize("method", ["fork", "spawn"])
 def test_killed_main_process_takes_its_workers(tmp_path: Path, method: str) -> None:
-    process = start_script(tmp_path, method)
+    process = start_script(tmp_path, textwrap.dedent(SCRIPT.format(here=str(HERE), method=method)))
     workers = child_pids(process.pid)
     assert len(workers) >= 2
-    process.send_signal(signal.SIGKILL)
-    process.wait(timeout=10)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and any(alive(pid) for pid in workers):
-        time.sleep(0.1)
-    assert not any(alive(pid) for pid in workers), "workers outlived the main process"
+    assert_workers_die_with(process, workers)
 
 
 THREADED = """
@@ -272,24 +285,10 @@ worker_module.time = Clock
 def test_each_guard_alone_takes_the_workers_of_a_killed_main_process(
     tmp_path: Path, setup: str, launch: str
 ) -> None:
-    script = tmp_path / "main.py"
-    script.write_text(THREADED.format(here=str(HERE), setup=setup, launch=launch))
-    process = subprocess.Popen(
-        [sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-    assert process.stdout is not None
-    assert process.stdout.readline().strip() == "READY", process.communicate()
+    process = start_script(tmp_path, THREADED.format(here=str(HERE), setup=setup, launch=launch))
     workers = child_pids(process.pid)
     assert len(workers) == 2
-    process.kill()
-    process.communicate(timeout=10)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and any(alive(pid) for pid in workers):
-        time.sleep(0.1)
-    left = [pid for pid in workers if alive(pid)]
-    for pid in left:
-        os.kill(pid, signal.SIGKILL)
-    assert not left, "workers outlived the main process"
+    assert_workers_die_with(process, workers)
 
 
 def test_persistent_workers_started_in_a_thread_outlive_that_thread(no_leaks: None) -> None:
@@ -363,7 +362,7 @@ def test_ctrl_c_reaps_every_worker(tmp_path: Path) -> None:
     from loader_helpers import new_shm_entries, shm_entries
 
     before = shm_entries()
-    process = start_script(tmp_path, "fork")
+    process = start_script(tmp_path, textwrap.dedent(SCRIPT.format(here=str(HERE), method="fork")))
     workers = child_pids(process.pid)
     os.killpg(os.getpgid(process.pid), 0)  # the group exists
     process.send_signal(signal.SIGINT)

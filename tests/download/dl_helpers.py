@@ -12,17 +12,23 @@ import struct
 import sys
 import threading
 import time
+import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Callable, Optional
 
 import attrs
 
-from framework.download import DownloadBackend
+from framework.download import DownloadBackend, DownloadManager
 from framework.hookspecs import hookimpl
 from framework.registry import Registrar
 
 FORK = multiprocessing.get_context("fork")
+# Parallel-fetch tests: parts of this size (a plan's part and a request's most)...
+PART = 256 * 1024
+# ...from a server that sends each connection 16 KiB every 8 ms (about 2 MiB/s): one stream
+# would need well over `Ramp.ALONE_S` for their objects, so the ramp adds connections.
+SLOW: dict[str, Any] = {"chunk": 16 * 1024, "delay": 0.008}
 
 
 @attrs.define
@@ -301,6 +307,19 @@ class PacedProxy:
 
     def __exit__(self, *exc: Any) -> None:
         self.listener.close()
+
+
+def unique_path(name: str) -> str:
+    """A URL path no other test uses (the session's server is shared)."""
+    return f"/{name}-{uuid.uuid4().hex[:8]}.bin"
+
+
+def parts_manager(cache: Path, connections: Optional[int] = 4, **options: Any) -> DownloadManager:
+    """A manager that fetches in `PART` parts over at most `connections`, quickly retried."""
+    options.setdefault("lock_timeout", 20)
+    return DownloadManager(
+        cache, connections=connections, part_size=PART, backoff_factor=0.01, progress=False, **options
+    )
 
 
 def stray_files(folder: Path) -> list[str]:

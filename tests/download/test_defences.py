@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 import pytest
-from dl_helpers import FaultServer, sha256
+from dl_helpers import PART, SLOW, FaultServer, parts_manager, sha256, unique_path
 from framework_plugins.http import HttpBackend
 
 from framework.download import DownloadManager
@@ -24,31 +24,15 @@ from framework.download._validators import _etag_tag
 from framework.errors import ChecksumError, DownloadError, HTTPStatusError
 
 pytestmark = pytest.mark.timeout(60)
-PART = 256 * 1024
 OLD, V = '"old"', '"v"'
-SLOW: dict[str, Any] = {"chunk": 16 * 1024, "delay": 0.008}
-
-
-def _path(name: str) -> str:
-    return f"/{name}-{uuid.uuid4().hex[:8]}.bin"
 
 
 def _parallel(cache: Path, backend: HttpBackend) -> DownloadManager:
-    return DownloadManager(
-        cache,
-        connections=4,
-        part_size=PART,
-        backoff_factor=0.01,
-        progress=False,
-        lock_timeout=20,
-        backends={"http": backend},
-    )
+    return parts_manager(cache, backends={"http": backend})
 
 
 def _single(cache: Path, backend: HttpBackend) -> DownloadManager:
-    return DownloadManager(
-        cache, connections=1, backoff_factor=0.01, progress=False, lock_timeout=20, backends={"http": backend}
-    )
+    return parts_manager(cache, connections=1, backends={"http": backend})
 
 
 def _planted_partial(cache: Path, url: str, etag: str, data: bytes) -> Path:
@@ -99,7 +83,12 @@ def test_parts_of_another_version_are_refused_without_if_range(
 ) -> None:
     old, new = os.urandom(PART * 16), os.urandom(PART * 16)
     url = http_server.add(
-        _path("swap-noifr"), old, swap_at_get=2, etag='"old"', then={"data": new, "etag": '"new"'}, **SLOW
+        unique_path("swap-noifr"),
+        old,
+        swap_at_get=2,
+        etag='"old"',
+        then={"data": new, "etag": '"new"'},
+        **SLOW,
     )
     path = _parallel(tmp_path, NoIfRange(backoff_factor=0.01)).cached_path(url)
     assert sha256(path.read_bytes()) == sha256(new)
@@ -108,7 +97,9 @@ def test_parts_of_another_version_are_refused_without_if_range(
 # -- _engine._check: size
 def test_parts_with_another_total_size_are_refused(http_server: FaultServer, tmp_path: Path) -> None:
     old, new = os.urandom(PART * 16), os.urandom(PART * 20)  # same ETag (a server bug), another length
-    url = http_server.add(_path("swap-size"), old, swap_at_get=2, etag='"same"', then={"data": new}, **SLOW)
+    url = http_server.add(
+        unique_path("swap-size"), old, swap_at_get=2, etag='"same"', then={"data": new}, **SLOW
+    )
     path = _parallel(tmp_path, HttpBackend(backoff_factor=0.01)).cached_path(url)
     assert sha256(path.read_bytes()) == sha256(new)
 
@@ -119,7 +110,7 @@ def test_parts_from_the_wrong_byte_or_encoded_are_refused(
     http_server: FaultServer, tmp_path: Path, how: str
 ) -> None:
     data = os.urandom(PART * 16)
-    url = http_server.add(_path("lie-" + how), data, etag='"v"', **SLOW)
+    url = http_server.add(unique_path("lie-" + how), data, etag='"v"', **SLOW)
     path = _parallel(tmp_path, Lying(how)).cached_path(url)
     assert path.read_bytes() == data
 
@@ -127,7 +118,7 @@ def test_parts_from_the_wrong_byte_or_encoded_are_refused(
 # -- _place: start on a single-stream resume
 def test_resume_answered_from_the_wrong_byte_starts_over(http_server: FaultServer, tmp_path: Path) -> None:
     data = os.urandom(1 << 20)
-    url = http_server.add(_path("resume-start"), data, etag='"v"', drop_after=300_000, drops=1)
+    url = http_server.add(unique_path("resume-start"), data, etag='"v"', drop_after=300_000, drops=1)
     path = _single(tmp_path, Lying("start")).cached_path(url)
     assert path.read_bytes() == data
 
@@ -135,7 +126,7 @@ def test_resume_answered_from_the_wrong_byte_starts_over(http_server: FaultServe
 # -- _receive: more bytes than the declared size
 def test_a_body_longer_than_its_size_is_a_checksum_error(http_server: FaultServer, tmp_path: Path) -> None:
     data = os.urandom(100_000)
-    url = http_server.add(_path("oversize"), data, etag='"v"')
+    url = http_server.add(unique_path("oversize"), data, etag='"v"')
     with pytest.raises(ChecksumError):
         _single(tmp_path, Lying("oversize")).cached_path(url)
     assert not Entry(tmp_path, url).final.exists()
@@ -146,7 +137,7 @@ def test_a_416_for_another_version_of_the_same_size_starts_over(
     http_server: FaultServer, tmp_path: Path
 ) -> None:
     old, new = os.urandom(200_000), os.urandom(200_000)
-    url = http_server.add(_path("416-version"), new, etag='"new"')
+    url = http_server.add(unique_path("416-version"), new, etag='"new"')
     _planted_partial(tmp_path, url, OLD, old)
     path = _single(tmp_path, NoIfRange(backoff_factor=0.01)).cached_path(url)  # a proxy that drops If-Range
     assert path.read_bytes() == new
@@ -157,7 +148,7 @@ def test_another_users_partial_is_never_adopted(http_server: FaultServer, tmp_pa
     if os.geteuid() != 0:
         pytest.skip("needs root to chown")
     data = os.urandom(200_000)
-    url = http_server.add(_path("foreign-partial"), data, etag='"v"')
+    url = http_server.add(unique_path("foreign-partial"), data, etag='"v"')
     part = _planted_partial(tmp_path, url, V, data[:50_000])
     os.chown(part, 12345, 12345)
     path = _single(tmp_path, HttpBackend(backoff_factor=0.01)).cached_path(url)
@@ -173,7 +164,7 @@ def test_a_file_swapped_in_after_the_rename_is_not_adopted(
     if os.geteuid() != 0:
         pytest.skip("needs root to chown")
     data = os.urandom(200_000)
-    url = http_server.add(_path("swap-after-rename"), data, etag='"v"')
+    url = http_server.add(unique_path("swap-after-rename"), data, etag='"v"')
     part = _planted_partial(tmp_path, url, V, data[:50_000])
     real_rename = os.rename
 
@@ -194,7 +185,7 @@ def test_a_file_swapped_in_after_the_rename_is_not_adopted(
 def test_a_failed_fsync_of_the_partial_publishes_nothing(
     http_server: FaultServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    url = http_server.add(_path("fsync-part"), os.urandom(100_000), etag='"v"')
+    url = http_server.add(unique_path("fsync-part"), os.urandom(100_000), etag='"v"')
     real_fsync = os.fsync
 
     def fsync(fd: int) -> None:
@@ -212,7 +203,7 @@ def test_a_failed_fsync_of_the_partial_publishes_nothing(
 def test_the_folder_is_fsynced_after_the_rename(
     http_server: FaultServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    url = http_server.add(_path("fsync-dir"), os.urandom(100_000), etag='"v"')
+    url = http_server.add(unique_path("fsync-dir"), os.urandom(100_000), etag='"v"')
     final = Entry(tmp_path, url).final
     real_fsync = os.fsync
     synced_after_publish: list[bool] = []

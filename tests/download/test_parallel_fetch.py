@@ -12,42 +12,38 @@ from pathlib import Path
 from typing import Any, Optional
 
 import pytest
-from dl_helpers import FORK, FaultServer, PacedProxy, sha256, stray_files, wait_for
+from dl_helpers import (
+    FORK,
+    PART,
+    SLOW,
+    FaultServer,
+    PacedProxy,
+    parts_manager,
+    sha256,
+    stray_files,
+    unique_path,
+    wait_for,
+)
 
 from framework.download import DownloadManager
 from framework.errors import ChecksumError
 
 pytestmark = pytest.mark.timeout(60)
 
-PART = 256 * 1024
-# A server that sends each connection 16 KiB every 8 ms (about 2 MiB/s): one stream would
-# need well over `Ramp.ALONE_S` for the objects below, so the ramp adds connections.
-SLOW: dict[str, Any] = {"chunk": 16 * 1024, "delay": 0.008}
-# Half that pace, for tests that kill a fetch mid-way: the recorder writes progress every
+# Half `SLOW`'s pace, for tests that kill a fetch mid-way: the recorder writes progress every
 # `ProgressRecorder.EVERY_S`, so the fetch must last several of those.
 SLOWER: dict[str, Any] = {"chunk": 16 * 1024, "delay": 0.016}
 TO_THE_END = f"bytes=0-{(1 << 62) - 1}"  # the first request: one stream that may go on to the end
-
-
-def _manager(cache: Path, connections: Optional[int] = 4, **options: Any) -> DownloadManager:
-    options.setdefault("lock_timeout", 20)
-    return DownloadManager(
-        cache, connections=connections, part_size=PART, backoff_factor=0.01, progress=False, **options
-    )
 
 
 def _data(parts: float) -> bytes:
     return os.urandom(int(PART * parts))
 
 
-def _path(name: str) -> str:
-    return f"/{name}-{uuid.uuid4().hex[:8]}.bin"
-
-
 def test_large_object_comes_over_several_connections(http_server: FaultServer, tmp_path: Path) -> None:
     data = _data(12.5)
-    url = http_server.add(_path("large"), data, **SLOW)
-    path = _manager(tmp_path).cached_path(url)
+    url = http_server.add(unique_path("large"), data, **SLOW)
+    path = parts_manager(tmp_path).cached_path(url)
     route = http_server.route(url)
     assert path.read_bytes() == data
     # the ramp went up to the cap (the server counts a stream the client closed until its
@@ -69,8 +65,8 @@ def test_large_object_comes_over_several_connections(http_server: FaultServer, t
 def test_a_link_one_stream_fills_keeps_one_stream(http_server: FaultServer, tmp_path: Path) -> None:
     """Adaptive: an object one stream brings in quickly is one request, however high the cap."""
     data = _data(12.5)
-    url = http_server.add(_path("fast"), data)
-    assert _manager(tmp_path, connections=16).cached_path(url).read_bytes() == data
+    url = http_server.add(unique_path("fast"), data)
+    assert parts_manager(tmp_path, connections=16).cached_path(url).read_bytes() == data
     route = http_server.route(url)
     assert (route.gets, route.ranges, route.body_bytes) == (1, [TO_THE_END], len(data))
 
@@ -79,8 +75,8 @@ def test_the_ramp_grows_while_throughput_grows(http_server: FaultServer, tmp_pat
     """A server that paces each connection: every step pays, so the count climbs past the
     first step to the cap (16)."""
     data = _data(40)
-    url = http_server.add(_path("ramp"), data, **SLOW)
-    assert _manager(tmp_path, connections=16).cached_path(url).read_bytes() == data
+    url = http_server.add(unique_path("ramp"), data, **SLOW)
+    assert parts_manager(tmp_path, connections=16).cached_path(url).read_bytes() == data
     assert http_server.route(url).max_in_flight > 8
 
 
@@ -138,7 +134,7 @@ def test_requests_ask_for_a_shrinking_share_of_what_is_left(
 
     monkeypatch.setattr(_parallel, "_PART", 64 * 1024)
     data = os.urandom(4 << 20)
-    url = http_server.add(_path("runs"), data, **SLOW)
+    url = http_server.add(unique_path("runs"), data, **SLOW)
     manager = DownloadManager(tmp_path, connections=2, part_size=1 << 20, backoff_factor=0.01, progress=False)
     assert manager.cached_path(url).read_bytes() == data
     route = http_server.route(url)
@@ -166,8 +162,8 @@ def test_a_part_that_breaks_off_resumes_at_its_byte(http_server: FaultServer, tm
     """A connection that drops mid-part asks again from the byte it reached, with the
     plan's validator: nothing is fetched twice."""
     data = _data(12.5)
-    url = http_server.add(_path("broken"), data, drop_after=100_000, drops=1, drop_kind="short", **SLOW)
-    assert _manager(tmp_path).cached_path(url).read_bytes() == data
+    url = http_server.add(unique_path("broken"), data, drop_after=100_000, drops=1, drop_kind="short", **SLOW)
+    assert parts_manager(tmp_path).cached_path(url).read_bytes() == data
     route = http_server.route(url)
     resumed = [i for i, r in enumerate(route.ranges) if r.startswith("bytes=100000-")]
     assert len(resumed) == 1 and route.if_ranges[resumed[0]] == route.etag
@@ -181,7 +177,7 @@ def test_an_object_of_few_default_parts_is_cut_finer(http_server: FaultServer, t
     """4 MiB with the default part size (8 MiB) and 4 connections: 1 MiB parts, so that
     every connection has one."""
     data = os.urandom(4 << 20)
-    url = http_server.add(_path("finer"), data, **SLOW)
+    url = http_server.add(unique_path("finer"), data, **SLOW)
     manager = DownloadManager(tmp_path, connections=4, backoff_factor=0.01, progress=False)
     assert manager.cached_path(url).read_bytes() == data
     route = http_server.route(url)
@@ -199,7 +195,7 @@ def test_a_server_that_caps_its_ranges_still_gives_the_whole_object(
     without a Range; with the total, each short answer is followed by another, and
     none of them counts as a failure."""
     data = os.urandom(5 << 20)
-    url = http_server.add(_path("capped"), data, range_cap=1 << 20, star_total=star_total)
+    url = http_server.add(unique_path("capped"), data, range_cap=1 << 20, star_total=star_total)
     manager = DownloadManager(tmp_path, connections=4, retries=2, backoff_factor=0.01, progress=False)
     assert manager.cached_path(url).read_bytes() == data
     route = http_server.route(url)
@@ -212,15 +208,15 @@ def test_a_server_that_caps_its_ranges_still_gives_the_whole_object(
 
 def test_small_object_takes_one_request(http_server: FaultServer, tmp_path: Path) -> None:
     data = _data(0.7)
-    url = http_server.add(_path("small"), data)
-    assert _manager(tmp_path).cached_path(url).read_bytes() == data
+    url = http_server.add(unique_path("small"), data)
+    assert parts_manager(tmp_path).cached_path(url).read_bytes() == data
     assert http_server.route(url).gets == 1
 
 
 def test_one_connection_is_one_stream(http_server: FaultServer, tmp_path: Path) -> None:
     data = _data(6)
-    url = http_server.add(_path("single"), data)
-    assert _manager(tmp_path, connections=1).cached_path(url).read_bytes() == data
+    url = http_server.add(unique_path("single"), data)
+    assert parts_manager(tmp_path, connections=1).cached_path(url).read_bytes() == data
     route = http_server.route(url)
     assert (route.gets, route.ranges) == (1, [""])  # today's path: no Range at all
 
@@ -229,9 +225,9 @@ def test_connections_from_the_environment(
     http_server: FaultServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     data = _data(12)
-    url = http_server.add(_path("env"), data, **SLOW)
+    url = http_server.add(unique_path("env"), data, **SLOW)
     monkeypatch.delenv("FRAMEWORK_CONNECTIONS", raising=False)
-    manager = _manager(tmp_path, connections=None)
+    manager = parts_manager(tmp_path, connections=None)
     assert manager.connections == 16  # the default cap; the ramp decides how many are used
     monkeypatch.setenv("FRAMEWORK_CONNECTIONS", "3")
     assert manager.connections == 3
@@ -248,8 +244,8 @@ def test_connections_from_the_environment(
 
 def test_range_ignoring_server_costs_one_copy(http_server: FaultServer, tmp_path: Path) -> None:
     data = _data(10)
-    url = http_server.add(_path("ignore"), data, range_mode="ignore")
-    assert _manager(tmp_path).cached_path(url).read_bytes() == data
+    url = http_server.add(unique_path("ignore"), data, range_mode="ignore")
+    assert parts_manager(tmp_path).cached_path(url).read_bytes() == data
     route = http_server.route(url)
     assert route.gets == 1
     assert route.body_bytes == len(data)
@@ -262,15 +258,15 @@ def test_a_server_refusing_ranges_gets_one_plain_request(
     """The default's first request carries a Range; a server that answers it with an
     error (not one that says the object is missing) is asked again without one."""
     data = _data(6)
-    url = http_server.add(_path("no-ranges"), data, range_mode=status)
-    assert _manager(tmp_path, connections=None, retries=1).cached_path(url).read_bytes() == data
+    url = http_server.add(unique_path("no-ranges"), data, range_mode=status)
+    assert parts_manager(tmp_path, connections=None, retries=1).cached_path(url).read_bytes() == data
     assert http_server.route(url).ranges == [TO_THE_END, ""]
 
 
 def test_object_without_strong_validator_is_one_stream(http_server: FaultServer, tmp_path: Path) -> None:
     data = _data(6)
-    url = http_server.add(_path("weak"), data, etag='W/"weak"')
-    assert _manager(tmp_path).cached_path(url).read_bytes() == data
+    url = http_server.add(unique_path("weak"), data, etag='W/"weak"')
+    assert parts_manager(tmp_path).cached_path(url).read_bytes() == data
     route = http_server.route(url)
     assert route.max_in_flight == 1  # parts of a version nothing vouches for are never combined
     assert route.if_ranges.count('W/"weak"') == 0
@@ -291,24 +287,24 @@ def test_swap_mid_fetch_never_publishes_a_mix(
         }
     # The second request (the first part another connection asks for) finds the new
     # version, while the first stream has written old bytes.
-    url = http_server.add(_path("swap"), old, swap_at_get=2, **SLOW, **options)
-    path = _manager(tmp_path).cached_path(url)
+    url = http_server.add(unique_path("swap"), old, swap_at_get=2, **SLOW, **options)
+    path = parts_manager(tmp_path).cached_path(url)
     assert sha256(path.read_bytes()) == sha256(new)  # the new version, whole; never a mix
     assert stray_files(tmp_path) == []
 
 
 def test_wrong_sha256_publishes_nothing(http_server: FaultServer, tmp_path: Path) -> None:
     data = _data(6)
-    url = http_server.add(_path("sha"), data)
+    url = http_server.add(unique_path("sha"), data)
     with pytest.raises(ChecksumError):
-        _manager(tmp_path).cached_path(url, sha256="0" * 64)
+        parts_manager(tmp_path).cached_path(url, sha256="0" * 64)
     assert stray_files(tmp_path) == []
     assert not [n for n in os.listdir(tmp_path) if n.endswith((".parts", ".bin"))]
-    assert _manager(tmp_path).cached_path(url, sha256=sha256(data)).read_bytes() == data
+    assert parts_manager(tmp_path).cached_path(url, sha256=sha256(data)).read_bytes() == data
 
 
 def _fetch_child(url: str, cache: str) -> None:
-    _manager(Path(cache)).cached_path(url)
+    parts_manager(Path(cache)).cached_path(url)
 
 
 def _record(cache: Path) -> dict[str, Any]:
@@ -369,7 +365,7 @@ def _kill_once_recorded(http_server: FaultServer, url: str, cache: Path, parts: 
 
 def test_kill_half_way_then_resume_fetches_the_other_half(http_server: FaultServer, tmp_path: Path) -> None:
     data = _data(16)
-    url = http_server.add(_path("kill"), data, **SLOWER)
+    url = http_server.add(unique_path("kill"), data, **SLOWER)
     route = _kill_once_recorded(http_server, url, tmp_path, 8)
     done = _parts_done(tmp_path)
     assert 8 <= done < 16
@@ -378,7 +374,7 @@ def test_kill_half_way_then_resume_fetches_the_other_half(http_server: FaultServ
     route.body_bytes, route.delay, route.chunk, route.gets = 0, 0.0, 1 << 20, 0
     still_to_come = _still_to_come(tmp_path, len(data))
     assert still_to_come < (16 - done) * PART  # parts under way at the kill kept what was durable
-    path = _manager(tmp_path).cached_path(url)
+    path = parts_manager(tmp_path).cached_path(url)
     assert path.read_bytes() == data
     # only what the record did not vouch for comes again, as one stream per run of missing
     # parts, each from where it got to (a link one stream fills)
@@ -398,12 +394,12 @@ def test_progress_is_recorded_every_few_parts_on_a_fast_link(
     monkeypatch.setattr(ProgressRecorder, "EVERY_S", 60.0)
     monkeypatch.setattr(ProgressRecorder, "EVERY_BYTES", 2 * PART)
     data = _data(16)
-    url = http_server.add(_path("every"), data, **SLOWER)
+    url = http_server.add(unique_path("every"), data, **SLOWER)
     route = _kill_once_recorded(http_server, url, tmp_path, 4)  # in well under a minute
     assert 4 <= _parts_done(tmp_path) < 16
     route.body_bytes, route.delay, route.chunk = 0, 0.0, 1 << 20  # a fast link: one stream fills it
     still_to_come = _still_to_come(tmp_path, len(data))
-    assert _manager(tmp_path).cached_path(url).read_bytes() == data
+    assert parts_manager(tmp_path).cached_path(url).read_bytes() == data
     assert route.body_bytes == still_to_come
 
 
@@ -413,7 +409,7 @@ def _interrupted_child(url: str, cache: str, results: Any) -> None:
 
     start = time.monotonic()
     try:
-        _manager(Path(cache), connections=None).cached_path(url)
+        parts_manager(Path(cache), connections=None).cached_path(url)
         results.put(("finished", 0.0, []))
     except KeyboardInterrupt:
         took = time.monotonic() - start
@@ -429,7 +425,7 @@ def test_ctrl_c_with_a_stalled_connection_returns_and_keeps_the_bytes(
     are recorded, so the next call asks only for the rest."""
     data = _data(12)
     reached = PART + PART // 2  # part 0 complete, part 1 half-way
-    url = http_server.add(_path("stall"), data, stall_after=reached, stall_s=30.0)
+    url = http_server.add(unique_path("stall"), data, stall_after=reached, stall_s=30.0)
     results = FORK.Queue()
     child = FORK.Process(target=_interrupted_child, args=(url, str(tmp_path), results))
     child.start()
@@ -448,7 +444,7 @@ def test_ctrl_c_with_a_stalled_connection_returns_and_keeps_the_bytes(
     assert not [name for name in helpers if name.endswith(("hash", "record"))]
     route = http_server.route(url)
     route.body_bytes = 0
-    assert _manager(tmp_path).cached_path(url).read_bytes() == data
+    assert parts_manager(tmp_path).cached_path(url).read_bytes() == data
     assert route.ranges[-1].startswith(f"bytes={reached}-")  # the rest, in one stream
     assert route.body_bytes == len(data) - reached
     assert stray_files(tmp_path) == []
@@ -494,7 +490,7 @@ def _slowly_hashed_child(url: str, cache: str, results: Any, slow_fsync: bool = 
 
     os.fsync = fsync
     try:
-        _manager(Path(cache)).cached_path(url)
+        parts_manager(Path(cache)).cached_path(url)
         results.put(("finished", []))
     except KeyboardInterrupt:
         results.put(("returned", SlowHash.updates))
@@ -512,7 +508,7 @@ def test_ctrl_c_during_the_final_hash_then_a_new_version(http_server: FaultServe
     left, and a resume with every part recorded still asks the server which version it
     has, so the object that changed meanwhile comes whole, not the recorded old one."""
     old, new = _data(8), _data(8)
-    url = http_server.add(_path("hash-then-swap"), old, etag='"v1"', **SLOW)
+    url = http_server.add(unique_path("hash-then-swap"), old, etag='"v1"', **SLOW)
     results = FORK.Queue()
     child = FORK.Process(target=_slowly_hashed_child, args=(url, str(tmp_path), results))
     child.start()
@@ -527,7 +523,7 @@ def test_ctrl_c_during_the_final_hash_then_a_new_version(http_server: FaultServe
     assert not [name for name in helpers if name.endswith(("hash", "record"))]  # the hash stopped
     route = http_server.route(url)
     route.data, route.etag, route.delay, route.gets = new, '"v2"', 0.0, 0
-    assert sha256(_manager(tmp_path).cached_path(url).read_bytes()) == sha256(new)
+    assert sha256(parts_manager(tmp_path).cached_path(url).read_bytes()) == sha256(new)
     assert route.gets >= 2  # asked, found another version, fetched it whole
     assert stray_files(tmp_path) == []
 
@@ -537,7 +533,7 @@ def test_ctrl_c_during_the_publishing_fsync_keeps_the_parts(http_server: FaultSe
     back at once, without waiting for the hash, and leaves the record, so the next call
     fetches nothing again."""
     data = _data(8)
-    url = http_server.add(_path("fsync-ctrl-c"), data, **SLOW)
+    url = http_server.add(unique_path("fsync-ctrl-c"), data, **SLOW)
     results = FORK.Queue()
     child = FORK.Process(target=_slowly_hashed_child, args=(url, str(tmp_path), results, True))
     child.start()
@@ -553,7 +549,7 @@ def test_ctrl_c_during_the_publishing_fsync_keeps_the_parts(http_server: FaultSe
     route = http_server.route(url)
     route.delay, route.body_bytes = 0.0, 0
     (tmp_path / "fsyncing").unlink()
-    assert _manager(tmp_path).cached_path(url).read_bytes() == data
+    assert parts_manager(tmp_path).cached_path(url).read_bytes() == data
     assert route.body_bytes <= SLOW["chunk"]  # the last byte, asked with the recorded version
     assert stray_files(tmp_path) == []
 
@@ -565,7 +561,9 @@ def test_a_failing_connection_ends_the_fetch_without_waiting_for_a_stalled_one(
     from framework.errors import DownloadError
 
     data = _data(16)
-    url = http_server.add(_path("fail-while-stalled"), data, stall_after=PART // 2, stall_s=30.0, **SLOW)
+    url = http_server.add(
+        unique_path("fail-while-stalled"), data, stall_after=PART // 2, stall_s=30.0, **SLOW
+    )
     real = _engine._pwrite
 
     def full_past_part_4(fd: int, view: Any, offset: int) -> int:
@@ -576,7 +574,7 @@ def test_a_failing_connection_ends_the_fetch_without_waiting_for_a_stalled_one(
     monkeypatch.setattr(_engine, "_pwrite", full_past_part_4)
     started = time.monotonic()
     with pytest.raises(DownloadError, match="no space left"):
-        _manager(tmp_path, timeout=60).cached_path(url)
+        parts_manager(tmp_path, timeout=60).cached_path(url)
     assert time.monotonic() - started < 15  # the stalled read would have held it 30 s
 
 
@@ -589,7 +587,7 @@ def test_an_engine_that_cannot_start_leaves_no_descriptor(
         raise RuntimeError("no hasher today")
 
     data = _data(8)
-    url = http_server.add(_path("no-engine"), data, **SLOW)
+    url = http_server.add(unique_path("no-engine"), data, **SLOW)
     monkeypatch.setattr(_followers, "_new_hasher", broken)
 
     def partial_fds() -> list[str]:
@@ -605,7 +603,7 @@ def test_an_engine_that_cannot_start_leaves_no_descriptor(
 
     for _ in range(3):
         with pytest.raises(RuntimeError, match="no hasher today"):
-            _manager(tmp_path).cached_path(url)
+            parts_manager(tmp_path).cached_path(url)
     assert partial_fds() == []
     assert stray_files(tmp_path) == []
 
@@ -623,9 +621,9 @@ def test_a_failed_sync_stops_the_fetch_at_once(
 
     monkeypatch.setattr(_followers, "_datasync", full)
     data = _data(64)  # 16 MiB at 2 MiB/s per connection: seconds
-    url = http_server.add(_path("sync-fails"), data, **SLOW)
+    url = http_server.add(unique_path("sync-fails"), data, **SLOW)
     with pytest.raises(DownloadError, match="no space left on the device"):
-        _manager(tmp_path).cached_path(url)
+        parts_manager(tmp_path).cached_path(url)
     assert http_server.route(url).body_bytes < len(data) // 2
     assert stray_files(tmp_path) == []
 
@@ -648,9 +646,9 @@ def test_a_failing_close_of_the_recorders_descriptor_is_an_error_not_a_hang(
     fake_os.close = close
     monkeypatch.setattr(_followers, "os", fake_os)
     data = _data(8)
-    url = http_server.add(_path("close-fails"), data, **SLOW)
+    url = http_server.add(unique_path("close-fails"), data, **SLOW)
     with pytest.raises(DownloadError, match="Input/output error"):
-        _manager(tmp_path).cached_path(url)
+        parts_manager(tmp_path).cached_path(url)
 
 
 def test_a_thread_that_cannot_start_means_fewer_connections(
@@ -669,8 +667,8 @@ def test_a_thread_that_cannot_start_means_fewer_connections(
 
     monkeypatch.setattr(threading.Thread, "start", start)
     data = _data(8)
-    url = http_server.add(_path("no-threads"), data, **SLOW)
-    assert _manager(tmp_path).cached_path(url).read_bytes() == data
+    url = http_server.add(unique_path("no-threads"), data, **SLOW)
+    assert parts_manager(tmp_path).cached_path(url).read_bytes() == data
     assert http_server.route(url).max_in_flight == 1
     leftover = [
         target
@@ -700,10 +698,10 @@ def test_ctrl_c_while_starting_connections_leaves_no_thread_waiting(
     # One stream would take 2 s, 40 times ALONE_S: the first step opens the cap's 4 at once.
     monkeypatch.setattr(Ramp, "ALONE_S", 0.05)
     data = _data(8)
-    url = http_server.add(_path("ctrl-c-start"), data, **SLOWER)
+    url = http_server.add(unique_path("ctrl-c-start"), data, **SLOWER)
     earlier = set(threading.enumerate())  # other tests' threads (one blocked in a read ends late)
     with pytest.raises(KeyboardInterrupt):
-        _manager(tmp_path).cached_path(url)
+        parts_manager(tmp_path).cached_path(url)
 
     def ours() -> list[str]:
         new = set(threading.enumerate()) - earlier
@@ -737,8 +735,8 @@ def test_the_settled_steering_loop_does_not_wake_for_every_write(
     monkeypatch.setattr(_engine.Engine, "_steer", steer)
     monkeypatch.setattr(_engine, "_pwrite", pwrite)
     data = _data(16)
-    url = http_server.add(_path("steer"), data, **SLOW)
-    assert _manager(tmp_path).cached_path(url).read_bytes() == data
+    url = http_server.add(unique_path("steer"), data, **SLOW)
+    assert parts_manager(tmp_path).cached_path(url).read_bytes() == data
     assert counts["write"] >= 100, counts  # 16 KiB chunks
     assert counts["steer"] < counts["write"] / 2, counts  # it woke on every write before
 
@@ -749,7 +747,7 @@ def test_once_a_partial_is_adopted_other_dead_writers_partials_go(
     """Two processes without a lock fetch the same object and are killed: the next call
     resumes one writer's file and removes the other's, with its record."""
     data = _data(16)
-    url = http_server.add(_path("two-dead"), data, **SLOWER)
+    url = http_server.add(unique_path("two-dead"), data, **SLOWER)
     results = FORK.Queue()
     children = [
         FORK.Process(target=_race_child, args=(url, str(tmp_path), results, "none")) for _ in range(2)
@@ -764,7 +762,7 @@ def test_once_a_partial_is_adopted_other_dead_writers_partials_go(
         for child in children:
             os.kill(child.pid or 0, signal.SIGKILL)
             child.join(10)
-    assert _manager(tmp_path).cached_path(url).read_bytes() == data
+    assert parts_manager(tmp_path).cached_path(url).read_bytes() == data
     assert stray_files(tmp_path) == []
     assert not [n for n in os.listdir(tmp_path) if n.endswith(".parts")]
 
@@ -861,8 +859,8 @@ def test_a_planted_deeply_nested_sidecar_is_a_miss(http_server: FaultServer, tmp
     from framework.download._cache import Entry
 
     data = _data(2)
-    url = http_server.add(_path("sidecar"), data)
-    manager = _manager(tmp_path)
+    url = http_server.add(unique_path("sidecar"), data)
+    manager = parts_manager(tmp_path)
     assert manager.cached_path(url).read_bytes() == data
     Entry(tmp_path, url).sidecar.write_text("[" * 5000)
     assert manager.cached_path(url).read_bytes() == data  # fetched again, not a RecursionError
@@ -874,8 +872,8 @@ def test_a_server_refusing_more_connections_is_served_with_fewer(
     """503 beyond two bodies at once: the refused connections hand their part back and
     stop; the fetch completes over the two the server serves."""
     data = _data(16)
-    url = http_server.add(_path("busy"), data, busy_over=2, **SLOW)
-    manager = _manager(tmp_path, connections=8, retries=1)
+    url = http_server.add(unique_path("busy"), data, busy_over=2, **SLOW)
+    manager = parts_manager(tmp_path, connections=8, retries=1)
     assert manager.cached_path(url).read_bytes() == data
     route = http_server.route(url)
     assert route.refused >= 1  # the ramp did ask for more than the server serves
@@ -887,11 +885,11 @@ def test_a_one_stream_call_resumes_a_parallel_partial_and_leaves_no_record(
     http_server: FaultServer, tmp_path: Path
 ) -> None:
     data = _data(16)
-    url = http_server.add(_path("kill-then-one"), data, **SLOWER)
+    url = http_server.add(unique_path("kill-then-one"), data, **SLOWER)
     route = _kill_once_recorded(http_server, url, tmp_path, 4)
     route.body_bytes, route.delay, route.chunk = 0, 0.0, 1 << 20  # a fast link: one stream fills it
     still_to_come = _still_to_come(tmp_path, len(data))
-    assert _manager(tmp_path, connections=1).cached_path(url).read_bytes() == data
+    assert parts_manager(tmp_path, connections=1).cached_path(url).read_bytes() == data
     assert route.body_bytes == still_to_come < len(data)
     assert stray_files(tmp_path) == []
     assert not [n for n in os.listdir(tmp_path) if n.endswith(".parts")]
@@ -899,17 +897,17 @@ def test_a_one_stream_call_resumes_a_parallel_partial_and_leaves_no_record(
 
 def test_resume_of_another_version_starts_over(http_server: FaultServer, tmp_path: Path) -> None:
     old, new = _data(8), _data(8)
-    url = http_server.add(_path("resume-swap"), old, etag='"v1"', **SLOWER)
+    url = http_server.add(unique_path("resume-swap"), old, etag='"v1"', **SLOWER)
     route = _kill_once_recorded(http_server, url, tmp_path, 3)
     assert 3 <= _parts_done(tmp_path) < 8  # killed before it was complete
     route.data, route.etag, route.delay = new, '"v2"', 0.0
-    assert _manager(tmp_path).cached_path(url).read_bytes() == new
+    assert parts_manager(tmp_path).cached_path(url).read_bytes() == new
     assert stray_files(tmp_path) == []
 
 
 def _race_child(url: str, cache: str, results: Any, lock: str = "filelock") -> None:
     try:
-        path = _manager(Path(cache), lock=lock).cached_path(url)
+        path = parts_manager(Path(cache), lock=lock).cached_path(url)
         results.put(hashlib.sha256(path.read_bytes()).hexdigest())
     except BaseException as error:
         results.put(repr(error))
@@ -917,7 +915,7 @@ def _race_child(url: str, cache: str, results: Any, lock: str = "filelock") -> N
 
 def test_racing_processes_fetch_one_copy(http_server: FaultServer, tmp_path: Path) -> None:
     data = _data(12)
-    url = http_server.add(_path("race"), data, delay=0.001)
+    url = http_server.add(unique_path("race"), data, delay=0.001)
     results = FORK.Queue()
     procs = [FORK.Process(target=_race_child, args=(url, str(tmp_path), results)) for _ in range(4)]
     for proc in procs:
@@ -937,7 +935,7 @@ def test_racing_processes_without_a_lock_each_publish_whole_bytes(
     http_server: FaultServer, tmp_path: Path
 ) -> None:
     data = _data(12)
-    url = http_server.add(_path("race-nolock"), data, delay=0.001)
+    url = http_server.add(unique_path("race-nolock"), data, delay=0.001)
     results = FORK.Queue()
     procs = [FORK.Process(target=_race_child, args=(url, str(tmp_path), results, "none")) for _ in range(3)]
     for proc in procs:
@@ -995,7 +993,7 @@ def test_s3_parts_over_several_connections(bucket: str, s3_env: str, tmp_path: P
     data = _data(6.5)
     boto3.client("s3", endpoint_url=s3_env).put_object(Bucket=bucket, Key="big.bin", Body=data)
     backend = _s3_backend()
-    path = _manager(tmp_path, backends={"s3": backend}).cached_path(f"s3://{bucket}/big.bin")
+    path = parts_manager(tmp_path, backends={"s3": backend}).cached_path(f"s3://{bucket}/big.bin")
     assert path.read_bytes() == data
     assert backend.ends[0] == 1 << 62  # the first request: one stream that may go on to the end
     # then one ranged get per part, for the parts the first stream did not reach
@@ -1017,7 +1015,7 @@ def test_s3_fast_object_is_one_request(bucket: str, s3_env: str, tmp_path: Path)
             ends.append(end)
             return super().open(url, offset, if_range=if_range, end=end)
 
-    manager = _manager(tmp_path, connections=16, backends={"s3": Counting()})
+    manager = parts_manager(tmp_path, connections=16, backends={"s3": Counting()})
     assert manager.cached_path(f"s3://{bucket}/fast.bin").read_bytes() == data
     assert ends == [1 << 62]
 
@@ -1034,7 +1032,7 @@ def test_s3_swap_mid_fetch_is_refused_by_if_match(bucket: str, s3_env: str, tmp_
             client.put_object(Bucket=bucket, Key="swap.bin", Body=new)
 
     backend = _s3_backend(swap)
-    path = _manager(tmp_path, connections=2, backends={"s3": backend}).cached_path(f"s3://{bucket}/swap.bin")
+    path = parts_manager(tmp_path, connections=2, backends={"s3": backend}).cached_path(f"s3://{bucket}/swap.bin")
     assert sha256(path.read_bytes()) == sha256(new)
     assert stray_files(tmp_path) == []
 
@@ -1096,7 +1094,7 @@ def test_s3_checksum_of_a_whole_object_is_still_checked(
     boto3.client("s3", endpoint_url=s3_env).put_object(Bucket=bucket, Key="flip.bin", Body=data)
     with PacedProxy(int(s3_env.rsplit(":", 1)[1]), chunk=64 * 1024, delay=0.0, flip_at=500_000) as proxy:
         backend = S3Backend(endpoint_url=proxy.url, retries=1, backoff_factor=0.01)
-        manager = _manager(tmp_path, connections=connections, backends={"s3": backend})
+        manager = parts_manager(tmp_path, connections=connections, backends={"s3": backend})
         with pytest.raises(ChecksumError, match="S3 checksum mismatch"):
             manager.cached_path(f"s3://{bucket}/flip.bin")
         manager.close()
@@ -1110,7 +1108,7 @@ def test_waiters_see_the_parts_arrive(http_server: FaultServer, tmp_path: Path) 
     from framework.download._publish import partial_bytes
 
     data = _data(16)
-    url = http_server.add(_path("progress"), data, delay=0.01)
+    url = http_server.add(unique_path("progress"), data, delay=0.01)
     child = FORK.Process(target=_fetch_child, args=(url, str(tmp_path)))
     child.start()
     final = Entry(tmp_path, url).final

@@ -347,21 +347,37 @@ def test_ctrl_c_stops_cleanly(tmp_path: Path, cli_env: dict[str, str]) -> None:
         [sys.executable, "-m", "framework", "run", str(config), "--no-progress"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env,
     )  # fmt: skip
+    workers: set[int] = set()
+
+    def kill(pids: Any) -> None:
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
     try:
         deadline = time.monotonic() + 60  # start-up imports torch: seconds on a busy machine
         while len(list(pids.iterdir())) < 2 and process.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
         workers = {int(path.name) for path in pids.iterdir()}
-        assert len(workers) == 2 and process.poll() is None, process.communicate()
+        if len(workers) != 2 or process.poll() is not None:
+            kill([*workers, process.pid])
+            process.wait(timeout=10)
+            pytest.fail(f"the run did not start both workers: {sorted(workers)}; {process.stderr.read()}")
         assert process.pid not in workers  # the tokenizer runs in the workers
         process.send_signal(signal.SIGINT)
-        _, err = process.communicate(timeout=20)
+        process.wait(timeout=20)
     finally:
         if process.poll() is None:
-            process.kill()
-    assert process.returncode == 130, err
-    assert "framework run: error: interrupted" in err
+            kill([*workers, process.pid])
+            process.wait(timeout=10)
     deadline = time.monotonic() + 5
     while any(alive(pid) for pid in workers) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not any(alive(pid) for pid in workers), "a worker outlived the interrupted run"
+    left = [pid for pid in workers if alive(pid)]
+    kill(left)  # they hold the run's pipes: read its stderr once they are gone
+    _, err = process.communicate(timeout=10)
+    assert process.returncode == 130, err
+    assert "framework run: error: interrupted" in err
+    assert not left, "a worker outlived the interrupted run"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -203,32 +204,38 @@ if __name__ == "__main__":
 
 
 def start_script(tmp_path: Path, text: str) -> subprocess.Popen[str]:
-    """Run the script `text` until it prints READY."""
+    """Run the script `text` until it prints READY (at most 60 s: else it is killed)."""
     script = tmp_path / "main.py"
     script.write_text(text)
     process = subprocess.Popen(
         [sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
     assert process.stdout is not None
-    line = process.stdout.readline().strip()
-    if line != "READY":
-        process.kill()
-        out, err = process.communicate()
-        raise AssertionError(f"the script did not get going: {line!r} {out!r}\n{err}")
+    line = process.stdout.readline() if select.select([process.stdout], [], [], 60)[0] else ""
+    if line.strip() != "READY":
+        end_script(process, child_pids(process.pid))
+        raise AssertionError(f"the script did not get going: {line!r}; {process.stderr.read()}")
     return process
 
 
-def assert_workers_die_with(process: subprocess.Popen[str], workers: set[int]) -> None:
-    """SIGKILL `process`; its `workers` must be gone within 10 s (any left are killed)."""
+def end_script(process: subprocess.Popen[str], workers: set[int]) -> list[int]:
+    """SIGKILL `process` and, once given 10 s to go with it, any of its `workers` left
+    (they hold its pipes); which were left."""
     process.kill()
-    process.communicate(timeout=10)
+    process.wait(timeout=10)
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and any(alive(pid) for pid in workers):
         time.sleep(0.1)
     left = [pid for pid in workers if alive(pid)]
     for pid in left:
         os.kill(pid, signal.SIGKILL)
-    assert not left, "workers outlived the main process"
+    return left
+
+
+def assert_workers_die_with(process: subprocess.Popen[str], workers: set[int]) -> None:
+    """SIGKILL `process`; its `workers` must be gone within 10 s."""
+    assert not end_script(process, workers), "workers outlived the main process"
+    process.communicate(timeout=10)
 
 
 @pytest.mark.parametrize("method", ["fork", "spawn"])
@@ -332,7 +339,12 @@ def test_ctrl_c_caught_outside_the_loop_leaves_the_workers_working(tmp_path: Pat
         [sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         start_new_session=True,  # its own process group: the SIGINT reaches nothing else
     )
-    out, err = process.communicate(timeout=60)
+    try:
+        out, err = process.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)  # the script and its workers
+        out, err = process.communicate(timeout=10)
+        pytest.fail(f"the script did not end in 60 s: {out!r}\n{err[-2000:]}")
     assert "CAUGHT" in out and "BATCHES 20" in out, (out, err[-2000:])
 
 

@@ -322,6 +322,14 @@ def parts_manager(cache: Path, connections: Optional[int] = 4, **options: Any) -
     )
 
 
+def end_child(child: Any) -> None:
+    """Wait up to 10 s for a test's child process, then kill it: a failing test leaks none."""
+    child.join(10)
+    if child.is_alive():
+        child.kill()
+        child.join(10)
+
+
 def stray_files(folder: Path) -> list[str]:
     """Temporary or partial files left in a cache folder."""
     if not folder.exists():

@@ -18,6 +18,7 @@ from dl_helpers import (
     SLOW,
     FaultServer,
     PacedProxy,
+    end_child,
     parts_manager,
     sha256,
     stray_files,
@@ -356,7 +357,7 @@ def _kill_once_recorded(http_server: FaultServer, url: str, cache: Path, parts: 
         wait_for(lambda: _parts_done(cache) >= parts, what=f"{parts} parts recorded")
         os.kill(child.pid or 0, signal.SIGKILL)
     finally:
-        child.join(10)
+        end_child(child)
         route.hold_after = None
         route.released.set()
     wait_for(lambda: route.in_flight == 0, what="the killed child's answers to end")
@@ -436,9 +437,7 @@ def test_ctrl_c_with_a_stalled_connection_returns_and_keeps_the_bytes(
         outcome, _took, helpers = results.get(timeout=20)
         returned_after = time.monotonic() - sent
     finally:
-        child.join(10)
-        if child.is_alive():
-            child.kill()
+        end_child(child)
     assert outcome == "interrupted"
     assert returned_after < 15  # the stalled read would have held it 30 s
     assert not [name for name in helpers if name.endswith(("hash", "record"))]
@@ -518,7 +517,7 @@ def test_ctrl_c_during_the_final_hash_then_a_new_version(http_server: FaultServe
         assert results.get(timeout=20)[0] == "returned"
         outcome, helpers = results.get(timeout=20)
     finally:
-        child.join(10)
+        end_child(child)
     assert outcome == "interrupted"
     assert not [name for name in helpers if name.endswith(("hash", "record"))]  # the hash stopped
     route = http_server.route(url)
@@ -543,7 +542,7 @@ def test_ctrl_c_during_the_publishing_fsync_keeps_the_parts(http_server: FaultSe
         outcome, hashed = results.get(timeout=20)
         assert (outcome, results.get(timeout=20)[0]) == ("returned", "interrupted")
     finally:
-        child.join(10)
+        end_child(child)
     assert hashed < 8  # it came back without waiting for the hash (8 updates, 4 s)
     assert _parts_done(tmp_path) == 8
     route = http_server.route(url)
@@ -761,7 +760,7 @@ def test_once_a_partial_is_adopted_other_dead_writers_partials_go(
     finally:
         for child in children:
             os.kill(child.pid or 0, signal.SIGKILL)
-            child.join(10)
+            end_child(child)
     assert parts_manager(tmp_path).cached_path(url).read_bytes() == data
     assert stray_files(tmp_path) == []
     assert not [n for n in os.listdir(tmp_path) if n.endswith(".parts")]
@@ -811,7 +810,7 @@ def test_the_orphan_with_the_most_progress_is_adopted_and_the_others_go(tmp_path
     ]:
         child = FORK.Process(target=_dead_writer, args=(str(final), size, done, reached, record))
         child.start()
-        child.join(10)
+        end_child(child)
     resumed = adopt_parts(final)
     assert resumed is not None
     try:

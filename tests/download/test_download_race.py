@@ -79,6 +79,19 @@ def _download_child(url: str, cache: str, connections: Optional[int] = None) -> 
     DownloadManager(cache, progress=False, connections=connections).cached_path(url)
 
 
+def _largest_partial(cache: Path) -> int:
+    """The size of the largest partial file in `cache` (0 if none). The fetch renames its
+    partial file once it knows the version, so one listed may be gone when it is stat'ed."""
+    sizes = [0]
+    for path in cache.iterdir() if cache.exists() else []:
+        if path.name.endswith(".part"):
+            try:
+                sizes.append(path.stat().st_size)
+            except FileNotFoundError:
+                pass
+    return max(sizes)
+
+
 def test_sigkill_mid_body_then_offline_then_resume(http_server: FaultServer, cache: Path) -> None:
     data = os.urandom(4 << 20)
     url = http_server.add("/kill/data.bin", data, chunk=32 * 1024, delay=0.01)
@@ -86,13 +99,7 @@ def test_sigkill_mid_body_then_offline_then_resume(http_server: FaultServer, cac
     proc = FORK.Process(target=_download_child, args=(url, str(cache), 1))
     proc.start()
     try:
-        wait_for(
-            lambda: any(
-                p.name.endswith(".part") and p.stat().st_size > 256 * 1024
-                for p in (cache.iterdir() if cache.exists() else [])
-            ),
-            what="a partial file",
-        )
+        wait_for(lambda: _largest_partial(cache) > 256 * 1024, what="a partial file")
     finally:
         os.kill(proc.pid, signal.SIGKILL)
         proc.join(timeout=10)

@@ -7,6 +7,7 @@ import bisect
 import collections
 import errno
 import logging
+import math
 import os
 import threading
 import time
@@ -29,6 +30,10 @@ logger = logging.getLogger("framework.download")
 # How long an interrupted fetch waits for its connections before it returns: one blocked in
 # a read is left to its read timeout (on a daemon thread that writes nothing more).
 STOP_WAIT_S: Final = 1.0
+# A request asks for at least this many times the bytes its connection receives while a
+# request waits for its answer (the server's first-byte latency and the request's CPU on
+# both ends): the wait is then at most a fifth of the request's time (see `_paying_run`).
+PAYING_RUN: Final = 4
 # Module-level so a test can inject a write failure (ENOSPC), as `_pipeline._writev`.
 _pwrite = os.pwrite
 
@@ -40,7 +45,7 @@ class VersionChanged(Exception):
 
 
 
-@attrs.define
+@attrs.define(eq=False)  # identity: kept in a set
 class _Connection:
     """One thread: its standing with the ramp, and where it is."""
 
@@ -57,8 +62,9 @@ class Engine:
     Parts are claimed lowest first, so the hashed prefix grows as they arrive. A
     connection claims a run of parts and asks for it in one request: its share of what
     is left (guided self-scheduling), at most `run_parts` parts, so requests are large
-    while much is left and one part each at the end, where the connections then finish
-    together and the hash has little left once the last byte is in. While a connection
+    while much is left and small at the end, where the connections then finish together
+    and the hash has little left once the last byte is in. Small, not tiny: a request is
+    worth its wait for an answer (`_paying_run`). While a connection
     is alone it asks for the whole run of missing parts ahead instead and goes on part
     after part (one stream is one request); the first answer is such a stream. When
     another connection claims the next part, the stream stops at the part's end.
@@ -94,6 +100,10 @@ class Engine:
         self.live = 0  # connections running
         self.waiting = 0  # of those, ones that have not had a byte of their first answer yet
         self.writing = 0  # of those, ones in a pwrite now
+        self.first_written_at = 0.0  # when this run's first bytes were written
+        self.waits = 0.0  # seconds that requests of this run took to be answered, all together
+        self.answers = 0  # how many of them
+        self.connections: set[_Connection] = set()  # the live ones
         self.ramp = Ramp(1)
         # The connection whose request runs on to the end of the missing parts (it was alone
         # when it asked): when others join, it claims a run first and goes on uncut.
@@ -214,10 +224,28 @@ class Engine:
             connection.last = self.todo.popleft()
 
     def _share(self, connections: int) -> int:
-        """How many parts a run claimed now holds: what is left, divided among the
-        connections there are or will soon be, at least one, at most `run_parts` (under
-        the lock)."""
-        return max(1, min(self.run_parts, len(self.todo) // max(connections, self.ramp.target)))
+        """How many parts a run claimed now holds (under the lock): what is left, divided
+        among the connections there are or will soon be, at most `run_parts`. At least
+        `_paying_run`, unless that is more than an even share of all that is not yet
+        written, claimed or not: the last runs still end together."""
+        connections = max(connections, self.ramp.target)
+        unwritten = len(self.todo) + sum(other.last - other.index for other in self.connections)
+        floor = min(self._paying_run(), max(1, unwritten // connections))
+        return min(self.run_parts, max(floor, len(self.todo) // connections))
+
+    def _paying_run(self) -> int:
+        """The fewest parts a request should ask for (under the lock): `PAYING_RUN` times
+        what a connection receives, at the rate each has had so far, while a request
+        waits for its answer, on average so far; one part before both are known. Smaller
+        requests spend much of their time waiting: from a server far away or slow to
+        answer, a tail of one-part requests leaves the link idle, and costs a request's
+        CPU on both ends each time."""
+        elapsed = self.written_at - self.first_written_at
+        if not self.answers or elapsed <= 0:
+            return 1
+        per_connection = self.received / elapsed / max(1, self.ramp.target)
+        wanted = PAYING_RUN * self.waits / self.answers * per_connection
+        return max(1, math.ceil(wanted / self.plan.part_size))
 
     def _wind_down(self, workers: list[threading.Thread], complete: bool) -> None:
         """Wait for the workers (at most `STOP_WAIT_S` once stopped: one blocked in a read
@@ -276,8 +304,9 @@ class Engine:
     def _work(self, first: Optional[ByteStream]) -> None:
         connection = _Connection()
         stream = first
-        if first is not None:
-            with self.lock:
+        with self.lock:
+            self.connections.add(connection)
+            if first is not None:
                 self.open_ended = connection  # the first answer runs to the end
         try:
             index = 0 if first is not None else self._claim(connection)
@@ -298,6 +327,7 @@ class Engine:
         """Count `connection` out (under the lock); once only."""
         if connection.live:
             connection.live = False
+            self.connections.discard(connection)
             self.live -= 1
             self.waiting -= connection.waiting
             self._close_fd()
@@ -376,7 +406,11 @@ class Engine:
             try:
                 if stream is None:
                     stream_end = self._run_end(connection)
+                    asked = time.monotonic()
                     stream = self._open(connection.position, stream_end)
+                    with self.lock:
+                        self.waits += time.monotonic() - asked
+                        self.answers += 1
                 with stream:
                     self._check(stream, connection.position)
                     if self._write(stream, stream_end, connection):
@@ -453,6 +487,8 @@ class Engine:
                     self.partial.offset += len(piece)
                     self.received += len(piece)
                     self.written_at = time.monotonic()
+                    if not self.first_written_at:
+                        self.first_written_at = self.written_at
                     self.waiting -= connection.waiting
                     connection.waiting = False
                     if self.bar is not None:

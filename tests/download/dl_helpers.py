@@ -60,6 +60,7 @@ class Route:
     head_status: Optional[int] = None  # HEAD is answered with this (405: a server without HEAD)
     chunk: int = 64 * 1024
     delay: float = 0.0  # seconds per chunk
+    answer_wait: float = 0.0  # seconds before each answer to a ranged GET: a server far away
     gets: int = 0
     full_gets: int = 0  # GETs that started at byte 0
     heads: int = 0
@@ -182,6 +183,8 @@ class _Handler(BaseHTTPRequestHandler):
             with self.server.lock:
                 route.full_gets += 1
         body = data[start:stop]
+        if range_header and route.answer_wait:
+            time.sleep(route.answer_wait)
         self.send_response(status)
         if route.gzip_whole and status == 200:
             body = gzip.compress(body, compresslevel=1)

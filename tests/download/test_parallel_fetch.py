@@ -148,6 +148,37 @@ def test_requests_ask_for_a_shrinking_share_of_what_is_left(
     assert len(data) <= route.body_bytes <= len(data) + 2 * SLOW["chunk"]
 
 
+def test_a_server_slow_to_answer_gets_fewer_larger_requests(
+    http_server: FaultServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same object from a server that answers at once and from one that waits 0.2 s
+    before each answer (a server far away): from the far one, the last requests still
+    shrink (so both connections finish together) but not down to one part each, as a
+    request that small would spend most of its time waiting."""
+    from framework.download import _parallel
+
+    monkeypatch.setattr(_parallel, "_PART", 64 * 1024)
+    data = os.urandom(4 << 20)
+    sizes: dict[float, list[int]] = {}
+    for wait in (0.0, 0.2):
+        url = http_server.add(unique_path(f"wait{wait}"), data, answer_wait=wait, **SLOW)
+        manager = DownloadManager(
+            tmp_path / str(wait), connections=2, part_size=1 << 20, backoff_factor=0.01, progress=False
+        )
+        assert manager.cached_path(url).read_bytes() == data
+        route = http_server.route(url)
+        later = [tuple(int(n) for n in r[len("bytes=") :].split("-")) for r in route.ranges[1:]]
+        sizes[wait] = [(last + 1 - first) // (64 * 1024) for first, last in later]
+        assert len(data) <= route.body_bytes <= len(data) + 2 * SLOW["chunk"]
+    near, far = sizes[0.0], sizes[0.2]
+    assert min(near) <= 2, near  # guided self-scheduling, down to a part or two
+    # 4 x 0.2 s at ~2 MiB/s is ~24 parts: at least two parts a request, but for the last
+    # one or two (an even share of the few parts left)
+    assert len(far) < len(near), (near, far)
+    assert min(far[:-2]) >= 2, far
+    assert far[-1] <= 8, far  # the last run is a share of what was left, not a whole paying run
+
+
 def test_ramp_waits_for_the_new_connections_first_bytes() -> None:
     from framework.download._ramp import Ramp
 

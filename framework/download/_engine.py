@@ -9,6 +9,7 @@ import errno
 import logging
 import math
 import os
+import statistics
 import threading
 import time
 from typing import Any, Final, Iterator, Optional
@@ -101,8 +102,7 @@ class Engine:
         self.waiting = 0  # of those, ones that have not had a byte of their first answer yet
         self.writing = 0  # of those, ones in a pwrite now
         self.first_written_at = 0.0  # when this run's first bytes were written
-        self.waits = 0.0  # seconds that requests of this run took to be answered, all together
-        self.answers = 0  # how many of them
+        self.waits: list[float] = []  # seconds each request of this run took to be answered
         self.connections: set[_Connection] = set()  # the live ones
         self.ramp = Ramp(1)
         # The connection whose request runs on to the end of the missing parts (it was alone
@@ -236,15 +236,16 @@ class Engine:
     def _paying_run(self) -> int:
         """The fewest parts a request should ask for (under the lock): `PAYING_RUN` times
         what a connection receives, at the rate each has had so far, while a request
-        waits for its answer, on average so far; one part before both are known. Smaller
-        requests spend much of their time waiting: from a server far away or slow to
-        answer, a tail of one-part requests leaves the link idle, and costs a request's
-        CPU on both ends each time."""
+        waits for its answer (the median wait so far: one retried after a 503 and its
+        Retry-After does not count as the server's latency); one part before both are
+        known. Smaller requests spend much of their time waiting: from a server far away
+        or slow to answer, a tail of one-part requests leaves the link idle, and costs a
+        request's CPU on both ends each time."""
         elapsed = self.written_at - self.first_written_at
-        if not self.answers or elapsed <= 0:
+        if not self.waits or elapsed <= 0:
             return 1
         per_connection = self.received / elapsed / max(1, self.ramp.target)
-        wanted = PAYING_RUN * self.waits / self.answers * per_connection
+        wanted = PAYING_RUN * statistics.median_low(self.waits) * per_connection
         return max(1, math.ceil(wanted / self.plan.part_size))
 
     def _wind_down(self, workers: list[threading.Thread], complete: bool) -> None:
@@ -408,10 +409,13 @@ class Engine:
                     stream_end = self._run_end(connection)
                     asked = time.monotonic()
                     stream = self._open(connection.position, stream_end)
-                    with self.lock:
-                        self.waits += time.monotonic() - asked
-                        self.answers += 1
+                    waited: Optional[float] = time.monotonic() - asked
+                else:
+                    waited = None  # the first answer: asked before the engine began
                 with stream:
+                    if waited is not None:
+                        with self.lock:
+                            self.waits.append(waited)
                     self._check(stream, connection.position)
                     if self._write(stream, stream_end, connection):
                         return

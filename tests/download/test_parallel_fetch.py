@@ -179,6 +179,28 @@ def test_a_server_slow_to_answer_gets_fewer_larger_requests(
     assert far[-1] <= 8, far  # the last run is a share of what was left, not a whole paying run
 
 
+def test_a_request_retried_after_a_refusal_does_not_count_as_the_servers_wait() -> None:
+    """A request that waited out a 503's Retry-After inside the HTTP client took a second
+    to be answered; the server's wait is still the median of the answers', so the runs
+    of a near server stay small. A far server's waits make them larger."""
+    from types import SimpleNamespace
+
+    from framework.download._engine import Engine
+
+    def paying_run(waits: list[float]) -> int:
+        # 8 MiB/s over 2 connections, 1 MiB parts
+        engine = SimpleNamespace(
+            written_at=2.0, first_written_at=1.0, received=8 << 20, waits=waits,
+            ramp=SimpleNamespace(target=2), plan=SimpleNamespace(part_size=1 << 20),
+        )  # fmt: skip
+        return Engine._paying_run(engine)  # type: ignore[arg-type]
+
+    assert paying_run([]) == 1  # nothing measured yet
+    assert paying_run([0.002] * 10 + [1.0]) == 1  # 4 x 2 ms x 4 MiB/s: a part
+    assert paying_run([0.002, 1.0]) == 1
+    assert paying_run([0.2] * 5 + [0.002]) == 4  # 4 x 0.2 s x 4 MiB/s = 3.2 MiB: 4 parts
+
+
 def test_ramp_waits_for_the_new_connections_first_bytes() -> None:
     from framework.download._ramp import Ramp
 

@@ -35,6 +35,7 @@ STOP_WAIT_S: Final = 1.0
 # request waits for its answer (the server's first-byte latency and the request's CPU on
 # both ends): the wait is then at most a fifth of the request's time (see `_paying_run`).
 PAYING_RUN: Final = 4
+_WAITS_KEPT: Final = 64
 # Module-level so a test can inject a write failure (ENOSPC), as `_pipeline._writev`.
 _pwrite = os.pwrite
 
@@ -46,11 +47,11 @@ class VersionChanged(Exception):
 
 
 
-@attrs.define(eq=False)  # identity: kept in a set
+@attrs.define(eq=False)  # identity: kept in `Engine.connections`
 class _Connection:
-    """One thread: its standing with the ramp, and where it is."""
+    """One thread: its standing with the ramp, and where it is; live while it is in
+    `Engine.connections`."""
 
-    live: bool = True  # counted in `_Engine.live`
     waiting: bool = True  # no byte of its first answer yet (the ramp measures from the first)
     index: int = 0  # the part it fetches
     last: int = 0  # the last part of the run it holds (its request ends there)
@@ -98,12 +99,13 @@ class Engine:
         self.errors: list[BaseException] = []
         self.received = 0  # bytes written by this run
         self.written_at = 0.0  # when the last of them were (time.monotonic)
-        self.live = 0  # connections running
+        self.connections: set[_Connection] = set()  # the live ones: their count is `live`
         self.waiting = 0  # of those, ones that have not had a byte of their first answer yet
         self.writing = 0  # of those, ones in a pwrite now
         self.first_written_at = 0.0  # when this run's first bytes were written
-        self.waits: list[float] = []  # seconds each request of this run took to be answered
-        self.connections: set[_Connection] = set()  # the live ones
+        # Seconds each recent request of this run took to be answered (a window: the median
+        # of a short list, taken at each claim, stays cheap however many requests there are).
+        self.waits: collections.deque[float] = collections.deque(maxlen=_WAITS_KEPT)
         self.ramp = Ramp(1)
         # The connection whose request runs on to the end of the missing parts (it was alone
         # when it asked): when others join, it claims a run first and goes on uncut.
@@ -121,6 +123,11 @@ class Engine:
             self.hasher.stop()
             self.recorder.close(flush=False)
             raise
+
+    @property
+    def live(self) -> int:
+        """How many connections are running (under the lock)."""
+        return len(self.connections)
 
     def _reached(self) -> dict[int, int]:
         with self.lock:
@@ -214,7 +221,7 @@ class Engine:
         claims its share first, so it goes on uncut (cutting a stream closes its
         connection and wastes what is in flight), and they claim after it (under the lock)."""
         connection, self.open_ended = self.open_ended, None
-        if connection is not None and connection.live:
+        if connection is not None and connection in self.connections:
             self._extend_run(connection, self._share(connections))
 
     def _extend_run(self, connection: _Connection, share: int) -> None:
@@ -280,17 +287,20 @@ class Engine:
     def _start(self, first: Optional[ByteStream]) -> Optional[threading.Thread]:
         """Start a worker (on `first` if given). None if the system refuses another
         thread while others run: the ramp keeps to those (raised for the first one)."""
+        connection = _Connection()
         with self.lock:
-            self.live += 1
+            self.connections.add(connection)
             self.waiting += 1
+            if first is not None:
+                self.open_ended = connection  # the first answer runs to the end
         worker = threading.Thread(
-            target=self._work, args=(first,), name=f"framework-parallel-{self.live}", daemon=True
+            target=self._work, args=(connection, first), name=f"framework-parallel-{self.live}", daemon=True
         )
         try:
             worker.start()
         except BaseException as error:
             with self.lock:
-                self.live -= 1
+                self.connections.discard(connection)
                 self.waiting -= 1
                 self._close_fd()
                 # The first worker, another error, or nobody left to fetch what remains: fail.
@@ -302,13 +312,8 @@ class Engine:
             return None
         return worker
 
-    def _work(self, first: Optional[ByteStream]) -> None:
-        connection = _Connection()
+    def _work(self, connection: _Connection, first: Optional[ByteStream]) -> None:
         stream = first
-        with self.lock:
-            self.connections.add(connection)
-            if first is not None:
-                self.open_ended = connection  # the first answer runs to the end
         try:
             index = 0 if first is not None else self._claim(connection)
             while index is not None and not self.stop.is_set():
@@ -326,10 +331,8 @@ class Engine:
 
     def _leave(self, connection: _Connection) -> None:
         """Count `connection` out (under the lock); once only."""
-        if connection.live:
-            connection.live = False
+        if connection in self.connections:
             self.connections.discard(connection)
-            self.live -= 1
             self.waiting -= connection.waiting
             self._close_fd()
             self.lock.notify_all()
@@ -339,7 +342,7 @@ class Engine:
         class); None when none is left or the ramp wants fewer connections (this one
         stops, counted out at once so that only the surplus stops)."""
         with self.lock:
-            if not (connection.live and self.todo and self.live <= self.ramp.target):
+            if not (connection in self.connections and self.todo and self.live <= self.ramp.target):
                 self._leave(connection)
                 return None
             connection.index = connection.last = self.todo.popleft()

@@ -152,9 +152,10 @@ class Engine:
             assert worker is not None  # the first one raises when it cannot start
             workers.append(worker)
             while self._steer(workers, remaining):
-                with self.lock:  # woken as a worker leaves or fails; Ctrl-C reaches this thread here
+                # Woken as a worker leaves, fails or has its first byte; Ctrl-C reaches this thread here.
+                with self.lock:
                     if self.live and not self.stop.is_set():
-                        self.lock.wait(0.1 if self.ramp.settled else 0.005)
+                        self.lock.wait(self.ramp.poll_s)
             if self.errors:
                 raise self.errors[0]
         except BaseException:
@@ -496,8 +497,11 @@ class Engine:
                     self.written_at = time.monotonic()
                     if not self.first_written_at:
                         self.first_written_at = self.written_at
-                    self.waiting -= connection.waiting
-                    connection.waiting = False
+                    if connection.waiting:
+                        self.waiting -= 1
+                        connection.waiting = False
+                        if not self.ramp.settled:
+                            self.lock.notify_all()  # the ramp measures from a first byte: now
                     if self.bar is not None:
                         self.bar.update(len(piece))
                 if position == end:

@@ -115,14 +115,64 @@ def test_ramp_decisions(rates: list[float], wanted: list[int]) -> None:
 
 def test_the_probe_does_not_count_the_bytes_that_came_with_the_answer() -> None:
     """The first chunk (100 kB, there as the answer came) took no time to come: the rate
-    is measured from it, 200 kB more in 20 ms (10 MB/s: 100 MB alone would take 10 s, so
-    20 connections), not 300 kB in 20 ms (which would make it 14)."""
+    is measured from it, 200 kB more in 20 ms (10 MB/s: 30 MB alone would take 3 s, so
+    6 connections), not 300 kB in 20 ms (which would make it 4). 3 s is near enough
+    the line to be measured for all of PROBE_S."""
     from framework.download._ramp import Ramp
 
     ramp = Ramp(cap=64)
-    assert ramp.update(0.0, 0.0, 10**5, 10**8, ready=True) == 1  # the first chunk: a measurement begins
-    assert ramp.update(0.01, 0.01, 2 * 10**5, 10**8, ready=True) == 1  # not PROBE_S yet
-    assert ramp.update(0.02, 0.02, 3 * 10**5, 10**8, ready=True) == 20
+    assert ramp.update(0.0, 0.0, 10**5, 3 * 10**7, ready=True) == 1  # the first chunk: a measurement begins
+    assert ramp.update(0.01, 0.01, 2 * 10**5, 3 * 10**7, ready=True) == 1  # not PROBE_S yet
+    assert ramp.update(0.02, 0.02, 3 * 10**5, 3 * 10**7, ready=True) == 6
+
+
+def test_the_first_chunks_second_write_begins_the_probe() -> None:
+    """The packet that brought the answer can reach the file as two writes a fraction of
+    a millisecond apart: the second one's 56 kB took no time to come either. Counted,
+    10 MB/s would look like 21 MB/s, and 100 MB would get 10 connections, not 20."""
+    from framework.download._ramp import Ramp
+
+    ramp = Ramp(cap=64)
+    assert ramp.update(0.0, 0.0, 7000, 10**8, ready=True) == 1  # the first write
+    assert ramp.update(0.0005, 0.0002, 63000, 10**8, ready=True) == 1  # the rest of its packet
+    assert ramp.update(0.0062, 0.0062, 123000, 10**8, ready=True) == 20
+
+
+def test_a_clearly_slow_stream_ends_the_probe_early() -> None:
+    """A stream that would take 10 s alone (20 times ALONE_S) is known once its writes
+    span PROBE_MIN_S: the first step comes 15 ms sooner than PROBE_S would have it."""
+    from framework.download._ramp import Ramp
+
+    ramp = Ramp(cap=64)
+    assert ramp.update(0.0, 0.0, 10**5, 10**8, ready=True) == 1
+    assert ramp.update(0.004, 0.004, 10**5 + 40000, 10**8, ready=True) == 1  # not PROBE_MIN_S yet
+    assert ramp.update(0.005, 0.005, 10**5 + 50000, 10**8, ready=True) == 20
+    assert ramp.poll_s == 0.005  # a step is measured next: the loop need not ask every millisecond
+
+
+def test_a_stream_near_the_line_is_measured_for_all_of_the_probe() -> None:
+    """2.5 s alone (5 times ALONE_S, under CLEARLY_SLOW): a short measurement could be
+    wrong by that much, so the probe runs its PROBE_S, polled every millisecond."""
+    from framework.download._ramp import Ramp
+
+    ramp = Ramp(cap=64)
+    assert ramp.poll_s == 0.005  # before the first byte: nothing is measured yet
+    assert ramp.update(0.0, 0.0, 10**5, 10**8, ready=True) == 1
+    assert ramp.poll_s == 0.001
+    for tick in range(1, 20):
+        now = tick / 1000
+        assert ramp.update(now, now, 10**5 + int(4e7 * now), 10**8, ready=True) == 1, now
+    assert ramp.update(0.02, 0.02, 10**5 + int(4e7 * 0.02), 10**8, ready=True) == 5
+    # a stream that stalls in the probe (no write since its first) is polled less often past it
+    stalled = Ramp(cap=64)
+    stalled.update(0.0, 0.0, 10**5, 10**8, ready=True)
+    assert stalled.update(0.01, 0.0, 10**5, 10**8, ready=True) == 1 and stalled.poll_s == 0.001
+    assert stalled.update(0.5, 0.0, 10**5, 10**8, ready=True) == 1 and stalled.poll_s == 0.005
+    # and a fast one (0.25 s alone) stays alone, settled: the loop then asks rarely
+    fast = Ramp(cap=64)
+    fast.update(0.0, 0.0, 10**5, 10**8, ready=True)
+    assert fast.update(0.02, 0.02, 10**5 + 8 * 10**6, 10**8, ready=True) == 1
+    assert fast.settled and fast.poll_s == 0.1
 
 
 def test_requests_ask_for_a_shrinking_share_of_what_is_left(

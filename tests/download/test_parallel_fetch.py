@@ -94,8 +94,11 @@ def test_the_ramp_grows_while_throughput_grows(http_server: FaultServer, tmp_pat
         ([6.7e5, 2e6, 4e6, 7.9e6, 9.5e6], [3, 6, 12, 16, 16]),
         # the link is full at 3: the step to 6 is undone
         ([6.7e5, 2e6, 2.1e6], [3, 6, 3]),
-        # from 12 to 16 can bring at most a third more: a sixth more keeps it, less undoes it
-        ([6.7e5, 2e6, 4e6, 7.9e6, 8.8e6], [3, 6, 12, 16, 12]),
+        # from 12 to 16 can bring at most a third more: a sixth more keeps it, less undoes
+        # it, to 12 and a quarter more (those wait for answers a fifth of their time)
+        ([6.7e5, 2e6, 4e6, 7.9e6, 8.8e6], [3, 6, 12, 16, 15]),
+        # the link is full at 8: the step to 16 is undone to 10
+        ([2.5e5, 2e6, 2.1e6], [8, 16, 10]),
     ],
 )
 def test_ramp_decisions(rates: list[float], wanted: list[int]) -> None:

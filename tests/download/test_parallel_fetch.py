@@ -129,28 +129,75 @@ def test_the_probe_does_not_count_the_bytes_that_came_with_the_answer() -> None:
     assert ramp.update(0.02, 0.02, 3 * 10**5, 3 * 10**7, ready=True) == 6
 
 
+def _replay(ramp: Any, writes: list[tuple[float, float, int]], remaining: int) -> list[int]:
+    """Ask `ramp` at each (now, at, received), in milliseconds and bytes."""
+    return [ramp.update(now / 1000, at / 1000, got, remaining, ready=True) for now, at, got in writes]
+
+
+def _steady(start_ms: float, first: int, stop_ms: float, rate: float) -> list[tuple[float, float, int]]:
+    """A write every millisecond after `start_ms` at `rate` bytes/s, asked right after each."""
+    return [
+        (start_ms + tick + 0.1, start_ms + tick, first + int(rate * tick / 1000))
+        for tick in range(1, int(stop_ms - start_ms) + 1)
+    ]
+
+
 def test_the_first_chunks_second_write_begins_the_probe() -> None:
     """The packet that brought the answer can reach the file as two writes a fraction of
     a millisecond apart: the second one's 56 kB took no time to come either. Counted,
-    10 MB/s would look like 21 MB/s, and 100 MB would get 10 connections, not 20."""
+    10 MB/s would look like 20 MB/s, and 100 MB would get 10 connections, not 20."""
     from framework.download._ramp import Ramp
 
-    ramp = Ramp(cap=64)
-    assert ramp.update(0.0, 0.0, 7000, 10**8, ready=True) == 1  # the first write
-    assert ramp.update(0.0005, 0.0002, 63000, 10**8, ready=True) == 1  # the rest of its packet
-    assert ramp.update(0.0062, 0.0062, 123000, 10**8, ready=True) == 20
+    writes = [(0.05, 0.0, 7000), (0.5, 0.2, 63000), *_steady(0.2, 63000, 5.2, 1e7)]
+    assert _replay(Ramp(cap=64), writes, 10**8) == [1] * 6 + [20]
 
 
 def test_a_clearly_slow_stream_ends_the_probe_early() -> None:
-    """A stream that would take 10 s alone (20 times ALONE_S) is known once its writes
-    span PROBE_MIN_S: the first step comes 15 ms sooner than PROBE_S would have it."""
+    """A stream that would take 10 s alone (20 times ALONE_S), its writes coming steadily,
+    is known once they span PROBE_MIN_S: the first step comes 15 ms sooner than PROBE_S
+    would have it."""
     from framework.download._ramp import Ramp
 
     ramp = Ramp(cap=64)
-    assert ramp.update(0.0, 0.0, 10**5, 10**8, ready=True) == 1
-    assert ramp.update(0.004, 0.004, 10**5 + 40000, 10**8, ready=True) == 1  # not PROBE_MIN_S yet
-    assert ramp.update(0.005, 0.005, 10**5 + 50000, 10**8, ready=True) == 20
+    writes = [(0.05, 0.0, 10**5), *_steady(0.0, 10**5, 5.0, 1e7)]
+    assert _replay(ramp, writes, 10**8) == [1] * 5 + [20]  # not at 4 ms: not PROBE_MIN_S yet
     assert ramp.poll_s == 0.005  # a step is measured next: the loop need not ask every millisecond
+
+
+def test_a_fast_stream_that_lost_the_cpu_is_not_taken_for_a_slow_one() -> None:
+    """Recorded (a hostile review, 4 busy loops on 2 cores): a loopback server's first
+    8 kB, then a whole 1 MiB read 0.86 ms later (not the rest of a packet: a stream that
+    fast), then the reader had no CPU for 7.7 ms and wrote 8 kB. Over that one gap the
+    rate looks 2,000 times too slow; it opened 16 connections at 8.7 ms and took 1.2 s
+    instead of 0.35 s. One long gap is not a steady trickle: the probe goes on."""
+    from framework.download._ramp import Ramp
+
+    ramp = Ramp(cap=16)
+    writes = [(0.058, 0.0, 7968), (1.163, 0.857, 1048576), (4.394, 0.857, 1048576), (8.686, 8.565, 1056544)]
+    assert _replay(ramp, writes, 134209760) == [1, 1, 1, 1]
+    # the stream goes on at 1 GB/s: it stays alone at the end of the probe
+    assert ramp.update(0.0206, 0.0205, 1056544 + 12 * 10**6, 120 * 10**6, ready=True) == 1
+    assert ramp.settled
+    # Recorded on S3 the same way: 4 MiB in with the probe's first write, then 13 ms with
+    # no CPU and one 64 KiB read (5 MB/s over that gap, 25 s alone)
+    s3 = Ramp(cap=16)
+    writes = [(0.05, 0.0, 4 << 20), (6.0, 0.0, 4 << 20), (13.1, 13.0, (4 << 20) + 65536)]
+    assert _replay(s3, writes, 124 << 20) == [1, 1, 1]
+
+
+def test_the_probe_does_not_decide_from_writes_that_span_a_moment() -> None:
+    """Recorded: the first 64 KiB came as 7971 B, 57512 B 0.11 ms later (the rest of the
+    packet) and 53 B at 1.36 ms; then the server stalled. At PROBE_S, 53 bytes over
+    1.25 ms said 42 kB/s: 16 connections. Writes that span less than half the probe say
+    too little: it waits for more."""
+    from framework.download._ramp import Ramp
+
+    ramp = Ramp(cap=16)
+    writes = [(0.05, 0.0, 7971), (1.16, 0.11, 65483), (2.25, 1.36, 65536), (20.79, 1.36, 65536)]
+    assert _replay(ramp, writes, 16711680) == [1, 1, 1, 1]
+    assert not ramp.settled
+    # the server comes back at 10 MB/s: 1.7 s alone, measured over the stall too
+    assert ramp.update(0.0301, 0.03, 65536 + 290000, 16 * 10**6, ready=True) == 4
 
 
 def test_a_stream_near_the_line_is_measured_for_all_of_the_probe() -> None:

@@ -99,6 +99,8 @@ def test_the_ramp_grows_while_throughput_grows(http_server: FaultServer, tmp_pat
         ([6.7e5, 2e6, 4e6, 7.9e6, 8.8e6], [3, 6, 12, 16, 15]),
         # the link is full at 8: the step to 16 is undone to 10
         ([2.5e5, 2e6, 2.1e6], [8, 16, 10]),
+        # 14 and a quarter more is past the cap: the undone step keeps the cap's 16
+        ([1.43e5, 1.5e6, 1.55e6], [14, 16, 16]),
     ],
 )
 def test_ramp_decisions(rates: list[float], wanted: list[int]) -> None:
@@ -198,6 +200,30 @@ def test_the_probe_does_not_decide_from_writes_that_span_a_moment() -> None:
     assert not ramp.settled
     # the server comes back at 10 MB/s: 1.7 s alone, measured over the stall too
     assert ramp.update(0.0301, 0.03, 65536 + 290000, 16 * 10**6, ready=True) == 4
+
+
+@pytest.mark.parametrize(
+    ("writes", "remaining", "wanted"),
+    [
+        # 5 s alone (10 times ALONE_S, over CLEARLY_SLOW's 8), writes every millisecond
+        ([(0.05, 0.0, 10**5), *_steady(0.0, 10**5, 5.0, 2e7)], 10**8, [1] * 5 + [10]),
+        # two gaps, the longer 3 of the 5 ms (under two thirds): steady enough
+        ([(0.05, 0.0, 10**5), (3.1, 3.0, 130000), (5.1, 5.0, 150000)], 10**8, [1, 1, 20]),
+        # the longer 4 of the 5 ms: one gap is most of the span, the probe goes on
+        ([(0.05, 0.0, 10**5), (4.1, 4.0, 140000), (5.1, 5.0, 150000)], 10**8, [1, 1, 1]),
+        # a second write of 100 kB within a millisecond is not the rest of a packet: counted,
+        # the rate (28 MB/s, 3.5 s alone) is not clearly slow, and the probe goes on
+        ([(0.05, 0.0, 7000), (0.4, 0.3, 107000), *_steady(0.3, 107000, 5.3, 1e7)], 10**8, [1] * 7),
+        # writes spanning 6 ms by the end of the probe (less than half of it) say too little
+        ([(0.05, 0.0, 10**5), (6.1, 6.0, 220000), (20.5, 6.0, 220000)], 4 * 10**7, [1, 1, 1]),
+    ],
+)
+def test_when_the_probe_may_end(
+    writes: list[tuple[float, float, int]], remaining: int, wanted: list[int]
+) -> None:
+    from framework.download._ramp import Ramp
+
+    assert _replay(Ramp(cap=64), writes, remaining) == wanted
 
 
 def test_a_stream_near_the_line_is_measured_for_all_of_the_probe() -> None:

@@ -76,6 +76,7 @@ class Route:
 class FaultServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
+    request_queue_size = 128  # not 5: a parallel fetch's SYNs beyond it would wait a second
 
     def __init__(self) -> None:
         super().__init__(("127.0.0.1", 0), _Handler)

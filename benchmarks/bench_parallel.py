@@ -12,9 +12,9 @@ object; each tool fetches it once, cold, through the proxy:
 - boto3 ``download_file`` (s3transfer: 8 MiB parts, 10 threads);
 - a calibration row: 16 plain threads of 8 MiB ranged GETs, no hash, no fsync (what
   the link, the proxy and the server allow on this machine);
-- ours (``DownloadManager``) with its defaults (the adaptive ramp, at most 20
-  connections open: 16 fetching, the rest for hand-overs), the same hashing in one pass
-  at the end instead of as parts complete, and with ``connections=1`` (one stream).
+- ours (``DownloadManager``) with its defaults (the adaptive ramp, at most 16
+  connections), the same hashing in one pass at the end instead of as parts complete,
+  and with ``connections=1`` (one stream).
 
 The rows take turns (one run of each, `--repeats` times, in a new seeded order each
 time), so that this machine's drift weighs on every row alike. Printed: median seconds,
@@ -385,13 +385,13 @@ def main() -> None:
         ("HTTP", "raw requests, one stream", raw_http),
         ("HTTP", "calibration: 16 plain threads, no hash", plain_threads(http_range)),
         ("HTTP", "ours, connections=1", ours(http_url, 1)),
-        ("HTTP", "ours, default (adaptive, cap 20)", ours(http_url, None)),
+        ("HTTP", "ours, default (adaptive, cap 16)", ours(http_url, None)),
         ("HTTP", "ours, default, one hash pass at the end", one_hash_pass(ours(http_url, None))),
         ("S3", "boto3 get_object, one stream", boto_get),
         ("S3", "boto3 download_file (s3transfer)", boto_download_file),
         ("S3", "calibration: 16 plain threads, no hash", plain_threads(s3_range)),
         ("S3", "ours, connections=1", ours("s3://bench/object.bin", 1)),
-        ("S3", "ours, default (adaptive, cap 20)", ours("s3://bench/object.bin", None)),
+        ("S3", "ours, default (adaptive, cap 16)", ours("s3://bench/object.bin", None)),
     ]
     if shutil.which("aria2c"):
         rows.insert(1, ("HTTP", "aria2c -x8 -s8", aria2))

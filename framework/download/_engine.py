@@ -24,7 +24,7 @@ from framework.download._validators import Validators
 from framework.download.backend import ByteStream, DownloadBackend
 from framework.errors import DownloadError, HTTPStatusError, NetworkError
 
-__all__ = ["STOP_WAIT_S", "Engine", "VersionChanged", "fetching_cap"]
+__all__ = ["STOP_WAIT_S", "Engine", "VersionChanged"]
 
 logger = logging.getLogger("framework.download")
 
@@ -36,9 +36,6 @@ STOP_WAIT_S: Final = 1.0
 # both ends): the wait is then at most a fifth of the request's time (see `_paying_run`).
 PAYING_RUN: Final = 4
 _WAITS_KEPT: Final = 64
-# Once connections hand over, an answer this many times slower than the median stops them:
-# the server queued or refused (and the HTTP client retried) the one more connection.
-_SLOW_ANSWER: Final = 4
 # Module-level so a test can inject a write failure (ENOSPC), as `_pipeline._writev`.
 _pwrite = os.pwrite
 
@@ -48,11 +45,6 @@ class VersionChanged(Exception):
     """A part did not come from the version the plan was made for."""
 
 
-def fetching_cap(cap: int) -> int:
-    """The most connections the ramp fetches on, of `cap` open at once: one in
-    `PAYING_RUN` + 1 is kept for hand-overs (see `Engine`), as a connection waits for
-    its answers up to that share of its time (16 of 20; all of 4 or fewer)."""
-    return cap - cap // (PAYING_RUN + 1)
 
 
 @attrs.define(eq=False)  # identity: kept in `Engine.connections`
@@ -64,7 +56,6 @@ class _Connection:
     index: int = 0  # the part it fetches
     last: int = 0  # the last part of the run it holds (its request ends there)
     position: int = 0  # the next byte it writes (a break resumes here)
-    handing_over: bool = False  # its run ends within a request's wait: another asks for the next one
 
 
 class Engine:
@@ -79,16 +70,6 @@ class Engine:
     is alone it asks for the whole run of missing parts ahead instead and goes on part
     after part (one stream is one request); the first answer is such a stream. When
     another connection claims the next part, the stream stops at the part's end.
-
-    **Hand-over.** Once the ramp has settled, a connection whose run has no more left
-    than comes while a request waits for its answer hands over: a new connection claims
-    the next run and asks for it now, so that wait overlaps the end of this run, and
-    this one stops at its run's end. Otherwise each connection's link share would idle
-    for a wait at every request, which at the end, once fewer connections are left than
-    fill the link, is the link's. The ramp fetches on `fetching_cap` of the cap; the
-    rest are for these hand-overs, so the cap holds for connections open at once. A
-    server that refuses the one more connection, or answers it `_SLOW_ANSWER` times
-    slower than it answers others, gets no more hand-overs.
 
     Workers write through their own descriptor, closed by whichever of them, or of the
     engine, leaves last: a worker still blocked in a read when the fetch is interrupted
@@ -120,16 +101,11 @@ class Engine:
         self.written_at = 0.0  # when the last of them were (time.monotonic)
         self.connections: set[_Connection] = set()  # the live ones: their count is `live`
         self.waiting = 0  # of those, ones that have not had a byte of their first answer yet
-        self.handing_over = 0  # of those, ones another connection takes over from
-        self.cap = 1  # the most connections open at once
-        self.hand_overs = True  # whether connections may still hand over
-        self.handed_over = False  # whether one has
         self.writing = 0  # of those, ones in a pwrite now
         self.first_written_at = 0.0  # when this run's first bytes were written
         # Seconds each recent request of this run took to be answered (a window: the median
-        # of a short list, taken at each answer, stays cheap however many requests there are).
+        # of a short list, taken at each claim, stays cheap however many requests there are).
         self.waits: collections.deque[float] = collections.deque(maxlen=_WAITS_KEPT)
-        self.wait_s = 0.0  # their median (0 before the first): one retried after a 503 does not count
         self.ramp = Ramp(1)
         # The connection whose request runs on to the end of the missing parts (it was alone
         # when it asked): when others join, it claims a run first and goes on uncut.
@@ -153,11 +129,6 @@ class Engine:
         """How many connections are running (under the lock)."""
         return len(self.connections)
 
-    @property
-    def fetching(self) -> int:
-        """How many of them fetch on (under the lock): the others are handing over."""
-        return len(self.connections) - self.handing_over
-
     def _reached(self) -> dict[int, int]:
         with self.lock:
             return dict(self.reached)
@@ -165,7 +136,7 @@ class Engine:
     def run(self, cap: int, first: Optional[ByteStream]) -> None:
         """Fetch the missing parts; part 0 and on from `first` (the first answer) when given."""
         remaining = self.plan.size - self.partial.offset
-        self.cap, self.ramp = cap, Ramp(fetching_cap(cap))
+        self.ramp = Ramp(cap)
         if first is not None:
             self.todo.popleft()  # part 0: a fresh plan has every part to do
         workers: list[threading.Thread] = []
@@ -233,7 +204,7 @@ class Engine:
             if self.stop.is_set() or self.live == 0:
                 return False
             at, received, ready = self.written_at, self.received, self.waiting == 0
-            live, left = self.fetching, bool(self.todo)
+            live, left = self.live, bool(self.todo)
             wanted = self.ramp.update(time.monotonic(), at, received, remaining - received, ready)
             if wanted > live and left:
                 self._bound_open_ended(wanted)
@@ -278,47 +249,12 @@ class Engine:
         known. Smaller requests spend much of their time waiting: from a server far away
         or slow to answer, a tail of one-part requests leaves the link idle, and costs a
         request's CPU on both ends each time."""
-        return max(1, math.ceil(PAYING_RUN * self._bytes_per_wait() / self.plan.part_size))
-
-    def _record_wait(self, waited: float) -> None:
-        """A request was answered `waited` seconds after it was sent (under the lock)."""
-        if self.handed_over and waited >= _SLOW_ANSWER * self.wait_s:
-            self.hand_overs = False
-        self.waits.append(waited)
-        self.wait_s = statistics.median_low(self.waits)  # here, not at each write that asks
-
-    def _bytes_per_wait(self) -> float:
-        """What a connection receives while a request waits for its answer (under the
-        lock): the median wait so far, at the rate each connection has had so far; 0
-        before both are known."""
         elapsed = self.written_at - self.first_written_at
-        if elapsed <= 0:
-            return 0.0
-        return self.wait_s * self.received / elapsed / max(1, self.ramp.target)
-
-    def _keep_to(self, live: int) -> None:
-        """The server refused one more connection, or the system one more thread: keep
-        to `live` connections, with no more hand-overs (under the lock)."""
-        self.ramp.refused(live)
-        self.hand_overs = False
-
-    def _hand_over_if_due(self, connection: _Connection, position: int) -> None:
-        """Mark the connection as handing over if its run has no more left than comes
-        during one request's wait, and wake the steering loop to start the one that
-        takes over (under the lock; see the class)."""
-        if (
-            self.hand_overs
-            and not connection.handing_over
-            and self.ramp.settled
-            and self.todo
-            and 1 < self.live
-            # open once each one handing over has the one taking over, and this one its own
-            and max(self.fetching - 1, self.ramp.target) + self.handing_over + 1 <= self.cap
-            and self.plan.bounds(connection.last)[1] - position <= self._bytes_per_wait()
-        ):
-            connection.handing_over = self.handed_over = True
-            self.handing_over += 1
-            self.lock.notify_all()
+        if not self.waits or elapsed <= 0:
+            return 1
+        per_connection = self.received / elapsed / max(1, self.ramp.target)
+        wanted = PAYING_RUN * statistics.median_low(self.waits) * per_connection
+        return max(1, math.ceil(wanted / self.plan.part_size))
 
     def _wind_down(self, workers: list[threading.Thread], complete: bool) -> None:
         """Wait for the workers (at most `STOP_WAIT_S` once stopped: one blocked in a read
@@ -372,7 +308,7 @@ class Engine:
                 stranded = self.live == 0 and bool(self.todo)
                 if first is not None or not isinstance(error, RuntimeError) or stranded:
                     raise
-                self._keep_to(self.live)
+                self.ramp.refused(self.live)
             logger.info("%s: cannot start another connection (%s); going on with fewer", self.url, error)
             return None
         return worker
@@ -399,24 +335,19 @@ class Engine:
         if connection in self.connections:
             self.connections.discard(connection)
             self.waiting -= connection.waiting
-            self.handing_over -= connection.handing_over
             self._close_fd()
             self.lock.notify_all()
 
     def _claim(self, connection: _Connection) -> Optional[int]:
         """The lowest missing part, now this connection's with the run after it (see the
         class); None when none is left or the ramp wants fewer connections (this one
-        stops, counted out at once so that only the surplus stops; one that handed over
-        stops unless the one taking over never started)."""
+        stops, counted out at once so that only the surplus stops)."""
         with self.lock:
-            if connection.handing_over:
-                connection.handing_over = False
-                self.handing_over -= 1
-            if not (connection in self.connections and self.todo and self.fetching <= self.ramp.target):
+            if not (connection in self.connections and self.todo and self.live <= self.ramp.target):
                 self._leave(connection)
                 return None
             connection.index = connection.last = self.todo.popleft()
-            self._extend_run(connection, self._share(self.fetching))
+            self._extend_run(connection, self._share(self.live))
             return connection.index
 
     def _unbegun_next(self, index: int) -> bool:
@@ -434,8 +365,7 @@ class Engine:
             if (
                 self.plan.bounds(index)[1] < stream_end
                 and self._unbegun_next(index)
-                and not connection.handing_over
-                and self.fetching <= self.ramp.target
+                and self.live <= self.ramp.target
             ):
                 connection.last = self.todo.popleft()
                 return connection.last
@@ -464,7 +394,7 @@ class Engine:
                 return False
             for index in range(connection.index, connection.last + 1):
                 bisect.insort(self.todo, index)  # kept in order: claims take the lowest
-            self._keep_to(self.live - 1)
+            self.ramp.refused(self.live - 1)
             self._leave(connection)
             return True
 
@@ -489,7 +419,7 @@ class Engine:
                 with stream:
                     if waited is not None:
                         with self.lock:
-                            self._record_wait(waited)
+                            self.waits.append(waited)
                     self._check(stream, connection.position)
                     if self._write(stream, stream_end, connection):
                         return
@@ -574,7 +504,6 @@ class Engine:
                             self.lock.notify_all()  # the ramp measures from a first byte: now
                     if self.bar is not None:
                         self.bar.update(len(piece))
-                    self._hand_over_if_due(connection, position)
                 if position == end:
                     if position == stream_end:
                         _read_the_end(chunks)

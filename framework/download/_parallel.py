@@ -69,9 +69,8 @@ __all__ = [
 
 logger = logging.getLogger("framework.download")
 
-# The cap: connections open at once for one object. `Ramp` decides how many of them fetch
-# (often one; at most `fetching_cap`, 16); the others let connections hand over (`Engine`).
-DEFAULT_CONNECTIONS: Final = 20
+# The cap; `Ramp` decides how many of them an object gets (often one).
+DEFAULT_CONNECTIONS: Final = 16
 DEFAULT_PART_SIZE: Final = 8 << 20  # as s3transfer: large enough that a request's latency is amortized
 # A plan's parts (what is recorded, and hashed, as complete) are this size, or `part_size`
 # if smaller; a request asks for a run of them, `part_size` at most (see `Engine`).

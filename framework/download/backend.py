@@ -19,8 +19,8 @@ from framework.registry import Registrable
 __all__ = ["POOL_SIZE", "ByteStream", "DownloadBackend", "RemoteInfo", "parse_content_range"]
 
 # Connections a backend keeps open per host: room for two objects fetched at once at the
-# default cap (20 connections each), so a parallel fetch does not throw connections away.
-POOL_SIZE: Final = 40
+# default cap (16 connections each), so a parallel fetch does not throw connections away.
+POOL_SIZE: Final = 32
 
 _CONTENT_RANGE = re.compile(r"bytes\s+(?:(\d+)-\d+|\*)/(\d+|\*)\s*$")
 

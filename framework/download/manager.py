@@ -121,14 +121,11 @@ class DownloadManager:
             ``{"s3": S3Backend(profile="lab"), "https": HttpBackend(headers={...})}``.
             They are used as given (their own retries and timeouts); other schemes get
             the registered backend, made with this manager's settings.
-        connections: the most connections open at once for one object fetched in
-            byte ranges from a server that serves them (HTTP, S3); 1 = one stream. How
-            many fetch is adaptive: one stream that would bring the object in under
-            half a second stays alone, else connections are added while throughput
-            grows, up to four in five of the cap (all of a cap of 4 or less); the rest
-            let a connection near the end of its request hand over to a new one, which
-            asks for the next range meanwhile. `None` reads ``FRAMEWORK_CONNECTIONS``
-            at each call (default 20: 16 fetch).
+        connections: the most connections that fetch one object, in byte ranges, from
+            a server that serves them (HTTP, S3); 1 = one stream. How many are used is
+            adaptive: one stream that would bring the object in under half a second
+            stays alone, else connections are added while throughput grows. `None`
+            reads ``FRAMEWORK_CONNECTIONS`` at each call (default 16).
         part_size: the most bytes one ranged request of a parallel fetch asks for
             (an object with fewer such parts than `connections` is cut finer, down
             to 1 MiB parts).

@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 import os
 import signal
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -26,10 +25,9 @@ from dl_helpers import (
     unique_path,
     wait_for,
 )
-from framework_plugins.http import HttpBackend
 
-from framework.download import ByteStream, DownloadManager
-from framework.errors import ChecksumError, HTTPStatusError
+from framework.download import DownloadManager
+from framework.errors import ChecksumError
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -309,7 +307,6 @@ def test_a_request_retried_after_a_refusal_does_not_count_as_the_servers_wait() 
     """A request that waited out a 503's Retry-After inside the HTTP client took a second
     to be answered; the server's wait is still the median of the answers', so the runs
     of a near server stay small. A far server's waits make them larger."""
-    import collections
     from types import SimpleNamespace
 
     from framework.download._engine import Engine
@@ -317,13 +314,9 @@ def test_a_request_retried_after_a_refusal_does_not_count_as_the_servers_wait() 
     def paying_run(waits: list[float]) -> int:
         # 8 MiB/s over 2 connections, 1 MiB parts
         engine = SimpleNamespace(
-            written_at=2.0, first_written_at=1.0, received=8 << 20, waits=collections.deque(maxlen=64),
-            wait_s=0.0, handed_over=False, ramp=SimpleNamespace(target=2),
-            plan=SimpleNamespace(part_size=1 << 20),
+            written_at=2.0, first_written_at=1.0, received=8 << 20, waits=waits,
+            ramp=SimpleNamespace(target=2), plan=SimpleNamespace(part_size=1 << 20),
         )  # fmt: skip
-        for waited in waits:
-            Engine._record_wait(engine, waited)  # type: ignore[arg-type]
-        engine._bytes_per_wait = lambda: Engine._bytes_per_wait(engine)  # type: ignore[arg-type]
         return Engine._paying_run(engine)  # type: ignore[arg-type]
 
     assert paying_run([]) == 1  # nothing measured yet
@@ -341,107 +334,6 @@ def test_ramp_waits_for_the_new_connections_first_bytes() -> None:
     assert ramp.update(0.2, 0.2, 200, 10**9, ready=False) == 16  # not measured while any waits
     assert ramp.update(5.0, 5.0, 10**6, 10**9, ready=False) == 16
     assert not ramp.settled
-
-
-class _OpenAtOnce(HttpBackend):
-    """Counts the answers open at once: asked for and not yet closed (a connection each)."""
-
-    def __init__(self, **options: Any) -> None:
-        super().__init__(**options)
-        self._lock = threading.Lock()
-        self.now = self.most = 0
-
-    def _count(self, step: int) -> None:
-        with self._lock:
-            self.now += step
-            self.most = max(self.most, self.now)
-
-    def open(
-        self, url: str, offset: int = 0, *, if_range: Optional[str] = None, end: Optional[int] = None
-    ) -> ByteStream:
-        self._count(1)
-        try:
-            stream = super().open(url, offset, if_range=if_range, end=end)
-        except BaseException:
-            self._count(-1)
-            raise
-        close = stream.close_callback
-
-        def closed() -> None:
-            self._count(-1)
-            if close is not None:
-                close()
-
-        stream.close_callback = closed
-        return stream
-
-
-@pytest.mark.parametrize(("cap", "most"), [(4, 4), (5, 5), (8, 8)])
-def test_a_connection_near_the_end_of_its_run_hands_over_within_the_cap(
-    http_server: FaultServer, tmp_path: Path, cap: int, most: int
-) -> None:
-    """From a server far away (50 ms before each answer), the ramp fetches on 4 in 5 of
-    the cap (all of 4 or fewer): a connection whose run ends within a request's wait
-    hands over to one more, which asks for the next run meanwhile. Never more than the
-    cap are open at once, and every byte comes once."""
-    data = _data(24)
-    url = http_server.add(unique_path(f"hand-over{cap}"), data, answer_wait=0.05, **SLOW)
-    backend = _OpenAtOnce(backoff_factor=0.01)
-    manager = parts_manager(tmp_path, connections=cap, backends={"http": backend})
-    assert manager.cached_path(url).read_bytes() == data
-    assert backend.most == most  # 4 fetch, one takes over: 5; of 8, 7 fetch
-    assert backend.now == 0
-    assert http_server.route(url).body_bytes <= len(data) + 2 * cap * SLOW["chunk"]
-    assert stray_files(tmp_path) == []
-
-
-def test_a_refused_hand_over_is_not_tried_again(http_server: FaultServer, tmp_path: Path) -> None:
-    """A server that serves 4 connections at once and refuses a 5th (503; counted here
-    on the client, where it is exact), 5 connections at most: the first hand-over is
-    refused, its run goes back, and the fetch keeps to the 4 the server serves, with no
-    more hand-overs (each would be refused again)."""
-
-    class Refusing(_OpenAtOnce):
-        refused = 0
-
-        def open(
-            self, url: str, offset: int = 0, *, if_range: Optional[str] = None, end: Optional[int] = None
-        ) -> ByteStream:
-            if self.now >= 4:
-                Refusing.refused += 1
-                raise HTTPStatusError(url, 503, "503 Service Unavailable: 4 connections at most")
-            return super().open(url, offset, if_range=if_range, end=end)
-
-    data = _data(24)
-    url = http_server.add(unique_path("refused-hand-over"), data, answer_wait=0.05, **SLOW)
-    backend = Refusing(backoff_factor=0.01)
-    manager = parts_manager(tmp_path, connections=5, backends={"http": backend})
-    assert manager.cached_path(url).read_bytes() == data
-    assert Refusing.refused == 1
-    assert backend.most == 4
-    assert http_server.route(url).body_bytes <= len(data) + 8 * SLOW["chunk"]
-
-
-def test_an_answer_far_slower_than_the_others_stops_hand_overs() -> None:
-    """Once a connection has handed over, an answer 4 times slower than the median (the
-    server queued the one more connection, or refused it and the HTTP client's retry
-    got through) ends hand-overs: each would cost that wait again. Before any hand-over,
-    a slow answer says nothing of them."""
-    import collections
-    from types import SimpleNamespace
-
-    from framework.download._engine import Engine
-
-    waits: collections.deque[float] = collections.deque(maxlen=64)
-    engine = SimpleNamespace(waits=waits, wait_s=0.0, handed_over=False, hand_overs=True)
-    for waited in [0.03] * 5 + [0.5]:
-        Engine._record_wait(engine, waited)  # type: ignore[arg-type]
-    assert engine.hand_overs and engine.wait_s == 0.03
-    engine.handed_over = True
-    Engine._record_wait(engine, 0.1)  # type: ignore[arg-type]
-    assert engine.hand_overs  # 3.3 times the median
-    Engine._record_wait(engine, 0.12)  # type: ignore[arg-type]
-    assert not engine.hand_overs
 
 
 def test_a_part_that_breaks_off_resumes_at_its_byte(http_server: FaultServer, tmp_path: Path) -> None:
@@ -514,7 +406,7 @@ def test_connections_from_the_environment(
     url = http_server.add(unique_path("env"), data, **SLOW)
     monkeypatch.delenv("FRAMEWORK_CONNECTIONS", raising=False)
     manager = parts_manager(tmp_path, connections=None)
-    assert manager.connections == 20  # the default cap; the ramp decides how many are used
+    assert manager.connections == 16  # the default cap; the ramp decides how many are used
     monkeypatch.setenv("FRAMEWORK_CONNECTIONS", "3")
     assert manager.connections == 3
     assert manager.cached_path(url).read_bytes() == data

@@ -197,7 +197,7 @@ class HttpBackend(DownloadBackend):
         etag, modified, date = found.get("ETag"), found.get("Last-Modified"), found.get("Date")
         start, size = 0, _int(found.get("Content-Length"))
         if response.status_code in (206, 416):  # reported as is; the manager decides
-            first, size = parse_content_range(found.get("Content-Range"))
+            first, size = parse_content_range(found.get("Content-Range"), size)
             if response.status_code == 416:
                 response.close()
                 return ByteStream(

@@ -156,7 +156,7 @@ class S3Backend(DownloadBackend):
         start, size = 0, response.get("ContentLength")
         range_header = response.get("ContentRange")
         if range_header:
-            first, size = parse_content_range(range_header)
+            first, size = parse_content_range(range_header, size)
             start = offset if first is None else first
         body = response["Body"]
         modified = response.get("LastModified")

@@ -49,6 +49,7 @@ from framework.download._parts import MOST_PARTS, PARALLEL_TAG, Resumed, _Plan, 
 from framework.download._publish import (
     _ACTIVE,
     RESUMABLE,
+    _EndedShort,
     _new_hasher,
     _Partial,
     _place,
@@ -149,9 +150,11 @@ def fetch_parts(
             # the single-stream path asks without one.
             logger.info("%s refused a ranged request (%s); fetching it in one stream", url, error)
             return None, 0
-        if first.status == 206 and first.size is None:
-            # A range of an object of unknown size (``bytes 0-n/*``) cannot say it is the
-            # whole object: the single-stream path asks for it without a Range.
+        if first.status == 206 and (first.size is None or first.encoding is not None):
+            # A range of an object of unknown size (``bytes 0-n/*``, or a Content-Range
+            # that contradicts itself) cannot say it is the whole object, nor can encoded
+            # bytes (their range counts encoded bytes): the single-stream path asks for it
+            # without a Range.
             first.close()
             return None, 0
         validators = Validators.of(first)
@@ -228,6 +231,8 @@ def _whole(
             return None, 0
         try:
             return _receive(stream, partial, url, bar, on_size), 0
+        except _EndedShort:  # a server capping its ranges: the single-stream path asks for the rest
+            return None, 0
         except NetworkError as error:  # bytes so far are kept: the single-stream path resumes
             if attempts <= 1:
                 raise

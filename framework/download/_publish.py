@@ -341,6 +341,12 @@ def _place(backend: DownloadBackend, url: str, stream: ByteStream, partial: _Par
     return False
 
 
+class _EndedShort(NetworkError):
+    """An answer that brought bytes and ended cleanly before the object's end: a server
+    that caps its ranged answers. What is left is asked for, and, as in a parallel
+    fetch, that is not a failure (each such answer brings bytes, so it ends)."""
+
+
 def _receive(
     stream: ByteStream,
     partial: _Partial,
@@ -357,6 +363,7 @@ def _receive(
             bar.total, bar.n = stream.size, partial.offset
             bar.refresh()
     os.lseek(partial.fd, partial.offset, os.SEEK_SET)
+    began = partial.offset
     pipeline = Pipeline(partial.fd, partial.hasher, partial.offset, url, partial.name.path)
     try:
         for chunk in stream.chunks:
@@ -369,7 +376,8 @@ def _receive(
             pipeline.finish()  # file, offset and digest agree before a retry resumes
             if partial.offset > stream.size:
                 raise ChecksumError(url, str(stream.size), str(partial.offset), what="size")
-            raise NetworkError(url, f"connection closed after {partial.offset} of {stream.size} bytes")
+            ended = _EndedShort if partial.offset > began else NetworkError
+            raise ended(url, f"connection closed after {partial.offset} of {stream.size} bytes")
     except BaseException as error:
         # Keep what arrived before a network failure (the retry resumes after it),
         # and wait for the hash: file, offset and digest agree.
@@ -405,6 +413,9 @@ def _download(
                 continue
             try:
                 return _receive(stream, partial, url, bar, on_size)
+            except _EndedShort as error:
+                logger.info("%s; asking for the rest", error)
+                continue
             except NetworkError as error:
                 failures += 1
                 if failures >= attempts:

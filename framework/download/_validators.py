@@ -58,13 +58,17 @@ class Validators:
 
     @property
     def tag(self) -> str:
-        """A file-name-safe digest of `if_range`: what a partial file is tagged with."""
+        """A file-name-safe digest of `if_range`, and of a weak ETag beside a Last-Modified
+        one: what a partial file is tagged with, and what a part's or a resumed answer's
+        version is compared by. A weak ETag cannot vouch for ranges, but one that changed
+        says the bytes did, whatever the date (a copy that kept the file's mtime)."""
         value = self.if_range
         if value is None:
             return NO_VALIDATOR
         if value == self.etag:
             return _etag_tag(value)
-        return "lm" + hashlib.sha256(value.encode("utf-8")).hexdigest()[:10]
+        named = value if self.etag is None else f"{value}\n{self.etag}"
+        return "lm" + hashlib.sha256(named.encode("utf-8")).hexdigest()[:10]
 
 
 def _strong_date(last_modified: str, date: Optional[str]) -> bool:

@@ -22,17 +22,29 @@ __all__ = ["POOL_SIZE", "ByteStream", "DownloadBackend", "RemoteInfo", "parse_co
 # default cap (16 connections each), so a parallel fetch does not throw connections away.
 POOL_SIZE: Final = 32
 
-_CONTENT_RANGE = re.compile(r"bytes\s+(?:(\d+)-\d+|\*)/(\d+|\*)\s*$")
+_CONTENT_RANGE = re.compile(r"bytes\s+(?:(\d+)-(\d+)|\*)/(\d+|\*)\s*$")
 
 
-def parse_content_range(value: Optional[str]) -> tuple[Optional[int], Optional[int]]:
+def parse_content_range(
+    value: Optional[str], length: Optional[int] = None
+) -> tuple[Optional[int], Optional[int]]:
     """(first byte, total size) of a ``Content-Range`` value; None where it says ``*``
-    or cannot be read (``bytes 5-9/10``, ``bytes 5-9/*``, ``bytes */10``)."""
+    or cannot be read (``bytes 5-9/10``, ``bytes 5-9/*``, ``bytes */10``). A range that
+    contradicts itself (its last byte before its first, or at or past the total), or
+    the answer's `length` (Content-Length), says nothing: (None, None), so it is never
+    taken for the object's bytes or size."""
     match = _CONTENT_RANGE.match(value or "")
     if match is None:
         return None, None
-    first, total = match.groups()
-    return (int(first) if first else None), (int(total) if total != "*" else None)
+    first_text, last_text, total_text = match.groups()
+    total = int(total_text) if total_text != "*" else None
+    if first_text is None:
+        return None, total
+    first, last = int(first_text), int(last_text)
+    past_the_end = total is not None and last >= total
+    if last < first or past_the_end or (length is not None and length != last - first + 1):
+        return None, None
+    return first, total
 
 
 @attrs.frozen

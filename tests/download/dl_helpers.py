@@ -57,6 +57,8 @@ class Route:
     busy_over: Optional[int] = None  # a GET while this many bodies are being sent gets 503
     refused: int = 0  # GETs answered 503 for `busy_over`
     gzip_whole: bool = False  # whole answers (200) come gzip-encoded, whatever was asked
+    gzip_all: bool = False  # every answer is gzip-encoded, ranges counting encoded bytes (a .gz served so)
+    total_delta: int = 0  # a 206's Content-Range names a total this far off the real one (a lie)
     head_status: Optional[int] = None  # HEAD is answered with this (405: a server without HEAD)
     chunk: int = 64 * 1024
     delay: float = 0.0  # seconds per chunk
@@ -162,7 +164,8 @@ class _Handler(BaseHTTPRequestHandler):
         if route.redirect is not None:
             self._empty(302, {"Location": route.redirect})
             return
-        data, size = route.data, len(route.data)
+        data = gzip.compress(route.data, compresslevel=1, mtime=0) if route.gzip_all else route.data
+        size = len(data)
         start, stop = 0, size
         status = 200
         if if_range is not None and if_range not in (route.etag, route.last_modified):
@@ -190,6 +193,8 @@ class _Handler(BaseHTTPRequestHandler):
         if route.gzip_whole and status == 200:
             body = gzip.compress(body, compresslevel=1)
             self.send_header("Content-Encoding", "gzip")
+        if route.gzip_all:
+            self.send_header("Content-Encoding", "gzip")
         self.send_header("Content-Length", str(len(body)))
         self.send_header("Accept-Ranges", "bytes")
         if route.etag:
@@ -197,7 +202,7 @@ class _Handler(BaseHTTPRequestHandler):
         if route.last_modified:
             self.send_header("Last-Modified", route.last_modified)
         if status == 206:
-            total = "*" if route.star_total else str(size)
+            total = "*" if route.star_total else str(size + route.total_delta)
             self.send_header("Content-Range", f"bytes {start}-{stop - 1}/{total}")
         self.end_headers()
         if self.command == "HEAD":

@@ -364,23 +364,52 @@ def test_an_object_of_few_default_parts_is_cut_finer(http_server: FaultServer, t
     assert later and all(first % (1 << 20) == 0 and last - first < 1 << 20 for first, last in later)
 
 
+@pytest.mark.parametrize(
+    ("size", "cap"), [(5 << 20, 1 << 20), (900 << 10, 64 << 10)], ids=["parts", "one-part"]
+)
 @pytest.mark.parametrize("star_total", [True, False])
 def test_a_server_that_caps_its_ranges_still_gives_the_whole_object(
-    http_server: FaultServer, tmp_path: Path, star_total: bool
+    http_server: FaultServer, tmp_path: Path, star_total: bool, size: int, cap: int
 ) -> None:
-    """Ranged answers of at most 1 MiB: with an unknown total (``bytes 0-1048575/*``) the
+    """Ranged answers of at most `cap`: with an unknown total (``bytes 0-1048575/*``) the
     first answer cannot say it is the whole object, so the object is asked for again
     without a Range; with the total, each short answer is followed by another, and
-    none of them counts as a failure."""
-    data = os.urandom(5 << 20)
-    url = http_server.add(unique_path("capped"), data, range_cap=1 << 20, star_total=star_total)
+    none of them counts as a failure, for an object of several parts or of one (that
+    one goes on as the single-stream path, which must not count them either)."""
+    data = os.urandom(size)
+    url = http_server.add(unique_path("capped"), data, range_cap=cap, star_total=star_total)
     manager = DownloadManager(tmp_path, connections=4, retries=2, backoff_factor=0.01, progress=False)
     assert manager.cached_path(url).read_bytes() == data
     route = http_server.route(url)
     if star_total:
         assert route.ranges == [TO_THE_END, ""]
     else:
-        assert route.gets == 5 and route.body_bytes == len(data)
+        assert route.gets == -(-size // cap) and route.body_bytes == len(data)
+    assert stray_files(tmp_path) == []
+
+
+@pytest.mark.parametrize(
+    "lie",
+    [{"gzip_all": True}, {"total_delta": -1000}, {"total_delta": 1000}],
+    ids=["encoded-ranges", "total-too-small", "total-too-large"],
+)
+def test_a_first_answer_that_cannot_name_the_object_is_asked_again_whole(
+    http_server: FaultServer, tmp_path: Path, lie: dict[str, Any]
+) -> None:
+    """A first 206 whose range counts encoded bytes (a ``.gz`` served with
+    ``Content-Encoding: gzip``), or whose Content-Range contradicts itself (its last
+    byte at or past its total), cannot say what the object is: it is asked for again
+    without a Range, never published truncated or as a size mismatch. A total that is
+    only too large (no contradiction) is taken at its word until a part past the real
+    end is refused (416), and the object then comes in one stream, whole."""
+    data = _data(8)
+    url = http_server.add(unique_path("lie"), data, **lie)
+    assert parts_manager(tmp_path).cached_path(url).read_bytes() == data
+    ranges = http_server.route(url).ranges
+    if lie.get("total_delta", 0) > 0:
+        assert ranges[0] == TO_THE_END and ranges[-1] == ""
+    else:
+        assert ranges == [TO_THE_END, ""]
     assert stray_files(tmp_path) == []
 
 
@@ -450,13 +479,22 @@ def test_object_without_strong_validator_is_one_stream(http_server: FaultServer,
     assert route.if_ranges.count('W/"weak"') == 0
 
 
-@pytest.mark.parametrize("validator", ["etag", "last_modified"])
+@pytest.mark.parametrize("validator", ["etag", "last_modified", "weak_etag_kept_date"])
 def test_swap_mid_fetch_never_publishes_a_mix(
     http_server: FaultServer, tmp_path: Path, validator: str
 ) -> None:
+    """Another version mid-fetch, told by its ETag, by its Last-Modified, or by a weak
+    ETag beside a Last-Modified that stayed (a copy that kept the file's mtime: the
+    server honours ``If-Range: <date>`` with the new bytes)."""
     old, new = _data(16), _data(16)
     if validator == "etag":
         options: dict[str, Any] = {"etag": '"old"', "then": {"data": new, "etag": '"new"'}}
+    elif validator == "weak_etag_kept_date":
+        options = {
+            "etag": 'W/"old"',
+            "last_modified": "Mon, 02 Jan 2023 00:00:00 GMT",
+            "then": {"data": new, "etag": 'W/"new"'},
+        }
     else:
         options = {
             "etag": None,

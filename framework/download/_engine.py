@@ -18,6 +18,7 @@ import attrs
 
 from framework.download._followers import PrefixHasher, ProgressRecorder
 from framework.download._parts import _Plan, discard_record
+from framework.download._pipeline import no_room
 from framework.download._publish import RESUMABLE, _Partial
 from framework.download._ramp import Ramp
 from framework.download._validators import Validators
@@ -528,14 +529,8 @@ class Engine:
 
     def _write_error(self, error: OSError) -> DownloadError:
         """What a failed write or sync of the partial file tells the user."""
-        if error.errno in (errno.ENOSPC, errno.EDQUOT):
-            return DownloadError(
-                self.url,
-                f"no space left on the device holding {self.partial.name.path.parent} "
-                f"({os.strerror(error.errno)}); free some space or point "
-                "FRAMEWORK_CACHE at a larger disk",
-            )
-        return DownloadError(self.url, f"writing {self.partial.name.path} failed: {error}")
+        full = no_room(self.url, self.partial.name.path.parent, error)
+        return full or DownloadError(self.url, f"writing {self.partial.name.path} failed: {error}")
 
     def _recorder_failed(self, error: OSError) -> None:
         """The recorder could not make written bytes durable: the fetch stops now."""

@@ -62,6 +62,7 @@ from framework.errors import HTTPStatusError, NetworkError
 __all__ = [
     "DEFAULT_CONNECTIONS",
     "DEFAULT_PART_SIZE",
+    "MIN_PART_SIZE",
     "adopt_parts",
     "connections_from",
     "fetch_parts",
@@ -73,6 +74,7 @@ logger = logging.getLogger("framework.download")
 # The cap; `Ramp` decides how many of them an object gets (often one).
 DEFAULT_CONNECTIONS: Final = 16
 DEFAULT_PART_SIZE: Final = 8 << 20  # as s3transfer: large enough that a request's latency is amortized
+MIN_PART_SIZE: Final = 64 << 10  # smaller, and a fetch is its requests' round trips (2 MiB of 1 B: 12 s)
 # A plan's parts (what is recorded, and hashed, as complete) are this size, or `part_size`
 # if smaller; a request asks for a run of them, `part_size` at most (see `Engine`).
 _PART: Final = 1 << 20

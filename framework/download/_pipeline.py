@@ -18,7 +18,7 @@ from typing import Any, Callable, Final, Optional
 
 from framework.errors import DownloadError
 
-__all__ = ["Pipeline", "write_all"]
+__all__ = ["Pipeline", "no_room", "write_all"]
 
 BATCH_BYTES: Final = 1 << 20  # hand chunks over in ~1 MiB batches: fewer queue operations
 # At most ~32 MiB waiting to be hashed; the backlog is hashed while the file is fsynced.
@@ -32,6 +32,22 @@ _SYNC_WRITE: Final[int] = getattr(os, "SYNC_FILE_RANGE_WRITE", 2)
 _writev = os.writev
 
 
+# A write that failed for want of room (a full disk or quota, a file larger than the
+# filesystem takes), not of permission.
+_NO_ROOM: Final = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+
+
+def no_room(url: str, folder: Path, error: OSError) -> Optional[DownloadError]:
+    """The `DownloadError` for a write in `folder` that failed for want of room, else None."""
+    if error.errno not in _NO_ROOM:
+        return None
+    return DownloadError(
+        url,
+        f"no room on the device holding {folder} ({os.strerror(error.errno)}); free some "
+        "space or point FRAMEWORK_CACHE at a larger disk",
+    )
+
+
 def write_all(fd: int, buffers: list[bytes], url: str, where: Path) -> None:
     """Write every buffer, turning a full disk into a `DownloadError` that says so."""
     try:
@@ -41,13 +57,9 @@ def write_all(fd: int, buffers: list[bytes], url: str, where: Path) -> None:
             while view:
                 view = view[_writev(fd, [view]) :]
     except OSError as error:
-        if error.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise DownloadError(
-                url,
-                f"no space left on the device holding {where.parent} "
-                f"({os.strerror(error.errno)}); free some space or point "
-                "FRAMEWORK_CACHE at a larger disk",
-            ) from error
+        full = no_room(url, where.parent, error)
+        if full is not None:
+            raise full from error
         raise
 
 

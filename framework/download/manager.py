@@ -30,7 +30,8 @@ from framework.download._extract import (
     extracted_from,
 )
 from framework.download._lock import EntryLock, LockKind
-from framework.download._parallel import DEFAULT_PART_SIZE, connections_from
+from framework.download._parallel import DEFAULT_PART_SIZE, MIN_PART_SIZE, connections_from
+from framework.download._pipeline import no_room
 from framework.download._publish import fetch, partial_bytes, publish_fetched
 from framework.download._schemes import backend_name_for, describe_schemes, split_scheme, url_scheme
 from framework.download._validators import Validators
@@ -128,7 +129,7 @@ class DownloadManager:
             reads ``FRAMEWORK_CONNECTIONS`` at each call (default 16).
         part_size: the most bytes one ranged request of a parallel fetch asks for
             (an object with fewer such parts than `connections` is cut finer, down
-            to 1 MiB parts).
+            to 1 MiB parts); at least 64 KiB.
 
     The manager is a context manager; `close` (or leaving the ``with`` block) closes
     every backend it holds, the ones given to it included. A closed backend opens new
@@ -156,8 +157,11 @@ class DownloadManager:
     ) -> None:
         if connections is not None:
             connections_from(connections)  # a bad value fails here, not at the first fetch
-        if isinstance(part_size, bool) or not isinstance(part_size, int) or part_size < 1:
-            raise ValueError(f"part_size must be a whole number of bytes of at least 1, got {part_size!r}")
+        if isinstance(part_size, bool) or not isinstance(part_size, int) or part_size < MIN_PART_SIZE:
+            raise ValueError(
+                f"part_size must be a whole number of bytes of at least {MIN_PART_SIZE} (64 KiB: each "
+                f"request costs a round trip), got {part_size!r}; the default is {DEFAULT_PART_SIZE}"
+            )
         if lock not in ("filelock", "softfilelock", "none"):
             raise ValueError(f"lock must be 'filelock', 'softfilelock' or 'none', got {lock!r}")
         self._cache_dir = Path(cache_dir).expanduser() if cache_dir is not None else None
@@ -465,10 +469,14 @@ def _extracted(entry: Entry) -> bool:
 
 @contextmanager
 def _cache_writes(url: str, root: Path) -> Iterator[None]:
-    """Turn a failed write in the cache folder (read-only, no permission) into a `DownloadError`."""
+    """Turn a failed write in the cache folder (read-only, no permission, no room) into
+    a `DownloadError` that says which."""
     try:
         yield
     except OSError as error:
+        full = no_room(url, root, error)
+        if full is not None:
+            raise full from error
         where = f" ({error.filename})" if error.filename else ""
         raise DownloadError(
             url,

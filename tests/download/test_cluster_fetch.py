@@ -313,7 +313,7 @@ def test_a_full_disk_on_one_rank_makes_every_rank_raise(failing: dict[str, Any],
     results = failing["results"][name]
     assert [r.get("error") for r in results] == ["DownloadError"] * WORLD, results
     assert len({r["message"] for r in results}) == 1
-    assert "no space left" in results[1]["message"]
+    assert "no room on the device" in results[1]["message"]
     failing_cache = two_nodes(failing["tmp"])[failing_rank]
     assert Entry(failing_cache, failing["urls"][name]).cached() is None
     assert stray_files(failing_cache) == []

@@ -258,9 +258,10 @@ def test_disk_full_gives_clear_error_and_leaves_no_temp_file(
         return os.writev(fd, buffers)
 
     monkeypatch.setattr(_pipeline, "_writev", writev)
-    with pytest.raises(DownloadError, match="no space left") as info:
+    with pytest.raises(DownloadError, match="no room on the device") as info:
         manager.cached_path(url)
     assert isinstance(info.value.__cause__, OSError)
+    assert "free some space" in str(info.value) and "writable" not in str(info.value)  # not a permission
     assert not Entry(cache, url).final.exists()
     assert stray_files(cache) == []
 

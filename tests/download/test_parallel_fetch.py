@@ -3,6 +3,7 @@ server and moto's S3 server, with real processes for kills and races."""
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import signal
@@ -449,6 +450,13 @@ def test_connections_from_the_environment(
         DownloadManager(tmp_path, connections=0)
 
 
+@pytest.mark.parametrize("part_size", [0, 1, (64 << 10) - 1, True, 1.5])
+def test_a_part_size_too_small_to_pay_for_its_request_is_refused(tmp_path: Path, part_size: Any) -> None:
+    with pytest.raises(ValueError, match=r"part_size must be a whole number of bytes of at least 65536"):
+        DownloadManager(tmp_path, part_size=part_size)
+    assert DownloadManager(tmp_path, part_size=64 << 10).part_size == 64 << 10
+
+
 def test_range_ignoring_server_costs_one_copy(http_server: FaultServer, tmp_path: Path) -> None:
     data = _data(10)
     url = http_server.add(unique_path("ignore"), data, range_mode="ignore")
@@ -787,9 +795,33 @@ def test_a_failing_connection_ends_the_fetch_without_waiting_for_a_stalled_one(
 
     monkeypatch.setattr(_engine, "_pwrite", full_past_part_4)
     started = time.monotonic()
-    with pytest.raises(DownloadError, match="no space left"):
+    with pytest.raises(DownloadError, match="no room on the device"):
         parts_manager(tmp_path, timeout=60).cached_path(url)
     assert time.monotonic() - started < 15  # the stalled read would have held it 30 s
+
+
+def test_an_object_larger_than_a_file_can_be_is_a_clear_error(
+    http_server: FaultServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server that says its object is 16 TiB, on a filesystem whose files cannot be
+    that large (EFBIG when the partial file is sized): an error that says there is no
+    room, not that the cache folder is not writable, and nothing left behind."""
+    from framework.errors import DownloadError
+
+    data = _data(4)
+    url = http_server.add(unique_path("huge"), data, total_delta=(1 << 44) - len(data))
+    real = os.ftruncate
+
+    def small_files(fd: int, length: int) -> None:
+        if length > 1 << 40:
+            raise OSError(errno.EFBIG, os.strerror(errno.EFBIG))
+        real(fd, length)
+
+    monkeypatch.setattr(os, "ftruncate", small_files)
+    with pytest.raises(DownloadError, match="no room on the device") as info:
+        parts_manager(tmp_path).cached_path(url)
+    assert "writable" not in str(info.value)
+    assert stray_files(tmp_path) == []
 
 
 def test_an_engine_that_cannot_start_leaves_no_descriptor(
@@ -836,7 +868,7 @@ def test_a_failed_sync_stops_the_fetch_at_once(
     monkeypatch.setattr(_followers, "_datasync", full)
     data = _data(64)  # 16 MiB at 2 MiB/s per connection: seconds
     url = http_server.add(unique_path("sync-fails"), data, **SLOW)
-    with pytest.raises(DownloadError, match="no space left on the device"):
+    with pytest.raises(DownloadError, match="no room on the device"):
         parts_manager(tmp_path).cached_path(url)
     assert http_server.route(url).body_bytes < len(data) // 2
     assert stray_files(tmp_path) == []

@@ -105,10 +105,35 @@ def import_target(path: str, *, allow_import: Optional[bool] = None) -> Any:
     module_name, _, qualname = _split(path)
     if not module_name or not qualname:
         raise ImportError(f"{path!r} is not a dotted path like 'package.module:ClassName'")
-    target: Any = importlib.import_module(module_name)
+    before = set(sys.modules)
+    try:
+        target: Any = importlib.import_module(module_name)
+    except BaseException:
+        _drop_orphans(set(sys.modules) - before)
+        raise
     for part in qualname.split("."):
         target = getattr(target, part)
     return target
+
+
+def _drop_orphans(added: set[str]) -> None:
+    """Forget the modules an interrupted import left without their package.
+
+    Python forgets a package whose import failed (a Ctrl-C in the middle of it) but not
+    the submodules it had imported, so the next import of the package finds them already
+    there and never binds them to it again (``module 'requests' has no attribute
+    'exceptions'`` for the rest of the process). Without them, it imports them anew."""
+    while True:
+        orphans = [name for name in added if name in sys.modules and _parent_gone(name)]
+        if not orphans:
+            return
+        for name in orphans:  # a submodule's own submodules are orphans on the next pass
+            del sys.modules[name]
+
+
+def _parent_gone(name: str) -> bool:
+    parent = name.rpartition(".")[0]
+    return bool(parent) and parent not in sys.modules
 
 
 def _describe(target: Union[str, type]) -> str:

@@ -830,3 +830,41 @@ def test_a_plugin_interrupted_after_registering_a_class_registers_it_once_on_ret
     result = run_python(tmp_path, code, ONCE=str(tmp_path / "once"))
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["interrupted", "True"] and "PluginWarning" not in result.stderr
+
+
+def test_an_import_interrupted_by_ctrl_c_can_be_made_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Ctrl-C in the middle of a plugin's first import (the HTTP backend's ``requests``,
+    imported at the first download) leaves Python with the package's submodules but not
+    the package; the next import must still give a whole package, not one missing the
+    submodules (``module 'requests' has no attribute 'exceptions'`` for the rest of the
+    process)."""
+    from framework._targets import import_target
+
+    package = tmp_path / "interrupted_pkg"
+    package.mkdir()
+    (package / "sub.py").write_text("VALUE = 42\n")
+    marker = tmp_path / "interrupt-once"
+    marker.write_text("")
+    (package / "__init__.py").write_text(
+        textwrap.dedent(
+            f"""
+            import os
+            import interrupted_pkg.sub
+            if os.path.exists({str(marker)!r}):
+                os.remove({str(marker)!r})
+                raise KeyboardInterrupt
+            VALUE = interrupted_pkg.sub.VALUE
+            """
+        )
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in ("interrupted_pkg", "interrupted_pkg.sub"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    with pytest.raises(KeyboardInterrupt):
+        import_target("interrupted_pkg:VALUE", allow_import=True)
+    assert "interrupted_pkg.sub" not in sys.modules  # forgotten with its package
+    assert import_target("interrupted_pkg:VALUE", allow_import=True) == 42
+    for name in ("interrupted_pkg", "interrupted_pkg.sub"):
+        sys.modules.pop(name, None)

@@ -21,7 +21,15 @@ from requests.adapters import HTTPAdapter
 from urllib3.util.retry import Retry
 
 from framework._redact import RedactingFilter
-from framework.download.backend import POOL_SIZE, ByteStream, DownloadBackend, RemoteInfo, parse_content_range
+from framework.download.backend import (
+    POOL_SIZE,
+    UNPLACED,
+    ByteStream,
+    DownloadBackend,
+    RemoteInfo,
+    parse_content_range,
+    range_body_length,
+)
 from framework.errors import DownloadError, HTTPStatusError, InvalidArgumentError, NetworkError
 
 __all__ = ["HttpBackend"]
@@ -196,6 +204,7 @@ class HttpBackend(DownloadBackend):
         found = response.headers
         etag, modified, date = found.get("ETag"), found.get("Last-Modified"), found.get("Date")
         start, size = 0, _int(found.get("Content-Length"))
+        close_delimited = size is None
         if response.status_code in (206, 416):  # reported as is; the manager decides
             first, size = parse_content_range(found.get("Content-Range"), size)
             if response.status_code == 416:
@@ -209,7 +218,10 @@ class HttpBackend(DownloadBackend):
                     status=416,
                     date=date,
                 )
-            start = offset if first is None else first
+            start = UNPLACED if first is None else first
+        # urllib3 counts a body against its Content-Length; without one, a cut connection
+        # looks like the body's end, so a range is counted against its own length here.
+        length = range_body_length(found.get("Content-Range")) if close_delimited and start >= 0 else None
         # A server that ignores "identity" anyway: its encoded bytes are not the object's,
         # so they are decoded; the stream says so, and the manager never resumes it.
         encoding = found.get("Content-Encoding", "").strip().lower() or None
@@ -218,7 +230,7 @@ class HttpBackend(DownloadBackend):
         if encoding is not None and response.status_code == 200:
             size = None  # Content-Length counts encoded bytes
         return ByteStream(
-            self._chunks(response, url, decode=encoding is not None),
+            self._chunks(response, url, decode=encoding is not None, length=length),
             start=start,
             size=size,
             etag=etag,
@@ -229,15 +241,20 @@ class HttpBackend(DownloadBackend):
             encoding=encoding,
         )
 
-    def _chunks(self, response: requests.Response, url: str, decode: bool) -> Iterator[bytes]:
+    def _chunks(
+        self, response: requests.Response, url: str, decode: bool, length: Optional[int]
+    ) -> Iterator[bytes]:
         # read1 hands over what has arrived (up to CHUNK_SIZE), so bytes received before
         # a connection breaks are kept and the manager resumes after them.
-        raw = response.raw
+        raw, received = response.raw, 0
         try:
             while chunk := raw.read1(CHUNK_SIZE, decode_content=decode):
+                received += len(chunk)
                 yield chunk
         except _network_errors() as error:
             raise NetworkError(url, f"connection broke off: {type(error).__name__}") from error
+        if length is not None and not decode and received < length:
+            raise NetworkError(url, f"connection closed after {received} of the range's {length} bytes")
 
     def stat(self, url: str) -> RemoteInfo:
         response = self._request("HEAD", url, {"Accept-Encoding": "identity"})

@@ -13,7 +13,14 @@ import re
 from collections.abc import Iterator
 from typing import Any, ClassVar, Final, Optional
 
-from framework.download.backend import POOL_SIZE, ByteStream, DownloadBackend, RemoteInfo, parse_content_range
+from framework.download.backend import (
+    POOL_SIZE,
+    UNPLACED,
+    ByteStream,
+    DownloadBackend,
+    RemoteInfo,
+    parse_content_range,
+)
 from framework.errors import (
     ChecksumError,
     DownloadError,
@@ -157,7 +164,7 @@ class S3Backend(DownloadBackend):
         range_header = response.get("ContentRange")
         if range_header:
             first, size = parse_content_range(range_header, size)
-            start = offset if first is None else first
+            start = UNPLACED if first is None else first
         body = response["Body"]
         modified = response.get("LastModified")
         return ByteStream(

@@ -43,7 +43,7 @@ from framework.download._cache import (
 )
 from framework.download._pipeline import Pipeline
 from framework.download._validators import NO_VALIDATOR, Validators
-from framework.download.backend import ByteStream, DownloadBackend
+from framework.download.backend import UNPLACED, ByteStream, DownloadBackend
 from framework.errors import ChecksumError, DownloadError, NetworkError
 
 __all__ = [
@@ -325,6 +325,11 @@ def _place(backend: DownloadBackend, url: str, stream: ByteStream, partial: _Par
         partial.restart(got)
         return True
     if offset == 0:
+        if stream.start == UNPLACED:
+            raise DownloadError(
+                url, "asked for the whole object, the server sent a range whose Content-Range cannot be read "
+                "or contradicts itself or its Content-Length"
+            )
         raise DownloadError(url, f"asked for the whole object, the server sent bytes from {stream.start} on")
     same = got.tag == partial.name.tag != NO_VALIDATOR
     # An encoded range counts encoded bytes: it cannot go after the object's bytes we have.
@@ -342,9 +347,11 @@ def _place(backend: DownloadBackend, url: str, stream: ByteStream, partial: _Par
 
 
 class _EndedShort(NetworkError):
-    """An answer that brought bytes and ended cleanly before the object's end: a server
-    that caps its ranged answers. What is left is asked for, and, as in a parallel
-    fetch, that is not a failure (each such answer brings bytes, so it ends)."""
+    """A ranged answer (206) that brought bytes and ended whole by its own account
+    (backends count a body against its Content-Length, or against its range's length
+    without one) before the object's end: a server that caps its ranged answers. What
+    is left is asked for, and, as in a parallel fetch, that is not a failure as long as
+    each such answer goes further into the object than any before it."""
 
 
 def _receive(
@@ -376,7 +383,8 @@ def _receive(
             pipeline.finish()  # file, offset and digest agree before a retry resumes
             if partial.offset > stream.size:
                 raise ChecksumError(url, str(stream.size), str(partial.offset), what="size")
-            ended = _EndedShort if partial.offset > began else NetworkError
+            capped = stream.status == 206 and partial.offset > began and partial.name.tag != NO_VALIDATOR
+            ended = _EndedShort if capped else NetworkError
             raise ended(url, f"connection closed after {partial.offset} of {stream.size} bytes")
     except BaseException as error:
         # Keep what arrived before a network failure (the retry resumes after it),
@@ -396,7 +404,7 @@ def _download(
     on_size: Optional[Callable[[int], None]],
 ) -> Pipeline:
     """The retry loop: a body that breaks off is resumed, up to `attempts` times."""
-    failures = 0
+    failures, furthest = 0, partial.offset
     while True:
         if partial.offset and partial.name.tag == NO_VALIDATOR:
             partial.restart(Validators())  # no validator can vouch for the bytes we have
@@ -413,10 +421,11 @@ def _download(
                 continue
             try:
                 return _receive(stream, partial, url, bar, on_size)
-            except _EndedShort as error:
-                logger.info("%s; asking for the rest", error)
-                continue
             except NetworkError as error:
+                if isinstance(error, _EndedShort) and partial.offset > furthest:
+                    furthest = partial.offset
+                    logger.info("%s; asking for the rest", error)
+                    continue
                 failures += 1
                 if failures >= attempts:
                     raise

@@ -16,11 +16,23 @@ import attrs
 
 from framework.registry import Registrable
 
-__all__ = ["POOL_SIZE", "ByteStream", "DownloadBackend", "RemoteInfo", "parse_content_range"]
+__all__ = [
+    "POOL_SIZE",
+    "UNPLACED",
+    "ByteStream",
+    "DownloadBackend",
+    "RemoteInfo",
+    "parse_content_range",
+    "range_body_length",
+]
 
 # Connections a backend keeps open per host: room for two objects fetched at once at the
 # default cap (16 connections each), so a parallel fetch does not throw connections away.
 POOL_SIZE: Final = 32
+
+# `ByteStream.start` of a 206 whose Content-Range cannot be read or contradicts itself:
+# where its bytes belong is unknown, so the manager never places them.
+UNPLACED: Final = -1
 
 _CONTENT_RANGE = re.compile(r"bytes\s+(?:(\d+)-(\d+)|\*)/(\d+|\*)\s*$")
 
@@ -47,6 +59,16 @@ def parse_content_range(
     return first, total
 
 
+def range_body_length(value: Optional[str]) -> Optional[int]:
+    """How many bytes a ``Content-Range`` (``bytes 5-9/10``: 5) says its body holds; None
+    where it names no range. What a body without a Content-Length is counted against:
+    one that ends before is cut off, not a server's cap."""
+    match = _CONTENT_RANGE.match(value or "")
+    if match is None or match.group(1) is None:
+        return None
+    return int(match.group(2)) - int(match.group(1)) + 1
+
+
 @attrs.frozen
 class RemoteInfo:
     """What a backend knows about a remote object without reading it."""
@@ -63,7 +85,8 @@ class ByteStream:
 
     `start` is the offset the body really begins at: the requested offset, or 0
     when the backend could not resume (an HTTP server answering 200 to a Range
-    request). `size` is the object's total size when known. `etag` and
+    request), or `UNPLACED` for a 206 whose Content-Range cannot be read or
+    contradicts itself. `size` is the object's total size when known. `etag` and
     `last_modified` identify the version the body belongs to; `date` is the answer's
     ``Date`` (a Last-Modified is a strong validator only when Date is at least one
     second later). `encoding` is the HTTP ``Content-Encoding`` the server applied

@@ -40,7 +40,9 @@ class Route:
     last_modified: Optional[str] = None  # sent as Last-Modified; matched by If-Range
     status: Optional[int] = None  # a fixed answer, e.g. 404
     fail_statuses: list[int] = attrs.field(factory=list)  # answered first, one per GET
-    range_mode: str = "honor"  # "honor" | "ignore" (answer 200) | "416" | another status for any Range
+    # "honor" | "ignore" (answer 200) | "from_zero" (every GET, Range or not, is answered as
+    # one for bytes=0-) | "416" | another status for any Range
+    range_mode: str = "honor"
     redirect: Optional[str] = None
     drop_after: Optional[int] = None  # body bytes sent before the fault
     drops: int = 0  # how many GETs get the fault
@@ -58,6 +60,7 @@ class Route:
     refused: int = 0  # GETs answered 503 for `busy_over`
     gzip_whole: bool = False  # whole answers (200) come gzip-encoded, whatever was asked
     gzip_all: bool = False  # every answer is gzip-encoded, ranges counting encoded bytes (a .gz served so)
+    close_delimited: bool = False  # no Content-Length: the body ends when the connection closes
     total_delta: int = 0  # a 206's Content-Range names a total this far off the real one (a lie)
     head_status: Optional[int] = None  # HEAD is answered with this (405: a server without HEAD)
     chunk: int = 64 * 1024
@@ -170,6 +173,8 @@ class _Handler(BaseHTTPRequestHandler):
         status = 200
         if if_range is not None and if_range not in (route.etag, route.last_modified):
             range_header = None  # RFC 9110 If-Range: another version is sent whole
+        if route.range_mode == "from_zero":
+            range_header = "bytes=0-"
         if range_header and route.range_mode != "ignore":
             first, _, last = range_header.split("=", 1)[1].partition("-")
             start = int(first)
@@ -195,7 +200,11 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header("Content-Encoding", "gzip")
         if route.gzip_all:
             self.send_header("Content-Encoding", "gzip")
-        self.send_header("Content-Length", str(len(body)))
+        if route.close_delimited:
+            self.close_connection = True
+            self.send_header("Connection", "close")
+        else:
+            self.send_header("Content-Length", str(len(body)))
         self.send_header("Accept-Ranges", "bytes")
         if route.etag:
             self.send_header("ETag", route.etag)

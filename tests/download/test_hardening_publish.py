@@ -30,6 +30,7 @@ from framework.errors import (
     DownloadError,
     InvalidArgumentError,
     LockTimeoutError,
+    NetworkError,
     OfflineError,
 )
 
@@ -595,6 +596,49 @@ def test_offline_message_names_the_cached_copy_with_another_digest(
 )
 def test_content_range_forms(value: str, parsed: tuple[Any, Any]) -> None:
     assert parse_content_range(value) == parsed
+
+
+def test_a_resume_answered_with_a_range_that_contradicts_itself_is_never_placed(
+    http_server: FaultServer, manager: DownloadManager, cache: Path, payload: bytes
+) -> None:
+    """A resume answered with the whole object as a 206 whose last byte is past its
+    total (``bytes 0-N/N``): where those bytes belong is unknown, so they are never
+    appended to what is here; asked again without a Range, the server says the same,
+    and that is a clear error, with nothing published."""
+    url = http_server.add(
+        "/contradiction/resume.bin",
+        payload,
+        etag='"v1"',
+        drop_after=300_000,
+        drops=1,
+        swap_at_get=2,
+        then={"range_mode": "from_zero", "total_delta": -1},
+    )
+    with pytest.raises(DownloadError, match="contradicts itself"):
+        manager.cached_path(url)
+    ranges = http_server.route(url).ranges
+    assert len(ranges) == 3 and ranges[0] == ranges[2] == "" and ranges[1].startswith("bytes=")
+    assert not Entry(cache, url).final.exists()
+    assert stray_files(cache) == []
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize("etag", [None, '"v1"'])
+def test_capped_answers_that_bring_nothing_new_are_failures(
+    http_server: FaultServer, cache: Path, etag: Any
+) -> None:
+    """A server that answers every GET, Range or not, with its first 1,000 bytes as a
+    206 (``bytes 0-999/5000``): a capped answer is followed by another without counting
+    as a failure only while each goes further into the object, so this one ends after
+    the retries instead of asking forever."""
+    url = http_server.add(
+        f"/capped-from-zero/{etag is not None}.bin", os.urandom(5000), etag=etag, range_mode="from_zero",
+        range_cap=1000,
+    )
+    manager = DownloadManager(cache, connections=1, retries=3, backoff_factor=0.01, progress=False)
+    with pytest.raises(NetworkError, match="1000 of 5000"):
+        manager.cached_path(url)
+    assert http_server.route(url).gets <= 4
 
 
 def test_a_content_range_that_contradicts_the_length_says_nothing() -> None:

@@ -28,7 +28,7 @@ from dl_helpers import (
 )
 
 from framework.download import DownloadManager
-from framework.errors import ChecksumError
+from framework.errors import ChecksumError, NetworkError
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -387,6 +387,22 @@ def test_a_server_that_caps_its_ranges_still_gives_the_whole_object(
     else:
         assert route.gets == -(-size // cap) and route.body_bytes == len(data)
     assert stray_files(tmp_path) == []
+
+
+def test_a_cut_range_without_a_content_length_is_a_failure_not_a_cap(
+    http_server: FaultServer, tmp_path: Path
+) -> None:
+    """Answers without a Content-Length (the body ends when the connection closes), each
+    cut after 100 kB: the cut looks like the body's end, but the range says how long it
+    is, so each is a network failure, retried up to `retries` times per part with
+    backoff, not a server's cap that is followed by another request at once."""
+    url = http_server.add(
+        unique_path("close-delimited"), _data(6), etag='"cd"', close_delimited=True,
+        drop_after=100_000, drops=1000, drop_kind="short",
+    )
+    with pytest.raises(NetworkError, match="of the range's"):
+        parts_manager(tmp_path, retries=3).cached_path(url)
+    assert http_server.route(url).gets <= 4 * 3 + 1
 
 
 @pytest.mark.parametrize(

@@ -218,10 +218,14 @@ class HttpBackend(DownloadBackend):
                     status=416,
                     date=date,
                 )
-            start = UNPLACED if first is None else first
+            if first is None:  # ``bytes */N`` or worse: the body's place is unknown, so is its size
+                start, size = UNPLACED, None
+            else:
+                start = first
         # urllib3 counts a body against its Content-Length; without one, a cut connection
         # looks like the body's end, so a range is counted against its own length here.
-        length = range_body_length(found.get("Content-Range")) if close_delimited and start >= 0 else None
+        placed = response.status_code == 206 and start >= 0
+        length = range_body_length(found.get("Content-Range")) if close_delimited and placed else None
         # A server that ignores "identity" anyway: its encoded bytes are not the object's,
         # so they are decoded; the stream says so, and the manager never resumes it.
         encoding = found.get("Content-Encoding", "").strip().lower() or None
@@ -246,15 +250,23 @@ class HttpBackend(DownloadBackend):
     ) -> Iterator[bytes]:
         # read1 hands over what has arrived (up to CHUNK_SIZE), so bytes received before
         # a connection breaks are kept and the manager resumes after them.
+        # A range without a Content-Length (`length`) ends at its length, as urllib3 ends a
+        # body at its Content-Length: what a server sends past it is not the range's.
         raw, received = response.raw, 0
+        limit = None if decode else length
         try:
             while chunk := raw.read1(CHUNK_SIZE, decode_content=decode):
+                if limit is not None:
+                    chunk = chunk[: limit - received]
                 received += len(chunk)
-                yield chunk
+                if chunk:
+                    yield chunk
+                if received == limit:
+                    return
         except _network_errors() as error:
             raise NetworkError(url, f"connection broke off: {type(error).__name__}") from error
-        if length is not None and not decode and received < length:
-            raise NetworkError(url, f"connection closed after {received} of the range's {length} bytes")
+        if limit is not None and received < limit:
+            raise NetworkError(url, f"connection closed after {received} of the range's {limit} bytes")
 
     def stat(self, url: str) -> RemoteInfo:
         response = self._request("HEAD", url, {"Accept-Encoding": "identity"})

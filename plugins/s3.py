@@ -164,7 +164,10 @@ class S3Backend(DownloadBackend):
         range_header = response.get("ContentRange")
         if range_header:
             first, size = parse_content_range(range_header, size)
-            start = UNPLACED if first is None else first
+            if first is None:  # ``bytes */N`` or worse: the body's place is unknown, so is its size
+                start, size = UNPLACED, None
+            else:
+                start = first
         body = response["Body"]
         modified = response.get("LastModified")
         return ByteStream(

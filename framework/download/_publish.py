@@ -186,6 +186,10 @@ class _Partial:
         # The version the bytes belong to, once a response said so (unknown for an
         # adopted file until the server confirms its tag).
         self.validators: Optional[Validators] = None
+        # That version's size, once an answer said it: what a later answer that does not
+        # say it (``bytes 1000-1999/*``) is counted against, and one that says another
+        # size is not resumed after.
+        self.size: Optional[int] = None
 
     @classmethod
     def create(cls, final: Path) -> _Partial:
@@ -258,7 +262,7 @@ class _Partial:
         if self.offset:
             os.ftruncate(self.fd, 0)
             self.offset, self.hasher = 0, _new_hasher()
-        self.validators = validators
+        self.validators, self.size = validators, None
         if validators.tag != self.name.tag:
             renamed = self.name.renamed(validators.tag)
             _ACTIVE.add(str(renamed.path))
@@ -338,6 +342,7 @@ def _place(backend: DownloadBackend, url: str, stream: ByteStream, partial: _Par
         and stream.start == offset
         and same
         and (stream.size is None or offset <= stream.size)
+        and (stream.size is None or partial.size is None or stream.size == partial.size)
     ):
         partial.validators = got
         return True
@@ -364,11 +369,13 @@ def _receive(
     """Write `stream`'s body after the partial's bytes, hashing on the side. Returns
     the pipeline, whose hash thread may still be working through its backlog."""
     if stream.size is not None:
+        partial.size = stream.size
         if on_size is not None:
             on_size(stream.size)
         if bar is not None:
             bar.total, bar.n = stream.size, partial.offset
             bar.refresh()
+    size = partial.size
     os.lseek(partial.fd, partial.offset, os.SEEK_SET)
     began = partial.offset
     pipeline = Pipeline(partial.fd, partial.hasher, partial.offset, url, partial.name.path)
@@ -379,13 +386,13 @@ def _receive(
             if bar is not None:
                 bar.update(len(chunk))
         pipeline.flush()
-        if stream.size is not None and partial.offset != stream.size:
+        if size is not None and partial.offset != size:
             pipeline.finish()  # file, offset and digest agree before a retry resumes
-            if partial.offset > stream.size:
-                raise ChecksumError(url, str(stream.size), str(partial.offset), what="size")
+            if partial.offset > size:
+                raise ChecksumError(url, str(size), str(partial.offset), what="size")
             capped = stream.status == 206 and partial.offset > began and partial.name.tag != NO_VALIDATOR
             ended = _EndedShort if capped else NetworkError
-            raise ended(url, f"connection closed after {partial.offset} of {stream.size} bytes")
+            raise ended(url, f"connection closed after {partial.offset} of {size} bytes")
     except BaseException as error:
         # Keep what arrived before a network failure (the retry resumes after it),
         # and wait for the hash: file, offset and digest agree.

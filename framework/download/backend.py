@@ -34,7 +34,7 @@ POOL_SIZE: Final = 32
 # where its bytes belong is unknown, so the manager never places them.
 UNPLACED: Final = -1
 
-_CONTENT_RANGE = re.compile(r"bytes\s+(?:(\d+)-(\d+)|\*)/(\d+|\*)\s*$")
+_CONTENT_RANGE = re.compile(r"bytes\s+(?:(\d+)-(\d+)|\*)/(\d+|\*)\s*$", re.IGNORECASE)  # RFC 9110 14.1
 
 
 def parse_content_range(

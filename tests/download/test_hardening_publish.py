@@ -10,9 +10,11 @@ import hashlib
 import json
 import os
 import signal
+import socket
 import stat
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -278,6 +280,37 @@ def test_206_with_unknown_total_resumes(
     assert manager.cached_path(url, sha256=sha256(payload)).read_bytes() == payload
     route = http_server.route(url)
     assert route.ranges[0] == "" and route.ranges[1].startswith("bytes=") and route.full_gets == 1
+
+
+@pytest.mark.parametrize("capped", [False, True])
+def test_a_resume_of_unknown_total_is_counted_against_the_size_first_said(
+    http_server: FaultServer, manager: DownloadManager, payload: bytes, capped: bool
+) -> None:
+    """The first answer said the object's size; resumes say ``bytes a-b/*`` and, from a
+    server capping its ranges, bring 100 kB each: they go on until that size, never
+    taken for the rest of the object (no sha256 given: nothing else would catch it)."""
+    url = http_server.add(
+        f"/star/total-{capped}.bin", payload, etag='"v1"', star_total=True, drop_after=300_000, drops=1,
+        range_cap=100_000 if capped else None,
+    )
+    assert manager.cached_path(url).read_bytes() == payload
+    route = http_server.route(url)
+    assert route.full_gets == 1 and all(asked.startswith("bytes=") for asked in route.ranges[1:])
+    assert len(route.ranges) > 2 if capped else len(route.ranges) == 2
+
+
+def test_a_resume_that_names_another_total_starts_over(
+    http_server: FaultServer, manager: DownloadManager, payload: bytes
+) -> None:
+    """The same ETag, but the resume's Content-Range names another total than the first
+    answer's Content-Length: not the same object, so not resumed after."""
+    url = http_server.add(
+        "/total/changes.bin", payload, etag='"v1"', drop_after=300_000, drops=1, swap_at_get=2,
+        then={"total_delta": 1000},
+    )
+    assert manager.cached_path(url).read_bytes() == payload
+    ranges = http_server.route(url).ranges
+    assert len(ranges) == 3 and ranges[0] == ranges[2] == "" and ranges[1].startswith("bytes=")
 
 
 # Loops ------------------------------------------------------------------------------
@@ -639,6 +672,65 @@ def test_capped_answers_that_bring_nothing_new_are_failures(
     with pytest.raises(NetworkError, match="1000 of 5000"):
         manager.cached_path(url)
     assert http_server.route(url).gets <= 4
+
+
+def _one_answer(head: str, body: bytes) -> str:
+    """A server on 127.0.0.1 that answers one request with exactly `head` (status line and
+    headers) and `body`, then closes: headers no test server would send together."""
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def answer() -> None:
+        connection, _ = listener.accept()
+        with connection, listener:
+            connection.recv(65536)
+            connection.sendall(head.replace("\n", "\r\n").encode() + b"\r\n" + body)
+
+    threading.Thread(target=answer, daemon=True).start()
+    return f"http://127.0.0.1:{listener.getsockname()[1]}/x.bin"
+
+
+@pytest.mark.parametrize(
+    ("head", "sent", "read"),
+    [
+        # A range without a Content-Length ends at its own length: what comes past it is not its.
+        ("HTTP/1.1 206 Partial Content\nContent-Range: bytes 0-9/40\nConnection: close\n", 40, 10),
+        ("HTTP/1.0 206 Partial Content\nContent-Range: bytes 0-9/40\n", 10, 10),
+        ("HTTP/1.1 206 Partial Content\nContent-Range: bytes 0-9/40\nConnection: close\n", 6, None),
+        # Only a 206's range counts: a stray Content-Range on a 200 is not the body's length.
+        ("HTTP/1.1 200 OK\nContent-Range: bytes 0-39/40\nConnection: close\n", 20, 20),
+    ],
+    ids=["longer-than-its-range", "http-1.0", "cut-short", "200"],
+)
+def test_a_body_without_a_content_length_is_counted_against_its_range(
+    head: str, sent: int, read: Any
+) -> None:
+    from framework_plugins.http import HttpBackend
+
+    body = os.urandom(sent)
+    backend = HttpBackend()
+    stream = backend.open(_one_answer(head, body), 0, end=10)
+    if read is None:
+        with pytest.raises(NetworkError, match="6 of the range's 10 bytes"):
+            b"".join(stream.chunks)
+    else:
+        assert b"".join(stream.chunks) == body[:read]
+    stream.close()
+    backend.close()
+
+
+@pytest.mark.parametrize("content_range", ["bytes */40", "bytes 0-40/40", "bytes 0-9/40 junk", ""])
+def test_a_206_whose_range_names_no_place_is_unplaced(content_range: str) -> None:
+    from framework_plugins.http import HttpBackend
+
+    from framework.download.backend import UNPLACED
+
+    header = f"Content-Range: {content_range}\n" if content_range else ""
+    backend = HttpBackend()
+    url = _one_answer(f"HTTP/1.1 206 Partial Content\n{header}Content-Length: 10\n", bytes(10))
+    stream = backend.open(url, 0, end=10)
+    assert (stream.start, stream.size) == (UNPLACED, None)
+    stream.close()
+    backend.close()
 
 
 def test_a_content_range_that_contradicts_the_length_says_nothing() -> None:

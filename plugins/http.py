@@ -23,12 +23,12 @@ from urllib3.util.retry import Retry
 from framework._redact import RedactingFilter
 from framework.download.backend import (
     POOL_SIZE,
-    UNPLACED,
     ByteStream,
     DownloadBackend,
     RemoteInfo,
     parse_content_range,
     range_body_length,
+    range_place,
 )
 from framework.errors import DownloadError, HTTPStatusError, InvalidArgumentError, NetworkError
 
@@ -205,23 +205,19 @@ class HttpBackend(DownloadBackend):
         etag, modified, date = found.get("ETag"), found.get("Last-Modified"), found.get("Date")
         start, size = 0, _int(found.get("Content-Length"))
         close_delimited = size is None
-        if response.status_code in (206, 416):  # reported as is; the manager decides
-            first, size = parse_content_range(found.get("Content-Range"), size)
-            if response.status_code == 416:
-                response.close()
-                return ByteStream(
-                    iter(()),
-                    start=offset,
-                    size=size,
-                    etag=etag,
-                    last_modified=modified,
-                    status=416,
-                    date=date,
-                )
-            if first is None:  # ``bytes */N`` or worse: the body's place is unknown, so is its size
-                start, size = UNPLACED, None
-            else:
-                start = first
+        if response.status_code == 416:  # reported as is; the manager decides
+            response.close()
+            return ByteStream(
+                iter(()),
+                start=offset,
+                size=parse_content_range(found.get("Content-Range"))[1],
+                etag=etag,
+                last_modified=modified,
+                status=416,
+                date=date,
+            )
+        if response.status_code == 206:
+            start, size = range_place(found.get("Content-Range"), size)
         # urllib3 counts a body against its Content-Length; without one, a cut connection
         # looks like the body's end, so a range is counted against its own length here.
         placed = response.status_code == 206 and start >= 0

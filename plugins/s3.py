@@ -13,14 +13,7 @@ import re
 from collections.abc import Iterator
 from typing import Any, ClassVar, Final, Optional
 
-from framework.download.backend import (
-    POOL_SIZE,
-    UNPLACED,
-    ByteStream,
-    DownloadBackend,
-    RemoteInfo,
-    parse_content_range,
-)
+from framework.download.backend import POOL_SIZE, ByteStream, DownloadBackend, RemoteInfo, range_place
 from framework.errors import (
     ChecksumError,
     DownloadError,
@@ -163,11 +156,7 @@ class S3Backend(DownloadBackend):
         start, size = 0, response.get("ContentLength")
         range_header = response.get("ContentRange")
         if range_header:
-            first, size = parse_content_range(range_header, size)
-            if first is None:  # ``bytes */N`` or worse: the body's place is unknown, so is its size
-                start, size = UNPLACED, None
-            else:
-                start = first
+            start, size = range_place(range_header, size)
         body = response["Body"]
         modified = response.get("LastModified")
         return ByteStream(

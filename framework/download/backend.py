@@ -24,6 +24,7 @@ __all__ = [
     "RemoteInfo",
     "parse_content_range",
     "range_body_length",
+    "range_place",
 ]
 
 # Connections a backend keeps open per host: room for two objects fetched at once at the
@@ -57,6 +58,14 @@ def parse_content_range(
     if last < first or past_the_end or (length is not None and length != last - first + 1):
         return None, None
     return first, total
+
+
+def range_place(value: Optional[str], length: Optional[int] = None) -> tuple[int, Optional[int]]:
+    """(start, total size) of a 206's body from its ``Content-Range`` (and `length`, its
+    Content-Length): ``(UNPLACED, None)`` where the range names no first byte (``bytes
+    */N``, missing, unreadable, or contradicting itself or `length`)."""
+    first, total = parse_content_range(value, length)
+    return (UNPLACED, None) if first is None else (first, total)
 
 
 def range_body_length(value: Optional[str]) -> Optional[int]:

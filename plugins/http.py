@@ -10,6 +10,7 @@ challenge from a hook), since the auth is applied per request, not as the sessio
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Iterator, Mapping
 from typing import Any, ClassVar, Final, Optional, Union
@@ -258,6 +259,9 @@ class HttpBackend(DownloadBackend):
                 if chunk:
                     yield chunk
                 if received == limit:
+                    if getattr(raw, "chunked", False):  # read its last chunk: the connection is kept
+                        with contextlib.suppress(*_network_errors()):  # the range is all here
+                            raw.read1(1, decode_content=False)  # more (past the range) is dropped
                     return
         except _network_errors() as error:
             raise NetworkError(url, f"connection broke off: {type(error).__name__}") from error

@@ -386,13 +386,18 @@ def _receive(
             if bar is not None:
                 bar.update(len(chunk))
         pipeline.flush()
-        if size is not None and partial.offset != size:
+        # A range of an unknown total (``bytes a-b/*``), of a version no answer gave the
+        # size of, may end before the object does: the next request says (a 416 at the
+        # end, whose size or a HEAD confirms it).
+        unknown_end = size is None and stream.status == 206
+        if unknown_end or (size is not None and partial.offset != size):
             pipeline.finish()  # file, offset and digest agree before a retry resumes
-            if partial.offset > size:
+            if size is not None and partial.offset > size:
                 raise ChecksumError(url, str(size), str(partial.offset), what="size")
             capped = stream.status == 206 and partial.offset > began and partial.name.tag != NO_VALIDATOR
             ended = _EndedShort if capped else NetworkError
-            raise ended(url, f"connection closed after {partial.offset} of {size} bytes")
+            of = "an unknown number of" if size is None else size
+            raise ended(url, f"connection closed after {partial.offset} of {of} bytes")
     except BaseException as error:
         # Keep what arrived before a network failure (the retry resumes after it),
         # and wait for the hash: file, offset and digest agree.

@@ -61,6 +61,7 @@ class Route:
     gzip_whole: bool = False  # whole answers (200) come gzip-encoded, whatever was asked
     gzip_all: bool = False  # every answer is gzip-encoded, ranges counting encoded bytes (a .gz served so)
     close_delimited: bool = False  # no Content-Length: the body ends when the connection closes
+    chunked: bool = False  # no Content-Length: the body comes in chunks (Transfer-Encoding: chunked)
     total_delta: int = 0  # a 206's Content-Range names a total this far off the real one (a lie)
     head_status: Optional[int] = None  # HEAD is answered with this (405: a server without HEAD)
     chunk: int = 64 * 1024
@@ -203,6 +204,8 @@ class _Handler(BaseHTTPRequestHandler):
         if route.close_delimited:
             self.close_connection = True
             self.send_header("Connection", "close")
+        elif route.chunked:
+            self.send_header("Transfer-Encoding", "chunked")
         else:
             self.send_header("Content-Length", str(len(body)))
         self.send_header("Accept-Ranges", "bytes")
@@ -235,7 +238,10 @@ class _Handler(BaseHTTPRequestHandler):
         while sent < len(body):
             end = min(len(body), sent + route.chunk)
             if fault_at is not None and end >= fault_at:
-                self.wfile.write(body[sent:fault_at])
+                if route.chunked:
+                    self.wfile.write(b"%x\r\n%s\r\n" % (fault_at - sent, body[sent:fault_at]))
+                else:
+                    self.wfile.write(body[sent:fault_at])
                 self.wfile.flush()
                 self._fault(route.drop_kind)
                 with self.server.lock:
@@ -246,7 +252,10 @@ class _Handler(BaseHTTPRequestHandler):
             if route.hold_after is not None and route.body_bytes + end - sent > route.hold_after:
                 self.wfile.flush()
                 route.released.wait(60)
-            self.wfile.write(body[sent:end])
+            if route.chunked:
+                self.wfile.write(b"%x\r\n%s\r\n" % (end - sent, body[sent:end]))
+            else:
+                self.wfile.write(body[sent:end])
             with self.server.lock:
                 route.body_bytes += end - sent
                 stall = route.stall_after is not None and sent < route.stall_after <= end
@@ -258,6 +267,8 @@ class _Handler(BaseHTTPRequestHandler):
                 time.sleep(route.stall_s)
             if route.delay:
                 time.sleep(route.delay)
+        if route.chunked:
+            self.wfile.write(b"0\r\n\r\n")
 
     def _fault(self, kind: str) -> None:
         self.close_connection = True

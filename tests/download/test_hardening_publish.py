@@ -299,6 +299,46 @@ def test_a_resume_of_unknown_total_is_counted_against_the_size_first_said(
     assert len(route.ranges) > 2 if capped else len(route.ranges) == 2
 
 
+@pytest.mark.parametrize("chunked", [False, True], ids=["adopted", "chunked-first"])
+def test_a_resume_of_unknown_total_for_a_size_never_said_goes_on_to_the_end(
+    http_server: FaultServer, cache: Path, payload: bytes, chunked: bool
+) -> None:
+    """No answer of this process gave the object's size (a partial adopted from a call
+    that failed, or a first answer in chunks), and resumes say ``bytes a-b/*`` with
+    100 kB each: a range's end is not taken for the object's; requests go on until the
+    server says the end (416)."""
+    resumes = {"star_total": True, "range_cap": 100_000, "chunked": False}
+    url = http_server.add(
+        f"/star/never-said-{chunked}.bin", payload, etag='"v1"', drop_after=300_000, drops=1,
+        chunked=chunked, swap_at_get=2, then=resumes,
+    )
+    if not chunked:  # a call that fails leaves its partial file to the next one
+        with pytest.raises(NetworkError):
+            DownloadManager(cache, connections=1, retries=1, progress=False).cached_path(url)
+    route = http_server.route(url)
+    manager = DownloadManager(cache, connections=1, retries=3, backoff_factor=0.01, progress=False)
+    assert manager.cached_path(url).read_bytes() == payload
+    assert route.full_gets == 1 and all(asked.startswith("bytes=") for asked in route.ranges[1:])
+
+
+def test_chunked_ranges_keep_their_connection(http_server: FaultServer, tmp_path: Path) -> None:
+    """Ranges of exactly their length in chunks (no Content-Length), from a server capping
+    them: each is read to its last chunk, so its connection goes back to the pool."""
+    payload = os.urandom(600_000)
+    url = http_server.add("/chunked/capped.bin", payload, etag='"v1"', chunked=True, range_cap=100_000)
+    manager = DownloadManager(tmp_path, connections=1, retries=2, backoff_factor=0.01, progress=False)
+    before = http_server.connections
+    assert manager.cached_path(url, sha256=sha256(payload)).read_bytes() == payload
+    assert http_server.route(url).gets == 1  # the first answer is whole: no Range yet
+    manager.close()
+
+    manager = DownloadManager(tmp_path / "parts", connections=2, part_size=128 << 10, progress=False)
+    gets = http_server.route(url).gets
+    assert manager.cached_path(url).read_bytes() == payload
+    assert http_server.route(url).gets - gets >= 6  # capped ranges, one after another
+    assert http_server.connections - before <= 3  # the first GET's, then at most two for all ranges
+
+
 def test_a_resume_that_names_another_total_starts_over(
     http_server: FaultServer, manager: DownloadManager, payload: bytes
 ) -> None:

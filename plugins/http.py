@@ -36,6 +36,9 @@ from framework.errors import DownloadError, HTTPStatusError, InvalidArgumentErro
 __all__ = ["HttpBackend"]
 
 CHUNK_SIZE: Final = 1 << 20
+# How long a chunked range whose bytes are all here waits for its terminating chunk (which
+# comes with the last bytes from any server that does not stall) before its connection is closed.
+_LAST_CHUNK_WAIT_S: Final = 0.1
 RETRY_STATUSES: Final = frozenset({408, 429, *range(500, 600)} - {501})  # 501: asking again cannot help
 
 
@@ -259,9 +262,8 @@ class HttpBackend(DownloadBackend):
                 if chunk:
                     yield chunk
                 if received == limit:
-                    if getattr(raw, "chunked", False):  # read its last chunk: the connection is kept
-                        with contextlib.suppress(*_network_errors()):  # the range is all here
-                            raw.read1(1, decode_content=False)  # more (past the range) is dropped
+                    if getattr(raw, "chunked", False):
+                        _read_the_last_chunk(raw)
                     return
         except _network_errors() as error:
             raise NetworkError(url, f"connection broke off: {type(error).__name__}") from error
@@ -276,6 +278,18 @@ class HttpBackend(DownloadBackend):
 
     def close(self) -> None:
         self.session.close()
+
+
+def _read_the_last_chunk(raw: Any) -> None:
+    """Read the terminating chunk of a chunked range whose bytes are all here, so that its
+    connection goes back to the pool; if it does not come at once (a server that stalls
+    before it), or more comes (bytes past the range, dropped), the connection is closed
+    instead. urllib3 sets the socket's timeout again for the connection's next request."""
+    sock = getattr(getattr(raw, "connection", None), "sock", None)
+    with contextlib.suppress(*_network_errors()):
+        if sock is not None:
+            sock.settimeout(_LAST_CHUNK_WAIT_S)
+        raw.read1(1, decode_content=False)
 
 
 def _int(value: Any) -> Optional[int]:

@@ -190,6 +190,9 @@ class _Partial:
         # say it (``bytes 1000-1999/*``) is counted against, and one that says another
         # size is not resumed after.
         self.size: Optional[int] = None
+        # Where a range of that version and of unknown total ended, in this process: a 416
+        # there that names the version says the object ends there, even without its size.
+        self.open_end: Optional[int] = None
 
     @classmethod
     def create(cls, final: Path) -> _Partial:
@@ -262,7 +265,7 @@ class _Partial:
         if self.offset:
             os.ftruncate(self.fd, 0)
             self.offset, self.hasher = 0, _new_hasher()
-        self.validators, self.size = validators, None
+        self.validators, self.size, self.open_end = validators, None, None
         if validators.tag != self.name.tag:
             renamed = self.name.renamed(validators.tag)
             _ACTIVE.add(str(renamed.path))
@@ -306,6 +309,8 @@ def _place(backend: DownloadBackend, url: str, stream: ByteStream, partial: _Par
                 url, "the server answered 416 (range not satisfiable) to a request without a Range"
             )
         got, size = Validators.of(stream), stream.size
+        if size is None and offset == partial.open_end and got.if_range and got.tag == partial.name.tag:
+            size = offset  # nothing past the end of the range of this version that ended here
         if got.if_range is None or size is None:  # a 416 need not name the version: ask
             try:
                 info = backend.stat(url)
@@ -390,6 +395,8 @@ def _receive(
         # size of, may end before the object does: the next request says (a 416 at the
         # end, whose size or a HEAD confirms it).
         unknown_end = size is None and stream.status == 206
+        if unknown_end:
+            partial.open_end = partial.offset
         if unknown_end or (size is not None and partial.offset != size):
             pipeline.finish()  # file, offset and digest agree before a retry resumes
             if size is not None and partial.offset > size:

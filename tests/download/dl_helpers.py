@@ -49,6 +49,7 @@ class Route:
     drop_kind: str = "reset"  # "reset" (RST) | "short" (clean close, body < Content-Length)
     then: dict[str, Any] = attrs.field(factory=dict)  # route fields set after a fault: a new version
     star_total: bool = False  # answer 206 with an unknown total: Content-Range bytes a-b/*
+    size_unknown: bool = False  # a 416 says no size either (no Content-Range), only the ETag
     range_cap: Optional[int] = None  # a ranged answer (206) carries at most this many bytes
     stall_after: Optional[int] = None  # body bytes sent before the answer stalls (once)
     stall_s: float = 30.0
@@ -62,6 +63,7 @@ class Route:
     gzip_all: bool = False  # every answer is gzip-encoded, ranges counting encoded bytes (a .gz served so)
     close_delimited: bool = False  # no Content-Length: the body ends when the connection closes
     chunked: bool = False  # no Content-Length: the body comes in chunks (Transfer-Encoding: chunked)
+    last_chunk_wait: float = 0.0  # seconds a chunked body's bytes wait for its terminating chunk
     total_delta: int = 0  # a 206's Content-Range names a total this far off the real one (a lie)
     head_status: Optional[int] = None  # HEAD is answered with this (405: a server without HEAD)
     chunk: int = 64 * 1024
@@ -180,7 +182,10 @@ class _Handler(BaseHTTPRequestHandler):
             first, _, last = range_header.split("=", 1)[1].partition("-")
             start = int(first)
             if route.range_mode == "416" or start >= size:
-                self._empty(416, {"Content-Range": f"bytes */{size}"})
+                if route.size_unknown:
+                    self._empty(416, {"ETag": route.etag} if route.etag else {})
+                else:
+                    self._empty(416, {"Content-Range": f"bytes */{size}"})
                 return
             if route.range_mode.isdigit():  # a server that refuses ranges with this status
                 self._empty(int(route.range_mode))
@@ -268,6 +273,9 @@ class _Handler(BaseHTTPRequestHandler):
             if route.delay:
                 time.sleep(route.delay)
         if route.chunked:
+            if route.last_chunk_wait:
+                self.wfile.flush()
+                time.sleep(route.last_chunk_wait)
             self.wfile.write(b"0\r\n\r\n")
 
     def _fault(self, kind: str) -> None:

@@ -321,6 +321,23 @@ def test_a_resume_of_unknown_total_for_a_size_never_said_goes_on_to_the_end(
     assert route.full_gets == 1 and all(asked.startswith("bytes=") for asked in route.ranges[1:])
 
 
+def test_a_server_that_never_says_the_size_is_resumed_to_the_end(
+    http_server: FaultServer, cache: Path, payload: bytes
+) -> None:
+    """A server that does not know its object's size: a whole answer in chunks (cut),
+    ranges of ``bytes a-b/*``, and a 416 past the end that names the version but no size,
+    with no HEAD. The 416 for the byte where a range of that version ended says the
+    object ends there: resumed, not fetched again."""
+    url = http_server.add(
+        "/size-unknown/object.bin", payload, etag='"v1"', chunked=True, drop_after=300_000, drops=1,
+        swap_at_get=2, then={"star_total": True, "size_unknown": True, "head_status": 405},
+    )
+    manager = DownloadManager(cache, connections=1, retries=3, backoff_factor=0.01, progress=False)
+    assert manager.cached_path(url).read_bytes() == payload
+    route = http_server.route(url)
+    assert route.full_gets == 1 and len(route.ranges) == 3  # the cut whole, the rest, the 416
+
+
 def test_chunked_ranges_keep_their_connection(http_server: FaultServer, tmp_path: Path) -> None:
     """Ranges of exactly their length in chunks (no Content-Length), from a server capping
     them: each is read to its last chunk, so its connection goes back to the pool."""
@@ -337,6 +354,24 @@ def test_chunked_ranges_keep_their_connection(http_server: FaultServer, tmp_path
     assert manager.cached_path(url).read_bytes() == payload
     assert http_server.route(url).gets - gets >= 6  # capped ranges, one after another
     assert http_server.connections - before <= 3  # the first GET's, then at most two for all ranges
+
+
+def test_a_stalled_last_chunk_does_not_hold_a_range_whose_bytes_are_here(
+    http_server: FaultServer, tmp_path: Path
+) -> None:
+    """A server that sends each chunked range's bytes, then waits 3 s before its
+    terminating chunk: the range is done once its bytes are here (its connection is
+    closed rather than kept), not after the wait, nor after the read timeout."""
+    payload = os.urandom(400_000)
+    url = http_server.add(
+        "/chunked/stalls.bin", payload, etag='"v1"', chunked=True, range_cap=100_000, last_chunk_wait=3.0,
+        drop_after=50_000, drops=1,
+    )
+    manager = DownloadManager(tmp_path, connections=1, retries=2, backoff_factor=0.01, progress=False)
+    started = time.monotonic()
+    assert manager.cached_path(url).read_bytes() == payload
+    assert len(http_server.route(url).ranges) >= 5  # the cut whole answer, then 4 capped ranges
+    assert time.monotonic() - started < 6  # one 3 s wait per range would be 12 s
 
 
 def test_a_resume_that_names_another_total_starts_over(

@@ -43,7 +43,7 @@ from framework.download._cache import (
 )
 from framework.download._pipeline import Pipeline
 from framework.download._validators import NO_VALIDATOR, Validators
-from framework.download.backend import UNPLACED, ByteStream, DownloadBackend
+from framework.download.backend import UNPLACED, ByteStream, DownloadBackend, RemoteInfo
 from framework.errors import ChecksumError, DownloadError, NetworkError
 
 __all__ = [
@@ -309,18 +309,24 @@ def _place(backend: DownloadBackend, url: str, stream: ByteStream, partial: _Par
                 url, "the server answered 416 (range not satisfiable) to a request without a Range"
             )
         got, size = Validators.of(stream), stream.size
-        if size is None and offset == partial.open_end and got.if_range and got.tag == partial.name.tag:
-            size = offset  # nothing past the end of the range of this version that ended here
+        # A 416 naming this version at the byte where a range of it of unknown total ended
+        # says the object ends there: what a server that never says its size can tell.
+        ended_here = offset == partial.open_end and got.if_range is not None and got.tag == partial.name.tag
         if got.if_range is None or size is None:  # a 416 need not name the version: ask
             try:
                 info = backend.stat(url)
             except NetworkError:
                 raise
             except DownloadError as error:  # no HEAD (405), a presigned GET-only URL (403)
-                logger.info("cannot ask %s which version it has (%s); starting over", url, error)
-                partial.restart(Validators())
-                return False
-            got, size = Validators.of(info), info.size
+                if not ended_here:
+                    logger.info("cannot ask %s which version it has (%s); starting over", url, error)
+                    partial.restart(Validators())
+                    return False
+                info = RemoteInfo()
+            if info.size is not None or not ended_here:  # a size from HEAD wins
+                got, size = Validators.of(info), info.size
+            else:
+                size = offset
         if size == offset and got.tag == partial.name.tag != NO_VALIDATOR:
             partial.validators = got
             return True  # the partial file is the whole object
@@ -395,7 +401,7 @@ def _receive(
         # size of, may end before the object does: the next request says (a 416 at the
         # end, whose size or a HEAD confirms it).
         unknown_end = size is None and stream.status == 206
-        if unknown_end:
+        if unknown_end and stream.encoding is None:  # a decoded body's end is no byte of its range
             partial.open_end = partial.offset
         if unknown_end or (size is not None and partial.offset != size):
             pipeline.finish()  # file, offset and digest agree before a retry resumes

@@ -41,7 +41,9 @@ class Route:
     status: Optional[int] = None  # a fixed answer, e.g. 404
     fail_statuses: list[int] = attrs.field(factory=list)  # answered first, one per GET
     # "honor" | "ignore" (answer 200) | "from_zero" (every GET, Range or not, is answered as
-    # one for bytes=0-) | "416" | another status for any Range
+    # one for bytes=0-) | "always" (a GET without a Range too is answered 206, as bytes=0-;
+    # HEAD as usual)
+    # | "416" | another status for any Range
     range_mode: str = "honor"
     redirect: Optional[str] = None
     drop_after: Optional[int] = None  # body bytes sent before the fault
@@ -50,6 +52,7 @@ class Route:
     then: dict[str, Any] = attrs.field(factory=dict)  # route fields set after a fault: a new version
     star_total: bool = False  # answer 206 with an unknown total: Content-Range bytes a-b/*
     size_unknown: bool = False  # a 416 says no size either (no Content-Range), only the ETag
+    unsatisfiable_from: Optional[int] = None  # ranges from here on get 416, though the object goes on (a lie)
     range_cap: Optional[int] = None  # a ranged answer (206) carries at most this many bytes
     stall_after: Optional[int] = None  # body bytes sent before the answer stalls (once)
     stall_s: float = 30.0
@@ -176,12 +179,15 @@ class _Handler(BaseHTTPRequestHandler):
         status = 200
         if if_range is not None and if_range not in (route.etag, route.last_modified):
             range_header = None  # RFC 9110 If-Range: another version is sent whole
-        if route.range_mode == "from_zero":
+        always = route.range_mode == "always" and self.command == "GET"
+        if route.range_mode == "from_zero" or (always and not range_header):
             range_header = "bytes=0-"
         if range_header and route.range_mode != "ignore":
             first, _, last = range_header.split("=", 1)[1].partition("-")
             start = int(first)
-            if route.range_mode == "416" or start >= size:
+            lie = route.unsatisfiable_from
+            past = start >= size or (lie is not None and start >= lie)
+            if route.range_mode == "416" or past:
                 if route.size_unknown:
                     self._empty(416, {"ETag": route.etag} if route.etag else {})
                 else:

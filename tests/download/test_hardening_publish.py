@@ -338,6 +338,29 @@ def test_a_server_that_never_says_the_size_is_resumed_to_the_end(
     assert route.full_gets == 1 and len(route.ranges) == 3  # the cut whole, the rest, the 416
 
 
+@pytest.mark.parametrize("lie", ["encoded", "416-before-the-end"])
+def test_a_416_where_a_range_ended_never_publishes_a_prefix(
+    http_server: FaultServer, cache: Path, lie: str
+) -> None:
+    """Where the end of a range of unknown total is not the object's: a gzip-encoded 206
+    (its decoded bytes end at no byte of its encoded range) followed by a 416 naming the
+    version there, with no HEAD; or a 416 naming the version where a range ended,
+    though HEAD gives the object's real, larger size (HEAD wins). Each is a failure after
+    the retries; neither publishes the prefix."""
+    rows = b"".join(b"row %d,%d\n" % (i % 100, i % 7) for i in range(120_000))  # compresses ~10x
+    options: dict[str, Any] = {"star_total": True, "size_unknown": True, "range_cap": 100_000}
+    options["range_mode"] = "always"  # a GET without a Range gets a 206 too
+    if lie == "encoded":
+        options.update(gzip_all=True, head_status=405)
+    else:
+        options.update(unsatisfiable_from=100_000)
+    url = http_server.add(f"/prefix/{lie}.bin", rows, etag='"v1"', **options)
+    manager = DownloadManager(cache, connections=1, retries=2, backoff_factor=0.01, progress=False)
+    with pytest.raises(NetworkError):
+        manager.cached_path(url)
+    assert not Entry(cache, url).final.exists()
+
+
 def test_chunked_ranges_keep_their_connection(http_server: FaultServer, tmp_path: Path) -> None:
     """Ranges of exactly their length in chunks (no Content-Length), from a server capping
     them: each is read to its last chunk, so its connection goes back to the pool."""

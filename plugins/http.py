@@ -220,12 +220,13 @@ class HttpBackend(DownloadBackend):
                 status=416,
                 date=date,
             )
+        length = None
         if response.status_code == 206:
             start, size = range_place(found.get("Content-Range"), size)
-        # urllib3 counts a body against its Content-Length; without one, a cut connection
-        # looks like the body's end, so a range is counted against its own length here.
-        placed = response.status_code == 206 and start >= 0
-        length = range_body_length(found.get("Content-Range")) if close_delimited and placed else None
+            # urllib3 counts a body against its Content-Length; without one, a cut connection
+            # looks like the body's end, so a range is counted against its own length here.
+            if close_delimited and start >= 0:
+                length = range_body_length(found.get("Content-Range"))
         # A server that ignores "identity" anyway: its encoded bytes are not the object's,
         # so they are decoded; the stream says so, and the manager never resumes it.
         encoding = found.get("Content-Encoding", "").strip().lower() or None

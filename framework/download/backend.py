@@ -46,14 +46,12 @@ def parse_content_range(
     contradicts itself (its last byte before its first, or at or past the total), or
     the answer's `length` (Content-Length), says nothing: (None, None), so it is never
     taken for the object's bytes or size."""
-    match = _CONTENT_RANGE.match(value or "")
-    if match is None:
+    parsed = _parse_range(value)
+    if parsed is None:
         return None, None
-    first_text, last_text, total_text = match.groups()
-    total = int(total_text) if total_text != "*" else None
-    if first_text is None:
+    first, last, total = parsed
+    if first is None or last is None:
         return None, total
-    first, last = int(first_text), int(last_text)
     past_the_end = total is not None and last >= total
     if last < first or past_the_end or (length is not None and length != last - first + 1):
         return None, None
@@ -72,10 +70,20 @@ def range_body_length(value: Optional[str]) -> Optional[int]:
     """How many bytes a ``Content-Range`` (``bytes 5-9/10``: 5) says its body holds; None
     where it names no range. What a body without a Content-Length is counted against:
     one that ends before is cut off, not a server's cap."""
-    match = _CONTENT_RANGE.match(value or "")
-    if match is None or match.group(1) is None:
+    parsed = _parse_range(value)
+    if parsed is None or parsed[0] is None or parsed[1] is None:
         return None
-    return int(match.group(2)) - int(match.group(1)) + 1
+    return parsed[1] - parsed[0] + 1
+
+
+def _parse_range(value: Optional[str]) -> Optional[tuple[Optional[int], Optional[int], Optional[int]]]:
+    """(first, last, total) as a ``Content-Range`` writes them, None for each ``*``; None
+    if it cannot be read."""
+    match = _CONTENT_RANGE.match(value or "")
+    if match is None:
+        return None
+    first, last, total = (None if text in (None, "*") else int(text) for text in match.groups())
+    return first, last, total
 
 
 @attrs.frozen

@@ -19,13 +19,20 @@ from typing import Any, Optional
 from framework.data._shards import Point, ShardPlan
 from framework.data.sampler import BatchSampler
 
-__all__ = ["BatchPlan", "derive_seed", "seeded_global_random", "slot_batches"]
+__all__ = ["BatchPlan", "batch_seed", "derive_seed", "seeded_global_random", "slot_batches"]
 
 
 def derive_seed(*parts: Any) -> int:
     """A 63-bit seed mixed from `parts` (stable across runs and processes)."""
     digest = hashlib.sha256(":".join(map(str, parts)).encode()).digest()
     return int.from_bytes(digest[:8], "little") >> 1
+
+
+def batch_seed(slot_seed: int, point: Point) -> int:
+    """The seed of the streams a lazy batch is collated in (and its hook run in): from
+    the slot's seed and where the batch ends (chunk, taken), which a resumed slot
+    reaches again with the same values, whatever it skipped."""
+    return derive_seed(slot_seed, "collate", point.chunk, point.within)
 
 
 @contextmanager

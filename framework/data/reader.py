@@ -125,8 +125,10 @@ class DatasetReader(Registrable):
         if plan is not None:
             instances = self._under(plan, instances)
         overridden = type(self).apply_token_indexers is not DatasetReader.apply_token_indexers
-        if self._worker_info is not None or not overridden:
-            yield from instances  # the hook is a no-op, or the loader runs it after crossing
+        if self._worker_info is not None or plan is not None or not overridden:
+            # The hook is a no-op, or the loader runs it (after crossing from a worker,
+            # after the sampler, in streams of its own; it set the plan).
+            yield from instances
             return
         for instance in instances:
             self.apply_token_indexers(instance)

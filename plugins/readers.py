@@ -116,7 +116,8 @@ class FileRecords(Generic[_R]):
             # A resume offset starts a line, or is the end of a file whose last line has
             # no newline: else the file changed since it was saved.
             handle.seek(offset - 1)
-            if handle.read(1) not in (b"\n", b"\r") and handle.read(1) != b"":
+            before = handle.read(1)
+            if before == b"" or (before not in (b"\n", b"\r") and handle.read(1) != b""):
                 raise ValueError(
                     f"{self.names[index]}: the resume offset {offset} is not the start of a "
                     "line (or is past the end): the file changed since the state was saved. "

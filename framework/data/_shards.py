@@ -24,6 +24,7 @@ import hashlib
 import itertools
 import os
 import stat
+import sys
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass
@@ -36,11 +37,15 @@ __all__ = [
     "Seekable",
     "ShardPlan",
     "check_files",
+    "check_reader",
+    "check_samples",
     "check_settings",
     "consumed_by",
+    "digest_of",
     "file_stamps",
     "fingerprint",
     "is_seekable",
+    "sample_digests",
 ]
 
 STATE_VERSION = 2  # 1: the per-topology states of issue 9 (no "version" key)
@@ -91,13 +96,81 @@ class Point:
     token: Any = None
     skip: int = 0
     within: int = 0
+    digest: Optional[str] = None  # `digest_of` the chunk's first instance (None: unknown)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, state: Mapping[str, Any]) -> Point:
-        return cls(**{key: state[key] for key in cls.__dataclass_fields__})
+        fields = {key: state[key] for key in cls.__dataclass_fields__ if key != "digest"}
+        return cls(**fields, digest=state.get("digest"))  # no digest: a state from before it
+
+
+LOOK = 4096  # a container with more items than this enters a digest by its size only
+
+
+def digest_of(instance: Any) -> str:
+    """A digest of an instance's content, the same in every process (a set's order, which
+    follows the hash seed, does not enter it): resuming checks that a reader yields the
+    same instances at the saved positions. Objects it cannot look into count by type."""
+    digest = hashlib.sha256()
+    _feed(digest, instance, 0)
+    return digest.hexdigest()[:24]
+
+
+def _feed(digest: Any, value: Any, depth: int) -> None:
+    kind = type(value)
+    digest.update(f"<{kind.__module__}.{kind.__qualname__}>".encode())
+    if depth > 20:
+        return
+    if value is None or isinstance(value, (bool, int, float, complex)):
+        digest.update(repr(value).encode())
+    elif isinstance(value, str):
+        digest.update(value.encode("utf-8", "surrogatepass"))
+    elif isinstance(value, (bytes, bytearray, memoryview)):
+        digest.update(bytes(value))
+    elif isinstance(value, (Mapping, set, frozenset, list, tuple)) and len(value) > LOOK:
+        digest.update(f"{len(value)} items".encode())  # a vocabulary attached, say: by size
+    elif isinstance(value, Mapping):
+        parts = sorted((_sub(key, depth), _sub(item, depth)) for key, item in value.items())
+        digest.update(repr(parts).encode())
+    elif isinstance(value, (set, frozenset)):
+        digest.update(repr(sorted(_sub(item, depth) for item in value)).encode())
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            _feed(digest, item, depth + 1)
+    elif _is_array(value):
+        digest.update(f"{value.dtype}{tuple(value.shape)}".encode())
+        digest.update(_array_bytes(value)[: 1 << 20])
+    elif hasattr(value, "__dict__") and not isinstance(value, type):
+        _feed(digest, vars(value), depth + 1)
+
+
+def _sub(value: Any, depth: int) -> str:
+    digest = hashlib.sha256()
+    _feed(digest, value, depth + 1)
+    return digest.hexdigest()
+
+
+def _is_array(value: Any) -> bool:
+    torch = sys.modules.get("torch")
+    numpy = sys.modules.get("numpy")
+    return bool(
+        (torch is not None and isinstance(value, torch.Tensor))
+        or (numpy is not None and isinstance(value, numpy.ndarray))
+    )
+
+
+def _array_bytes(value: Any) -> bytes:
+    try:
+        torch = sys.modules.get("torch")
+        if torch is not None and isinstance(value, torch.Tensor):
+            flat = value.detach().cpu().contiguous().reshape(-1)
+            return bytes(flat.view(torch.uint8).numpy().tobytes()) if flat.numel() else b""
+        return bytes(value.tobytes())
+    except (RuntimeError, TypeError, ValueError):  # sparse, quantized, object arrays: by shape
+        return b""
 
 
 @dataclass
@@ -259,6 +332,59 @@ class ShardPlan:
             except (OSError, ValueError):  # cannot tell now (closed, say): resuming skips instead
                 token = None
         return self.last + 1, token
+
+
+SAMPLES_PER_RANK = 16  # eager mode: instances of a rank's cache whose digests a state keeps
+
+
+def sample_digests(instances: list[Any], indexes: Optional[list[int]], rank: int) -> dict[str, str]:
+    """Digests of instances at fixed places of a rank's eager cache, keyed by record
+    index (comparable in any split) or, when records are unknown, by rank and place."""
+    count = len(instances)
+    spots = range(SAMPLES_PER_RANK)
+    places = sorted({k * (count - 1) // (SAMPLES_PER_RANK - 1) for k in spots}) if count else []
+    return {_sample_key(place, indexes, rank): digest_of(instances[place]) for place in places}
+
+
+def check_samples(saved: Any, instances: list[Any], indexes: Optional[list[int]], rank: int) -> None:
+    """ValueError unless this cache (of the split the state was saved in) has the
+    instances `saved` (`sample_digests`) describes: an eager state holds positions in it."""
+    if not isinstance(saved, Mapping):
+        return  # a state from before the samples, or a lazy one
+    if indexes is not None:
+        places = {f"record {index}": place for place, index in enumerate(indexes)}
+    else:
+        places = {f"rank {rank} instance {place}": place for place in range(len(instances))}
+    for key, digest in saved.items():
+        place = places.get(key)
+        if place is None:
+            continue
+        found = digest_of(instances[place])
+        if found != digest:
+            raise ValueError(
+                f"cannot resume exactly: the reader yielded another instance for {key} "
+                f"(digest {found}) than when the state was saved ({digest}). The reader is "
+                "not deterministic (its order or its instances change from run to run: a set "
+                "or a directory listing iterated, a draw outside the loader's seeded streams) "
+                "or the data changed, so the saved position would repeat and skip instances. "
+                "Make the reader yield the same instances in the same order every run, or "
+                "start the epoch afresh without load_state_dict()"
+            )
+
+
+def _sample_key(place: int, indexes: Optional[list[int]], rank: int) -> str:
+    return f"record {indexes[place]}" if indexes is not None else f"rank {rank} instance {place}"
+
+
+def check_reader(reader: Any) -> None:
+    """ValueError if `reader` declares that it is not deterministic (`deterministic = False`)."""
+    if getattr(reader, "deterministic", True) is False:
+        raise ValueError(
+            f"{type(reader).__name__} declares deterministic = False: its instances or their "
+            "order may change from run to run, so a saved position cannot be resumed "
+            "exactly (it would repeat and skip instances). Start the epoch afresh without "
+            "load_state_dict(), or make the reader deterministic"
+        )
 
 
 def check_settings(saved: Mapping[str, Any], current: Mapping[str, Any]) -> None:

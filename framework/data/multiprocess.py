@@ -85,9 +85,10 @@ class MultiProcessDataLoader(DataLoader):
         quiet: no tqdm progress bars.
         collate_fn: turns a list of instances into a batch.
         seed: seeds shuffling, samplers and the workers' random/numpy/torch (from
-            seed, epoch, rank and worker id); the same seed gives the same batches. With
-            num_workers=0 the reader draws from streams of the loader's own, and the
-            caller's random/numpy/torch streams are left untouched.
+            seed, epoch, rank and worker id); the same seed gives the same batches. Every
+            draw of the reader, collator and hook comes from streams of the loader's own,
+            and the caller's random/numpy/torch streams are left untouched. None: a seed
+            from the state of `random`, taken without drawing from it.
         persistent_workers: keep lazy-mode workers alive between epochs.
         pin_memory: copy batches into pinned memory (when CUDA is available).
         even_batches: under torch.distributed, every rank yields the same number of

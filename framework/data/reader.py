@@ -74,6 +74,12 @@ class DatasetReader(Registrable):
     objects (vocabularies, tokenizer handles) there, not in `_read`.
     """
 
+    deterministic: bool = True
+    """Whether `_read` yields the same instances in the same order every run (given the
+    loader's seeded streams). A reader that cannot promise it (a directory listing, a
+    database query without ORDER BY, a draw from its own unseeded generator) sets it to
+    False: `load_state_dict()` then refuses to resume it rather than resume it wrong."""
+
     # Class-level defaults keep a subclass that forgets super().__init__() working.
     max_instances: Optional[int] = None
     manual_distributed_sharding: bool = False
@@ -106,9 +112,9 @@ class DatasetReader(Registrable):
     def read(self, file_path: DatasetReaderInput) -> Iterator[Instance]:
         """Yield this worker's and rank's share of the instances in `file_path`.
 
-        In the main process (no worker info set) `apply_token_indexers` runs on each
-        instance here; inside a loader worker the loader runs it in the main process
-        after the instance arrives.
+        Called directly, `apply_token_indexers` runs on each instance here; when a
+        loader reads (in a worker or in this process), the loader runs it, in the main
+        process, after the sampler and in random streams of its own.
         """
         # Reset before _read runs: a _read that returns a list has done its work (and
         # its sharding) by the time the instances are iterated.

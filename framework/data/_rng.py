@@ -166,11 +166,14 @@ class PrivateRandom:
         """`iterator`'s items, each `step` of them (None: all) drawn inside `active()`.
 
         A swap costs tens of microseconds (numpy's state most), so callers that are
-        not interleaved with the training loop take many items per swap.
+        not interleaved with the training loop take many items per swap; the first
+        swap takes one item, so that the first comes as soon as it is made.
         """
+        size: Optional[int] = 1 if step is not None and step > 1 else step
         while True:
             with self.active():
-                items = list(itertools.islice(iterator, step))
+                items = list(itertools.islice(iterator, size))
             yield from items
-            if step is None or len(items) < step:
+            if size is None or len(items) < size:
                 return
+            size = step

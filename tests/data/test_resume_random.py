@@ -139,3 +139,30 @@ def test_no_workers_and_one_worker_give_the_same_random_batches(lazy: Optional[i
         return [_plain(batch) for batch in _loader(AugmentingHook(20), workers, lazy, sampler=True)]
 
     assert run(0) == run(1)
+
+
+class _Tally(DatasetReader):
+    """Counts the instances it has made (read in this process: num_workers=0)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.made = 0
+
+    def _read(self, file_path: Any) -> Iterator[dict[str, Any]]:
+        for i in range(64):
+            self.made += 1
+            yield make_instance(i)
+
+
+@pytest.mark.parametrize("seed", [3, None])
+def test_the_first_batch_without_workers_reads_only_what_it_needs(seed: Optional[int]) -> None:
+    # The loader's own streams are swapped in once per chunk's worth of batches; the
+    # first swap made the whole chunk (32 instances here) before the first batch came.
+    # Now an unseeded loader has those streams too, so this held for every loader.
+    reader = _Tally()
+    loader = MultiProcessDataLoader(reader, "x", batch_size=2, max_instances_in_memory=32,
+                                    quiet=True, seed=seed)
+    iterator = iter(loader)
+    next(iterator)
+    assert reader.made == 2
+    iterator.close()

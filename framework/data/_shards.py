@@ -27,7 +27,7 @@ import stat
 import sys
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields, is_dataclass
 from typing import Any, Optional, Protocol, TypeVar, cast, runtime_checkable
 
 __all__ = [
@@ -103,8 +103,8 @@ class Point:
 
     @classmethod
     def from_dict(cls, state: Mapping[str, Any]) -> Point:
-        fields = {key: state[key] for key in cls.__dataclass_fields__ if key != "digest"}
-        return cls(**fields, digest=state.get("digest"))  # no digest: a state from before it
+        known = {key: state[key] for key in cls.__dataclass_fields__ if key != "digest"}
+        return cls(**known, digest=state.get("digest"))  # no digest: a state from before it
 
 
 LOOK = 4096  # a container with more items than this enters a digest by its size only
@@ -113,7 +113,8 @@ LOOK = 4096  # a container with more items than this enters a digest by its size
 def digest_of(instance: Any) -> str:
     """A digest of an instance's content, the same in every process (a set's order, which
     follows the hash seed, does not enter it): resuming checks that a reader yields the
-    same instances at the saved positions. Objects it cannot look into count by type."""
+    same instances at the saved positions. Containers, strings, numbers, tensors, arrays
+    and dataclasses count by content; other objects by type only."""
     digest = hashlib.sha256()
     _feed(digest, instance, 0)
     return digest.hexdigest()[:24]
@@ -143,8 +144,10 @@ def _feed(digest: Any, value: Any, depth: int) -> None:
     elif _is_array(value):
         digest.update(f"{value.dtype}{tuple(value.shape)}".encode())
         digest.update(_array_bytes(value)[: 1 << 20])
-    elif hasattr(value, "__dict__") and not isinstance(value, type):
-        _feed(digest, vars(value), depth + 1)
+    elif is_dataclass(value) and not isinstance(value, type):
+        _feed(digest, {field.name: getattr(value, field.name) for field in fields(value)}, depth + 1)
+    # Other objects (a vocabulary or tokenizer handle the hook attached, say) count by
+    # type only: their state may hold caches or ids that differ from run to run.
 
 
 def _sub(value: Any, depth: int) -> str:

@@ -127,3 +127,21 @@ def test_the_digest_is_the_same_in_another_process_whatever_the_hash_seed() -> N
     assert outputs == {digest_of(instance)}
     assert digest_of({**instance, "f": 1.25}) != digest_of(instance)
     assert digest_of({**instance, "ids": torch.arange(1, 5)}) != digest_of(instance)
+
+
+def test_the_digest_reads_dataclasses_and_ignores_handles() -> None:
+    # A handle the hook attached (a tokenizer, a vocabulary object) may hold run-dependent
+    # state (caches, ids): it counts by type, so it never makes a resume refuse in vain.
+    from dataclasses import dataclass
+
+    @dataclass
+    class Span:
+        start: int
+        end: int
+
+    class Handle:
+        def __init__(self) -> None:
+            self.opened_at = id(self)
+
+    assert digest_of({"span": Span(1, 2)}) != digest_of({"span": Span(1, 3)})
+    assert digest_of({"tok": Handle(), "x": 1}) == digest_of({"tok": Handle(), "x": 1})

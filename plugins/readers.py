@@ -12,6 +12,7 @@ lists of strings stay lists, numbers become tensors, and token ids (``"text"`` w
 
 from __future__ import annotations
 
+import codecs
 import csv
 import gzip
 import io
@@ -36,8 +37,9 @@ UNKNOWN_ID = 1
 
 
 def open_text(path: PathLike) -> TextIO:
-    """Open `path` for reading text (UTF-8); ``.gz`` files are decompressed on the fly."""
-    return io.TextIOWrapper(open_binary(path), encoding="utf-8", newline="")
+    """Open `path` for reading text (UTF-8, a byte-order mark skipped); ``.gz`` files are
+    decompressed on the fly."""
+    return io.TextIOWrapper(open_binary(path), encoding="utf-8-sig", newline="")
 
 
 def open_binary(path: PathLike) -> BinaryIO:
@@ -107,12 +109,15 @@ class FileRecords(Generic[_R]):
         """The decoded lines (with their newlines) from `offset`, keeping `position` after each.
 
         Lines end at ``\n``, ``\r\n`` or a lone ``\r`` (universal newlines, as text mode
-        with ``newline=""`` reads them).
+        with ``newline=""`` reads them). A UTF-8 byte-order mark at the file's start is
+        skipped (``utf-8-sig``); anywhere else it is text.
         """
         if offset:
-            # A resume offset starts a line: else the file changed since it was saved.
+            # A resume offset starts a line, or is the end of a file whose last line has
+            # no newline: else the file changed since it was saved.
             handle.seek(offset - 1)
-            if handle.read(1) not in (b"\n", b"\r"):
+            before = handle.read(1)
+            if before == b"" or (before not in (b"\n", b"\r") and handle.read(1) != b""):
                 raise ValueError(
                     f"{self.names[index]}: the resume offset {offset} is not the start of a "
                     "line (or is past the end): the file changed since the state was saved. "
@@ -120,8 +125,14 @@ class FileRecords(Generic[_R]):
                 )
         self.position = [index, offset, number]
         self._offset, self._number, self._reading = offset, number, True
+        bom = not offset  # a UTF-8 byte-order mark may open the file: not part of its text
         try:
             for raw in handle:  # split at b"\n"; a mid-line b"\r" is rare, so split again only then
+                if bom:
+                    bom = False
+                    if raw.startswith(codecs.BOM_UTF8):
+                        self._offset += len(codecs.BOM_UTF8)
+                        raw = raw[len(codecs.BOM_UTF8):]
                 cr = raw.find(b"\r")
                 size = len(raw)
                 if cr == -1 or cr == size - 1 or (cr == size - 2 and raw[-1:] == b"\n"):

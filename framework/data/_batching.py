@@ -16,16 +16,25 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any, Optional
 
-from framework.data._shards import Point, ShardPlan
+from framework.data._shards import Point, ShardPlan, digest_of
 from framework.data.sampler import BatchSampler
 
-__all__ = ["BatchPlan", "derive_seed", "seeded_global_random", "slot_batches"]
+__all__ = [
+    "BatchPlan", "batch_seed", "derive_seed", "not_deterministic", "seeded_global_random", "slot_batches",
+]
 
 
 def derive_seed(*parts: Any) -> int:
     """A 63-bit seed mixed from `parts` (stable across runs and processes)."""
     digest = hashlib.sha256(":".join(map(str, parts)).encode()).digest()
     return int.from_bytes(digest[:8], "little") >> 1
+
+
+def batch_seed(slot_seed: int, point: Point) -> int:
+    """The seed of the streams a lazy batch is collated in (and its hook run in): from
+    the slot's seed and where the batch ends (chunk, taken), which a resumed slot
+    reaches again with the same values, whatever it skipped."""
+    return derive_seed(slot_seed, "collate", point.chunk, point.within)
 
 
 @contextmanager
@@ -133,8 +142,14 @@ class BatchPlan:
             slot.reseed(derive_seed(slot.seed, "chunk", number))
             counter = itertools.count()
             # map/zip: counted in C, not per item in Python
-            chunk = map(operator.itemgetter(0), zip(itertools.islice(slot.items, size), counter))
-            yield Point(number, record, token, pulled), chunk
+            items = map(operator.itemgetter(0), zip(itertools.islice(slot.items, size), counter))
+            # The chunk's first instance, digested: a resumed slot checks it is the same.
+            first = next(items, None)
+            digest = None if first is None else digest_of(first[0])
+            if number == slot.start.chunk and slot.start.digest not in (None, digest):
+                raise not_deterministic(slot.start, digest)
+            chunk = items if first is None else itertools.chain([first], items)
+            yield Point(number, record, token, pulled, digest=digest), chunk
             for _ in chunk:  # the consumer may have stopped early: finish the chunk
                 pass
             count = next(counter)
@@ -212,6 +227,22 @@ def _once_skipped(reseed: Callable[[int], None]) -> Callable[[int], None]:
             reseed(seed)
 
     return skip_first
+
+
+def not_deterministic(start: Point, found: Optional[str]) -> ValueError:
+    """The error for a resumed slot whose chunk begins with another instance than saved."""
+    where = f"record {start.record}" if start.record >= 0 else f"instance {start.skip}"
+    now = "nothing" if found is None else f"another instance (digest {found})"
+    return ValueError(
+        f"cannot resume exactly: the chunk this worker resumes in (chunk {start.chunk}, at "
+        f"{where}) began with an instance of digest {start.digest} when the state was "
+        f"saved, and the reader now yields {now} there. The reader is not deterministic "
+        "(its order or its instances change from run to run: a set or a directory listing "
+        "iterated, a draw outside the loader's seeded streams) or the data changed, so "
+        "the saved position would repeat and skip instances. Make the reader yield the "
+        "same instances in the same order every run, or start the epoch afresh without "
+        "load_state_dict()"
+    )
 
 
 def check_indices(lists: list[list[int]], size: int, sampler: BatchSampler) -> list[list[int]]:

@@ -9,12 +9,12 @@ import itertools
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Optional
 
-from framework.data._batching import derive_seed, slot_batches
+from framework.data._batching import batch_seed, derive_seed, slot_batches
 from framework.data._checks import no_instances
 from framework.data._distributed import agree
 from framework.data._pool import UserCode, in_process
 from framework.data._position import Position
-from framework.data._rng import PrivateRandom, seed_everything
+from framework.data._rng import PrivateRandom, draws_nothing, scoped, seed_everything
 from framework.data._shards import Point, ShardPlan
 from framework.data.reader import DatasetReader, Instance, current_distributed_info
 
@@ -45,15 +45,16 @@ def eager_pass(loader: MultiProcessDataLoader, position: Position) -> Iterator[A
     elif error is not None:
         raise error
     loader._eager_lists = lists
+    plain = draws_nothing(loader.collate_fn)
     with UserCode():
         for index in range(position.consumed, len(lists)):
             chosen = [instances[i] for i in lists[index]]
-            if loader.seed is None:
+            if plain:
                 batch = loader.collate_fn(chosen)
             else:
                 # A random collator (masking) draws from the loader's streams, seeded per
                 # batch: the caller's are untouched, and a resumed epoch collates the same.
-                with PrivateRandom(derive_seed(position.seed, "collate", index)).active():
+                with scoped(derive_seed(position.seed, "collate", index)):
                     batch = loader.collate_fn(chosen)
             position.consumed = index + 1
             yield batch
@@ -72,22 +73,33 @@ def lazy_pass_in_process(loader: MultiProcessDataLoader, position: Position) -> 
     reader._set_shard_plan(shards)
     counter = itertools.count()
     counting = _CountingReader(reader, counter)
-    # Chunks reseed the streams: the loader's own ones (swapped in below), never the
-    # caller's; unseeded, nothing is reseeded.
-    reseed = (lambda s: seed_everything(s, cuda=False)) if loader.seed is not None else _no_reseed
+    # Chunks reseed the streams: the loader's own ones (swapped in below), never the caller's.
+    def reseed(seed: int) -> None:
+        seed_everything(seed, cuda=False)
+
+    hook = loader._hook_overridden
+    plain = draws_nothing(loader.collate_fn) and not hook
 
     def collated() -> Iterator[tuple[list[Optional[int]], Any, Any]]:
         stream = slot_batches(counting, loader.data_path, loader._plan, worker_seed, shards, start, reseed)
         for instances, indexes, point in stream:
-            yield indexes, point, loader.collate_fn(instances)
+            if plain:
+                yield indexes, point, loader.collate_fn(instances)
+                continue
+            # The hook (deferred by the shard plan, as in a worker) and the collator draw
+            # from the batch's own streams, as a worker's batch does.
+            with scoped(batch_seed(worker_seed, point)):
+                if hook:
+                    for instance in instances:
+                        reader.apply_token_indexers(instance)
+                batch = loader.collate_fn(instances)
+            yield indexes, point, batch
 
-    batches = collated()
-    if loader.seed is not None:
-        # Seeded as worker 0 would be, in streams of its own: the caller's draws
-        # between batches change nothing, and the caller's streams stay untouched.
-        # A swap costs ~0.1-0.3 ms, so make a chunk's worth of batches per swap
-        # (memory stays about max_instances_in_memory, as in a worker's prefetch).
-        batches = PrivateRandom(worker_seed).wrap(batches, _batches_per_chunk(loader))
+    # Seeded as worker 0 would be, in streams of its own: the caller's draws between
+    # batches change nothing, and the caller's streams stay untouched. A swap costs
+    # ~0.1-0.3 ms, so make a chunk's worth of batches per swap (memory stays about
+    # max_instances_in_memory, as in a worker's prefetch).
+    batches = PrivateRandom(worker_seed).wrap(collated(), _batches_per_chunk(loader))
     try:
         with UserCode():
             for indexes, point, batch in batches:
@@ -116,6 +128,3 @@ class _CountingReader:
     def read(self, data_path: Any) -> Iterator[Instance]:
         return (x for x, _ in zip(self.reader.read(data_path), self.counter))
 
-
-def _no_reseed(seed: int) -> None:
-    """Unseeded loaders leave the random streams alone."""

@@ -65,6 +65,7 @@ class Instances:
     instances: list[Any]
     indexes: list[Optional[int]]
     point: Optional[Point] = None  # as Batch's (lazy mode, collated in the main process)
+    seed: Optional[int] = None  # the batch's own streams, for the hook and collator (lazy)
 
 
 @dataclass(frozen=True, slots=True)

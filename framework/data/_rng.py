@@ -19,7 +19,9 @@ from typing import Any, Optional, TypeVar
 
 import torch
 
-__all__ = ["PrivateRandom", "after_fork", "seed_everything"]
+from framework.data.collate import DefaultDataCollator
+
+__all__ = ["PrivateRandom", "after_fork", "draws_nothing", "scoped", "seed_everything", "unseeded_seed"]
 
 _T = TypeVar("_T")
 
@@ -101,6 +103,38 @@ def _restore(state: tuple[Any, Any, Any]) -> None:
         numpy_random.set_state(numpy_state)
 
 
+@contextmanager
+def scoped(seed: int) -> Iterator[None]:
+    """Inside the block, the CPU streams are fresh ones seeded from `seed`; after it,
+    the streams are back as they were (whoever's they were: the caller's, a reader's).
+
+    One random draw of the loader's (a collator's, a hook's) thus depends on its own
+    seed only, never on how far another stream has gone. Costs about one swap of
+    `PrivateRandom` (tens of microseconds).
+    """
+    saved = _streams()
+    seed_everything(seed, cuda=False)
+    try:
+        yield
+    finally:
+        _restore(saved)
+
+
+def draws_nothing(function: Any) -> bool:
+    """Whether `function` is known to draw no random numbers (the default collator), so
+    it needs no stream of its own."""
+    return type(function) is DefaultDataCollator
+
+
+def unseeded_seed() -> int:
+    """A seed for an unseeded loader, from the state of `random` without drawing from it:
+    the caller's stream does not move, and seeding `random` first makes the run repeat."""
+    import hashlib
+
+    digest = hashlib.sha256(repr(random.getstate()).encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
+
+
 class PrivateRandom:
     """The loader's own random, numpy and torch (CPU) streams in the main process.
 
@@ -132,11 +166,14 @@ class PrivateRandom:
         """`iterator`'s items, each `step` of them (None: all) drawn inside `active()`.
 
         A swap costs tens of microseconds (numpy's state most), so callers that are
-        not interleaved with the training loop take many items per swap.
+        not interleaved with the training loop take many items per swap; the first
+        swap takes one item, so that the first comes as soon as it is made.
         """
+        size: Optional[int] = 1 if step is not None and step > 1 else step
         while True:
             with self.active():
-                items = list(itertools.islice(iterator, step))
+                items = list(itertools.islice(iterator, size))
             yield from items
-            if step is None or len(items) < step:
+            if size is None or len(items) < size:
                 return
+            size = step

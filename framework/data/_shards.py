@@ -20,11 +20,14 @@ batches its share one chunk (``max_instances_in_memory`` instances) at a time.
 from __future__ import annotations
 
 import base64
+import hashlib
 import itertools
 import os
+import stat
+import sys
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields, is_dataclass
 from typing import Any, Optional, Protocol, TypeVar, cast, runtime_checkable
 
 __all__ = [
@@ -34,10 +37,15 @@ __all__ = [
     "Seekable",
     "ShardPlan",
     "check_files",
+    "check_reader",
+    "check_samples",
     "check_settings",
     "consumed_by",
+    "digest_of",
     "file_stamps",
+    "fingerprint",
     "is_seekable",
+    "sample_digests",
 ]
 
 STATE_VERSION = 2  # 1: the per-topology states of issue 9 (no "version" key)
@@ -88,13 +96,84 @@ class Point:
     token: Any = None
     skip: int = 0
     within: int = 0
+    digest: Optional[str] = None  # `digest_of` the chunk's first instance (None: unknown)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, state: Mapping[str, Any]) -> Point:
-        return cls(**{key: state[key] for key in cls.__dataclass_fields__})
+        known = {key: state[key] for key in cls.__dataclass_fields__ if key != "digest"}
+        return cls(**known, digest=state.get("digest"))  # no digest: a state from before it
+
+
+LOOK = 4096  # a container with more items than this enters a digest by its size only
+
+
+def digest_of(instance: Any) -> str:
+    """A digest of an instance's content, the same in every process (a set's order, which
+    follows the hash seed, does not enter it): resuming checks that a reader yields the
+    same instances at the saved positions. Containers, strings, numbers, tensors, arrays
+    and dataclasses count by content; other objects by type only."""
+    digest = hashlib.sha256()
+    _feed(digest, instance, 0)
+    return digest.hexdigest()[:24]
+
+
+def _feed(digest: Any, value: Any, depth: int) -> None:
+    kind = type(value)
+    digest.update(f"<{kind.__module__}.{kind.__qualname__}>".encode())
+    if depth > 20:
+        return
+    if value is None or isinstance(value, (bool, int, float, complex)):
+        digest.update(repr(value).encode())
+    elif isinstance(value, str):
+        digest.update(value.encode("utf-8", "surrogatepass"))
+    elif isinstance(value, (bytes, bytearray, memoryview)):
+        digest.update(bytes(value))
+    elif isinstance(value, (Mapping, set, frozenset, list, tuple)) and len(value) > LOOK:
+        digest.update(f"{len(value)} items".encode())  # a vocabulary attached, say: by size
+    elif isinstance(value, Mapping):
+        parts = sorted((_sub(key, depth), _sub(item, depth)) for key, item in value.items())
+        digest.update(repr(parts).encode())
+    elif isinstance(value, (set, frozenset)):
+        digest.update(repr(sorted(_sub(item, depth) for item in value)).encode())
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            _feed(digest, item, depth + 1)
+    elif _is_array(value):
+        digest.update(f"{value.dtype}{tuple(value.shape)}".encode())
+        digest.update(_array_bytes(value)[: 1 << 20])
+    elif is_dataclass(value) and not isinstance(value, type):
+        _feed(digest, {field.name: getattr(value, field.name) for field in fields(value)}, depth + 1)
+    # Other objects (a vocabulary or tokenizer handle the hook attached, say) count by
+    # type only: their state may hold caches or ids that differ from run to run.
+
+
+def _sub(value: Any, depth: int) -> str:
+    digest = hashlib.sha256()
+    _feed(digest, value, depth + 1)
+    return digest.hexdigest()
+
+
+def _is_array(value: Any) -> bool:
+    torch = sys.modules.get("torch")
+    numpy = sys.modules.get("numpy")
+    return bool(
+        (torch is not None and isinstance(value, torch.Tensor))
+        or (numpy is not None and isinstance(value, numpy.ndarray))
+    )
+
+
+def _array_bytes(value: Any) -> bytes:
+    try:
+        torch = sys.modules.get("torch")
+        if torch is not None and isinstance(value, torch.Tensor):
+            flat = value.detach().cpu().contiguous().reshape(-1)
+            return bytes(flat.view(torch.uint8).numpy().tobytes()) if flat.numel() else b""
+        return bytes(value.tobytes())
+    except (RuntimeError, TypeError, ValueError):  # sparse, quantized, object arrays: by shape
+        return b""
 
 
 @dataclass
@@ -258,6 +337,59 @@ class ShardPlan:
         return self.last + 1, token
 
 
+SAMPLES_PER_RANK = 16  # eager mode: instances of a rank's cache whose digests a state keeps
+
+
+def sample_digests(instances: list[Any], indexes: Optional[list[int]], rank: int) -> dict[str, str]:
+    """Digests of instances at fixed places of a rank's eager cache, keyed by record
+    index (comparable in any split) or, when records are unknown, by rank and place."""
+    count = len(instances)
+    spots = range(SAMPLES_PER_RANK)
+    places = sorted({k * (count - 1) // (SAMPLES_PER_RANK - 1) for k in spots}) if count else []
+    return {_sample_key(place, indexes, rank): digest_of(instances[place]) for place in places}
+
+
+def check_samples(saved: Any, instances: list[Any], indexes: Optional[list[int]], rank: int) -> None:
+    """ValueError unless this cache (of the split the state was saved in) has the
+    instances `saved` (`sample_digests`) describes: an eager state holds positions in it."""
+    if not isinstance(saved, Mapping):
+        return  # a state from before the samples, or a lazy one
+    if indexes is not None:
+        places = {f"record {index}": place for place, index in enumerate(indexes)}
+    else:
+        places = {f"rank {rank} instance {place}": place for place in range(len(instances))}
+    for key, digest in saved.items():
+        place = places.get(key)
+        if place is None:
+            continue
+        found = digest_of(instances[place])
+        if found != digest:
+            raise ValueError(
+                f"cannot resume exactly: the reader yielded another instance for {key} "
+                f"(digest {found}) than when the state was saved ({digest}). The reader is "
+                "not deterministic (its order or its instances change from run to run: a set "
+                "or a directory listing iterated, a draw outside the loader's seeded streams) "
+                "or the data changed, so the saved position would repeat and skip instances. "
+                "Make the reader yield the same instances in the same order every run, or "
+                "start the epoch afresh without load_state_dict()"
+            )
+
+
+def _sample_key(place: int, indexes: Optional[list[int]], rank: int) -> str:
+    return f"record {indexes[place]}" if indexes is not None else f"rank {rank} instance {place}"
+
+
+def check_reader(reader: Any) -> None:
+    """ValueError if `reader` declares that it is not deterministic (`deterministic = False`)."""
+    if getattr(reader, "deterministic", True) is False:
+        raise ValueError(
+            f"{type(reader).__name__} declares deterministic = False: its instances or their "
+            "order may change from run to run, so a saved position cannot be resumed "
+            "exactly (it would repeat and skip instances). Start the epoch afresh without "
+            "load_state_dict(), or make the reader deterministic"
+        )
+
+
 def check_settings(saved: Mapping[str, Any], current: Mapping[str, Any]) -> None:
     """ValueError unless a state saved under `saved` settings is valid under `current`.
 
@@ -281,16 +413,63 @@ def check_settings(saved: Mapping[str, Any], current: Mapping[str, Any]) -> None
             )
 
 
-def file_stamps(data_path: Any) -> dict[str, list[int]]:
-    """``{path: [size, mtime_ns]}`` of the local files `data_path` names (a path or a
-    list of paths; anything else names none): a state's positions (record indexes,
-    byte offsets) hold only for the same data."""
+# A data file's fingerprint: every byte of a file up to WHOLE bytes; above, the size,
+# the first and last EDGE bytes and SAMPLES blocks of BLOCK bytes at fixed offsets
+# (about 0.25 MiB read, whatever the size).
+WHOLE = 1 << 20
+EDGE = 64 << 10
+SAMPLES = 32
+BLOCK = 4 << 10
+
+_fingerprints: dict[tuple[int, ...], str] = {}  # by (device, inode, size, mtime, ctime)
+
+
+def fingerprint(path: str) -> Optional[str]:
+    """A digest of the content of the local file `path` (None: no such file): a copy
+    fingerprints the same, a reorder of its records changes it (see WHOLE)."""
+    try:
+        # Non-blocking: a FIFO put in the file's place is refused below, never waited on.
+        descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        with os.fdopen(descriptor, "rb") as handle:
+            info = os.fstat(handle.fileno())
+            if not stat.S_ISREG(info.st_mode):
+                return None
+            key = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
+            known = _fingerprints.get(key)  # state_dict() runs often: read the file once
+            if known is not None:
+                return known
+            size = info.st_size
+            digest = hashlib.sha256(f"framework-data-file:{size}:".encode())
+            if size <= WHOLE:
+                digest.update(handle.read())
+            else:
+                offsets = [0, size - EDGE]
+                offsets += [EDGE + k * (size - 2 * EDGE - BLOCK) // (SAMPLES - 1) for k in range(SAMPLES)]
+                for offset in offsets:
+                    handle.seek(offset)
+                    digest.update(handle.read(EDGE if offset in (0, size - EDGE) else BLOCK))
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        return None
+    value = digest.hexdigest()[:32]
+    if len(_fingerprints) > 4096:
+        _fingerprints.clear()
+    _fingerprints[key] = value
+    return value
+
+
+def file_stamps(data_path: Any) -> dict[str, Any]:
+    """``{path: {"size": bytes, "sha256": fingerprint}}`` of the local files `data_path`
+    names (a path or a list of paths; anything else names none): a state's positions
+    (record indexes, byte offsets) hold only for the same data. By content, not by
+    mtime: a byte-identical copy (re-staged data) is the same data."""
     paths = data_path if isinstance(data_path, list) else [data_path]
-    stamps: dict[str, list[int]] = {}
+    stamps: dict[str, Any] = {}
     for path in paths:
         if isinstance(path, (str, os.PathLike)) and os.path.isfile(path):
-            stat = os.stat(path)
-            stamps[os.fspath(path)] = [stat.st_size, stat.st_mtime_ns]
+            name = os.fspath(path)
+            digest = fingerprint(name)
+            if digest is not None:
+                stamps[name] = {"size": os.stat(name).st_size, "sha256": digest}
     return stamps
 
 
@@ -298,23 +477,43 @@ def check_files(saved: Any) -> None:
     """ValueError unless the files stamped in `saved` (`file_stamps`) are unchanged."""
     if saved is None:  # a state from before the stamps
         return
-    if not (isinstance(saved, Mapping) and all(
-        isinstance(stamp, list) and len(stamp) == 2 and all(isinstance(x, int) for x in stamp)
-        for stamp in saved.values()
-    )):
+    if not (isinstance(saved, Mapping) and all(_stamp_ok(stamp) for stamp in saved.values())):
         raise ValueError(
-            f"the state's 'files' must map each data file to [size, mtime_ns], got {saved!r}; "
-            "pass the loader's own state_dict()"
+            "the state's 'files' must map each data file to its size and fingerprint, got "
+            f"{saved!r}; pass the loader's own state_dict()"
         )
-    for path, (size, mtime) in saved.items():
-        now = file_stamps(path).get(path)
-        if now != [size, mtime]:
-            found = "it is gone" if now is None else f"size {size} -> {now[0]}, mtime_ns {mtime} -> {now[1]}"
+    for path, stamp in saved.items():
+        if isinstance(stamp, list):  # a state from before the fingerprints: [size, mtime_ns]
+            found = None
+            if not os.path.isfile(path):
+                found = "it is gone"
+            elif [os.stat(path).st_size, os.stat(path).st_mtime_ns] != stamp:
+                found = "its size or mtime differs"
+        else:
+            now = file_stamps(path).get(path)
+            found = None
+            if now is None:
+                found = "it is gone"
+            elif now["size"] != stamp["size"]:
+                found = f"size {stamp['size']} -> {now['size']}"
+            elif now["sha256"] != stamp["sha256"]:
+                found = "same size, other content: records rewritten or reordered"
+        if found is not None:
             raise ValueError(
                 f"data file {path} changed since the state was saved ({found}): the saved "
                 "positions would land on other records (mid-line, past the end). Resume with "
                 "the unchanged file, or start the epoch afresh without load_state_dict()"
             )
+
+
+def _stamp_ok(stamp: Any) -> bool:
+    if isinstance(stamp, list):
+        return len(stamp) == 2 and all(isinstance(x, int) for x in stamp)
+    return (
+        isinstance(stamp, Mapping)
+        and isinstance(stamp.get("size"), int)
+        and isinstance(stamp.get("sha256"), str)
+    )
 
 
 def _same_setting(saved: Any, current: Any) -> bool:

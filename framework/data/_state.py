@@ -21,9 +21,12 @@ from framework.data._shards import (
     STATE_VERSION,
     Consumed,
     check_files,
+    check_reader,
+    check_samples,
     check_settings,
     consumed_by,
     file_stamps,
+    sample_digests,
 )
 from framework.data.reader import current_distributed_info
 
@@ -84,6 +87,7 @@ def whole_state(loader: MultiProcessDataLoader) -> dict[str, Any]:
         "epoch_batches": loader._epoch_batches,  # batches_per_epoch: already yielded
         "ranks": [part["position"] for part in parts],
         "consumed": None if consumed is None else consumed.to_dict(),
+        "samples": {key: value for part in parts for key, value in part["samples"].items()},
     }
 
 
@@ -108,8 +112,11 @@ def rank_part(
         taken = [index for listed in position.taken for index in listed]
         limits = list(position.limits(rank, world).items())
         tokens = list(position.tokens().items())
+    cache = loader._instances if loader.max_instances_in_memory is None else None
     return {
         "position": position.to_dict(),
+        # eager: digests of cached instances, to check a resumed cache is the same
+        "samples": {} if cache is None else sample_digests(cache, loader._indexes, rank),
         "tracked": tracked,
         "taken": taken,
         "limits": limits,
@@ -137,13 +144,14 @@ def resumed_position(loader: MultiProcessDataLoader, state: Mapping[str, Any]) -
             "saved it, or start the epoch afresh"
         )
     check_files(state.get("files"))  # before the settings: its own clear error
+    check_reader(loader.reader)
     try:
         check_settings(state["settings"], settings(loader))
         info = current_distributed_info()
         world, rank = (info.world_size, info.global_rank) if info else (1, 0)
         ranks = list(state["ranks"])
-        if state["world_size"] == world and same_split(loader, state):
-            return Position.from_dict(dict(ranks[rank]))  # the same split: exact
+        exact = state["world_size"] == world and same_split(loader, state)
+        mine = Position.from_dict(dict(ranks[rank])) if exact else None
         first = Position.from_dict(dict(ranks[0]))
         consumed = None if state["consumed"] is None else Consumed.from_dict(state["consumed"])
     except (KeyError, TypeError, IndexError, AttributeError, ValueError, zlib.error) as error:
@@ -152,6 +160,14 @@ def resumed_position(loader: MultiProcessDataLoader, state: Mapping[str, Any]) -
             f"returned; this state lacks or mangles a part ({type(error).__name__}: "
             f"{error}); pass the loader's own state_dict()"
         ) from error
+    # The cache the positions point into; under another split a reader's random draws
+    # differ (other workers, other seeds), so only the same split can compare instances.
+    if loader.max_instances_in_memory is None and state["world_size"] == world and (
+        max(1, state["num_workers"]) == max(1, loader.num_workers)
+    ):
+        check_samples(state.get("samples"), loader._load_instances(), loader._indexes, rank)
+    if mine is not None:
+        return mine  # the same split: exact
     if consumed is None:
         raise ValueError(
             f"the state was saved with world_size={state['world_size']} and "

@@ -26,7 +26,7 @@ from typing import Any, Optional, Union
 
 import torch
 
-from framework.data._batching import BatchPlan, groups_of, slot_batches
+from framework.data._batching import BatchPlan, batch_seed, groups_of, slot_batches
 from framework.data._protocol import (
     Batch,
     Done,
@@ -37,7 +37,7 @@ from framework.data._protocol import (
     Start,
     ToMain,
 )
-from framework.data._rng import after_fork, seed_everything
+from framework.data._rng import after_fork, draws_nothing, scoped, seed_everything
 from framework.data._shards import Point, ShardPlan
 from framework.data._transfer import TransferMode, write_frame
 from framework.data.collate import DataCollator
@@ -228,6 +228,7 @@ def _serve_batches(spec: WorkerSpec, fd: int, control: Connection, command: Star
         start,
         seed_everything,
     )
+    plain = draws_nothing(spec.collate_fn)
     for instances, indexes, point in batches:
         # Backpressure: at most `prefetch` batches in flight; the main process frees a
         # slot per batch it takes. (The pipe alone bounds bytes, not batches.) A Stop
@@ -235,12 +236,16 @@ def _serve_batches(spec: WorkerSpec, fd: int, control: Connection, command: Star
         slots.acquire()
         sender.check_stop()
         if spec.collate_in_worker:
-            payload = spec.collate_fn(instances)
+            if plain:
+                payload = spec.collate_fn(instances)
+            else:  # its own streams: the reader's go on as if it drew nothing
+                with scoped(batch_seed(command.seed, point)):
+                    payload = spec.collate_fn(instances)
             if spec.device is not None:
                 payload = move_to_device(payload, spec.device)
             sender.send(Batch(payload, indexes, point), "batch")
         else:
-            sender.send(Instances(instances, indexes, point), "instance")
+            sender.send(Instances(instances, indexes, point, batch_seed(command.seed, point)), "instance")
     sender.send(Done(sender.count, shards.where()[0]))
 
 

@@ -22,12 +22,14 @@ can say exactly where an epoch stands.
 
 from __future__ import annotations
 
+import itertools
 import math
 import multiprocessing
 import pickle
 import warnings
 import weakref
 from collections.abc import Generator, Iterator, Mapping
+from contextlib import nullcontext
 from typing import Any, Optional, TypeVar, Union, cast
 
 import torch
@@ -39,7 +41,7 @@ from framework.data._passes import eager_pass, lazy_pass_in_process
 from framework.data._pool import UserCode, WorkerPool, closed_error, main_thread
 from framework.data._position import Position
 from framework.data._protocol import Batch, Instances
-from framework.data._rng import PrivateRandom
+from framework.data._rng import PrivateRandom, scoped, unseeded_seed
 from framework.data._shards import Consumed, ShardPlan
 from framework.data._state import resumed_position, whole_state
 from framework.data._worker import WorkerSpec
@@ -83,9 +85,10 @@ class MultiProcessDataLoader(DataLoader):
         quiet: no tqdm progress bars.
         collate_fn: turns a list of instances into a batch.
         seed: seeds shuffling, samplers and the workers' random/numpy/torch (from
-            seed, epoch, rank and worker id); the same seed gives the same batches. With
-            num_workers=0 the reader draws from streams of the loader's own, and the
-            caller's random/numpy/torch streams are left untouched.
+            seed, epoch, rank and worker id); the same seed gives the same batches. Every
+            draw of the reader, collator and hook comes from streams of the loader's own,
+            and the caller's random/numpy/torch streams are left untouched. None: a seed
+            from the state of `random`, taken without drawing from it.
         persistent_workers: keep lazy-mode workers alive between epochs.
         pin_memory: copy batches into pinned memory (when CUDA is available).
         even_batches: under torch.distributed, every rank yields the same number of
@@ -176,6 +179,9 @@ class MultiProcessDataLoader(DataLoader):
         self.quiet = quiet
         self.collate_fn = collate_fn
         self.seed = seed
+        # Unseeded: a seed from `random`'s state, which is not drawn from (reproducible
+        # if the caller seeds `random` before building the loader).
+        self._seed_or_unseeded = unseeded_seed() if seed is None else seed
         self.persistent_workers = persistent_workers
         self.pin_memory = pin_memory
         self.even_batches = even_batches
@@ -351,11 +357,7 @@ class MultiProcessDataLoader(DataLoader):
     def _epoch_seed(self, epoch: int) -> int:
         info = current_distributed_info()
         rank = info.global_rank if info else 0
-        if self.seed is None:
-            import random
-
-            return random.randrange(2**63)  # reproducible if the user seeds `random`
-        return derive_seed(self.seed, "epoch", epoch, "rank", rank)
+        return derive_seed(self._seed_or_unseeded, "epoch", epoch, "rank", rank)
 
     def _new_pass(self) -> Generator[TensorDict, None, None]:
         """A pass whose generators hold this loader weakly.
@@ -418,9 +420,11 @@ class MultiProcessDataLoader(DataLoader):
                     if isinstance(message, Batch):
                         yield message.payload
                         continue
-                    for instance in message.instances:
-                        self.reader.apply_token_indexers(instance)
-                    yield self.collate_fn(message.instances)
+                    with scoped(message.seed) if message.seed is not None else nullcontext():
+                        for instance in message.instances:  # in the batch's own streams
+                            self.reader.apply_token_indexers(instance)
+                        batch = self.collate_fn(message.instances)
+                    yield batch
             finished = True
         finally:
             try:
@@ -470,16 +474,14 @@ class MultiProcessDataLoader(DataLoader):
         info = current_distributed_info()
         world, rank = (info.world_size, info.global_rank) if info else (1, 0)
         if self.num_workers == 0:
-            shards = ShardPlan(rank, world, Consumed())
+            shards = ShardPlan(rank, world, Consumed())  # it defers the hook to _hooked
             self.reader._set_shard_plan(shards)
             try:
                 pairs = self._progress((x, shards.take()) for x in self.reader.read(self.data_path))
-                if self.seed is not None:
-                    # Seeded as worker 0 would be (the same data with 0 or 1 workers).
-                    private = PrivateRandom(derive_seed(self._epoch_seed(0), "worker", 0))
-                    pairs = private.wrap(pairs, step)
+                # Seeded as worker 0 would be (the same data with 0 or 1 workers).
+                private = PrivateRandom(derive_seed(self._epoch_seed(0), "worker", 0))
                 with UserCode():
-                    yield from pairs
+                    yield from self._hooked(private.wrap(pairs, step), step)
             finally:
                 self.reader._set_shard_plan(None)
             return
@@ -488,7 +490,7 @@ class MultiProcessDataLoader(DataLoader):
         try:
             messages = pool.run(position, "instances", self.timeout, rank, world)
             with UserCode():  # apply_token_indexers runs here
-                yield from self._progress(self._interleave(messages))  # type: ignore[arg-type]
+                yield from self._hooked(self._progress(self._interleave(messages)), step)  # type: ignore[arg-type]
         finally:
             pool.shutdown()
 
@@ -499,16 +501,27 @@ class MultiProcessDataLoader(DataLoader):
         for message in messages:
             chunks.append(list(zip(message.instances, message.indexes)))
             if len(chunks) == self.num_workers:
-                yield from self._hooked(round_robin(chunks))
+                yield from round_robin(chunks)
                 chunks = []
-        yield from self._hooked(round_robin(chunks))
+        yield from round_robin(chunks)
 
     def _hooked(
-        self, pairs: Iterator[tuple[Instance, Optional[int]]]
+        self, pairs: Iterator[tuple[Instance, Optional[int]]], step: Optional[int]
     ) -> Iterator[tuple[Instance, Optional[int]]]:
-        for instance, index in pairs:
-            self.reader.apply_token_indexers(instance)  # after crossing, in the main process
-            yield instance, index
+        """`pairs`, after `apply_token_indexers` (in the main process, whatever
+        num_workers), `step` at a time (None: all) in streams of the hook's own."""
+        if not self._hook_overridden:
+            yield from pairs
+            return
+        private = PrivateRandom(derive_seed(self._epoch_seed(0), "hook"))
+        while True:
+            items = list(itertools.islice(pairs, step))
+            with private.active():
+                for instance, _ in items:
+                    self.reader.apply_token_indexers(instance)
+            yield from items
+            if step is None or len(items) < step:
+                return
 
     def _progress(self, iterable: Iterator[_P]) -> Iterator[_P]:
         if self.quiet:

@@ -74,6 +74,12 @@ class DatasetReader(Registrable):
     objects (vocabularies, tokenizer handles) there, not in `_read`.
     """
 
+    deterministic: bool = True
+    """Whether `_read` yields the same instances in the same order every run (given the
+    loader's seeded streams). A reader that cannot promise it (a directory listing, a
+    database query without ORDER BY, a draw from its own unseeded generator) sets it to
+    False: `load_state_dict()` then refuses to resume it rather than resume it wrong."""
+
     # Class-level defaults keep a subclass that forgets super().__init__() working.
     max_instances: Optional[int] = None
     manual_distributed_sharding: bool = False
@@ -106,9 +112,9 @@ class DatasetReader(Registrable):
     def read(self, file_path: DatasetReaderInput) -> Iterator[Instance]:
         """Yield this worker's and rank's share of the instances in `file_path`.
 
-        In the main process (no worker info set) `apply_token_indexers` runs on each
-        instance here; inside a loader worker the loader runs it in the main process
-        after the instance arrives.
+        Called directly, `apply_token_indexers` runs on each instance here; when a
+        loader reads (in a worker or in this process), the loader runs it, in the main
+        process, after the sampler and in random streams of its own.
         """
         # Reset before _read runs: a _read that returns a list has done its work (and
         # its sharding) by the time the instances are iterated.
@@ -125,8 +131,10 @@ class DatasetReader(Registrable):
         if plan is not None:
             instances = self._under(plan, instances)
         overridden = type(self).apply_token_indexers is not DatasetReader.apply_token_indexers
-        if self._worker_info is not None or not overridden:
-            yield from instances  # the hook is a no-op, or the loader runs it after crossing
+        if self._worker_info is not None or plan is not None or not overridden:
+            # The hook is a no-op, or the loader runs it (after crossing from a worker,
+            # after the sampler, in streams of its own; it set the plan).
+            yield from instances
             return
         for instance in instances:
             self.apply_token_indexers(instance)

@@ -1,0 +1,147 @@
+"""Where a resume cannot be exact, it is refused with an error naming the cause, never
+resumed silently wrong (issue 24): a reader whose order changes from run to run is
+caught by a digest of the instances at the saved positions; a reader may also declare
+itself non-deterministic."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Optional
+
+import pytest
+from loader_helpers import CountingReader, RandomReader, make_instance
+
+from framework.data._shards import digest_of
+from framework.data.multiprocess import MultiProcessDataLoader
+from framework.data.reader import DatasetReader
+
+pytestmark = pytest.mark.timeout(60)
+
+N = 40
+
+
+class RotatingReader(DatasetReader):
+    """Its order changes with every read(): rotated by how often it was read (a counter
+    in a file), as a reader iterating a directory listing or a set may change order
+    from run to run."""
+
+    def __init__(self, counter: Path) -> None:
+        super().__init__()
+        self.counter = counter
+
+    def _read(self, file_path: Any) -> Iterator[dict[str, Any]]:
+        path = self.counter
+        calls = int(path.read_text() or "0") + 1
+        path.write_text(str(calls))
+        for i in range(N):
+            yield make_instance((i + 7 * calls) % N)
+
+
+class DeclaredReader(CountingReader):
+    deterministic = False
+
+
+def _loader(reader: DatasetReader, path: str, workers: int, lazy: Optional[int]) -> MultiProcessDataLoader:
+    return MultiProcessDataLoader(reader, path, batch_size=3, shuffle=True, num_workers=workers,
+                                  max_instances_in_memory=lazy, quiet=True, seed=0)
+
+
+def _save(loader: MultiProcessDataLoader, batches: int = 4) -> dict[str, Any]:
+    iterator = iter(loader)
+    list(itertools.islice(iterator, batches))
+    state = json.loads(json.dumps(loader.state_dict()))
+    iterator.close()
+    return state
+
+
+SAME = [(0, 8, 0), (2, 8, 2), (0, None, 0), (2, None, 2), (0, None, 1)]
+OTHER = [(2, 8, 3), (2, None, 3), (0, None, 2)]
+
+
+@pytest.mark.parametrize(("workers", "lazy", "after"), SAME)
+def test_a_reader_whose_order_changed_is_refused(tmp_path: Path, workers: int, lazy: Optional[int],
+                                                 after: int) -> None:
+    # Before: the saved positions were resumed over other instances, silently: some
+    # instances of the epoch twice, some never.
+    counter = tmp_path / "calls"
+    counter.write_text("0")
+    state = _save(_loader(RotatingReader(counter), "x", workers, lazy))
+    with pytest.raises(Exception, match="not deterministic") as caught:
+        resumed = _loader(RotatingReader(counter), "x", after, lazy)
+        resumed.load_state_dict(state)
+        list(resumed)  # lazy: found when the resumed slot reads its first chunk
+    error = caught.value
+    message = str(error) + str(error.__cause__)
+    assert "start the epoch afresh" in message
+
+
+@pytest.mark.parametrize("reader", [CountingReader, RandomReader])
+@pytest.mark.parametrize(("workers", "lazy", "after"), SAME + OTHER)
+def test_a_deterministic_reader_resumes_with_the_checks_on(
+    reader: type[DatasetReader], workers: int, lazy: Optional[int], after: int
+) -> None:
+    # No refusal in vain: RandomReader's instances carry draws of the worker's streams,
+    # which differ under another num_workers (the checks compare the same split only).
+    head_loader = _loader(reader(N), "x", workers, lazy)
+    iterator = iter(head_loader)
+    head = [i for batch in itertools.islice(iterator, 4) for i in batch["id"].tolist()]
+    state = json.loads(json.dumps(head_loader.state_dict()))
+    iterator.close()
+    assert "not deterministic" not in json.dumps(state)
+    resumed = _loader(reader(N), "x", after, lazy)
+    resumed.load_state_dict(state)
+    assert sorted(head + [i for batch in resumed for i in batch["id"].tolist()]) == list(range(N))
+
+
+@pytest.mark.parametrize(("workers", "lazy"), [(0, 8), (2, None)])
+def test_a_reader_that_declares_itself_non_deterministic_is_refused(
+    workers: int, lazy: Optional[int]
+) -> None:
+    state = _save(_loader(DeclaredReader(N), "x", workers, lazy))
+    with pytest.raises(ValueError, match=r"DeclaredReader declares deterministic = False"):
+        _loader(DeclaredReader(N), "x", workers, lazy).load_state_dict(state)
+
+
+def test_the_digest_is_the_same_in_another_process_whatever_the_hash_seed() -> None:
+    # Sets of strings iterate in another order under another PYTHONHASHSEED: the digest
+    # must not see that (a resumed job is another process), or it would refuse in vain.
+    import torch
+
+    instance = {"tags": {"a", "b", "c", "d", "e", "f", "g"}, "f": 1.5, "t": ("x", None)}
+    code = (
+        "from framework.data._shards import digest_of; "
+        "print(digest_of({'f': 1.5, 't': ('x', None), 'tags': {'g', 'f', 'e', 'd', 'c', 'b', 'a'}}))"
+    )
+    outputs = {
+        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                       env={**os.environ, "PYTHONHASHSEED": seed}).stdout.strip()
+        for seed in ("1", "2")
+    }
+    assert outputs == {digest_of(instance)}
+    assert digest_of({**instance, "f": 1.25}) != digest_of(instance)
+    assert digest_of({"ids": torch.arange(4)}) == digest_of({"ids": torch.arange(4)})
+    assert digest_of({"ids": torch.arange(1, 5)}) != digest_of({"ids": torch.arange(4)})
+
+
+def test_the_digest_reads_dataclasses_and_ignores_handles() -> None:
+    # A handle the hook attached (a tokenizer, a vocabulary object) may hold run-dependent
+    # state (caches, ids): it counts by type, so it never makes a resume refuse in vain.
+    from dataclasses import dataclass
+
+    @dataclass
+    class Span:
+        start: int
+        end: int
+
+    class Handle:
+        def __init__(self) -> None:
+            self.opened_at = id(self)
+
+    assert digest_of({"span": Span(1, 2)}) != digest_of({"span": Span(1, 3)})
+    assert digest_of({"tok": Handle(), "x": 1}) == digest_of({"tok": Handle(), "x": 1})

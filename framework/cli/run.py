@@ -101,7 +101,7 @@ def load_run_config(config_path: Optional[str], overrides: list[str]) -> tuple[d
         if "data_path" in override:
             base_dir = Path.cwd()
     _check_top_level(config)
-    return config, base_dir
+    return _converted(config), base_dir
 
 
 def _check_top_level(config: Mapping[str, Any]) -> None:
@@ -109,6 +109,22 @@ def _check_top_level(config: Mapping[str, Any]) -> None:
     from framework.config import check
 
     check(config)
+
+
+def _converted(config: dict[str, Any]) -> dict[str, Any]:
+    """`config` (checked) with its plain top-level values as their annotations make them
+    (``"epochs": 2.0`` is the int 2, as JSON and the schema read it): the run uses the
+    values `validate` judged, never the raw ones. Components are built later, from
+    their configs, by the same walk."""
+    from framework._runconfig import run_config
+    from framework._signatures import signature_of
+    from framework.config import construct
+
+    parameters = signature_of(run_config).parameters
+    for key in ("data_path", "epochs"):
+        if key in config:
+            config[key] = construct(parameters[key].annotation, config[key], path=key)
+    return config
 
 
 def _prefixed(prefix: str, error: ConfigError) -> ConfigError:

@@ -144,17 +144,20 @@ def _build_loader(loader_config: Mapping[str, Any], reader: Any, data_path: str)
 
 
 def _loader_parameters(loader_config: Mapping[str, Any]) -> set[str]:
-    """The constructor parameters of the loader type the config names (empty if unknown)."""
-    import inspect
-
+    """The config keys of the loader type the config names (empty if unknown): its
+    constructor's parameters, with those it forwards through ``**kwargs`` to its parent."""
     from framework import DataLoader
+    from framework._signatures import signature_of
 
     type_name = loader_config.get("type", DataLoader.default_implementation)
     try:
         factory = DataLoader.by_name(type_name) if isinstance(type_name, str) else None
-        return set(inspect.signature(factory).parameters) if factory is not None else set()
+        return set(signature_of(factory).parameters) if factory is not None else set()
     except (FrameworkError, LookupError, TypeError, ValueError):
         return set()  # from_config reports a bad type with its path
+
+
+_LAZY_KEY = "max_instances_in_memory"
 
 
 def _preflight_loader(loader_config: Mapping[str, Any], reader: Any, data_path: str) -> None:
@@ -162,15 +165,25 @@ def _preflight_loader(loader_config: Mapping[str, Any], reader: Any, data_path: 
 
     An eager loader reads all its data while it is built; this one is built lazy (with
     an unbounded ``max_instances_in_memory``), which checks every key, value and
-    combination the same way and reads nothing until iterated. It is then dropped.
+    combination the same way and reads nothing until iterated. It is then dropped. The
+    config was checked as the user wrote it (`validate`) already: an error about the key
+    set here is about this stand-in, never the user's, and is not reported.
     """
     config = copy.deepcopy(dict(loader_config))
-    if (
-        "max_instances_in_memory" in _loader_parameters(config)
-        and config.get("max_instances_in_memory") is None
-    ):
-        config["max_instances_in_memory"] = 2**62
-    _build_loader(config, reader, data_path)
+    injected = _LAZY_KEY in _loader_parameters(config) and config.get(_LAZY_KEY) is None
+    if injected:
+        config[_LAZY_KEY] = 2**62
+    try:
+        _build_loader(config, reader, data_path)
+    except ConfigError as error:
+        if not injected:
+            raise
+        ours = f"data_loader.{_LAZY_KEY}"
+        kept = [each for each in error.errors if each.path != ours]
+        if kept:
+            from framework._validate import _combined
+
+            raise _combined(kept) from None
 
 
 def _resolve_data_path(data_path: str, base_dir: Path) -> str:

@@ -43,3 +43,19 @@ def test_an_integral_float_epochs_runs_as_the_int_validate_accepted(
     summary = json.loads(out)
     assert summary["epochs"] == 2 and isinstance(summary["epochs"], int)
     assert summary["instances"] == 20
+
+
+def test_the_preflight_never_rejects_a_key_the_user_did_not_set(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # An eager config that validate() accepts; the preflight builds the loader lazy
+    # (so it reads nothing) by setting max_instances_in_memory itself: that key must
+    # never be what fails, whatever batch size the user chose.
+    huge = 2**62 + 1
+    config = _config(tmp_path, data_loader={"batch_size": huge})
+    assert main(["config", "validate", str(config)]) == 0
+    capsys.readouterr()
+    code, out, err = _run(capsys, str(config))
+    assert "max_instances_in_memory" not in err
+    assert code == 0, err
+    assert json.loads(out)["batches"] == 1

@@ -449,8 +449,13 @@ class _Walk:
         if any(error.path in own for error in self.errors[before:]):
             return  # one of its own keys is wrong: its rules would misread it
         arguments = {name: given.get(name, parameter.default) for name, parameter in parameters.items()}
-        for key, problem in checks(arguments):
-            self.fail(ConfigError(_join(path, key), problem))
+        try:
+            found = [(str(key), str(problem)) for key, problem in checks(arguments)]
+        except Exception as error:  # the component's own code: its failure is this config's error
+            owner = signature_of(factory).owner
+            found = [("", f"{owner}.config_checks failed on this config: {type(error).__name__}: {error}")]
+        for key, problem in found:
+            self.fail(ConfigError(_join(path, key) if key else path, problem))
 
 
 def _same(value: Any, choice: Any) -> bool:

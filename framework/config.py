@@ -44,9 +44,7 @@ RUN_CONFIG_META_KEYS = ("$schema",)  # allowed at the top of a run config, for e
 def load_config(path: Union[str, PathLike[str]]) -> dict[str, Any]:
     """Read a JSON config, or a YAML one (``.yaml``/``.yml``, needs PyYAML)."""
     if not isinstance(path, (str, PathLike)):
-        raise ConfigError(
-            "", f"expected a config mapping, or a JSON or YAML file's path, got {_shown(path)}"
-        )
+        raise ConfigError("", f"expected a config mapping, or a JSON or YAML file's path, got {_shown(path)}")
     try:
         path = pathlib.Path(path)
         text = path.read_text(encoding="utf-8")

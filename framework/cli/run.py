@@ -79,7 +79,7 @@ def load_run_config(config_path: Optional[str], overrides: list[str]) -> tuple[d
     """The merged, checked config and the folder a relative ``data_path`` resolves against:
     the config file's folder for a path written in the file, the current folder for one
     given in an ``--override``."""
-    from framework.config import _shown, load_config
+    from framework.config import MAX_DEPTH, _shown, load_config
 
     file = _bundled_examples() / DEFAULT_CONFIG if config_path is None else Path(config_path)
     config = load_config(file)
@@ -92,6 +92,11 @@ def load_run_config(config_path: Optional[str], overrides: list[str]) -> tuple[d
             raise ConfigError(
                 "", f"--override #{index + 1} is not valid JSON ({reason}): {_shown(text)}"
             ) from error
+        except RecursionError:
+            raise ConfigError(
+                "",
+                f"--override #{index + 1} nests too deep to read (more than {MAX_DEPTH} levels is a mistake)",
+            ) from None
         if not isinstance(override, dict):
             raise ConfigError("", f"--override #{index + 1} must be a JSON object, got {_shown(text)}")
         try:

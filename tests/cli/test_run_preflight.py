@@ -4,12 +4,15 @@ fail in one line: the values the run uses are the ones the check judged."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from framework import DatasetReader
 from framework.cli import main
+from framework.testing import fresh_registry
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -59,3 +62,48 @@ def test_the_preflight_never_rejects_a_key_the_user_did_not_set(
     assert "max_instances_in_memory" not in err
     assert code == 0, err
     assert json.loads(out)["batches"] == 1
+
+
+class _CrashingRules(DatasetReader):
+    """A reader whose declared rules crash: a plugin's bug, met while checking."""
+
+    @staticmethod
+    def config_checks(arguments: Mapping[str, Any]) -> list[tuple[str, str]]:
+        raise RuntimeError("rules\nbroken")
+
+    def _read(self, file_path: Any) -> Iterator[Any]:
+        yield from ()
+
+
+def _validate_cases(tmp_path: Path) -> dict[str, list[str]]:
+    good = _config(tmp_path)
+    (tmp_path / "folder.json").mkdir()
+    latin1 = tmp_path / "latin1.json"
+    latin1.write_bytes(b'{"data_path": "caf\xe9"}')
+    return {
+        "a folder": [str(tmp_path / "folder.json")],
+        "a missing file": [str(tmp_path / "missing.json")],
+        "not UTF-8": [str(latin1)],
+        "a NUL in the path": [str(tmp_path / "a\0b.json")],
+        "bad JSON override": [str(good), "--override", "{bad"],
+        "an override too big to merge": [str(good), "--override", "[" * 100_000],
+        "an int no float holds": [str(good), "--override", '{"data_loader": {"timeout": 1%s}}' % ("0" * 400)],
+        "rules that crash": [str(good), "--override", '{"dataset_reader": {"type": "crashing_rules"}}'],
+    }
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["a folder", "a missing file", "not UTF-8", "a NUL in the path", "bad JSON override",
+     "an override too big to merge", "an int no float holds", "rules that crash"],
+)  # fmt: skip
+def test_config_validate_fails_in_one_line_on_stdout_and_exit_1(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, case: str
+) -> None:
+    with fresh_registry():
+        DatasetReader.register("crashing_rules")(_CrashingRules)
+        code = main(["config", "validate", *_validate_cases(tmp_path)[case]])
+    out, err = capsys.readouterr()
+    assert (code, err) == (1, ""), (out, err)
+    assert len(out.splitlines()) == 1, out
+    assert "Traceback" not in out and "-v" not in out

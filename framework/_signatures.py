@@ -17,6 +17,8 @@ from typing import Any, Optional, TypeVar
 
 import attrs
 
+from framework.errors import ConfigError
+
 __all__ = [
     "EMPTY",
     "AtLeast",
@@ -73,6 +75,29 @@ class ConfigChecks:
 
     def __call__(self, arguments: Mapping[str, Any]) -> Iterable[tuple[str, str]]:
         return self.problems(arguments)
+
+    def extended(
+        self,
+        problems: Callable[[Mapping[str, Any]], Iterable[tuple[str, str]]],
+        json_schema: Optional[Mapping[str, Any]] = None,
+    ) -> ConfigChecks:
+        """These rules and `problems` (a subclass's own), as one `ConfigChecks`."""
+        first = self.problems
+
+        def both(arguments: Mapping[str, Any]) -> list[tuple[str, str]]:
+            return [*first(arguments), *problems(arguments)]
+
+        schemas = [schema for schema in (self.json_schema, json_schema) if schema]
+        return ConfigChecks(both, schemas[0] if len(schemas) == 1 else {"allOf": schemas} if schemas else {})
+
+    def enforce(self, arguments: Mapping[str, Any]) -> None:
+        """Raise what `problems` finds in `arguments`, as a constructor does: a
+        `ConfigError` naming the key (``errors`` holding each, when there are several)."""
+        found = [ConfigError(key, problem) for key, problem in self.problems(arguments)]
+        if found:
+            error = ConfigError(found[0].path, "; ".join(e.reason for e in found))
+            error.errors = found if len(found) > 1 else [error]
+            raise error
 
 
 @attrs.frozen

@@ -100,7 +100,7 @@ def problems(
             )
         # A lazy sampler sees max_instances_in_memory instances at a time, so it could
         # only make smaller batches (or none, with drop_last).
-        sampler_size = batch_sampler.get_batch_size() if isinstance(batch_sampler, BatchSampler) else None
+        sampler_size = _sampler_batch_size(batch_sampler)
         if sampler_size is not None and 1 <= max_instances_in_memory < sampler_size:
             found.append(
                 (
@@ -128,6 +128,28 @@ def problems(
             ("timeout", f"timeout must be a finite positive number of seconds or None, got {timeout}")
         )
     return found
+
+
+def _sampler_batch_size(batch_sampler: Any) -> Optional[int]:
+    """The sampler's fixed batch size: asked of a `BatchSampler`, or read from its config
+    (a name or a mapping, as `framework.config.validate` sees it) by its class's
+    `BatchSampler.config_batch_size`; None when it has none or cannot say."""
+    if isinstance(batch_sampler, BatchSampler):
+        return batch_sampler.get_batch_size()
+    config = {"type": batch_sampler} if isinstance(batch_sampler, str) else batch_sampler
+    if not isinstance(config, Mapping):
+        return None
+    name = config.get("type", BatchSampler.default_implementation)
+    if not isinstance(name, str):
+        return None
+    try:
+        cls, constructor = BatchSampler.resolve_class_name(name)
+    except Exception:  # an unknown name: the walk reports it at the sampler's own path
+        return None
+    if constructor is not None:  # the config is a named constructor's, not __init__'s
+        return None
+    arguments = {key: value for key, value in config.items() if key != "type"}
+    return cls.config_batch_size(arguments)
 
 
 def validate(**settings: Any) -> None:

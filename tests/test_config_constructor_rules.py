@@ -87,3 +87,42 @@ def test_the_schema_states_the_rules_it_can() -> None:
     for config, _, _ in READER_CASES[1:]:  # every one but two keys together
         assert not validator.is_valid(config), config
     assert validator.is_valid({"type": "csv", "delimiter": "\t", "field_types": {"a": "int"}})
+
+
+@pytest.mark.parametrize("device", ["gpu0", "1", "", -1, "cuda:-1", "cuda:128", 128, " cuda"])
+def test_a_device_torch_would_refuse_is_a_config_error_in_validate_and_the_constructor(
+    tmp_path: Path, device: Any
+) -> None:
+    loader = {"batch_size": 2, "cuda_device": device}
+    [error] = validate(_run({"type": "jsonl"}, loader))
+    assert error.path == "data_loader.cuda_device"
+    data = tmp_path / "data.jsonl"
+    data.write_text(json.dumps({"x": 1}) + "\n", encoding="utf-8")
+    reader = DatasetReader.from_config({"type": "jsonl"})
+    with pytest.raises(ConfigError) as raised:  # not torch's RuntimeError
+        DataLoader.from_config(loader, reader=reader, data_path=str(data))
+    assert raised.value.reason == error.reason
+    loader_class = DataLoader.by_name("multiprocess")
+    with pytest.raises(ConfigError):  # in code, and when moved later
+        loader_class(reader, str(data), batch_size=2, cuda_device=device)
+    built = loader_class(reader, str(data), batch_size=2)
+    with pytest.raises(ConfigError):
+        built.set_target_device(device)
+
+
+@pytest.mark.parametrize(
+    ("device", "expected"), [(0, "cuda:0"), (1.0, "cuda:1"), ("cuda:1", "cuda:1"), ("cpu", "cpu")]
+)
+def test_a_device_index_is_a_cuda_device_whatever_this_machine_has(
+    tmp_path: Path, device: Any, expected: str
+) -> None:
+    data = tmp_path / "data.jsonl"
+    data.write_text(json.dumps({"x": 1}) + "\n", encoding="utf-8")
+    reader = DatasetReader.from_config({"type": "jsonl"})
+    assert validate(_run({"type": "jsonl"}, {"batch_size": 2, "cuda_device": device})) == []
+    loader = DataLoader.from_config(
+        {"batch_size": 2, "cuda_device": device, "max_instances_in_memory": 2},
+        reader=reader,
+        data_path=str(data),
+    )
+    assert str(loader.cuda_device) == expected

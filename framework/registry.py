@@ -352,23 +352,37 @@ class Registry:
             return other
 
 
-_active = Registry()
+_default = Registry()
+# The registries of the `use_registry` blocks open now, oldest first: the newest is the
+# active one. Each block removes its own entry when it ends, so blocks in two threads
+# whose ends do not nest still leave the default active once both have ended.
+_blocks: list[tuple[object, Registry]] = []
+_blocks_lock = threading.Lock()
 
 
 def get_registry() -> Registry:
     """The registry `Registrable` reads and writes now."""
-    return _active
+    try:
+        return _blocks[-1][1]
+    except IndexError:  # no block open
+        return _default
 
 
 @contextmanager
 def use_registry(registry: Registry) -> Iterator[Registry]:
-    """Make `registry` the active one inside the block (for every thread)."""
-    global _active
-    previous, _active = _active, registry
+    """Make `registry` the active one inside the block (for every thread).
+
+    Blocks may overlap in several threads: the registry of the newest block still open
+    is active, and once every block has ended, the default is again.
+    """
+    token = object()
+    with _blocks_lock:
+        _blocks.append((token, registry))
     try:
         yield registry
     finally:
-        _active = previous
+        with _blocks_lock:
+            _blocks[:] = [block for block in _blocks if block[0] is not token]
 
 
 def registered_bases() -> set[type[Registrable]]:

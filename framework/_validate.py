@@ -22,7 +22,7 @@ from typing import Any, Generic, Optional, TypeVar, Union
 
 from framework._signatures import EMPTY, AtLeast, Given, Unresolved, accepts_anything, signature_of
 from framework.errors import ConfigError
-from framework.registry import Registrable
+from framework.registry import Registrable, describe_error
 
 __all__ = ["MAX_DEPTH", "Lazy", "construct", "is_typed_dict", "typed_dict_fields"]
 
@@ -450,10 +450,10 @@ class _Walk:
             return  # one of its own keys is wrong: its rules would misread it
         arguments = {name: given.get(name, parameter.default) for name, parameter in parameters.items()}
         try:
-            found = [(str(key), str(problem)) for key, problem in checks(arguments)]
-        except Exception as error:  # the component's own code: its failure is this config's error
+            found = list(checks(arguments))
+        except Exception as error:  # a component's own rule is broken: say so, never crash
             owner = signature_of(factory).owner
-            found = [("", f"{owner}.config_checks failed on this config: {type(error).__name__}: {error}")]
+            found = [("", f"{owner}.config_checks raised {describe_error(error)} on this config")]
         for key, problem in found:
             self.fail(ConfigError(_join(path, key) if key else path, problem))
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from framework import DatasetReader
+from framework import DataLoader, DatasetReader
 from framework.cli import main
 from framework.testing import fresh_registry
 
@@ -107,3 +107,30 @@ def test_config_validate_fails_in_one_line_on_stdout_and_exit_1(
     assert (code, err) == (1, ""), (out, err)
     assert len(out.splitlines()) == 1, out
     assert "Traceback" not in out and "-v" not in out
+
+
+def test_a_loader_forwarding_kwargs_is_preflighted_lazy_and_fetches_its_url(
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    http_server: tuple[str, list[str]],
+    isolated_cache: Path,
+) -> None:
+    # Its keys are its parent's (through **kwargs): the preflight must build it lazy, so it
+    # reads nothing before the download (eager, it read the URL as a local path and failed).
+    from framework.data import MultiProcessDataLoader
+
+    class Forwarding(MultiProcessDataLoader):
+        def __init__(self, label: str = "", **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            self.label = label
+
+    url, gets = http_server
+    (tmp_path / "www" / "data.jsonl").write_text(
+        "".join(json.dumps({"x": i}) + "\n" for i in range(10)), encoding="utf-8"
+    )
+    config = _config(tmp_path, data_path=f"{url}/data.jsonl", data_loader={"type": "fwd", "batch_size": 4})
+    with fresh_registry():
+        DataLoader.register("fwd")(Forwarding)
+        code, out, err = _run(capsys, str(config))
+    assert code == 0, err
+    assert json.loads(out)["instances"] == 10 and gets == ["/data.jsonl"]

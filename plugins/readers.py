@@ -278,7 +278,15 @@ class TextReader(_ShardedReader):
         keep_text: include the ``"text"`` field.
     """
 
-    config_checks = _ShardedReader.config_checks.extended(_text_problems)
+    config_checks = _ShardedReader.config_checks.extended(
+        _text_problems,
+        {
+            "not": {
+                "properties": {"num_buckets": {"type": "integer"}, "vocabulary": {"type": "string"}},
+                "required": ["num_buckets", "vocabulary"],
+            }
+        },
+    )
 
     def __init__(
         self,
@@ -398,9 +406,7 @@ def _csv_problems(arguments: Mapping[str, Any]) -> list[tuple[str, str]]:
     if isinstance(field_types, Mapping):
         unknown = {k: v for k, v in field_types.items() if not (isinstance(v, str) and v in _CONVERTERS)}
         if unknown:
-            found.append(
-                ("field_types", f"unknown type(s) {unknown}; use one of {', '.join(_CONVERTERS)}")
-            )
+            found.append(("field_types", f"unknown type(s) {unknown}; use one of {', '.join(_CONVERTERS)}"))
     delimiter = arguments.get("delimiter", ",")
     if not (isinstance(delimiter, str) and len(delimiter) == 1):
         found.append(("delimiter", f"delimiter must be one character, got {delimiter!r}"))

@@ -84,9 +84,16 @@ def test_a_sampler_without_a_fixed_batch_size_is_not_compared() -> None:
 def test_the_schema_states_the_rules_it_can() -> None:
     jsonschema = pytest.importorskip("jsonschema")
     validator = jsonschema.Draft202012Validator(json_schema("DatasetReader"))
-    for config, _, _ in READER_CASES[1:]:  # every one but two keys together
+    for config, _, _ in READER_CASES:
         assert not validator.is_valid(config), config
     assert validator.is_valid({"type": "csv", "delimiter": "\t", "field_types": {"a": "int"}})
+    assert validator.is_valid({"type": "text", "num_buckets": None, "vocabulary": "v.txt"})
+    assert validator.is_valid("text")  # a name alone: its defaults pass its rules
+    run = jsonschema.Draft202012Validator(json_schema())
+    for device in ["gpu0", "1", "", -1, "cuda:-1", "cuda:128", 128, " cuda"]:
+        assert not run.is_valid(_run({"type": "jsonl"}, {"batch_size": 2, "cuda_device": device})), device
+    for device in [0, 127, "cuda", "cuda:0", "cuda:127", "cpu"]:
+        assert run.is_valid(_run({"type": "jsonl"}, {"batch_size": 2, "cuda_device": device})), device
 
 
 @pytest.mark.parametrize("device", ["gpu0", "1", "", -1, "cuda:-1", "cuda:128", 128, " cuda"])

@@ -223,8 +223,8 @@ config_checks = ConfigChecks(
         "properties": {  # looser than torch's parser: the rest is validate's
             "cuda_device": {
                 "anyOf": [
-                    {"type": "integer", "minimum": 0},
-                    {"type": "string", "pattern": "^[a-z_]+(:[0-9]+)?$"},
+                    {"type": "integer", "minimum": 0, "maximum": 127},
+                    {"type": "string", "pattern": "^[a-z_]+(:([0-9]|[1-9][0-9]|1[01][0-9]|12[0-7]))?$"},
                     {"type": "null"},
                 ]
             }

@@ -217,10 +217,14 @@ def _config_problems(arguments: Mapping[str, Any]) -> list[tuple[str, str]]:
 _PROBLEM_KEYS = tuple(inspect.signature(problems).parameters)
 # `problems` of a loader config's arguments; the schema can say that one of two is needed
 config_checks = ConfigChecks(
-    _config_problems,
+    _config_problems, {"anyOf": [{"required": ["batch_size"]}, {"required": ["batch_sampler"]}]}
+)
+
+# what the schema can say of `device_problem` (looser than torch's parser: the rest is validate's)
+config_checks = config_checks.extended(
+    lambda _: (),
     {
-        "anyOf": [{"required": ["batch_size"]}, {"required": ["batch_sampler"]}],
-        "properties": {  # looser than torch's parser: the rest is validate's
+        "properties": {
             "cuda_device": {
                 "anyOf": [
                     {"type": "integer", "minimum": 0, "maximum": 127},
@@ -228,7 +232,7 @@ config_checks = ConfigChecks(
                     {"type": "null"},
                 ]
             }
-        },
+        }
     },
 )
 

@@ -22,7 +22,7 @@ from typing import Any, Generic, Optional, TypeVar, Union
 
 from framework._signatures import EMPTY, AtLeast, Given, Unresolved, accepts_anything, signature_of
 from framework.errors import ConfigError
-from framework.registry import Registrable, describe_error
+from framework.registry import Registrable
 
 __all__ = ["MAX_DEPTH", "Lazy", "construct", "is_typed_dict", "typed_dict_fields"]
 
@@ -461,13 +461,8 @@ class _Walk:
         if any(error.path in own for error in self.errors[before:]):
             return  # one of its own keys is wrong: its rules would misread it
         arguments = {name: given.get(name, parameter.default) for name, parameter in parameters.items()}
-        try:
-            found = list(checks(arguments))
-        except Exception as error:  # a component's own rule is broken: say so, never crash
-            owner = signature_of(factory).owner
-            found = [("", f"{owner}.config_checks raised {describe_error(error)} on this config")]
-        for key, problem in found:
-            self.fail(ConfigError(_join(path, key) if key else path, problem))
+        for key, problem in checks(arguments):
+            self.fail(ConfigError(_join(path, key), problem))
 
 
 def _same(value: Any, choice: Any) -> bool:

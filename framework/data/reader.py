@@ -86,12 +86,6 @@ class DatasetReader(Registrable):
     objects (vocabularies, tokenizer handles) there, not in `_read`.
     """
 
-    # The rules on the arguments that annotations cannot state, as (key, what to change)
-    # pairs: each constructor raises its own, and `framework.config.validate` reports
-    # them all from a config before anything is built. A subclass with rules of its
-    # own sets ``config_checks = Parent.config_checks.extended(its_problems)`` and
-    # calls ``ConfigChecks(its_problems).enforce(...)`` in its ``__init__``.
-    config_checks: ClassVar[ConfigChecks] = _OWN_CHECKS
     # Class-level defaults keep a subclass that forgets super().__init__() working.
     max_instances: Optional[int] = None
     manual_distributed_sharding: bool = False
@@ -104,6 +98,12 @@ class DatasetReader(Registrable):
     _info_queried: bool = False
     _shard_plan: Optional[ShardPlan] = None  # set by the loader for its next read()
     _reading: Optional[ShardPlan] = None  # the plan of the read() now making an instance
+    # The rules on the arguments that annotations cannot state, as (key, what to change)
+    # pairs: each constructor raises its own, and `framework.config.validate` reports
+    # them all from a config before anything is built. A subclass with rules of its
+    # own sets ``config_checks = Parent.config_checks.extended(its_problems)`` and
+    # calls ``ConfigChecks(its_problems).enforce(...)`` in its ``__init__``.
+    config_checks: ClassVar[ConfigChecks] = _OWN_CHECKS
 
     def __init__(
         self,

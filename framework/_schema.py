@@ -108,7 +108,6 @@ def _json_default(value: Any) -> tuple[bool, Any]:
     return True, value
 
 
-
 def _defaults_pass_rules(entry: RegistryEntry) -> bool:
     """Whether a component's declared rules (`config_checks`) accept its defaults, so
     that its name alone is a config (as `validate` finds)."""
@@ -124,6 +123,7 @@ def _defaults_pass_rules(entry: RegistryEntry) -> bool:
         return not list(checks(defaults))
     except Exception:  # rules that fail on their own defaults: no name-alone form
         return False
+
 
 class _Builder:
     def __init__(self) -> None:
@@ -253,7 +253,9 @@ class _Builder:
             component, summary = self.component(cls, entries[name], provided, explicit)
             choices.append({"const": name, **({"description": summary} if summary else {})})
             described = self.defs[self.key(cls, provided, f".{name}", explicit)]
-            if "required" not in described and _defaults_pass_rules(entries[name]):
+            if "required" not in described and (
+                "allOf" not in described or _defaults_pass_rules(entries[name])
+            ):
                 alone.append(choices[-1])
             rules.append(
                 {

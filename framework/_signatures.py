@@ -87,8 +87,7 @@ class ConfigChecks:
         def both(arguments: Mapping[str, Any]) -> list[tuple[str, str]]:
             return [*first(arguments), *problems(arguments)]
 
-        schemas = [schema for schema in (self.json_schema, json_schema) if schema]
-        return ConfigChecks(both, schemas[0] if len(schemas) == 1 else {"allOf": schemas} if schemas else {})
+        return ConfigChecks(both, _joined(self.json_schema, json_schema or {}))
 
     def enforce(self, arguments: Mapping[str, Any]) -> None:
         """Raise what `problems` finds in `arguments`, as a constructor does: a
@@ -98,6 +97,26 @@ class ConfigChecks:
             error = ConfigError(found[0].path, "; ".join(e.reason for e in found))
             error.errors = found if len(found) > 1 else [error]
             raise error
+
+
+def _joined(first: Mapping[str, Any], second: Mapping[str, Any]) -> dict[str, Any]:
+    """Both schemas as one: ``"properties"`` merged name by name (a name in both: each
+    of its schemas under ``allOf``), any other key both give under ``allOf``."""
+    joined = dict(first)
+    later: dict[str, Any] = {}
+    for key, value in second.items():
+        if key == "properties" and isinstance(joined.get(key), Mapping):
+            properties = dict(joined[key])
+            for name, schema in value.items():
+                properties[name] = {"allOf": [properties[name], schema]} if name in properties else schema
+            joined[key] = properties
+        elif key in joined:
+            later[key] = value
+        else:
+            joined[key] = value
+    if later:
+        joined["allOf"] = [*joined.get("allOf", []), later]
+    return joined
 
 
 @attrs.frozen

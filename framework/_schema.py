@@ -108,6 +108,23 @@ def _json_default(value: Any) -> tuple[bool, Any]:
     return True, value
 
 
+def _defaults_pass_rules(entry: RegistryEntry) -> bool:
+    """Whether a component's declared rules (`config_checks`) accept its defaults, so
+    that its name alone is a config (as `validate` finds)."""
+    try:
+        factory = entry.factory()
+    except Exception:  # not importable here: described as accepting anything
+        return True
+    checks = getattr(factory, "config_checks", None)
+    if not callable(checks):
+        return True
+    defaults = {name: p.default for name, p in signature_of(factory).parameters.items()}
+    try:
+        return not list(checks(defaults))
+    except Exception:  # rules that fail on their own defaults: no name-alone form
+        return False
+
+
 class _Builder:
     def __init__(self) -> None:
         self.defs: dict[str, Any] = {}
@@ -235,7 +252,10 @@ class _Builder:
         for name in names:
             component, summary = self.component(cls, entries[name], provided, explicit)
             choices.append({"const": name, **({"description": summary} if summary else {})})
-            if not {"required", "allOf"} & self.defs[self.key(cls, provided, f".{name}", explicit)].keys():
+            described = self.defs[self.key(cls, provided, f".{name}", explicit)]
+            if "required" not in described and (
+                "allOf" not in described or _defaults_pass_rules(entries[name])
+            ):
                 alone.append(choices[-1])
             rules.append(
                 {

@@ -17,6 +17,8 @@ from typing import Any, Optional, TypeVar
 
 import attrs
 
+from framework.errors import ConfigError
+
 __all__ = [
     "EMPTY",
     "AtLeast",
@@ -73,6 +75,48 @@ class ConfigChecks:
 
     def __call__(self, arguments: Mapping[str, Any]) -> Iterable[tuple[str, str]]:
         return self.problems(arguments)
+
+    def extended(
+        self,
+        problems: Callable[[Mapping[str, Any]], Iterable[tuple[str, str]]],
+        json_schema: Optional[Mapping[str, Any]] = None,
+    ) -> ConfigChecks:
+        """These rules and `problems` (a subclass's own), as one `ConfigChecks`."""
+        first = self.problems
+
+        def both(arguments: Mapping[str, Any]) -> list[tuple[str, str]]:
+            return [*first(arguments), *problems(arguments)]
+
+        return ConfigChecks(both, _joined(self.json_schema, json_schema or {}))
+
+    def enforce(self, arguments: Mapping[str, Any]) -> None:
+        """Raise what `problems` finds in `arguments`, as a constructor does: a
+        `ConfigError` naming the key (``errors`` holding each, when there are several)."""
+        found = [ConfigError(key, problem) for key, problem in self.problems(arguments)]
+        if found:
+            error = ConfigError(found[0].path, "; ".join(e.reason for e in found))
+            error.errors = found if len(found) > 1 else [error]
+            raise error
+
+
+def _joined(first: Mapping[str, Any], second: Mapping[str, Any]) -> dict[str, Any]:
+    """Both schemas as one: ``"properties"`` merged name by name (a name in both: each
+    of its schemas under ``allOf``), any other key both give under ``allOf``."""
+    joined = dict(first)
+    later: dict[str, Any] = {}
+    for key, value in second.items():
+        if key == "properties" and isinstance(joined.get(key), Mapping):
+            properties = dict(joined[key])
+            for name, schema in value.items():
+                properties[name] = {"allOf": [properties[name], schema]} if name in properties else schema
+            joined[key] = properties
+        elif key in joined:
+            later[key] = value
+        else:
+            joined[key] = value
+    if later:
+        joined["allOf"] = [*joined.get("allOf", []), later]
+    return joined
 
 
 @attrs.frozen

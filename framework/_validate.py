@@ -162,6 +162,18 @@ class _Walk:
         """Enter a value of the config at `path` and check (or build) it as `annotation`."""
         if not isinstance(value, (Mapping, list, tuple)):
             return self.dispatch(annotation, value, path)
+        if not self.open:  # the top of a walk: refuse a config that shared nodes blow up
+            from framework._shared import MAX_SHARED_EXPANSION, shared_expansion
+
+            if shared_expansion(value, MAX_DEPTH) > MAX_SHARED_EXPANSION:
+                return self.fail(
+                    ConfigError(
+                        path,
+                        f"YAML aliases (nodes used at several places) make this config more than "
+                        f"{MAX_SHARED_EXPANSION:,} values larger than it is written: write the "
+                        "repeated parts out, or use them fewer times",
+                    )
+                )
         # a YAML alias can make a config contain itself; a deep one would exhaust the stack
         if id(value) in self.open:
             return self.fail(

@@ -43,11 +43,19 @@ RUN_CONFIG_META_KEYS = ("$schema",)  # allowed at the top of a run config, for e
 
 def load_config(path: Union[str, PathLike[str]]) -> dict[str, Any]:
     """Read a JSON config, or a YAML one (``.yaml``/``.yml``, needs PyYAML)."""
-    path = pathlib.Path(path)
+    if not isinstance(path, (str, PathLike)):
+        raise ConfigError("", f"expected a config mapping, or a JSON or YAML file's path, got {_shown(path)}")
     try:
+        path = pathlib.Path(path)
         text = path.read_text(encoding="utf-8")
     except OSError as error:
         raise ConfigError("", f"cannot read config file {path}: {error.strerror or error}") from error
+    except UnicodeDecodeError as error:
+        raise ConfigError(
+            "", f"config file {path} is not UTF-8 text (byte {error.start}): save it as UTF-8"
+        ) from error
+    except (TypeError, ValueError) as error:  # a NUL in the path; a path-like that is no path
+        raise ConfigError("", f"cannot read config file {path!r}: {error}") from error
     if path.suffix.lower() in (".yaml", ".yml"):
         try:
             import yaml

@@ -9,6 +9,7 @@ scanning nothing) and components from plugins (discovered on the first lookup).
 from __future__ import annotations
 
 import difflib
+import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -120,8 +121,10 @@ class Registry:
 
     The lock guards only this object's fields and is never held while plugin code runs,
     so a thread registering a class (holding its module's import lock) never waits for
-    loading. A thread waiting for another's loading gives up with a `RegistryError`
-    after `wait_timeout` seconds in which no plugin finished loading.
+    loading. A thread waiting for another's loading waits as long as the loading runs;
+    it gives up with a `RegistryError` only when it may be what the loading waits for:
+    after `wait_timeout` seconds in which no plugin finished loading, if it started
+    while plugins were loading and the loading thread is blocked on another thread.
     """
 
     wait_timeout: float = 15.0
@@ -140,6 +143,7 @@ class Registry:
         self._discovered = False
         self._building: Optional[_Entries] = None
         self._builder: Optional[int] = None
+        self._threads_before: set[Optional[int]] = set()  # alive when loading began
         self._loading_plugin: Optional[str] = None
         self._steps = 0
         self._notes: list[str] = []  # warnings held back until the registry is published
@@ -147,6 +151,16 @@ class Registry:
         self._manager: Optional[pluggy.PluginManager] = None
 
     # -- discovery ------------------------------------------------------------------
+    def _may_wait_for(self, waiter: int) -> bool:
+        """Whether the loading thread may be waiting for `waiter`, which waits for it: a
+        thread started while plugins load (a plugin's helper, say) while the loading
+        thread is blocked on another thread (its innermost frame in `threading`: a
+        future, a queue, a join). Anything else is a slow import, waited for."""
+        if waiter in self._threads_before:
+            return False
+        frame = sys._current_frames().get(self._builder) if self._builder is not None else None
+        return frame is not None and frame.f_code.co_filename == threading.__file__
+
     def ensure_discovered(self) -> None:
         """Run plugin discovery once; re-entrant calls from a loading plugin return at once."""
         if self._discovered:
@@ -156,7 +170,12 @@ class Registry:
             while not self._discovered and self._builder not in (None, me):
                 steps = self._steps
                 self._progress.wait(self.wait_timeout)
-                if self._steps == steps and self._builder not in (None, me) and not self._discovered:
+                if (
+                    self._steps == steps
+                    and self._builder not in (None, me)
+                    and not self._discovered
+                    and self._may_wait_for(me)
+                ):
                     raise RegistryError(
                         f"waited {self.wait_timeout:g} s for another thread loading framework "
                         f"plugins, and no plugin finished loading meanwhile; a plugin module that "
@@ -167,6 +186,7 @@ class Registry:
             if self._discovered or self._builder == me:
                 return
             self._building, self._builder = {}, me
+            self._threads_before = {thread.ident for thread in threading.enumerate()}
             self._failures, self._manager, self._notes = {}, None, []
         try:
             self._discover(self)
@@ -352,23 +372,37 @@ class Registry:
             return other
 
 
-_active = Registry()
+_default = Registry()
+# The registries of the `use_registry` blocks open now, oldest first: the newest is the
+# active one. Each block removes its own entry when it ends, so blocks in two threads
+# whose ends do not nest still leave the default active once both have ended.
+_blocks: list[tuple[object, Registry]] = []
+_blocks_lock = threading.Lock()
 
 
 def get_registry() -> Registry:
     """The registry `Registrable` reads and writes now."""
-    return _active
+    try:
+        return _blocks[-1][1]
+    except IndexError:  # no block open
+        return _default
 
 
 @contextmanager
 def use_registry(registry: Registry) -> Iterator[Registry]:
-    """Make `registry` the active one inside the block (for every thread)."""
-    global _active
-    previous, _active = _active, registry
+    """Make `registry` the active one inside the block (for every thread).
+
+    Blocks may overlap in several threads: the registry of the newest block still open
+    is active, and once every block has ended, the default is again.
+    """
+    token = object()
+    with _blocks_lock:
+        _blocks.append((token, registry))
     try:
         yield registry
     finally:
-        _active = previous
+        with _blocks_lock:
+            _blocks[:] = [block for block in _blocks if block[0] is not token]
 
 
 def registered_bases() -> set[type[Registrable]]:

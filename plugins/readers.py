@@ -18,11 +18,11 @@ import gzip
 import io
 import json
 import zlib
-from collections.abc import Callable, Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from pathlib import Path, PurePath
 from typing import Annotated, Any, BinaryIO, Generic, Optional, TextIO, TypeVar, Union, cast
 
-from framework.config import AtLeast
+from framework.config import AtLeast, ConfigChecks
 from framework.data.reader import DatasetReader, DatasetReaderInput
 
 __all__ = ["CsvReader", "JsonlReader", "TextReader"]
@@ -185,15 +185,41 @@ def _resolve_tokenizer(tokenizer: Optional[str]) -> Optional[Tokenizer]:
     return function
 
 
+def _sharding_problems(arguments: Mapping[str, Any]) -> list[tuple[str, str]]:
+    return [
+        (flag, f"{flag} cannot be turned off: this reader shards its own lines")
+        for flag in ("manual_multiprocess_sharding", "manual_distributed_sharding")
+        if arguments.get(flag, True) is not True
+    ]
+
+
 class _ShardedReader(DatasetReader):
     """Shards raw records itself, before parsing them."""
 
-    def __init__(self, **kwargs: Any) -> None:
-        for flag in ("manual_multiprocess_sharding", "manual_distributed_sharding"):
-            if kwargs.get(flag, True) is not True:
-                raise ValueError(f"{flag} cannot be turned off: this reader shards its own lines")
-            kwargs[flag] = True
-        super().__init__(**kwargs)
+    config_checks = DatasetReader.config_checks.extended(
+        _sharding_problems,
+        {
+            "properties": {
+                "manual_multiprocess_sharding": {"const": True},
+                "manual_distributed_sharding": {"const": True},
+            }
+        },
+    )
+
+    def __init__(
+        self,
+        *,
+        manual_multiprocess_sharding: bool = True,
+        manual_distributed_sharding: bool = True,
+        **kwargs: Any,
+    ) -> None:
+        ConfigChecks(_sharding_problems).enforce(
+            {
+                "manual_multiprocess_sharding": manual_multiprocess_sharding,
+                "manual_distributed_sharding": manual_distributed_sharding,
+            }
+        )
+        super().__init__(manual_multiprocess_sharding=True, manual_distributed_sharding=True, **kwargs)
 
 
 class JsonlReader(_ShardedReader):
@@ -231,6 +257,21 @@ class JsonlReader(_ShardedReader):
         return {name: record[name] for name in self.fields}
 
 
+def _text_problems(arguments: Mapping[str, Any]) -> list[tuple[str, str]]:
+    found = []
+    if arguments.get("num_buckets") is not None and arguments.get("vocabulary") is not None:
+        found.append(("vocabulary", "give num_buckets or vocabulary, not both"))
+    # `framework config validate` refuses a tokenizer path that the import switch
+    # (FRAMEWORK_REGISTERED_TYPES_ONLY) would refuse at construction
+    from framework.registry import import_refusal
+
+    tokenizer = arguments.get("tokenizer")
+    refusal = import_refusal(tokenizer) if isinstance(tokenizer, str) else None
+    if refusal is not None:
+        found.append(("tokenizer", refusal))
+    return found
+
+
 class TextReader(_ShardedReader):
     """Lines of text; each becomes ``{"text": line, "tokens": [...]}``.
 
@@ -248,15 +289,15 @@ class TextReader(_ShardedReader):
         keep_text: include the ``"text"`` field.
     """
 
-    @staticmethod
-    def config_checks(arguments: dict[str, Any]) -> list[tuple[str, str]]:
-        """`framework config validate` refuses a tokenizer path that the import switch
-        (``FRAMEWORK_REGISTERED_TYPES_ONLY``) would refuse at construction."""
-        from framework.registry import import_refusal
-
-        tokenizer = arguments.get("tokenizer")
-        refusal = import_refusal(tokenizer) if isinstance(tokenizer, str) else None
-        return [("tokenizer", refusal)] if refusal is not None else []
+    config_checks = _ShardedReader.config_checks.extended(
+        _text_problems,
+        {
+            "not": {
+                "properties": {"num_buckets": {"type": "integer"}, "vocabulary": {"type": "string"}},
+                "required": ["num_buckets", "vocabulary"],
+            }
+        },
+    )
 
     def __init__(
         self,
@@ -269,8 +310,7 @@ class TextReader(_ShardedReader):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        if num_buckets is not None and vocabulary is not None:
-            raise ValueError("give num_buckets or vocabulary, not both")
+        ConfigChecks(_text_problems).enforce({"num_buckets": num_buckets, "vocabulary": vocabulary})
         if num_buckets is not None and num_buckets < 3:
             raise ValueError(f"num_buckets must be at least 3 (0 is padding, 1 unknown), got {num_buckets}")
         if max_tokens is not None and max_tokens < 1:
@@ -371,6 +411,19 @@ class _Rows(FileRecords[tuple[list[str], str, list[str]]]):
                 yield header, f"{name}:{self._number}", row
 
 
+def _csv_problems(arguments: Mapping[str, Any]) -> list[tuple[str, str]]:
+    found = []
+    field_types = arguments.get("field_types")
+    if isinstance(field_types, Mapping):
+        unknown = {k: v for k, v in field_types.items() if not (isinstance(v, str) and v in _CONVERTERS)}
+        if unknown:
+            found.append(("field_types", f"unknown type(s) {unknown}; use one of {', '.join(_CONVERTERS)}"))
+    delimiter = arguments.get("delimiter", ",")
+    if not (isinstance(delimiter, str) and len(delimiter) == 1):
+        found.append(("delimiter", f"delimiter must be one character, got {delimiter!r}"))
+    return found
+
+
 class CsvReader(_ShardedReader):
     """A CSV file with a header row; each row becomes a dict keyed by the header.
 
@@ -381,6 +434,16 @@ class CsvReader(_ShardedReader):
         delimiter: the column separator (``"\\t"`` for TSV).
     """
 
+    config_checks = _ShardedReader.config_checks.extended(
+        _csv_problems,
+        {
+            "properties": {
+                "field_types": {"additionalProperties": {"enum": list(_CONVERTERS)}},
+                "delimiter": {"minLength": 1, "maxLength": 1},
+            }
+        },
+    )
+
     def __init__(
         self,
         fields: Optional[list[str]] = None,
@@ -390,14 +453,8 @@ class CsvReader(_ShardedReader):
     ) -> None:
         super().__init__(**kwargs)
         self.fields = list(fields) if fields is not None else None
+        ConfigChecks(_csv_problems).enforce({"field_types": field_types, "delimiter": delimiter})
         self.field_types = dict(field_types or {})
-        unknown = {k: v for k, v in self.field_types.items() if v not in _CONVERTERS}
-        if unknown:
-            raise ValueError(
-                f"field_types: unknown type(s) {unknown}; use one of {', '.join(_CONVERTERS)}"
-            )
-        if len(delimiter) != 1:
-            raise ValueError(f"delimiter must be one character, got {delimiter!r}")
         self.delimiter = delimiter
 
     def _read(self, file_path: DatasetReaderInput) -> Iterator[dict[str, Any]]:

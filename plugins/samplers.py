@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import math
 import random
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Annotated, Any, Optional
 
 from framework.config import AtLeast
@@ -83,6 +83,13 @@ class BucketBatchSampler(BatchSampler):
     def get_batch_size(self) -> Optional[int]:
         return self.batch_size
 
+    @classmethod
+    def config_batch_size(cls, arguments: Mapping[str, Any]) -> Optional[int]:
+        size = arguments.get("batch_size")
+        if isinstance(size, float) and size.is_integer():  # 2.0 is 2 to a config, as to JSON
+            size = int(size)
+        return size if isinstance(size, int) and not isinstance(size, bool) and size >= 1 else None
+
 
 class MaxTokensBatchSampler(BucketBatchSampler):
     """Batches of similar-length instances holding at most `max_tokens` padded tokens.
@@ -134,4 +141,8 @@ class MaxTokensBatchSampler(BucketBatchSampler):
         return sum(1 for _ in self.get_batch_indices(instances))
 
     def get_batch_size(self) -> Optional[int]:
+        return None
+
+    @classmethod
+    def config_batch_size(cls, arguments: Mapping[str, Any]) -> Optional[int]:
         return None

@@ -80,5 +80,11 @@ def check_config(args: argparse.Namespace) -> int:
         for each in error.errors:  # one line each, so a line count is an error count
             print(one_line(str(each)))
         return 1
+    except Exception as error:  # the check itself failed (a component's rules, a bug)
+        if args.verbose:
+            raise
+        # like every other failure of this command: one line on stdout, exit status 1
+        print(one_line(f"<root>: the config could not be checked: {type(error).__name__}: {error}"))
+        return 1
     print(f"{args.config}: valid")
     return 0

@@ -79,7 +79,7 @@ def load_run_config(config_path: Optional[str], overrides: list[str]) -> tuple[d
     """The merged, checked config and the folder a relative ``data_path`` resolves against:
     the config file's folder for a path written in the file, the current folder for one
     given in an ``--override``."""
-    from framework.config import _shown, load_config
+    from framework.config import MAX_DEPTH, _shown, load_config
 
     file = _bundled_examples() / DEFAULT_CONFIG if config_path is None else Path(config_path)
     config = load_config(file)
@@ -92,6 +92,11 @@ def load_run_config(config_path: Optional[str], overrides: list[str]) -> tuple[d
             raise ConfigError(
                 "", f"--override #{index + 1} is not valid JSON ({reason}): {_shown(text)}"
             ) from error
+        except RecursionError:
+            raise ConfigError(
+                "",
+                f"--override #{index + 1} nests too deep to read (more than {MAX_DEPTH} levels is a mistake)",
+            ) from None
         if not isinstance(override, dict):
             raise ConfigError("", f"--override #{index + 1} must be a JSON object, got {_shown(text)}")
         try:
@@ -101,7 +106,7 @@ def load_run_config(config_path: Optional[str], overrides: list[str]) -> tuple[d
         if "data_path" in override:
             base_dir = Path.cwd()
     _check_top_level(config)
-    return config, base_dir
+    return _converted(config), base_dir
 
 
 def _check_top_level(config: Mapping[str, Any]) -> None:
@@ -109,6 +114,22 @@ def _check_top_level(config: Mapping[str, Any]) -> None:
     from framework.config import check
 
     check(config)
+
+
+def _converted(config: dict[str, Any]) -> dict[str, Any]:
+    """`config` (checked) with its plain top-level values as their annotations make them
+    (``"epochs": 2.0`` is the int 2, as JSON and the schema read it): the run uses the
+    values `validate` judged, never the raw ones. Components are built later, from
+    their configs, by the same walk."""
+    from framework._runconfig import run_config
+    from framework._signatures import signature_of
+    from framework.config import construct
+
+    parameters = signature_of(run_config).parameters
+    for key in ("data_path", "epochs"):
+        if key in config:
+            config[key] = construct(parameters[key].annotation, config[key], path=key)
+    return config
 
 
 def _prefixed(prefix: str, error: ConfigError) -> ConfigError:
@@ -128,17 +149,20 @@ def _build_loader(loader_config: Mapping[str, Any], reader: Any, data_path: str)
 
 
 def _loader_parameters(loader_config: Mapping[str, Any]) -> set[str]:
-    """The constructor parameters of the loader type the config names (empty if unknown)."""
-    import inspect
-
+    """The config keys of the loader type the config names (empty if unknown): its
+    constructor's parameters, with those it forwards through ``**kwargs`` to its parent."""
     from framework import DataLoader
+    from framework._signatures import signature_of
 
     type_name = loader_config.get("type", DataLoader.default_implementation)
     try:
         factory = DataLoader.by_name(type_name) if isinstance(type_name, str) else None
-        return set(inspect.signature(factory).parameters) if factory is not None else set()
+        return set(signature_of(factory).parameters) if factory is not None else set()
     except (FrameworkError, LookupError, TypeError, ValueError):
         return set()  # from_config reports a bad type with its path
+
+
+_LAZY_KEY = "max_instances_in_memory"
 
 
 def _preflight_loader(loader_config: Mapping[str, Any], reader: Any, data_path: str) -> None:
@@ -146,15 +170,25 @@ def _preflight_loader(loader_config: Mapping[str, Any], reader: Any, data_path: 
 
     An eager loader reads all its data while it is built; this one is built lazy (with
     an unbounded ``max_instances_in_memory``), which checks every key, value and
-    combination the same way and reads nothing until iterated. It is then dropped.
+    combination the same way and reads nothing until iterated. It is then dropped. The
+    config was checked as the user wrote it (`validate`) already: an error about the key
+    set here is about this stand-in, never the user's, and is not reported.
     """
     config = copy.deepcopy(dict(loader_config))
-    if (
-        "max_instances_in_memory" in _loader_parameters(config)
-        and config.get("max_instances_in_memory") is None
-    ):
-        config["max_instances_in_memory"] = 2**62
-    _build_loader(config, reader, data_path)
+    injected = _LAZY_KEY in _loader_parameters(config) and config.get(_LAZY_KEY) is None
+    if injected:
+        config[_LAZY_KEY] = 2**62
+    try:
+        _build_loader(config, reader, data_path)
+    except ConfigError as error:
+        if not injected:
+            raise
+        ours = f"data_loader.{_LAZY_KEY}"
+        kept = [each for each in error.errors if each.path != ours]
+        if kept:
+            from framework._validate import _combined
+
+            raise _combined(kept) from None
 
 
 def _resolve_data_path(data_path: str, base_dir: Path) -> str:

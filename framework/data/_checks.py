@@ -13,6 +13,7 @@ from framework._signatures import ConfigChecks
 from framework.data._transfer import TRANSFERS
 from framework.data.reader import DatasetReader, current_distributed_info
 from framework.data.sampler import BatchSampler
+from framework.errors import ConfigError
 
 __all__ = [
     "TRANSFERS",
@@ -52,6 +53,7 @@ def problems(
     persistent_workers: bool,
     transfer: str,
     timeout: Optional[float],
+    cuda_device: Any = None,
 ) -> list[tuple[str, str]]:
     """Every bad setting as ``(key, what to change)``; empty when the settings are good.
 
@@ -100,7 +102,7 @@ def problems(
             )
         # A lazy sampler sees max_instances_in_memory instances at a time, so it could
         # only make smaller batches (or none, with drop_last).
-        sampler_size = batch_sampler.get_batch_size() if isinstance(batch_sampler, BatchSampler) else None
+        sampler_size = _sampler_batch_size(batch_sampler)
         if sampler_size is not None and 1 <= max_instances_in_memory < sampler_size:
             found.append(
                 (
@@ -127,14 +129,85 @@ def problems(
         found.append(
             ("timeout", f"timeout must be a finite positive number of seconds or None, got {timeout}")
         )
+    problem = device_problem(cuda_device)
+    if problem is not None:
+        found.append(("cuda_device", problem))
     return found
 
 
+def device_problem(device: Any) -> Optional[str]:
+    """What is wrong with `device` as a loader's target device, or None: a
+    ``torch.device``, a CUDA index of 0 or more (``cuda:N``, as in AllenNLP), or a
+    device string torch parses (``"cuda:0"``, ``"cuda"``, ``"cpu"``). Whether that
+    device exists here is not asked: a config may be checked on another machine."""
+    import torch
+
+    if device is None or isinstance(device, torch.device):
+        return None
+    device = _integral(device)
+    if isinstance(device, bool) or not isinstance(device, (int, str)):
+        return f"cuda_device must be a device index or a device string, got {device!r}"
+    if isinstance(device, int) and device < 0:
+        return (
+            f"cuda_device must be a CUDA index of 0 or more, got {device} (for the CPU, "
+            'leave cuda_device out or give "cpu")'
+        )
+    try:
+        parsed = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+    except (RuntimeError, ValueError, OverflowError) as error:
+        return (
+            f"cuda_device {device!r} is not a device torch knows ({error}); give an index such "
+            'as 0, or a device string such as "cuda:0", "cuda" or "cpu"'
+        )
+    index = device if isinstance(device, int) else device.rpartition(":")[2] if ":" in device else None
+    if parsed.index != (None if index is None else int(index)):  # torch keeps an index in 8 bits
+        return f"cuda_device {device!r} has a device index beyond what torch can address"
+    return None
+
+
+def _integral(value: Any) -> Any:
+    """2.0 as 2, as a config's walk reads it (and JSON); anything else as it is."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+def as_device(device: Any) -> Any:
+    """`device` (checked by `device_problem`) as a ``torch.device``: an index is CUDA's."""
+    import torch
+
+    problem = device_problem(device)
+    if problem is not None:
+        raise ConfigError("cuda_device", problem)
+    if isinstance(device, torch.device):
+        return device
+    device = _integral(device)
+    return torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+
+
+def _sampler_batch_size(batch_sampler: Any) -> Optional[int]:
+    """The sampler's fixed batch size: asked of a `BatchSampler`, or read from its config
+    (a name or a mapping, as `framework.config.validate` sees it) by its class's
+    `BatchSampler.config_batch_size`; None when it has none or cannot say."""
+    if isinstance(batch_sampler, BatchSampler):
+        return batch_sampler.get_batch_size()
+    config = {"type": batch_sampler} if isinstance(batch_sampler, str) else batch_sampler
+    if not isinstance(config, Mapping):
+        return None
+    name = config.get("type", BatchSampler.default_implementation)
+    if not isinstance(name, str):
+        return None
+    try:
+        cls, constructor = BatchSampler.resolve_class_name(name)
+    except Exception:  # an unknown name: the walk reports it at the sampler's own path
+        return None
+    if constructor is not None:  # the config is a named constructor's, not __init__'s
+        return None
+    arguments = {key: value for key, value in config.items() if key != "type"}
+    return cls.config_batch_size(arguments)
+
+
 def validate(**settings: Any) -> None:
-    """ValueError naming every bad setting (see `problems`)."""
-    found = problems(**settings)
-    if found:
-        raise ValueError("; ".join(message for _, message in found))
+    """`ConfigError` (a ValueError) naming every bad setting (see `problems`)."""
+    ConfigChecks(lambda _: problems(**settings)).enforce({})
 
 
 def _config_problems(arguments: Mapping[str, Any]) -> list[tuple[str, str]]:
@@ -145,6 +218,22 @@ _PROBLEM_KEYS = tuple(inspect.signature(problems).parameters)
 # `problems` of a loader config's arguments; the schema can say that one of two is needed
 config_checks = ConfigChecks(
     _config_problems, {"anyOf": [{"required": ["batch_size"]}, {"required": ["batch_sampler"]}]}
+)
+
+# what the schema can say of `device_problem` (looser than torch's parser: the rest is validate's)
+config_checks = config_checks.extended(
+    lambda _: (),
+    {
+        "properties": {
+            "cuda_device": {
+                "anyOf": [
+                    {"type": "integer", "minimum": 0, "maximum": 127},
+                    {"type": "string", "pattern": "^[a-z_]+(:([0-9]|[1-9][0-9]|1[01][0-9]|12[0-7]))?$"},
+                    {"type": "null"},
+                ]
+            }
+        }
+    },
 )
 
 

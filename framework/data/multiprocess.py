@@ -35,7 +35,7 @@ from typing import Any, Optional, TypeVar, Union, cast
 import torch
 
 from framework.data._batching import BatchPlan, derive_seed, round_robin
-from framework.data._checks import config_checks, no_instances, validate
+from framework.data._checks import as_device, config_checks, no_instances, validate
 from framework.data._distributed import agree, even
 from framework.data._passes import eager_pass, lazy_pass_in_process
 from framework.data._pool import UserCode, WorkerPool, closed_error, main_thread
@@ -81,7 +81,9 @@ class MultiProcessDataLoader(DataLoader):
             per worker at a time.
         start_method: "fork", "spawn" or "forkserver".
         cuda_device: put batches on this device (in the worker under spawn/forkserver,
-            in the main process under fork, where CUDA cannot be used in workers).
+            in the main process under fork, where CUDA cannot be used in workers): a CUDA
+            index (0 is ``cuda:0``), a device string (``"cuda:1"``, ``"cpu"``) or a
+            ``torch.device``; anything else (-1, ``"gpu0"``, ``"1"``) is a `ConfigError`.
         quiet: no tqdm progress bars.
         collate_fn: turns a list of instances into a batch.
         seed: seeds shuffling, samplers and the workers' random/numpy/torch (from
@@ -164,7 +166,7 @@ class MultiProcessDataLoader(DataLoader):
             batch_sampler=batch_sampler, batches_per_epoch=batches_per_epoch,
             num_workers=num_workers, max_instances_in_memory=max_instances_in_memory,
             start_method=start_method, persistent_workers=persistent_workers,
-            transfer=transfer, timeout=timeout,
+            transfer=transfer, timeout=timeout, cuda_device=cuda_device,
         )
         self.reader = reader
         self.data_path = data_path
@@ -300,7 +302,7 @@ class MultiProcessDataLoader(DataLoader):
             yield instance
 
     def set_target_device(self, device: Union[int, str, torch.device]) -> None:
-        new = device if isinstance(device, torch.device) else torch.device(device)
+        new = as_device(device)  # ConfigError for a device torch would not take
         # getattr: __init__ calls this before the pool attribute exists
         if new != self.cuda_device and getattr(self, "_pool", None) is not None:
             self._close_pool()  # persistent workers hold the old device

@@ -15,10 +15,11 @@ import itertools
 import os
 import sys
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, TypeVar, Union
+from typing import Any, ClassVar, Dict, List, Optional, TypeVar, Union
 
+from framework._signatures import ConfigChecks
 from framework.data._shards import Seekable, ShardPlan
 from framework.registry import Registrable
 
@@ -50,6 +51,17 @@ class DistributedInfo:
 
     world_size: int
     global_rank: int
+
+
+def _reader_problems(arguments: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """`DatasetReader`'s own rules on its arguments (see `DatasetReader.config_checks`)."""
+    max_instances = arguments.get("max_instances")
+    if isinstance(max_instances, (int, float)) and max_instances < 0:
+        return [("max_instances", f"max_instances must be None or >= 0, got {max_instances}")]
+    return []
+
+
+_OWN_CHECKS = ConfigChecks(_reader_problems, {"properties": {"max_instances": {"minimum": 0}}})
 
 
 def shard_quota(total: int, num_shards: int, shard: int) -> int:
@@ -92,6 +104,12 @@ class DatasetReader(Registrable):
     _info_queried: bool = False
     _shard_plan: Optional[ShardPlan] = None  # set by the loader for its next read()
     _reading: Optional[ShardPlan] = None  # the plan of the read() now making an instance
+    # The rules on the arguments that annotations cannot state, as (key, what to change)
+    # pairs: each constructor raises its own, and `framework.config.validate` reports
+    # them all from a config before anything is built. A subclass with rules of its
+    # own sets ``config_checks = Parent.config_checks.extended(its_problems)`` and
+    # calls ``ConfigChecks(its_problems).enforce(...)`` in its ``__init__``.
+    config_checks: ClassVar[ConfigChecks] = _OWN_CHECKS
 
     def __init__(
         self,
@@ -100,8 +118,7 @@ class DatasetReader(Registrable):
         manual_multiprocess_sharding: bool = False,
         serialization_dir: Optional[str] = None,
     ) -> None:
-        if max_instances is not None and max_instances < 0:
-            raise ValueError(f"max_instances must be None or >= 0, got {max_instances}")
+        _OWN_CHECKS.enforce({"max_instances": max_instances})
         self.max_instances = max_instances
         self.manual_distributed_sharding = manual_distributed_sharding
         self.manual_multiprocess_sharding = manual_multiprocess_sharding

@@ -35,6 +35,14 @@ class BatchSampler(Registrable):
         """The fixed batch size, or None when batches vary in size."""
         return None
 
+    @classmethod
+    def config_batch_size(cls, arguments: Mapping[str, Any]) -> Optional[int]:
+        """What `get_batch_size()` returns for a sampler built from `arguments` (a config's
+        keys, ``"type"`` left out), or None: a loader's config is checked against it
+        (``max_instances_in_memory``) before anything is built. A sampler with a fixed
+        batch size taken from its arguments says which."""
+        return None
+
 
 def field_length(instance: Any, key: str) -> int:
     """The length of field `key` of a dict instance: ``len()``, a tensor's first dim."""

@@ -93,7 +93,7 @@ __all__ = ["CHUNK_BYTES", "POLL_S", "cluster_cached_path", "torchrun_group"]
 
 logger = logging.getLogger("framework.download")
 
-CHUNK_BYTES: Final = 8 << 20  # memory per rank during a transfer: one chunk
+CHUNK_BYTES: Final = 8 << 20  # memory during a transfer: a sender's one chunk, a receiver's two
 _MARKER_PREFIX: Final = ".framework-cluster-"
 _STALE_MARKER_S: Final = 3600.0  # a marker lives for two steps: an older one is a killed rank's
 
@@ -352,27 +352,37 @@ class _Call(_Collective):
         folder: a node's ingress is one copy, whatever its number of ranks), then every
         rank of the default group joins a one-byte ``all_reduce``: each wait is one chunk
         long and bounded by the group's timeout (a subgroup would get torch's default
-        one), and no rank sits in one collective for the whole transfer. Local failures
-        are reported in the next step, never by leaving the others waiting."""
+        one), and no rank sits in one collective for the whole transfer. A receiver
+        posts the next chunk's receive before it writes this one (two buffers), so the
+        network and its disk overlap. Local failures are reported in the next step,
+        never by leaving the others waiting."""
         rank = dist.get_rank()
+        pieces = [(offset, min(CHUNK_BYTES, size - offset)) for offset in range(0, size, CHUNK_BYTES)]
         try:
-            buffer = torch.empty(min(CHUNK_BYTES, max(size, 1)), dtype=torch.uint8, device=self.device)
             done = torch.zeros(1, dtype=torch.uint8, device=self.device)
-            for offset in range(0, size, CHUNK_BYTES):
-                chunk = buffer[: min(CHUNK_BYTES, size - offset)]
+            receiving = rank in receivers
+            count = 2 if receiving else 1 if sender is not None else 0
+            buffers = [
+                torch.empty(min(CHUNK_BYTES, max(size, 1)), dtype=torch.uint8, device=self.device)
+                for _ in range(count)
+            ]
+            posted = None
+            if receiving and pieces:
+                posted = dist.irecv(buffers[0][: pieces[0][1]], src=source)
+            for index, (offset, length) in enumerate(pieces):
+                chunk = buffers[index % len(buffers)][:length] if buffers else done
                 if sender is not None:
                     sender.read(offset, chunk)
-                    works = [dist.isend(chunk, dst=other) for other in receivers]
-                    for work in works:
+                    for work in [dist.isend(chunk, dst=other) for other in receivers]:
                         if work is not None:
                             work.wait()
-                elif rank in receivers:
-                    work = dist.irecv(chunk, src=source)
-                    if work is not None:
-                        work.wait()
+                elif posted is not None:
+                    posted.wait()
+                dist.all_reduce(done)
+                if receiving and index + 1 < len(pieces):
+                    posted = dist.irecv(buffers[(index + 1) % 2][: pieces[index + 1][1]], src=source)
                 if receiver is not None:
                     receiver.write(chunk)
-                dist.all_reduce(done)
         except RuntimeError as error:  # DistBackendError, a timeout, a closed connection, CUDA
             raise DownloadError(self.url, _group_failed(error)) from error
 

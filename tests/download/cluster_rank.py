@@ -132,14 +132,13 @@ _hangs: dict[int, str] = {}  # by call: "hanging", then how the hang ended
 
 
 def _hang(spec: dict[str, Any]) -> None:
-    """Hang like a hard NFS mount: until another rank's call has ended (or three
-    timeouts), once per call."""
+    """Hang like a hard NFS mount: until this rank's own call has ended (its outcome
+    written), or three timeouts; once per call."""
     if spec["index"] in _hangs:
         return
     _hangs[spec["index"]] = "hanging"
-    other = 0 if spec["rank"] != 0 else 1
-    ended = _wait_for(Path(spec["out"], f"rank{other}.done{spec['index']}"), 3 * spec["pg_timeout"])
-    _hangs[spec["index"]] = "ended by the other rank" if ended else "timed out"
+    ended = _wait_for(Path(spec["out"], f"rank{spec['rank']}.done{spec['index']}"), 3 * spec["pg_timeout"])
+    _hangs[spec["index"]] = "ended after the call" if ended else "timed out"
 
 
 def _count_received(stack: ExitStack, received: list[int]) -> None:

@@ -475,8 +475,8 @@ HANG_TIMEOUT = 6  # the group's timeout in the hang group: each hang costs about
 
 @pytest.fixture(scope="module")
 def hangs(http_server: FaultServer, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """Calls in which one rank's step hangs (until another rank's call has ended, or
-    three timeouts), and one in which a FIFO replaces the sender's published file."""
+    """Calls in which one rank's step hangs (until its own call has ended, or three
+    timeouts), and one in which a FIFO replaces the sender's published file."""
     tmp_path = tmp_path_factory.mktemp("hangs")
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
@@ -519,8 +519,8 @@ def test_a_step_hanging_on_one_rank_fails_every_rank_within_the_group_timeout(
     assert [r.get("error") for r in results] == ["StepTimeoutError"] * WORLD, results
     assert len({r["message"] for r in results}) == 1, results
     assert f"rank {hung_rank}" in results[0]["message"], results
-    # Every rank gave up while the hung rank was still hanging (it wakes only once
-    # another rank's call has ended), the hung rank too.
+    # Every rank gave up while the hung rank was still hanging, the hung rank too (it
+    # wakes only once its own call has ended, or after three timeouts).
     assert results[hung_rank]["hang"] == "hanging", results
     node1 = hangs["tmp"] / "node1"
     if step == "fsync":  # the verified copy is not published after the call raised

@@ -712,3 +712,44 @@ def test_the_transfer_device_of_a_gloo_group_is_the_cpu(tmp_path: Path) -> None:
         assert _transfer_device("https://example.org/a.bin").type == "cpu"
     finally:
         dist.destroy_process_group()
+
+
+@pytest.mark.timeout(60)
+def test_a_step_longer_than_the_timeout_goes_on_while_it_makes_progress(tmp_path: Path) -> None:
+    """The bound is on a step without progress: a download that keeps adding bytes may
+    outlast the group's timeout; one that adds none for longer is given up."""
+    import threading
+    import time
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from framework.download._cluster import _Call
+    from framework.errors import StepTimeoutError
+
+    dist.init_process_group(
+        "gloo",
+        init_method=(tmp_path / "store").as_uri(),
+        rank=0,
+        world_size=1,
+        timeout=timedelta(seconds=1),
+    )
+    try:
+        call = _Call(DownloadManager(tmp_path, progress=False), "https://example.org/a.bin", None, None,
+                     False, False, False, False)  # fmt: skip
+        ticks = iter(range(1_000_000))
+        finished = threading.Event()
+
+        def slow() -> str:
+            time.sleep(2.5)  # more than twice the timeout
+            finished.set()
+            return "done"
+
+        assert call._step(slow, str, "fetching the file", lambda: next(ticks)) == ["done"]
+        finished.clear()
+        with pytest.raises(StepTimeoutError, match="rank 0 made no progress fetching the file") as caught:
+            call._step(slow, str, "fetching the file", lambda: 0)
+        assert not finished.is_set()  # given up while the step still ran
+        assert caught.value.rank == 0 and caught.value.timeout == 1
+    finally:
+        dist.destroy_process_group()

@@ -188,6 +188,7 @@ class _Call(_Collective):
         self.revalidate = revalidate
         self._root: Optional[Path] = None  # resolved in the first step, where errors are shared
         self.marker: Optional[Path] = None
+        self._looked = False  # the markers are no longer needed
         self.device = torch.device("cpu")  # chosen in the first step, where errors are shared
 
     @property
@@ -241,6 +242,7 @@ class _Call(_Collective):
                 partial(self._look, probes), list, "looking for the other ranks' markers"
             )
         finally:
+            self._looked = True  # a probe still running (a hung disk) removes its marker itself
             if self.marker is not None:
                 _remove_quietly(self.marker)
         leader_of = _leaders(_groups(seen), probes)
@@ -295,6 +297,8 @@ class _Call(_Collective):
         with _cache_writes(self.url, self.root):
             self.root.mkdir(parents=True, exist_ok=True)
         self.marker = _write_marker(self.root)
+        if self._looked and self.marker is not None:  # the call gave up meanwhile
+            _remove_quietly(self.marker)
         _sweep_partials(self.entry.final)
         self.device = _transfer_device(self.url)
         meta = None if self.force else self.entry.lookup(self.sha256)

@@ -525,6 +525,8 @@ def test_a_step_hanging_on_one_rank_fails_every_rank_within_the_group_timeout(
     node1 = hangs["tmp"] / "node1"
     if step == "fsync":  # the verified copy is not published after the call raised
         assert Entry(node1, hangs["urls"][step]).cached() is None
+    if step == "probe":  # the marker the probe wrote once it woke is gone too
+        assert [n for n in os.listdir(hangs["tmp"] / "node0") if n.startswith(".framework-cluster")] == []
 
 
 @pytest.mark.timeout(200)

@@ -18,7 +18,8 @@ FrameworkError
       ├── OfflineError          FRAMEWORK_OFFLINE=1 and the file is not cached
       ├── InvalidArgumentError  (also a ValueError) refused before any request
       ├── MissingDependencyError (also an ImportError) a backend's package is not installed
-      └── LockTimeoutError      another process held the lock for too long
+      ├── LockTimeoutError      another process held the lock for too long
+      └── StepTimeoutError      a rank of a distributed call hung in one step
 ```
 
 Each exception keeps its context in fields; the message is made from them, so
@@ -48,6 +49,7 @@ __all__ = [
     "OfflineError",
     "PluginError",
     "RegistryError",
+    "StepTimeoutError",
     "UnknownNameError",
     "UnsafeArchiveError",
     "WorkerError",
@@ -271,3 +273,20 @@ class LockTimeoutError(DownloadError):
             advice or "If no process is downloading, the lock is stale: delete it, or raise the lock timeout"
         )
         super().__init__(url, f"timed out after {timeout:g}s waiting for the lock {lock_path}{who}. {advice}")
+
+
+class StepTimeoutError(DownloadError):
+    """A rank of ``cached_path(distributed=True)`` spent longer than the process group's
+    timeout in one local step without progress (a hung disk or mount); every rank raises it."""
+
+    def __init__(self, url: str, rank: int, step: str, timeout: float) -> None:
+        self.rank = rank
+        self.step = step
+        self.timeout = timeout
+        super().__init__(
+            url,
+            f"rank {rank} made no progress {step} for longer than the process group's timeout "
+            f"({timeout:g}s): its disk or filesystem may hang (a hard NFS mount, a full or failing "
+            "disk). Every rank gave up; check that rank's cache folder, or raise the timeout "
+            "(init_process_group(timeout=...))",
+        )

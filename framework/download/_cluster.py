@@ -5,34 +5,47 @@ Every rank of torch.distributed's default group calls it with the same arguments
 1. **Who shares a cache folder** is asked of the filesystem itself: each rank writes a
    marker file with a random name into its cache folder and, after a collective, looks
    for every rank's marker in its own folder. Ranks that see each other's markers share
-   a folder (a group); its lowest rank is the group's leader. Hostnames are never used:
-   containers and simulated nodes share one, and hosts mounting NFS share a folder.
-2. **Who already holds a verified copy** is agreed on next; when every group does (the
-   same sha256), nothing moves and no connection is opened.
-3. **One rank gets the file**: a leader whose cache holds it, else rank 0, from the origin
-   through the ordinary locked, atomic-publish path.
-4. **One rank per other cache folder receives the bytes** from it over the process group
-   (one broadcast on the default group per `CHUNK_BYTES` piece of uint8 tensors, on the
-   current CUDA device for NCCL; every rank joins it, those not receiving drop the
-   bytes) and publishes them like a download: a private partial file hashed while
-   written, checked against the sender's sha256 (and the caller's), fsynced, the sidecar,
-   then ``os.replace``.
+   a folder (a group). Hostnames are never used: containers and simulated nodes share
+   one, and hosts mounting NFS share a folder. A group's **leader** is its lowest rank
+   that could write its marker there and may reach the origin (else the lowest that
+   could write, else the lowest): a rank that alone sees the folder read-only, or is
+   offline, does not lead.
+2. **Who already holds a verified copy** is agreed on next: a leader whose entry needs
+   re-binding (a cache copied with ``cp -a`` or rsync, restored, baked into an image)
+   hashes it first, as a plain call would. When every folder holds the same sha256,
+   nothing moves and no connection is opened.
+3. **One rank gets the file**: the holder of the newest copy (by the server's
+   Last-Modified when every copy has one, else by when it was fetched: without
+   `sha256`, folders may hold different versions, and an older one never replaces a
+   newer one), else, from the origin through the ordinary locked, atomic-publish path,
+   the first leader that can write and is online.
+4. **The leader of each other folder receives the bytes** from it over the process group
+   (per `CHUNK_BYTES` piece: a point-to-point send to each receiving leader, one copy per
+   folder whatever its number of ranks, then a one-byte ``all_reduce`` that every rank
+   joins; the tensors live on the device the group has a backend for, see
+   `_device_type`) and publishes them like a download: a private partial file hashed
+   while written, checked against the sender's sha256 (and the caller's), fsynced, the
+   sidecar, then ``os.replace``. Partial files of dead receivers are swept by every
+   later call.
 5. ``extract=True``: each leader then extracts its own copy through the ordinary path.
 
 **Failures.** Every local step runs to its end on every rank and its outcome is
 gathered; a failure anywhere is raised on every rank as the same `DownloadError`
-subclass (rebuilt by name from `framework.errors`, from plain fields only). A receiver whose write fails keeps
-taking part in the broadcasts, dropping the bytes, so the ranks' collectives never
-diverge.
+subclass (rebuilt by name from `framework.errors`, from plain fields only). A receiver
+whose write fails keeps taking part in the transfer, dropping the bytes, so the ranks'
+collectives never diverge.
 
-**Bounds.** Long local steps (the origin download, publishing, extracting) run in a
-thread while the rank takes part in a heartbeat ``all_gather`` every `POLL_S` seconds, so
-a download may last longer than the process group's timeout, while no single collective
-waits longer than that timeout (``init_process_group(timeout=...)``) unless a rank stopped
-answering. The transfer is one collective per piece, so it too may outlast the timeout.
-A rank that dies or stalls makes the others' next collective fail (gloo: as soon as its
-connections close, else at the timeout), raised as a `DownloadError`. A step still
-running in its thread when the call raises releases its own resources when it ends.
+**Bounds.** Local steps run in a thread while the rank takes part in a heartbeat
+``all_gather`` every `POLL_S` seconds, so a download may last longer than the process
+group's timeout (``init_process_group(timeout=...)``), while no single collective waits
+longer than that timeout unless a rank stopped answering. A step that makes no progress
+(its thread's reads and writes, a download's bytes) for longer than the timeout (a
+hung disk, a hard NFS mount) is given up on every rank alike, in the same heartbeat:
+`StepTimeoutError`. The transfer is one collective per piece, so it too may outlast the
+timeout. A rank that dies or stalls makes the others' next collective fail (gloo: as
+soon as its connections close, else at the timeout), raised as a `DownloadError`. A step
+still running in its thread when the call raises releases its own resources when it
+ends, and publishes nothing.
 """
 
 from __future__ import annotations
@@ -41,10 +54,12 @@ import atexit
 import logging
 import os
 import secrets
+import stat
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
+from email.utils import parsedate_to_datetime
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Optional, Union
@@ -59,8 +74,16 @@ from framework.download._collective import _Collective, _group_failed
 from framework.download._collective import _decode as _decode
 from framework.download._collective import _encode as _encode
 from framework.download._pipeline import write_all
-from framework.download._publish import _Partial, publish_fetched
-from framework.download._validators import Validators
+from framework.download._publish import (
+    PartialName,
+    _orphaned,
+    _ours,
+    _Partial,
+    partial_bytes,
+    publish_fetched,
+    remove_quietly,
+)
+from framework.download._validators import NO_VALIDATOR, Validators
 from framework.errors import ChecksumError, DownloadError, InvalidArgumentError
 
 if TYPE_CHECKING:
@@ -70,7 +93,7 @@ __all__ = ["CHUNK_BYTES", "POLL_S", "cluster_cached_path", "torchrun_group"]
 
 logger = logging.getLogger("framework.download")
 
-CHUNK_BYTES: Final = 8 << 20  # memory per rank during a transfer: one chunk
+CHUNK_BYTES: Final = 8 << 20  # memory during a transfer: a sender's one chunk, a receiver's two
 _MARKER_PREFIX: Final = ".framework-cluster-"
 _STALE_MARKER_S: Final = 3600.0  # a marker lives for two steps: an older one is a killed rank's
 
@@ -97,12 +120,38 @@ def cluster_cached_path(
 
 
 @attrs.frozen
+class _Held:
+    """The verified copy a cache folder holds: its sha256 and what dates its version."""
+
+    sha256: str
+    last_modified: Optional[float]  # the server's Last-Modified, as a timestamp
+    fetched: float  # when it was fetched (the sidecar's time)
+
+    @classmethod
+    def of(cls, meta: Optional[Metadata]) -> Optional[_Held]:
+        if meta is None:
+            return None
+        modified = None
+        if meta.get("last_modified"):
+            try:
+                modified = parsedate_to_datetime(meta["last_modified"] or "").timestamp()
+            except (TypeError, ValueError, IndexError, OverflowError):
+                modified = None
+        return cls(meta["sha256"], modified, float(meta.get("time") or 0.0))
+
+
+@attrs.frozen
 class _Probe:
     """What one rank tells the others first."""
 
     args: tuple[Any, ...]  # the arguments that must agree across ranks
     marker: Optional[str]  # the marker file it wrote into its cache folder, if it could
-    held: Optional[str]  # the sha256 of the verified copy its cache holds
+    held: Optional[_Held]  # the verified copy its cache holds
+    offline: bool  # its manager may not contact the origin
+
+    @property
+    def writable(self) -> bool:
+        return self.marker is not None
 
 
 @attrs.frozen
@@ -139,6 +188,8 @@ class _Call(_Collective):
         self.revalidate = revalidate
         self._root: Optional[Path] = None  # resolved in the first step, where errors are shared
         self.marker: Optional[Path] = None
+        self._looked = False  # the markers are no longer needed
+        self.device = torch.device("cpu")  # chosen in the first step, where errors are shared
 
     @property
     def root(self) -> Path:
@@ -177,7 +228,7 @@ class _Call(_Collective):
     def run(self) -> Path:
         rank = dist.get_rank()
         try:
-            probes: list[_Probe] = self._step(self._probe, _Probe)
+            probes: list[_Probe] = self._step(self._probe, _Probe, "checking its cache folder")
             first = probes[0].args
             for other, probe in enumerate(probes):
                 if probe.args != first:
@@ -187,25 +238,40 @@ class _Call(_Collective):
                         f"same arguments (cache_dir may differ); rank 0 passed {first}, rank {other} "
                         f"passed {probe.args}",
                     )
-            seen: list[list[int]] = self._step(partial(self._look, probes), list)
+            seen: list[list[int]] = self._step(
+                partial(self._look, probes), list, "looking for the other ranks' markers"
+            )
         finally:
+            self._looked = True  # a probe still running (a hung disk) removes its marker itself
             if self.marker is not None:
                 _remove_quietly(self.marker)
-        leader_of = _groups(seen)
+        leader_of = _leaders(_groups(seen), probes)
         leaders = sorted(set(leader_of))
         held = {leader: probes[leader].held for leader in leaders}
+        if not self.force and any(held[leader] is None for leader in leaders):
+            # A copied cache (cp -a, rsync, a restore, an image) is re-bound, as a plain call would.
+            rebound: list[Optional[_Held]] = self._step(
+                self._rebind if leader_of[rank] == rank and held[rank] is None else None,
+                (_Held, type(None)),
+                "hashing a copied cache entry",
+            )
+            held.update({leader: rebound[leader] for leader in leaders if held[leader] is None})
         holders = [leader for leader in leaders if held[leader] is not None]
         from_origin = self.force or self.revalidate or not holders
-        source = 0 if from_origin else holders[0]
-        digest = held[source]
-        if from_origin or any(held[leader] != digest for leader in leaders):
+        source = _origin_fetcher(leaders, probes) if from_origin else _newest(holders, held)
+        digest = None if from_origin else held[source].sha256  # type: ignore[union-attr]
+        if from_origin or any(_digest(held[leader]) != digest for leader in leaders):
             sender = _Sender(self) if rank == source else None
             try:
-                info: _Source = self._step(sender.prepare if sender else None, (_Source, type(None)))[source]
+                what = "fetching the file" if from_origin else "opening its cached copy"
+                progress = partial(partial_bytes, self.entry.final)
+                info: _Source = self._step(
+                    sender.prepare if sender else None, (_Source, type(None)), what, progress
+                )[source]
                 receivers = [
                     leader
                     for leader in leaders
-                    if leader != source and (self.force or held[leader] != info.sha256)
+                    if leader != source and (self.force or _digest(held[leader]) != info.sha256)
                 ]
                 if receivers:
                     self._transfer(info, source, receivers, sender)
@@ -216,9 +282,11 @@ class _Call(_Collective):
         assert digest is not None
         if self.extract:
             self._step(
-                partial(self._extract, digest) if leader_of[rank] == rank else None, (Path, type(None))
+                partial(self._extract, digest) if leader_of[rank] == rank else None,
+                (Path, type(None)),
+                "extracting the archive",
             )
-        path: list[Path] = self._step(partial(self._resolve, digest), Path)
+        path: list[Path] = self._step(partial(self._resolve, digest), Path, "checking its copy")
         return path[rank]
 
     def _probe(self) -> _Probe:
@@ -229,9 +297,21 @@ class _Call(_Collective):
         with _cache_writes(self.url, self.root):
             self.root.mkdir(parents=True, exist_ok=True)
         self.marker = _write_marker(self.root)
+        if self._looked and self.marker is not None:  # the call gave up meanwhile
+            _remove_quietly(self.marker)
+        _sweep_partials(self.entry.final)
+        self.device = _transfer_device(self.url)
         meta = None if self.force else self.entry.lookup(self.sha256)
         args = (self.url, self.sha256, self.extract, self.force, self.revalidate)
-        return _Probe(args, self.marker.name if self.marker else None, meta["sha256"] if meta else None)
+        return _Probe(args, self.marker.name if self.marker else None, _Held.of(meta), self.manager.offline)
+
+    def _rebind(self) -> Optional[_Held]:
+        """The copy this leader's folder holds once re-bound (hashed), as a plain call does."""
+        return _Held.of(self.entry.rebind(self.sha256))
+
+    def _held(self, sha256: Optional[str]) -> Optional[Metadata]:
+        """The sidecar of this cache's verified copy, re-bound if the cache was copied."""
+        return self.entry.lookup(sha256) or self.entry.rebind(sha256)
 
     def _look(self, probes: Sequence[_Probe]) -> list[int]:
         """The ranks whose marker is in this rank's cache folder."""
@@ -242,7 +322,7 @@ class _Call(_Collective):
         ]
 
     def _transfer(self, info: _Source, source: int, receivers: list[int], sender: Optional[_Sender]) -> None:
-        """Broadcast the file from `source` to `receivers`, each publishing its copy."""
+        """Send the file from `source` to `receivers`, each publishing its copy."""
         rank = dist.get_rank()
         receiver = _Receiver(self, info) if rank in receivers else None
         try:
@@ -254,30 +334,57 @@ class _Call(_Collective):
                     self.url,
                     info.size,
                 )
-            self._broadcast(info.size, source, sender, receiver)
-            self._step(receiver.publish if receiver else sender.check if sender else None, type(None))
+            self._send(info.size, source, receivers, sender, receiver)
+            self._step(
+                receiver.publish if receiver else sender.check if sender else None,
+                type(None),
+                "publishing the received copy",
+            )
         finally:
             if receiver is not None:
                 receiver.close()
 
-    def _broadcast(
-        self, size: int, source: int, sender: Optional[_Sender], receiver: Optional[_Receiver]
+    def _send(
+        self,
+        size: int,
+        source: int,
+        receivers: list[int],
+        sender: Optional[_Sender],
+        receiver: Optional[_Receiver],
     ) -> None:
-        """Every rank of the default group joins each chunk's broadcast (the others drop
-        the bytes), so each wait is one chunk long and bounded by the group's timeout
-        (a subgroup would get torch's default one), and no rank sits in one collective
-        for the whole transfer. Local failures are reported in the next step, never by
-        leaving the others waiting."""
+        """Each chunk goes from the source to each receiver (one rank per receiving
+        folder: a node's ingress is one copy, whatever its number of ranks), then every
+        rank of the default group joins a one-byte ``all_reduce``: each wait is one chunk
+        long and bounded by the group's timeout (a subgroup would get torch's default
+        one), and no rank sits in one collective for the whole transfer. A receiver
+        posts the next chunk's receive before it writes this one (two buffers), so the
+        network and its disk overlap. Local failures are reported in the next step,
+        never by leaving the others waiting."""
+        rank = dist.get_rank()
+        pieces = [(offset, min(CHUNK_BYTES, size - offset)) for offset in range(0, size, CHUNK_BYTES)]
         try:
-            device = torch.device("cpu")
-            if dist.get_backend() == "nccl":
-                device = torch.device("cuda", torch.cuda.current_device())
-            buffer = torch.empty(min(CHUNK_BYTES, max(size, 1)), dtype=torch.uint8, device=device)
-            for offset in range(0, size, CHUNK_BYTES):
-                chunk = buffer[: min(CHUNK_BYTES, size - offset)]
+            done = torch.zeros(1, dtype=torch.uint8, device=self.device)
+            receiving = rank in receivers
+            count = 2 if receiving else 1 if sender is not None else 0
+            buffers = [
+                torch.empty(min(CHUNK_BYTES, max(size, 1)), dtype=torch.uint8, device=self.device)
+                for _ in range(count)
+            ]
+            posted = None
+            if receiving and pieces:
+                posted = dist.irecv(buffers[0][: pieces[0][1]], src=source)
+            for index, (offset, length) in enumerate(pieces):
+                chunk = buffers[index % len(buffers)][:length] if buffers else done
                 if sender is not None:
                     sender.read(offset, chunk)
-                dist.broadcast(chunk, src=source)
+                    for work in [dist.isend(chunk, dst=other) for other in receivers]:
+                        if work is not None:
+                            work.wait()
+                elif posted is not None:
+                    posted.wait()
+                dist.all_reduce(done)
+                if receiving and index + 1 < len(pieces):
+                    posted = dist.irecv(buffers[(index + 1) % 2][: pieces[index + 1][1]], src=source)
                 if receiver is not None:
                     receiver.write(chunk)
         except RuntimeError as error:  # DistBackendError, a timeout, a closed connection, CUDA
@@ -300,7 +407,7 @@ class _Call(_Collective):
 
     def _verified(self, digest: str) -> None:
         """This rank's cache holds the agreed bytes, or a clear error (never a fetch)."""
-        if self.entry.lookup(digest) is None:
+        if self._held(digest) is None:
             raise DownloadError(
                 self.url,
                 f"the verified copy (sha256 {digest}) in {self.root} was replaced or removed "
@@ -366,12 +473,15 @@ class _Sender(_Owned):
 
     def _prepare(self) -> _Source:
         call = self.call
-        if call.force or call.revalidate or call.entry.lookup(call.sha256) is None:
+        meta = None if call.force or call.revalidate else call._held(call.sha256)
+        if meta is None:
             call.plain(extract=False)  # the one fetch from the origin, locked and atomic
-        meta = call.entry.cached()
-        fd = os.open(call.entry.final, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            meta = call.entry.cached()
+        # Never waited on: a FIFO renamed over the file opens at once and fails the check.
+        fd = os.open(call.entry.final, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
         self.fd = fd
-        if meta is None or file_identity(os.fstat(fd)) != _identity(meta):
+        now = os.fstat(fd)
+        if meta is None or not stat.S_ISREG(now.st_mode) or file_identity(now) != _identity(meta):
             raise DownloadError(call.url, f"{call.entry.final} was replaced during the call; call again")
         return _Source(meta["sha256"], meta["size"], meta.get("etag"), meta.get("last_modified"))
 
@@ -451,6 +561,8 @@ class _Receiver(_Owned):
         assert partial_file is not None
         with self.writes():
             os.fsync(partial_file.fd)
+            if self._closed:  # the call gave up (this fsync hung): publish nothing afterwards
+                raise DownloadError(call.url, "the call was given up while this copy was written")
             fetched = partial_file.verified(call.url, self.info.sha256)
             if call.sha256 is not None and fetched.sha256 != call.sha256:
                 raise ChecksumError(call.url, call.sha256, fetched.sha256)
@@ -485,6 +597,108 @@ def _groups(seen: Sequence[Sequence[int]]) -> list[int]:
             a, b = find(rank), find(other)
             leader[max(a, b)] = min(a, b)
     return [find(rank) for rank in range(len(seen))]
+
+
+def _leaders(group_of: Sequence[int], probes: Sequence[_Probe]) -> list[int]:
+    """Each rank's folder leader: the lowest rank of its group that can write the folder
+    and reach the origin, else the lowest that can write, else the lowest."""
+    best: dict[int, int] = {}
+    for rank, group in enumerate(group_of):
+        if group not in best or _rank_key(rank, probes) < _rank_key(best[group], probes):
+            best[group] = rank
+    return [best[group] for group in group_of]
+
+
+def _rank_key(rank: int, probes: Sequence[_Probe]) -> tuple[bool, bool, int]:
+    return not probes[rank].writable, probes[rank].offline, rank
+
+
+def _origin_fetcher(leaders: Sequence[int], probes: Sequence[_Probe]) -> int:
+    """The leader that fetches from the origin: one that can write and is online first."""
+    return min(leaders, key=lambda rank: _rank_key(rank, probes))
+
+
+def _newest(holders: Sequence[int], held: dict[int, Optional[_Held]]) -> int:
+    """The holder of the newest copy (without a sha256 the folders may hold different
+    versions: an older one never replaces a newer one). By the server's Last-Modified
+    when every copy has one, else by when it was fetched; the lowest rank on a tie."""
+    copies = {rank: held[rank] for rank in holders}
+    by_modified = all(copy is not None and copy.last_modified is not None for copy in copies.values())
+
+    def key(rank: int) -> tuple[float, float, int]:
+        copy = copies[rank]
+        assert copy is not None
+        return (copy.last_modified or 0.0) if by_modified else 0.0, copy.fetched, -rank
+
+    return max(holders, key=key)
+
+
+def _digest(held: Optional[_Held]) -> Optional[str]:
+    return held.sha256 if held is not None else None
+
+
+def _device_type(config: str, accelerators: Collection[str]) -> Optional[str]:
+    """The device type for the transfer's tensors, from the default group's backend
+    config (``"cpu:gloo,cuda:nccl"``, or a bare ``"nccl"``): an accelerator this process
+    has whose backend is not gloo (NCCL's fast interconnect), else the CPU when it has
+    a backend, else an accelerator that has one; None when none will do."""
+    pairs = []
+    for part in config.lower().split(","):
+        device, colon, backend = part.strip().rpartition(":")
+        pairs.append((device if colon else _BARE_BACKENDS.get(backend, "cpu"), backend))
+    for device, backend in pairs:
+        if device != "cpu" and backend != "gloo" and device in accelerators:
+            return device
+    if any(device == "cpu" for device, _ in pairs):
+        return "cpu"
+    for device, _ in pairs:
+        if device in accelerators:
+            return device
+    return None
+
+
+_BARE_BACKENDS: Final = {"nccl": "cuda", "xccl": "xpu", "hccl": "hpu", "gloo": "cpu", "mpi": "cpu"}
+
+
+def _transfer_device(url: str) -> torch.device:
+    """The device on which the default group moves the file's bytes (chosen before any
+    download: a group that can move none is refused first, on every rank alike)."""
+    accelerators = set()
+    for name in ("cuda", "xpu", "hpu", "mps"):
+        module = getattr(torch, name, None)
+        try:
+            if module is not None and module.is_available():
+                accelerators.add(name)
+        except Exception:  # a half-installed accelerator runtime
+            continue
+    config = str(dist.get_backend_config())
+    kind = _device_type(config, accelerators)
+    if kind is None:
+        raise DownloadError(
+            url,
+            "cached_path(distributed=True) moves the bytes over the default process group, "
+            f"which has no backend for the CPU nor for an accelerator this process has (its "
+            f"backends: {config}); initialize it with a backend for one (gloo for the CPU)",
+        )
+    if kind == "cpu":
+        return torch.device("cpu")
+    current = getattr(getattr(torch, kind, None), "current_device", None)
+    return torch.device(kind, current()) if callable(current) else torch.device(kind)
+
+
+def _sweep_partials(final: Path) -> None:
+    """Remove the partial files of `final` that a dead receiver (or any dead writer whose
+    file no later call could resume) left: this user's, untagged, their writer gone."""
+    now = time.time()
+    for name in PartialName.all(final):
+        if name.tag != NO_VALIDATOR:
+            continue  # a download's: the next plain call adopts it and resumes
+        try:
+            info = os.lstat(name.path)
+        except OSError:
+            continue
+        if _ours(info) and _orphaned(name, info, now):
+            remove_quietly(name.path)
 
 
 def _write_marker(root: Path) -> Optional[Path]:

@@ -1,19 +1,22 @@
 """The step plumbing of ``cached_path(distributed=True)``: a base class whose `_step` runs
 a rank's local work in a thread while answering a heartbeat ``all_gather`` every `POLL_S`
-seconds and gathers every rank's outcome, and the encoding of a failure as plain values
+seconds (giving up on every rank alike when one rank's work makes no progress for the
+process group's timeout) and gathers every rank's outcome, and the encoding of a failure as plain values
 (rebuilt from `framework.errors` on every rank)."""
 
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, Final, Optional, Union
+import time
+from datetime import timedelta
+from typing import Any, Callable, Final, NoReturn, Optional, Union
 
 import torch.distributed as dist
 
 import framework.errors
-from framework.errors import DownloadError, _rebuild
+from framework.errors import DownloadError, StepTimeoutError, _rebuild
 
-__all__ = ["POLL_S", "Outcome"]
+__all__ = ["POLL_S", "Outcome", "group_timeout"]
 
 POLL_S: Final = 0.5  # the longest gap between heartbeats while a rank works
 
@@ -28,9 +31,21 @@ class _Collective:
 
     # Steps: every rank runs its part, then all outcomes are gathered ----------------
 
-    def _step(self, work: Optional[Callable[[], Any]], expect: Union[type, tuple[type, ...]]) -> list[Any]:
+    def _step(
+        self,
+        work: Optional[Callable[[], Any]],
+        expect: Union[type, tuple[type, ...]],
+        what: str = "in a step of cached_path(distributed=True)",
+        progress: Optional[Callable[[], object]] = None,
+    ) -> list[Any]:
         """Run `work` here (None: nothing) while answering heartbeats; the values of all
-        ranks (each an `expect`), or the first failure (by rank) raised on every rank."""
+        ranks (each an `expect`), or the first failure (by rank) raised on every rank.
+
+        A rank whose `work` shows no progress (its thread's reads and writes, and
+        `progress()` when given) for longer than the process group's timeout says so in
+        its heartbeat, and every rank raises the same `StepTimeoutError` in that round:
+        a hung disk never keeps the others waiting longer than the timeout. `what` names
+        the step in that error."""
         box: list[Outcome] = []
         mine: list[BaseException] = []  # this rank's own failure, chained to what it raises
         thread: Optional[threading.Thread] = None
@@ -47,17 +62,24 @@ class _Collective:
 
             thread = threading.Thread(target=run, name="framework-cluster-step", daemon=True)
             thread.start()
+        watch = _Watch(thread, progress, group_timeout())
         wait = 0.002
         while True:
             if thread is not None:
                 thread.join(wait)
                 wait = min(2 * wait, POLL_S)
-            outcomes: list[Optional[Outcome]] = self._gather(box[0] if box else None)
-            for other, outcome in enumerate(outcomes):
-                if outcome is not None and not _is_outcome(outcome):
-                    self._out_of_step(other, outcome)
+            overdue = None if box else watch.overdue()
+            beats: list[Any] = self._gather((box[0] if box else None, overdue))
+            outcomes: list[Optional[Outcome]] = []
+            for other, beat in enumerate(beats):
+                if not _is_beat(beat):
+                    self._out_of_step(other, beat)
+                outcomes.append(beat[0])
             if all(outcome is not None for outcome in outcomes):
                 break
+            for other, beat in enumerate(beats):
+                if beat[0] is None and beat[1] is not None:  # the same decision on every rank
+                    raise StepTimeoutError(self.url, other, what, beat[1]) from (mine[0] if mine else None)
         values = []
         for outcome in outcomes:
             assert outcome is not None
@@ -70,7 +92,7 @@ class _Collective:
                 self._out_of_step(other, value)
         return values
 
-    def _out_of_step(self, rank: int, got: Any) -> None:
+    def _out_of_step(self, rank: int, got: Any) -> NoReturn:
         raise DownloadError(
             self.url,
             f"rank {rank} sent a {type(got).__name__} where this step of "
@@ -86,6 +108,77 @@ class _Collective:
         except RuntimeError as error:  # DistBackendError, a timeout, a closed connection
             raise DownloadError(self.url, _group_failed(error)) from error
         return gathered
+
+
+# Threads that read a file for a step's thread (a download's hasher): their reads count
+# as the step's progress. A lock's heartbeat thread writes whatever the step does: it
+# does not count.
+_HASHING_THREADS: Final = frozenset({"framework-hash", "framework-parallel-hash"})
+
+
+class _Watch:
+    """When a step's thread last made progress: its own reads and writes (Linux's
+    per-thread I/O counters, sockets included), its hashing threads', and what
+    `progress` returns (a parallel fetch's parts, another process holding the lock)."""
+
+    def __init__(
+        self, thread: Optional[threading.Thread], progress: Optional[Callable[[], object]], timeout: float
+    ) -> None:
+        self.thread = thread
+        self.progress = progress
+        self.timeout = timeout
+        self.last: object = None
+        self.since = time.monotonic()
+
+    def overdue(self) -> Optional[float]:
+        """The timeout, once no progress was seen for longer than it; else None."""
+        if self.thread is None:
+            return None
+        now = time.monotonic()
+        seen: object
+        try:
+            threads = [self.thread, *(t for t in threading.enumerate() if t.name in _HASHING_THREADS)]
+            io = tuple(_thread_io(thread) for thread in threads)
+            seen = (io, self.progress() if self.progress is not None else None)
+        except Exception:  # a progress probe that fails says nothing
+            seen = self.last
+        if seen != self.last:
+            self.last, self.since = seen, now
+        return self.timeout if now - self.since > self.timeout else None
+
+
+def _thread_io(thread: threading.Thread) -> Optional[str]:
+    """The I/O counters of `thread` (bytes and calls read and written); None where the
+    system does not say (the step is then bounded by `progress` alone)."""
+    try:
+        with open(f"/proc/self/task/{thread.native_id}/io", "rb") as file:
+            return file.read().decode("ascii", "replace")
+    except OSError:
+        return None
+
+
+def group_timeout() -> float:
+    """The default process group's timeout in seconds (its largest over its backends)."""
+    group: Any = dist.distributed_c10d._get_default_group()
+    seconds = []
+    for device in getattr(group, "_device_types", []):
+        try:
+            options = getattr(group._get_backend(device), "options", None)
+        except (RuntimeError, ValueError):
+            continue
+        timeout = getattr(options, "_timeout", None)
+        if isinstance(timeout, timedelta):
+            seconds.append(timeout.total_seconds())
+    return max(seconds) if seconds else dist.distributed_c10d.default_pg_timeout.total_seconds()
+
+
+def _is_beat(value: Any) -> bool:
+    return (
+        isinstance(value, tuple)
+        and len(value) == 2
+        and (value[0] is None or _is_outcome(value[0]))
+        and (value[1] is None or isinstance(value[1], float))
+    )
 
 
 def _is_outcome(value: Any) -> bool:

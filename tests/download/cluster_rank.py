@@ -71,6 +71,50 @@ def _inject(kind: str, spec: dict[str, Any], stack: ExitStack) -> None:
             real_fsync(fd)
 
         patch(os, "fsync", fsync)
+    elif kind in ("hang_probe", "hang_extract"):  # a hung disk inside a step, until another rank's call ended
+        name = "_probe" if kind == "hang_probe" else "_extract"
+        real = getattr(_cluster._Call, name)
+
+        def hung(self: Any, *args: Any) -> Any:
+            _hang(spec)
+            return real(self, *args)
+
+        patch(_cluster._Call, name, hung)
+    elif kind == "hang_fsync":  # the publish step's fsync hangs (a hard NFS mount)
+        real_fsync = os.fsync
+
+        def hung_fsync(fd: int) -> None:
+            if threading.current_thread().name == "framework-cluster-step":
+                _hang(spec)
+            real_fsync(fd)
+
+        patch(os, "fsync", hung_fsync)
+    elif kind == "fifo":  # a FIFO is renamed over the file this rank just published
+        plain = _cluster._Call.plain
+
+        def fifo_after(self: Any, **changes: Any) -> Any:
+            path = plain(self, **changes)
+            temp = self.entry.final.with_name(self.entry.final.name + ".fifo")
+            os.mkfifo(temp)
+            os.replace(temp, self.entry.final)
+            return path
+
+        patch(_cluster._Call, "plain", fifo_after)
+    elif kind == "readonly":  # only this rank sees its cache folder read-only
+        real_open, real_mkdir = os.open, os.mkdir
+
+        def open_readonly(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
+            if flags & os.O_CREAT and str(path).startswith(spec["cache"]):
+                raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+            return real_open(path, flags, *args, **kwargs)
+
+        def mkdir_readonly(path: Any, *args: Any, **kwargs: Any) -> None:
+            if str(path).startswith(spec["cache"]):
+                raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+            real_mkdir(path, *args, **kwargs)
+
+        patch(os, "open", open_readonly)
+        patch(os, "mkdir", mkdir_readonly)
     elif kind == "die_at_publish":  # killed in the step after the transfer
         step, steps = _cluster._Call._step, []
 
@@ -84,6 +128,31 @@ def _inject(kind: str, spec: dict[str, Any], stack: ExitStack) -> None:
 
 
 _stalled: list[bool] = []  # whether the stall ended because rank 0's call had ended
+_hangs: dict[int, str] = {}  # by call: "hanging", then how the hang ended
+
+
+def _hang(spec: dict[str, Any]) -> None:
+    """Hang like a hard NFS mount: until this rank's own call has ended (its outcome
+    written), or three timeouts; once per call."""
+    if spec["index"] in _hangs:
+        return
+    _hangs[spec["index"]] = "hanging"
+    ended = _wait_for(Path(spec["out"], f"rank{spec['rank']}.done{spec['index']}"), 3 * spec["pg_timeout"])
+    _hangs[spec["index"]] = "ended after the call" if ended else "timed out"
+
+
+def _count_received(stack: ExitStack, received: list[int]) -> None:
+    """Count the bytes this rank receives over the process group (broadcast or recv)."""
+    for name in ("broadcast", "recv", "irecv"):
+        real = getattr(dist, name)
+
+        def counted(tensor: Any, *args: Any, _real: Any = real, _name: str = name, **kwargs: Any) -> Any:
+            src = kwargs.get("src", args[0] if args else None)
+            if _name != "broadcast" or src != dist.get_rank():
+                received.append(tensor.numel() * tensor.element_size())
+            return _real(tensor, *args, **kwargs)
+
+        stack.enter_context(mock.patch.object(dist, name, counted))
 
 
 def _wait_for(path: Path, timeout: float) -> bool:
@@ -142,10 +211,16 @@ def _call(spec: dict[str, Any], rank: int) -> dict[str, Any]:
     if "caches" in spec:  # this call's own cache folders
         spec["cache"] = spec["caches"][rank]
     result: dict[str, Any] = {"rank": rank}
+    received: list[int] = []
     with ExitStack() as stack:
         _inject(spec.get("inject", {}).get(str(rank), ""), spec, stack)
+        _count_received(stack, received)
         manager = DownloadManager(
-            spec["cache"], progress=False, backoff_factor=0.01, retries=spec.get("retries", 2)
+            spec["cache"],
+            progress=False,
+            backoff_factor=0.01,
+            retries=spec.get("retries", 2),
+            offline=spec.get("offline", False),
         )
         started = time.perf_counter()
         try:
@@ -163,8 +238,11 @@ def _call(spec: dict[str, Any], rank: int) -> dict[str, Any]:
             result["error"] = type(error).__name__
             result["message"] = str(error)
         result["seconds"] = time.perf_counter() - started
+    result["received_bytes"] = sum(received)
     if _stalled:
         result["stall_ended_by_rank0"] = _stalled[0]
+    if spec["index"] in _hangs:  # how it stood when this call returned
+        result["hang"] = _hangs[spec["index"]]
     if spec.get("inject", {}).get(str(rank)) == "slow_fsync":
         result["app_files"] = _app_files_survive(Path(spec["out"]))
     return result

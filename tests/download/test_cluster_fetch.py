@@ -16,7 +16,7 @@ import subprocess
 import sys
 import tarfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import pytest
 from dl_helpers import FaultServer, sha256, stray_files
@@ -465,3 +465,293 @@ def test_a_killed_calls_marker_is_swept_by_a_later_call(tmp_path: Path) -> None:
     marker = _write_marker(tmp_path)
     assert marker is not None
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([fresh.name, marker.name])
+
+
+# Issue 24: a hung step, a FIFO, copied caches, leftovers, leaders that cannot lead,
+# one copy per folder, differing versions. -------------------------------------------
+
+HANG_TIMEOUT = 6  # the group's timeout in the hang group: each hang costs about that much
+
+
+@pytest.fixture(scope="module")
+def hangs(http_server: FaultServer, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Calls in which one rank's step hangs (until its own call has ended, or three
+    timeouts), and one in which a FIFO replaces the sender's published file."""
+    tmp_path = tmp_path_factory.mktemp("hangs")
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        member = tarfile.TarInfo("data/a.txt")
+        member.size = 5
+        tar.addfile(member, io.BytesIO(b"hello"))
+    data = {
+        "probe": os.urandom(1000),
+        "fsync": os.urandom(1 << 20),
+        "extract": buffer.getvalue(),
+        "fifo": os.urandom(1 << 20),
+    }
+    urls = {name: http_server.add(f"/cluster/hang-{name}.bin", body) for name, body in data.items()}
+    calls = {
+        "probe": {"inject": {"1": "hang_probe"}},
+        "fsync": {"inject": {"2": "hang_fsync"}},
+        "extract": {"inject": {"2": "hang_extract"}, "extract": True},
+        "fifo": {"inject": {"0": "fifo"}},
+    }
+    results = run_calls(
+        tmp_path,
+        two_nodes(tmp_path),
+        [{"url": urls[name], **call} for name, call in calls.items()],
+        pg_timeout=HANG_TIMEOUT,
+        timeout=150,
+    )
+    return {"tmp": tmp_path, "data": data, "urls": urls, "results": dict(zip(calls, results))}
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize(
+    ("step", "hung_rank"),
+    [("probe", 1), ("fsync", 2), ("extract", 2)],
+    ids=["probe", "publish-fsync", "extract"],
+)
+def test_a_step_hanging_on_one_rank_fails_every_rank_within_the_group_timeout(
+    hangs: dict[str, Any], step: str, hung_rank: int
+) -> None:
+    results = hangs["results"][step]
+    assert [r.get("error") for r in results] == ["StepTimeoutError"] * WORLD, results
+    assert len({r["message"] for r in results}) == 1, results
+    assert f"rank {hung_rank}" in results[0]["message"], results
+    # Every rank gave up while the hung rank was still hanging, the hung rank too (it
+    # wakes only once its own call has ended, or after three timeouts).
+    assert results[hung_rank]["hang"] == "hanging", results
+    node1 = hangs["tmp"] / "node1"
+    if step == "fsync":  # the verified copy is not published after the call raised
+        assert Entry(node1, hangs["urls"][step]).cached() is None
+    if step == "probe":  # the marker the probe wrote once it woke is gone too
+        assert [n for n in os.listdir(hangs["tmp"] / "node0") if n.startswith(".framework-cluster")] == []
+
+
+@pytest.mark.timeout(200)
+def test_a_fifo_renamed_over_the_senders_file_is_never_waited_on(hangs: dict[str, Any]) -> None:
+    results = hangs["results"]["fifo"]
+    assert [r.get("error") for r in results] == ["DownloadError"] * WORLD, results
+    assert "was replaced during the call" in results[0]["message"], results
+    assert len({r["message"] for r in results}) == 1, results
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def _plant_orphan(cache: Path, url: str) -> Path:
+    """The partial file a receiver killed mid-transfer leaves (its process is dead)."""
+    from framework.download._cache import HOST
+    from framework.download._publish import PartialName
+    from framework.download._validators import NO_VALIDATOR
+
+    cache.mkdir(parents=True, exist_ok=True)
+    name = PartialName(Entry(cache, url).final, NO_VALIDATOR, f"{HOST}.{_dead_pid()}.0badc0de")
+    name.path.write_bytes(os.urandom(4096))
+    return name.path
+
+
+@pytest.fixture(scope="module")
+def leaders(http_server: FaultServer, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Copied caches, ranks that cannot lead their folder, and folders holding
+    different versions, in one group."""
+    tmp_path = tmp_path_factory.mktemp("leaders")
+    data = {name: os.urandom(1 << 20) for name in ("offline", "online", "rank0-offline", "readonly")}
+    urls = {name: http_server.add(f"/cluster/lead-{name}.bin", body) for name, body in data.items()}
+    caches: dict[str, list[Path]] = {name: two_nodes(tmp_path / name) for name in data}
+    for name in ("offline", "online"):  # node1 holds a copy made with cp -a: it needs re-binding
+        origin = tmp_path / f"{name}-origin"
+        DownloadManager(origin, progress=False).cached_path(urls[name])
+        caches[name][2].parent.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["cp", "-a", str(origin), str(caches[name][2])], check=True)
+        assert Entry(caches[name][2], urls[name]).cached() is None  # not bound to the copy
+    orphans = [_plant_orphan(cache, urls["online"]) for cache in set(caches["online"])]
+    caches["readonly"][2].mkdir(parents=True)  # a read-only folder exists
+    # Two versions: node0 holds the older, node1 the newer.
+    versions = [os.urandom(1 << 20), os.urandom(1 << 20)]
+    path = "/cluster/lead-versions.bin"
+    for cache, body, when in zip(
+        (tmp_path / "v-node0", tmp_path / "v-node1"),
+        versions,
+        ("Mon, 01 Jan 2024 00:00:00 GMT", "Tue, 02 Jan 2024 00:00:00 GMT"),
+    ):
+        urls["versions"] = http_server.add(path, body, last_modified=when)
+        DownloadManager(cache, progress=False).cached_path(urls["versions"])
+    caches["versions"] = [tmp_path / "v-node0"] * 2 + [tmp_path / "v-node1"] * 2
+    calls = [
+        {"url": urls["offline"], "offline": True},
+        {"url": urls["online"]},
+        {"url": urls["rank0-offline"], "per_rank": {"0": {"offline": True}}},
+        {"url": urls["readonly"], "inject": {"2": "readonly"}},
+        {"url": urls["versions"]},
+    ]
+    names = ["offline", "online", "rank0-offline", "readonly", "versions"]
+    for call, name in zip(calls, names):
+        call["caches"] = [str(c) for c in caches[name]]
+    results = run_calls(tmp_path, caches["offline"], calls, pg_timeout=15, timeout=150)
+    return {
+        "tmp": tmp_path,
+        "data": data,
+        "urls": urls,
+        "caches": caches,
+        "versions": versions,
+        "orphans": orphans,
+        "results": dict(zip(names, results)),
+    }
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("mode", ["offline", "online"])
+def test_a_copied_cache_counts_as_holding_the_file(
+    http_server: FaultServer, leaders: dict[str, Any], mode: str
+) -> None:
+    """node1's cache was copied with cp -a (new inodes): like a plain call, the cluster
+    call re-binds it, so node0 gets the bytes from it, with no GET, offline too."""
+    results, url, data = leaders["results"][mode], leaders["urls"][mode], leaders["data"][mode]
+    assert [r.get("error") for r in results] == [None] * WORLD, results
+    assert {r["sha256"] for r in results} == {sha256(data)}
+    assert http_server.route(url).gets == 1  # the one that filled the cache copied later
+    assert "rank 2 sends" in results[2]["log"], results
+    for cache in set(leaders["caches"][mode]):
+        verified_hit(cache, url, data)
+
+
+@pytest.mark.timeout(200)
+def test_an_offline_lowest_rank_does_not_lead(http_server: FaultServer, leaders: dict[str, Any]) -> None:
+    results, url = leaders["results"]["rank0-offline"], leaders["urls"]["rank0-offline"]
+    assert [r.get("error") for r in results] == [None] * WORLD, results
+    assert {r["sha256"] for r in results} == {sha256(leaders["data"]["rank0-offline"])}
+    assert http_server.route(url).gets == 1
+
+
+@pytest.mark.timeout(200)
+def test_a_rank_seeing_its_folder_read_only_does_not_lead(leaders: dict[str, Any]) -> None:
+    results, url = leaders["results"]["readonly"], leaders["urls"]["readonly"]
+    assert [r.get("error") for r in results] == [None] * WORLD, results
+    assert {r["sha256"] for r in results} == {sha256(leaders["data"]["readonly"])}
+    assert "rank 3 receives" in results[3]["log"], results
+    verified_hit(leaders["caches"]["readonly"][2], url, leaders["data"]["readonly"])
+
+
+@pytest.mark.timeout(200)
+def test_a_killed_receivers_partial_file_is_swept(leaders: dict[str, Any]) -> None:
+    """A partial file whose writer (a receiver killed mid-transfer) is dead is removed
+    by the next cluster call on that folder."""
+    assert [r.get("error") for r in leaders["results"]["online"]] == [None] * WORLD
+    for orphan in leaders["orphans"]:
+        assert not orphan.exists(), orphan
+    for cache in set(leaders["caches"]["online"]):
+        assert stray_files(cache) == []
+
+
+@pytest.mark.timeout(200)
+def test_a_receiving_folder_gets_one_copy_however_many_ranks_share_it(leaders: dict[str, Any]) -> None:
+    """Over the process group, each receiving folder's ranks receive the file once in
+    all (node ingress: one copy, not one per rank), the sending folder none."""
+    checked = 0
+    for name in ("versions", "online", "offline", "rank0-offline", "readonly"):
+        results = leaders["results"][name]
+        url = leaders["urls"][name]
+        senders = [r["rank"] for r in results if f"rank {r['rank']} sends {url} " in r["log"]]
+        if len(senders) != 1:
+            continue
+        size = len(leaders["versions"][1] if name == "versions" else leaders["data"][name])
+        folders = [str(cache) for cache in leaders["caches"][name]]
+        received: dict[str, int] = {}
+        for rank, result in enumerate(results):
+            received[folders[rank]] = received.get(folders[rank], 0) + result["received_bytes"]
+        sending = folders[senders[0]]
+        assert received == {f: 0 if f == sending else size for f in folders}, (name, received)
+        checked += 1
+    assert checked >= 2
+
+
+@pytest.mark.timeout(200)
+def test_without_sha256_the_newest_copy_wins_over_older_ones(
+    http_server: FaultServer, leaders: dict[str, Any]
+) -> None:
+    """node0 holds an older version than node1: the older copy never replaces the newer."""
+    results, url = leaders["results"]["versions"], leaders["urls"]["versions"]
+    newer = leaders["versions"][1]
+    assert [r.get("error") for r in results] == [None] * WORLD, results
+    assert {r["sha256"] for r in results} == {sha256(newer)}, results
+    assert http_server.route(url).gets == 1  # the setup's fetch of the newer version only
+    verified_hit(leaders["caches"]["versions"][0], url, newer)
+
+
+@pytest.mark.parametrize(
+    ("config", "cuda", "expected"),
+    [
+        ("cpu:gloo,cuda:gloo", True, "cpu"),
+        ("cpu:gloo,cuda:nccl", True, "cuda"),  # torch 2.13's "undefined" default group
+        ("cuda:nccl", True, "cuda"),  # a device-bound group: get_backend() says "cuda:nccl"
+        ("nccl", True, "cuda"),
+        ("gloo", False, "cpu"),
+        ("cpu:gloo,cuda:nccl", False, "cpu"),  # no GPU here: the CPU's backend
+        ("cpu:gloo,xpu:xccl", False, "xpu"),
+        ("cuda:nccl", False, None),  # refused before any download, on every rank
+    ],
+)
+def test_the_transfer_device_is_picked_from_the_groups_backends(
+    config: str, cuda: bool, expected: Optional[str]
+) -> None:
+    from framework.download._cluster import _device_type
+
+    assert _device_type(config, accelerators={"cuda"} if cuda else {"xpu"}) == expected
+
+
+def test_the_transfer_device_of_a_gloo_group_is_the_cpu(tmp_path: Path) -> None:
+    import torch.distributed as dist
+
+    from framework.download._cluster import _transfer_device
+
+    dist.init_process_group("gloo", init_method=(tmp_path / "store").as_uri(), rank=0, world_size=1)
+    try:
+        assert _transfer_device("https://example.org/a.bin").type == "cpu"
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.timeout(60)
+def test_a_step_longer_than_the_timeout_goes_on_while_it_makes_progress(tmp_path: Path) -> None:
+    """The bound is on a step without progress: a download that keeps adding bytes may
+    outlast the group's timeout; one that adds none for longer is given up."""
+    import threading
+    import time
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from framework.download._cluster import _Call
+    from framework.errors import StepTimeoutError
+
+    dist.init_process_group(
+        "gloo",
+        init_method=(tmp_path / "store").as_uri(),
+        rank=0,
+        world_size=1,
+        timeout=timedelta(seconds=1),
+    )
+    try:
+        call = _Call(DownloadManager(tmp_path, progress=False), "https://example.org/a.bin", None, None,
+                     False, False, False, False)  # fmt: skip
+        ticks = iter(range(1_000_000))
+        finished = threading.Event()
+
+        def slow() -> str:
+            time.sleep(2.5)  # more than twice the timeout
+            finished.set()
+            return "done"
+
+        assert call._step(slow, str, "fetching the file", lambda: next(ticks)) == ["done"]
+        finished.clear()
+        with pytest.raises(StepTimeoutError, match="rank 0 made no progress fetching the file") as caught:
+            call._step(slow, str, "fetching the file", lambda: 0)
+        assert not finished.is_set()  # given up while the step still ran
+        assert caught.value.rank == 0 and caught.value.timeout == 1
+    finally:
+        dist.destroy_process_group()

@@ -197,7 +197,8 @@ class MultiProcessDataLoader(DataLoader):
             )
         self._instances: Optional[list[Instance]] = None
         self._indexes: Optional[list[int]] = None  # each cached instance's record index
-        self._eager_lists: list[list[int]] = []  # the eager pass in progress, for state_dict
+        # the batches of the last eager pass asked for (`eager_lists`), and what made them
+        self._eager_lists: Optional[tuple[Any, list[list[int]]]] = None
         self._pool: Optional[WorkerPool] = None
         self._closes = 0  # close() calls: one while workers start (another thread) ends that pass
         self._epoch = 0
@@ -260,8 +261,9 @@ class MultiProcessDataLoader(DataLoader):
                 yield batch
         finally:
             if generator is not None:
-                self._epoch_batches = 0
-                generator.close()  # stopped early: the pass is abandoned, as in AllenNLP
+                # Cut short: the pass stays pending and `_epoch_batches` counts what this
+                # epoch yielded, so the next iter() yields the rest of the epoch.
+                generator.close()
 
     def _next_batch(
         self, generator: Generator[TensorDict, None, None]
@@ -385,17 +387,24 @@ class MultiProcessDataLoader(DataLoader):
         if self._evened() and self.max_instances_in_memory is not None:
             if self.batches_per_epoch is None:
                 stream = even(stream)
+        finished = False
         try:
             for batch in stream:
                 yield self._finish(batch)
+            finished = True
         finally:
             close = getattr(stream, "close", None)
             if close is not None:
                 close()  # stops the workers at once when the consumer stops early
             try:
-                self._last = position  # for state_dict() while other ranks are still in it
+                if finished:
+                    self._last = position  # for state_dict() while other ranks are still in it
+                elif self._pending is None:
+                    # Cut short (`break`, an exception, Ctrl-C): the pass is not over. The
+                    # next iter() yields its rest, as a loader restored from state_dict() does.
+                    self._pending = Position.from_dict(position.to_dict())
                 if self._current is position:
-                    self._current = None  # ended or abandoned: state_dict() describes the next
+                    self._current = None
             except ReferenceError:
                 pass  # the loader is gone (collected, or the interpreter is exiting)
 
@@ -414,13 +423,9 @@ class MultiProcessDataLoader(DataLoader):
         world, rank = (info.world_size, info.global_rank) if info else (1, 0)
         try:
             with UserCode():  # the pool's own errors are WorkerErrors already
-                for message in pool.run(position, "batches", self.timeout, rank, world):  # counts
-                    if isinstance(message, Batch):
-                        yield message.payload
-                        continue
-                    for instance in message.instances:
-                        self.reader.apply_token_indexers(instance)
-                    yield self.collate_fn(message.instances)
+                # The pool counts a batch once `prepared` made it: one whose hook or
+                # collator raised is not counted, and a resume makes it again.
+                yield from pool.run(position, "batches", self.timeout, rank, world, self._prepared)
             finished = True
         finally:
             try:
@@ -433,6 +438,14 @@ class MultiProcessDataLoader(DataLoader):
                     self._pool = None
         if position.instances == 0 and not resumed:
             raise no_instances(self.reader, self.data_path)
+
+    def _prepared(self, message: Union[Batch, Instances]) -> Any:
+        """A worker's message made a batch: its tensors, or its instances hooked and collated."""
+        if isinstance(message, Batch):
+            return message.payload
+        for instance in message.instances:
+            self.reader.apply_token_indexers(instance)
+        return self.collate_fn(message.instances)
 
     def _finish(self, batch: Any) -> Any:
         if self.pin_memory and torch.cuda.is_available():

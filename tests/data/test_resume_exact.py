@@ -1,0 +1,144 @@
+"""Resume is exactly once (issue 24): the states a new user takes (after `break`, after
+an exception, soon after a resume, before the first batch) resume the rest of the
+epoch, nothing twice and nothing lost."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from typing import Any, Optional
+
+import pytest
+from loader_helpers import CountingReader, HookReader
+
+from framework.data._shards import Consumed
+from framework.data.collate import DefaultDataCollator
+from framework.data.multiprocess import MultiProcessDataLoader
+from framework.errors import WorkerError
+
+pytestmark = pytest.mark.timeout(60)
+
+N = 40
+
+# eager (in this process and with workers) and lazy; "hook": the reader's
+# apply_token_indexers makes the main process collate what workers send
+MODES: dict[str, dict[str, Any]] = {
+    "eager_0": {"num_workers": 0},
+    "eager_2": {"num_workers": 2},
+    "lazy_0": {"num_workers": 0, "max_instances_in_memory": 8},
+    "lazy_2": {"num_workers": 2, "max_instances_in_memory": 8},
+    "lazy_2_hook": {"num_workers": 2, "max_instances_in_memory": 8, "hook": True},
+}
+
+
+class Interrupting(DefaultDataCollator):
+    """Collates as the default, but raises `error` once, at its `at`-th call (from 0)."""
+
+    def __init__(self, at: int, error: BaseException) -> None:
+        super().__init__()
+        self.at = at
+        self.error = error
+        self.calls = 0
+
+    def __call__(self, instances: list[Any]) -> Any:
+        call, self.calls = self.calls, self.calls + 1
+        if call == self.at:
+            raise self.error
+        return super().__call__(instances)
+
+
+def build(mode: str, collate_fn: Optional[Any] = None, **extra: Any) -> MultiProcessDataLoader:
+    options = dict(MODES[mode])
+    reader = HookReader(N) if options.pop("hook", False) else CountingReader(N)
+    if collate_fn is not None:
+        options["collate_fn"] = collate_fn
+    return MultiProcessDataLoader(
+        reader, "x", batch_size=3, shuffle=True, quiet=True, seed=11, **options, **extra
+    )
+
+
+def ids(batches: Any) -> list[list[int]]:
+    return [batch["id"].tolist() for batch in batches]
+
+
+def resumed_from(mode: str, state: dict[str, Any], **extra: Any) -> list[list[int]]:
+    loader = build(mode, **extra)
+    loader.load_state_dict(json.loads(json.dumps(state)))
+    return ids(loader)
+
+
+# lazy_2 collates in its workers: no collator runs here to interrupt
+@pytest.mark.parametrize("mode", [mode for mode in MODES if mode != "lazy_2"])
+@pytest.mark.parametrize("error", [KeyboardInterrupt(), RuntimeError("boom")])
+def test_an_exception_inside_next_leaves_the_state_in_the_pass_it_cut_short(
+    mode: str, error: BaseException
+) -> None:
+    # Before: the exception ended the pass, so state_dict() described the next epoch
+    # and the rest of this one (9 of 14 batches) was skipped silently.
+    uninterrupted = ids(build(mode))
+    loader = build(mode, Interrupting(5, error))
+    iterator = iter(loader)
+    head = ids(itertools.islice(iterator, 3))
+    with pytest.raises(KeyboardInterrupt if isinstance(error, KeyboardInterrupt) else WorkerError):
+        for batch in iterator:  # held: the consumer still has the iterator
+            head.append(batch["id"].tolist())
+    assert 3 <= len(head) <= 5  # lazy_0 collates a chunk ahead
+    state = loader.state_dict()
+    assert head + resumed_from(mode, state) == uninterrupted
+    # The live loader goes on where a restored one would.
+    assert head + ids(loader) == uninterrupted
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_state_dict_after_break_describes_the_pass_cut_short(mode: str) -> None:
+    # Before: state_dict() after `break` described the next epoch; resuming from it
+    # repeated every batch taken before the break.
+    uninterrupted = ids(build(mode))
+    loader = build(mode)
+    head = []
+    for batch in loader:
+        head.append(batch["id"].tolist())
+        if len(head) == 4:
+            break
+    state = loader.state_dict()
+    assert state["ranks"][0]["consumed"] == 4
+    assert head + resumed_from(mode, state) == uninterrupted
+    assert head + ids(loader) == uninterrupted  # the live loader agrees
+
+
+@pytest.mark.parametrize("mode", ["eager_0", "lazy_2"])
+def test_break_with_batches_per_epoch_resumes_the_rest_of_that_epoch(mode: str) -> None:
+    uninterrupted = build(mode, batches_per_epoch=5)
+    epochs = [ids(uninterrupted) for _ in range(3)]
+    loader = build(mode, batches_per_epoch=5)
+    head = []
+    for batch in loader:
+        head.append(batch["id"].tolist())
+        if len(head) == 2:
+            break
+    state = loader.state_dict()
+    restored = build(mode, batches_per_epoch=5)
+    restored.load_state_dict(json.loads(json.dumps(state)))
+    assert head + ids(restored) == epochs[0]
+    assert ids(restored) == epochs[1]
+    assert head + ids(loader) == epochs[0]
+    assert ids(loader) == epochs[1]
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_a_state_saved_after_loading_and_before_a_batch_keeps_what_was_consumed(mode: str) -> None:
+    # Before (eager): the loaded pass had no batches yet, so the state recorded nothing
+    # as consumed, and another world size (which resumes from `consumed`) replayed the
+    # whole epoch.
+    loader = build(mode)
+    iterator = iter(loader)
+    head = ids(itertools.islice(iterator, 4))
+    state = json.loads(json.dumps(loader.state_dict()))
+    iterator.close()
+    restored = build(mode)
+    restored.load_state_dict(state)
+    again = json.loads(json.dumps(restored.state_dict()))
+    assert again["consumed"] == state["consumed"]
+    assert again == state
+    consumed = Consumed.from_dict(again["consumed"])
+    assert sorted(i for i in range(N) if i in consumed) == sorted(i for batch in head for i in batch)

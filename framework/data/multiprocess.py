@@ -470,10 +470,17 @@ class MultiProcessDataLoader(DataLoader):
                 agree(len(pairs), error)  # a rank that failed fails every rank, at once
             elif error is not None:
                 raise error
-            self._instances = [instance for instance, _ in pairs]
             indexes = [index for _, index in pairs]
             # Record indexes let another split resume; a reader that hides them cannot.
             self._indexes = None if None in indexes else cast(list[int], indexes)
+            if self._indexes is not None and self.num_workers > 1:
+                # Workers' chunks interleave in record order only while every record
+                # gives an instance; a reader that skips records ("at most one instance
+                # per record") would cache another order per num_workers, and a resume
+                # with another num_workers (the exact path) would repeat and skip.
+                pairs.sort(key=lambda pair: cast(int, pair[1]))
+                self._indexes.sort()
+            self._instances = [instance for instance, _ in pairs]
         return self._instances
 
     def _read_instances(self, step: Optional[int]) -> Iterator[tuple[Instance, Optional[int]]]:

@@ -115,3 +115,33 @@ def uneven_rank(rank: int, world: int, port: int, out_dir: str, phase: str) -> N
             json.dump(results, handle)
     finally:
         dist.destroy_process_group()
+
+
+def guessing_bucket_loader(n: int, **options: Any) -> Any:
+    """An eager loader whose bucket sampler guesses its sorting keys (none given)."""
+    from framework.data.multiprocess import MultiProcessDataLoader
+    from framework.data.sampler import BatchSampler
+
+    sampler = BatchSampler.by_name("bucket")(batch_size=3, shuffle=False)  # sizes 3, 3, ..., the rest
+    return MultiProcessDataLoader(
+        CountingReader(n), "x", batch_sampler=sampler, quiet=True, seed=0, **options
+    )
+
+
+def empty_share_rank(rank: int, world: int, port: int, out_dir: str) -> None:
+    """Resume `out_dir/state.json` (one instance left) on `world` ranks: some get nothing."""
+    import torch.distributed as dist
+
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", world_size=world, rank=rank,
+        timeout=timedelta(seconds=60),
+    )
+    try:
+        loader = guessing_bucket_loader(7, even_batches=False)
+        with open(f"{out_dir}/state.json") as handle:
+            loader.load_state_dict(json.load(handle))
+        tail = [batch["id"].tolist() for batch in loader]
+        with open(f"{out_dir}/tail{rank}.json", "w") as handle:
+            json.dump(tail, handle)
+    finally:
+        dist.destroy_process_group()

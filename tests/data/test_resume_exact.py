@@ -7,15 +7,20 @@ from __future__ import annotations
 import itertools
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, Optional
 
 import pytest
+import torch
+import torch.multiprocessing as mp
 from loader_helpers import CountingReader, HookReader, make_instance
+from resume_helpers import empty_share_rank, guessing_bucket_loader
 
 from framework.data._shards import Consumed
 from framework.data.collate import DefaultDataCollator
 from framework.data.multiprocess import MultiProcessDataLoader
 from framework.data.reader import DatasetReader
+from framework.data.sampler import BatchSampler
 from framework.errors import WorkerError
 
 pytestmark = pytest.mark.timeout(60)
@@ -179,3 +184,56 @@ def test_eager_resume_with_other_num_workers_and_a_reader_that_skips_records(bef
     expected = [i for i in range(N) if i % 3]
     assert sorted(i for batch in head + tail for i in batch) == expected
     assert tail == rest  # the cache is in record order whatever num_workers
+
+
+class TwoFieldReader(DatasetReader):
+    """Field "a" is the longest in records below 16, field "b" above: a guess of the
+    sorting key depends on which records it looks at."""
+
+    def __init__(self, n: int = 64) -> None:
+        super().__init__()
+        self.n = n
+
+    def _read(self, file_path: Any) -> Iterator[dict[str, Any]]:
+        for i in range(self.n):
+            short, long_ = 1 + (i * 3) % 5, 20 + i % 4
+            a, b = (long_, short) if i < 16 else (i % 4 + 1, 20 + (i * 3) % 5)
+            yield {"id": i, "a": torch.arange(a), "b": torch.arange(b)}
+
+
+def bucket_loader(workers: int, lazy: Optional[int], n: int = 64) -> MultiProcessDataLoader:
+    sampler = BatchSampler.by_name("bucket")(batch_size=3, padding_noise=0.0)  # no sorting_keys
+    return MultiProcessDataLoader(TwoFieldReader(n), "x", batch_sampler=sampler, num_workers=workers,
+                                  max_instances_in_memory=lazy, quiet=True, seed=4)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_lazy_resume_with_a_guessing_bucket_sampler_is_batch_for_batch(workers: int) -> None:
+    # Before: a worker guessed the sorting key once, from its first chunk, and kept it;
+    # a resumed worker guessed from the chunk it resumed in ("b", not "a"), batched
+    # that chunk differently and dropped the wrong batches.
+    original = bucket_loader(workers, 8)
+    iterator = iter(original)
+    head = ids(itertools.islice(iterator, 7))
+    state = json.loads(json.dumps(original.state_dict()))
+    rest = ids(iterator)
+    resumed = bucket_loader(workers, 8)
+    resumed.load_state_dict(state)
+    tail = ids(resumed)
+    assert tail == rest
+    assert sorted(i for batch in head + tail for i in batch) == list(range(64))
+
+
+def test_eager_resume_where_a_rank_has_nothing_left_yields_an_empty_epoch(
+    free_port: int, tmp_path: Path
+) -> None:
+    # Before: the bucket sampler guessed its sorting keys from no instances and raised.
+    loader = guessing_bucket_loader(7)
+    iterator = iter(loader)
+    head = ids(itertools.islice(iterator, 2))  # 6 of 7: one left for 2 ranks
+    (tmp_path / "state.json").write_text(json.dumps(loader.state_dict()))
+    iterator.close()
+    mp.spawn(empty_share_rank, args=(2, free_port, str(tmp_path)), nprocs=2, join=True)
+    tails = [json.loads((tmp_path / f"tail{rank}.json").read_text()) for rank in range(2)]
+    assert [] in tails
+    assert sorted(i for batch in head + tails[0] + tails[1] for i in batch) == list(range(7))

@@ -68,12 +68,17 @@ def whole_state(loader: MultiProcessDataLoader) -> dict[str, Any]:
     consumed: Optional[Consumed] = None
     if all(part["tracked"] for part in parts):
         limits = {slot: limit for part in parts for slot, limit in part["limits"]}
+        base = Consumed.from_dict(parts[0]["position"]["base"])
+        # The base's own token too: a slot that has yielded nothing since a resume
+        # stands at base.below, and only the base knows where that record starts.
+        tokens = {} if base.token is None else {base.below: base.token}
+        tokens.update({record: token for part in parts for record, token in part["tokens"]})
         consumed = consumed_by(
-            Consumed.from_dict(parts[0]["position"]["base"]),
+            base,
             world * slots_per_rank(loader),
             limits,
             [index for part in parts for index in part["taken"]],
-            {record: token for part in parts for record, token in part["tokens"]},
+            tokens,
         )
     return {
         "version": STATE_VERSION,

@@ -54,9 +54,10 @@ def whole_state(loader: MultiProcessDataLoader) -> dict[str, Any]:
         import torch.distributed as dist
 
         # A rank whose epoch ended (uneven ranks) while others are still in it
-        # speaks for that epoch with the pass it finished.
+        # speaks for that epoch with the pass it finished, whether or not it has begun
+        # the next (its position there is not part of the epoch the others are in).
         last = loader._last
-        if current is None and last is not None and last.epoch == position.epoch - 1:
+        if last is not None and last.epoch == position.epoch - 1:
             mine["finished"] = rank_part(loader, last, rank, world)
         gathered: list[Any] = [None] * world
         dist.all_gather_object(gathered, mine)

@@ -145,3 +145,40 @@ def empty_share_rank(rank: int, world: int, port: int, out_dir: str) -> None:
             json.dump(tail, handle)
     finally:
         dist.destroy_process_group()
+
+
+def ahead_rank(rank: int, world: int, port: int, out_dir: str, phase: str) -> None:
+    """As `uneven_rank`, but rank 1 is already 2 batches into its next epoch when the
+    state is saved (rank 0 still has a batch of the first to go)."""
+    import torch.distributed as dist
+
+    from framework.data.multiprocess import MultiProcessDataLoader
+
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", world_size=world, rank=rank,
+        timeout=timedelta(seconds=60),
+    )
+    try:
+        results: dict[str, Any] = {}
+        for name, options in MODES.items():
+            loader = MultiProcessDataLoader(
+                CountingReader(49), "x", batch_size=3, quiet=True, seed=0, even_batches=False, **options
+            )
+            if phase == "save":
+                iterator = iter(loader)
+                head = [batch["id"].tolist() for batch in itertools.islice(iterator, 8)]
+                if rank == 1:
+                    head += [batch["id"].tolist() for batch in iterator]  # its epoch ends
+                    iterator = iter(loader)
+                    list(itertools.islice(iterator, 2))  # and the next one begins
+                state = loader.state_dict()
+                results[name] = {"head": head, "state": json.loads(json.dumps(state))}
+            else:
+                with open(f"{out_dir}/state_{name}.json") as handle:
+                    loader.load_state_dict(json.load(handle))
+                results[name] = {"tail": [batch["id"].tolist() for batch in loader]}
+            dist.barrier()
+        with open(f"{out_dir}/{phase}{rank}.json", "w") as handle:
+            json.dump(results, handle)
+    finally:
+        dist.destroy_process_group()

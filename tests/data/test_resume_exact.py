@@ -14,7 +14,8 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 from loader_helpers import CountingReader, HookReader, make_instance
-from resume_helpers import empty_share_rank, guessing_bucket_loader
+from resume_helpers import MODES as MODES_DISTRIBUTED
+from resume_helpers import ahead_rank, empty_share_rank, guessing_bucket_loader
 
 from framework.data._shards import Consumed
 from framework.data.collate import DefaultDataCollator
@@ -302,3 +303,23 @@ def test_a_state_saved_soon_after_a_resume_still_seeks(taken: int) -> None:
     assert sorted(i for batch in head + tail for i in batch) == list(range(200))
     assert min(reader.pulled) == below  # sought there: no record before it was read
     assert len(reader.pulled) == 200 - below
+
+
+def test_a_rank_already_in_its_next_epoch_speaks_for_the_one_it_finished(
+    free_port: int, tmp_path: Path
+) -> None:
+    # Before: rank 1's next-epoch position was merged into epoch 0's whole-job state,
+    # so 3 ranks resuming it yielded 34 instances instead of the 13 epoch 0 had left.
+    mp.spawn(ahead_rank, args=(2, free_port, str(tmp_path), "save"), nprocs=2, join=True)
+    saved = [json.loads((tmp_path / f"save{r}.json").read_text()) for r in range(2)]
+    for name in MODES_DISTRIBUTED:
+        states = [result[name]["state"] for result in saved]
+        assert states[0] == states[1]
+        assert states[0]["epoch"] == 0
+        (tmp_path / f"state_{name}.json").write_text(json.dumps(states[0]))
+    mp.spawn(ahead_rank, args=(3, free_port + 1, str(tmp_path), "resume"), nprocs=3, join=True)
+    resumed = [json.loads((tmp_path / f"resume{r}.json").read_text()) for r in range(3)]
+    for name in MODES_DISTRIBUTED:
+        head = [i for result in saved for batch in result[name]["head"] for i in batch]
+        tail = [i for result in resumed for batch in result[name]["tail"] for i in batch]
+        assert sorted(head + tail) == list(range(49)), name

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from framework.data._batching import derive_seed
 from framework.data._checks import describe
+from framework.data._distributed import in_step
 from framework.data._passes import eager_lists
 from framework.data._position import Position
 from framework.data._shards import (
@@ -52,6 +53,10 @@ def whole_state(loader: MultiProcessDataLoader) -> dict[str, Any]:
     parts = [mine]
     if world > 1:
         import torch.distributed as dist
+
+        # First a collective of the same shape as the per-batch ones: a rank still
+        # taking a batch meets this one at once and both raise, rather than wait.
+        in_step(loader._batches, loader._evened())
 
         # A rank whose epoch ended (uneven ranks) while others are still in it
         # speaks for that epoch with the pass it finished, whether or not it has begun

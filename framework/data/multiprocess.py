@@ -209,6 +209,7 @@ class MultiProcessDataLoader(DataLoader):
         # batches_per_epoch: batches the current iter() has yielded (0 between epochs);
         # after load_state_dict, the saved count, so the first iter() yields the rest.
         self._epoch_batches = 0
+        self._batches = 0  # batches yielded since built or loaded: ranks compare it in state_dict()
         if max_instances_in_memory is None:
             self._load_instances()  # eager mode reads everything up front, as AllenNLP does
 
@@ -334,6 +335,7 @@ class MultiProcessDataLoader(DataLoader):
         self._last = None
         self._epoch = position.epoch
         self._epoch_batches = epoch_batches
+        self._batches = 0
 
     def close(self) -> None:
         """Stop any workers now (they are also stopped when the loader is collected)."""
@@ -390,7 +392,9 @@ class MultiProcessDataLoader(DataLoader):
         finished = False
         try:
             for batch in stream:
-                yield self._finish(batch)
+                batch = self._finish(batch)
+                self._batches += 1
+                yield batch
             finished = True
         finally:
             close = getattr(stream, "close", None)

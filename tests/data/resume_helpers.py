@@ -182,3 +182,34 @@ def ahead_rank(rank: int, world: int, port: int, out_dir: str, phase: str) -> No
             json.dump(results, handle)
     finally:
         dist.destroy_process_group()
+
+
+def out_of_step_rank(rank: int, world: int, port: int, out_dir: str) -> None:
+    """Rank r calls state_dict() after 2 + r batches (even_batches): what each rank raises."""
+    import torch.distributed as dist
+
+    from framework.data.multiprocess import MultiProcessDataLoader
+
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", world_size=world, rank=rank,
+        timeout=timedelta(seconds=300),  # above the test's own bound: a hang fails the test
+    )
+    try:
+        results: dict[str, Any] = {}
+        for name, options in {"lazy": {"max_instances_in_memory": 6}, "eager": {}}.items():
+            loader = MultiProcessDataLoader(
+                CountingReader(40), "x", batch_size=3, quiet=True, seed=0, **options
+            )
+            iterator = iter(loader)
+            try:
+                list(itertools.islice(iterator, 2 + rank))
+                loader.state_dict()
+                results[name] = None
+            except Exception as error:
+                results[name] = [type(error).__name__, str(error)]
+            iterator.close()
+            dist.barrier()
+        with open(f"{out_dir}/step{rank}.json", "w") as handle:
+            json.dump(results, handle)
+    finally:
+        dist.destroy_process_group()

@@ -15,7 +15,7 @@ import torch
 import torch.multiprocessing as mp
 from loader_helpers import CountingReader, HookReader, make_instance
 from resume_helpers import MODES as MODES_DISTRIBUTED
-from resume_helpers import ahead_rank, empty_share_rank, guessing_bucket_loader
+from resume_helpers import ahead_rank, empty_share_rank, guessing_bucket_loader, out_of_step_rank
 
 from framework.data._shards import Consumed
 from framework.data.collate import DefaultDataCollator
@@ -323,3 +323,20 @@ def test_a_rank_already_in_its_next_epoch_speaks_for_the_one_it_finished(
         head = [i for result in saved for batch in result[name]["head"] for i in batch]
         tail = [i for result in resumed for batch in result[name]["tail"] for i in batch]
         assert sorted(head + tail) == list(range(49)), name
+
+
+@pytest.mark.timeout(90)
+def test_ranks_calling_state_dict_at_different_batches_get_a_clear_error(
+    free_port: int, tmp_path: Path
+) -> None:
+    # Before: rank 0's state_dict() collective met rank 1's per-batch one (lazy) and
+    # every rank waited for the group timeout (30 min), then got a raw gloo error;
+    # eager ranks saved a state from different steps without a word.
+    mp.spawn(out_of_step_rank, args=(2, free_port, str(tmp_path)), nprocs=2, join=True)
+    results = [json.loads((tmp_path / f"step{rank}.json").read_text()) for rank in range(2)]
+    for name in ("lazy", "eager"):
+        for rank in range(2):
+            assert results[rank][name] is not None, (name, rank)
+            kind, message = results[rank][name]
+            assert kind == "RanksOutOfStepError", (name, rank, message)
+            assert "state_dict()" in message

@@ -147,12 +147,25 @@ def empty_share_rank(rank: int, world: int, port: int, out_dir: str) -> None:
         dist.destroy_process_group()
 
 
-def ahead_rank(rank: int, world: int, port: int, out_dir: str, phase: str) -> None:
+AHEAD_MODES: dict[str, dict[str, Any]] = {
+    "lazy": {"max_instances_in_memory": 6, "shuffle": True},
+    "eager": {"shuffle": True},
+}
+
+
+def ahead_loader(name: str) -> Any:
+    from framework.data.multiprocess import MultiProcessDataLoader
+
+    return MultiProcessDataLoader(
+        CountingReader(49), "x", batch_size=3, quiet=True, seed=0, even_batches=False, **AHEAD_MODES[name]
+    )
+
+
+def ahead_rank(rank: int, world: int, port: int, out_dir: str) -> None:
     """As `uneven_rank`, but rank 1 is already 2 batches into its next epoch when the
     state is saved (rank 0 still has a batch of the first to go)."""
     import torch.distributed as dist
 
-    from framework.data.multiprocess import MultiProcessDataLoader
 
     dist.init_process_group(
         "gloo", init_method=f"tcp://127.0.0.1:{port}", world_size=world, rank=rank,
@@ -160,25 +173,18 @@ def ahead_rank(rank: int, world: int, port: int, out_dir: str, phase: str) -> No
     )
     try:
         results: dict[str, Any] = {}
-        for name, options in MODES.items():
-            loader = MultiProcessDataLoader(
-                CountingReader(49), "x", batch_size=3, quiet=True, seed=0, even_batches=False, **options
-            )
-            if phase == "save":
+        for name in AHEAD_MODES:
+            loader = ahead_loader(name)
+            iterator = iter(loader)
+            head = [batch["id"].tolist() for batch in itertools.islice(iterator, 8)]
+            if rank == 1:
+                head += [batch["id"].tolist() for batch in iterator]  # its epoch ends
                 iterator = iter(loader)
-                head = [batch["id"].tolist() for batch in itertools.islice(iterator, 8)]
-                if rank == 1:
-                    head += [batch["id"].tolist() for batch in iterator]  # its epoch ends
-                    iterator = iter(loader)
-                    list(itertools.islice(iterator, 2))  # and the next one begins
-                state = loader.state_dict()
-                results[name] = {"head": head, "state": json.loads(json.dumps(state))}
-            else:
-                with open(f"{out_dir}/state_{name}.json") as handle:
-                    loader.load_state_dict(json.load(handle))
-                results[name] = {"tail": [batch["id"].tolist() for batch in loader]}
+                list(itertools.islice(iterator, 2))  # and the next one begins
+            state = loader.state_dict()
+            results[name] = {"head": head, "state": json.loads(json.dumps(state))}
             dist.barrier()
-        with open(f"{out_dir}/{phase}{rank}.json", "w") as handle:
+        with open(f"{out_dir}/save{rank}.json", "w") as handle:
             json.dump(results, handle)
     finally:
         dist.destroy_process_group()

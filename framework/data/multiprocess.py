@@ -72,8 +72,8 @@ class MultiProcessDataLoader(DataLoader):
         batch_sampler: a `BatchSampler`, instead of batch_size/drop_last/shuffle.
         batches_per_epoch: yield exactly this many batches per `iter()`; a pass left
             half-used carries over into the next epoch (once the epoch's last batch is
-            taken; a `break` before it abandons the pass, as in AllenNLP), and a new pass
-            starts when data runs out.
+            taken; an epoch cut short before it, by `break` or an exception, is yielded
+            to its end by the next `iter()`), and a new pass starts when data runs out.
         num_workers: worker processes; 0 reads in this process.
         max_instances_in_memory: turns on lazy mode, holding about this many instances
             per worker at a time.
@@ -123,7 +123,10 @@ class MultiProcessDataLoader(DataLoader):
     alone.)
 
     `state_dict()` is plain data (and a collective under torch.distributed: every rank
-    calls it and gets the same whole-job state). `load_state_dict` resumes a state saved
+    calls it after the same batch, else `RanksOutOfStepError`, and gets the same
+    whole-job state). It describes what the loader yields next: a pass cut short by
+    `break` or an exception (Ctrl-C included) is not over, so the state holds its rest
+    and the next `iter()` yields that rest. `load_state_dict` resumes a state saved
     with any num_workers or world size: the same ones batch for batch, others with every
     instance the epoch has not yielded yet, exactly once. It refuses (ValueError naming
     the setting) a state from a loader that reads or batches differently: batch settings
@@ -306,8 +309,13 @@ class MultiProcessDataLoader(DataLoader):
     def state_dict(self) -> dict[str, Any]:
         """Where iteration stands, as plain data; `load_state_dict` resumes there.
 
-        Under torch.distributed this is a collective (every rank calls it; one
-        ``all_gather_object``) and every rank returns the same whole-job state.
+        Call it inside the training loop or after it: a pass cut short (`break`, an
+        exception, Ctrl-C) is not over, and the state describes its rest (which the
+        next `iter()` yields too); after a pass that ran to its end, the next epoch.
+        Under torch.distributed this is a collective (every rank calls it after the
+        same batch; one small ``all_reduce`` and one ``all_gather_object``) and every
+        rank returns the same whole-job state; ranks out of step raise
+        `RanksOutOfStepError` at once.
         """
         return whole_state(self)
 

@@ -411,9 +411,10 @@ class MultiProcessDataLoader(DataLoader):
             try:
                 if finished:
                     self._last = position  # for state_dict() while other ranks are still in it
-                elif self._pending is None:
+                elif self._current is position and self._pending is None:
                     # Cut short (`break`, an exception, Ctrl-C): the pass is not over. The
                     # next iter() yields its rest, as a loader restored from state_dict() does.
+                    # (Not a stale pass closed late, after load_state_dict() or another pass.)
                     self._pending = Position.from_dict(position.to_dict())
                 if self._current is position:
                     self._current = None

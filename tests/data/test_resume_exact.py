@@ -344,3 +344,18 @@ def test_ranks_calling_state_dict_at_different_batches_get_a_clear_error(
             kind, message = results[rank][name]
             assert kind == "RanksOutOfStepError", (name, rank, message)
             assert "state_dict()" in message
+
+
+def test_an_old_iterator_closed_late_does_not_take_the_place_of_a_loaded_state() -> None:
+    loader = build("eager_0")
+    stale = iter(loader)
+    ids(itertools.islice(stale, 2))
+    other = build("eager_0")
+    iterator = iter(other)
+    head = ids(itertools.islice(iterator, 5))
+    state = json.loads(json.dumps(other.state_dict()))
+    loader.load_state_dict(state)
+    tail = ids(loader)  # the loaded pass, to its end
+    stale.close()  # the pass from before load_state_dict() ends only now
+    assert head + tail == ids(build("eager_0"))
+    assert loader.state_dict()["epoch"] == 1  # what comes next is the next epoch, whole

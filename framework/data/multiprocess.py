@@ -22,6 +22,7 @@ can say exactly where an epoch stands.
 
 from __future__ import annotations
 
+import functools
 import math
 import multiprocessing
 import pickle
@@ -438,7 +439,10 @@ class MultiProcessDataLoader(DataLoader):
             with UserCode():  # the pool's own errors are WorkerErrors already
                 # The pool counts a batch once `prepared` made it: one whose hook or
                 # collator raised is not counted, and a resume makes it again.
-                yield from pool.run(position, "batches", self.timeout, rank, world, self._prepared)
+                # (through the class: `self` is a weak proxy, and `self._prepared` would be
+                # bound to the loader itself, holding it from the pass's frames)
+                prepared = functools.partial(MultiProcessDataLoader._prepared, self)
+                yield from pool.run(position, "batches", self.timeout, rank, world, prepared)
             finished = True
         finally:
             try:

@@ -6,22 +6,15 @@ from __future__ import annotations
 
 import itertools
 import json
+import socket
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any, Optional
 
 import pytest
 import torch
 import torch.multiprocessing as mp
 from loader_helpers import CountingReader, HookReader, make_instance
-from resume_helpers import (
-    AHEAD_MODES,
-    ahead_loader,
-    ahead_rank,
-    empty_share_rank,
-    guessing_bucket_loader,
-    out_of_step_rank,
-)
+from resume_helpers import AHEAD_MODES, ahead_loader, guessing_bucket_loader, two_rank_cases
 
 from framework.data._shards import Consumed
 from framework.data.collate import DefaultDataCollator
@@ -231,21 +224,6 @@ def test_lazy_resume_with_a_guessing_bucket_sampler_is_batch_for_batch(workers: 
     assert sorted(i for batch in head + tail for i in batch) == list(range(64))
 
 
-def test_eager_resume_where_a_rank_has_nothing_left_yields_an_empty_epoch(
-    free_port: int, tmp_path: Path
-) -> None:
-    # Before: the bucket sampler guessed its sorting keys from no instances and raised.
-    loader = guessing_bucket_loader(7)
-    iterator = iter(loader)
-    head = ids(itertools.islice(iterator, 2))  # 6 of 7: one left for 2 ranks
-    (tmp_path / "state.json").write_text(json.dumps(loader.state_dict()))
-    iterator.close()
-    mp.spawn(empty_share_rank, args=(2, free_port, str(tmp_path)), nprocs=2, join=True)
-    tails = [json.loads((tmp_path / f"tail{rank}.json").read_text()) for rank in range(2)]
-    assert [] in tails
-    assert sorted(i for batch in head + tails[0] + tails[1] for i in batch) == list(range(7))
-
-
 class CountedRecords:
     """Records 0..n-1 that opt into the seek hook, counting those iterated (`pulled`)."""
 
@@ -311,41 +289,6 @@ def test_a_state_saved_soon_after_a_resume_still_seeks(taken: int) -> None:
     assert len(reader.pulled) == 200 - below
 
 
-def test_a_rank_already_in_its_next_epoch_speaks_for_the_one_it_finished(
-    free_port: int, tmp_path: Path
-) -> None:
-    # Before: rank 1's next-epoch position was merged into epoch 0's whole-job state,
-    # so resuming it yielded 34 instances instead of the 13 epoch 0 had left.
-    mp.spawn(ahead_rank, args=(2, free_port, str(tmp_path)), nprocs=2, join=True)
-    saved = [json.loads((tmp_path / f"save{r}.json").read_text()) for r in range(2)]
-    for name in AHEAD_MODES:
-        states = [result[name]["state"] for result in saved]
-        assert states[0] == states[1]
-        assert states[0]["epoch"] == 0
-        resumed = ahead_loader(name)  # here: world size 1
-        resumed.load_state_dict(states[0])
-        head = [i for result in saved for batch in result[name]["head"] for i in batch]
-        tail = [i for batch in resumed for i in batch["id"].tolist()]
-        assert sorted(head + tail) == list(range(49)), name
-
-
-@pytest.mark.timeout(90)
-def test_ranks_calling_state_dict_at_different_batches_get_a_clear_error(
-    free_port: int, tmp_path: Path
-) -> None:
-    # Before: rank 0's state_dict() collective met rank 1's per-batch one (lazy) and
-    # every rank waited for the group timeout (30 min), then got a raw gloo error;
-    # eager ranks saved a state from different steps without a word.
-    mp.spawn(out_of_step_rank, args=(2, free_port, str(tmp_path)), nprocs=2, join=True)
-    results = [json.loads((tmp_path / f"step{rank}.json").read_text()) for rank in range(2)]
-    for name in ("lazy", "eager"):
-        for rank in range(2):
-            assert results[rank][name] is not None, (name, rank)
-            kind, message = results[rank][name]
-            assert kind == "RanksOutOfStepError", (name, rank, message)
-            assert "state_dict()" in message
-
-
 def test_an_old_iterator_closed_late_does_not_take_the_place_of_a_loaded_state() -> None:
     loader = build("eager_0")
     stale = iter(loader)
@@ -359,3 +302,68 @@ def test_an_old_iterator_closed_late_does_not_take_the_place_of_a_loaded_state()
     stale.close()  # the pass from before load_state_dict() ends only now
     assert head + tail == ids(build("eager_0"))
     assert loader.state_dict()["epoch"] == 1  # what comes next is the next epoch, whole
+
+
+# -- torch.distributed (gloo, 2 ranks) -----------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[int], list[dict[str, Any]]]:
+    """One gloo group of 2 ranks for the three cases of `two_rank_cases` (one spawn, not
+    three): the head taken here before "empty", and each rank's results."""
+    out = tmp_path_factory.mktemp("two_ranks")
+    loader = guessing_bucket_loader(7)
+    iterator = iter(loader)
+    head = [i for batch in ids(itertools.islice(iterator, 2)) for i in batch]  # 6 of 7 taken
+    (out / "state.json").write_text(json.dumps(loader.state_dict()))
+    iterator.close()
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = int(sock.getsockname()[1])
+    mp.spawn(two_rank_cases, args=(2, port, str(out)), nprocs=2, join=True)
+    return head, [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(2)]
+
+
+@pytest.mark.timeout(120)  # the first one to run spawns the ranks
+def test_eager_resume_where_a_rank_has_nothing_left_yields_an_empty_epoch(
+    two_ranks: tuple[list[int], list[dict[str, Any]]],
+) -> None:
+    # Before: the bucket sampler guessed its sorting keys from no instances and raised.
+    head, results = two_ranks
+    tails = [result["empty"] for result in results]
+    assert [] in tails
+    assert sorted(head + [i for tail in tails for batch in tail for i in batch]) == list(range(7))
+
+
+@pytest.mark.timeout(120)  # the first one to run spawns the ranks
+def test_a_rank_already_in_its_next_epoch_speaks_for_the_one_it_finished(
+    two_ranks: tuple[list[int], list[dict[str, Any]]],
+) -> None:
+    # Before: rank 1's next-epoch position was merged into epoch 0's whole-job state,
+    # so resuming it yielded 34 instances instead of the 13 epoch 0 had left.
+    _, saved = two_ranks
+    for name in AHEAD_MODES:
+        states = [result["ahead"][name]["state"] for result in saved]
+        assert states[0] == states[1]
+        assert states[0]["epoch"] == 0
+        resumed = ahead_loader(name)  # here: world size 1
+        resumed.load_state_dict(states[0])
+        head = [i for result in saved for batch in result["ahead"][name]["head"] for i in batch]
+        tail = [i for batch in resumed for i in batch["id"].tolist()]
+        assert sorted(head + tail) == list(range(49)), name
+
+
+@pytest.mark.timeout(120)  # the first one to run spawns the ranks
+def test_ranks_calling_state_dict_at_different_batches_get_a_clear_error(
+    two_ranks: tuple[list[int], list[dict[str, Any]]],
+) -> None:
+    # Before: rank 0's state_dict() collective met rank 1's per-batch one (lazy) and
+    # every rank waited for the group timeout (30 min), then got a raw gloo error;
+    # eager ranks saved a state from different steps without a word.
+    _, results = two_ranks
+    for name in ("lazy", "eager"):
+        for rank in range(2):
+            assert results[rank]["step"][name] is not None, (name, rank)
+            kind, message = results[rank]["step"][name]
+            assert kind == "RanksOutOfStepError", (name, rank, message)
+            assert "state_dict()" in message

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import socket
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, Optional
 
 import pytest
@@ -367,3 +369,41 @@ def test_ranks_calling_state_dict_at_different_batches_get_a_clear_error(
             kind, message = results[rank]["step"][name]
             assert kind == "RanksOutOfStepError", (name, rank, message)
             assert "state_dict()" in message
+
+
+class FailOnceReader(CountingReader):
+    """Raises once, in whichever worker first reaches record 20 (`flag` marks it done)."""
+
+    def __init__(self, flag: str) -> None:
+        super().__init__(N)
+        self.flag = flag
+
+    def _read(self, file_path: Any) -> Iterator[dict[str, Any]]:
+        for i, instance in enumerate(super()._read(file_path)):
+            if i == 20:
+                try:
+                    os.close(os.open(self.flag, os.O_CREAT | os.O_EXCL))
+                except FileExistsError:
+                    pass
+                else:
+                    raise RuntimeError("the reader broke once")
+            yield instance
+
+
+def test_a_worker_error_leaves_the_state_in_the_pass_it_cut_short(tmp_path: Path) -> None:
+    def loader(reader: DatasetReader) -> MultiProcessDataLoader:
+        return MultiProcessDataLoader(reader, "x", batch_size=3, shuffle=True, quiet=True, seed=11,
+                                      num_workers=2, max_instances_in_memory=8)
+
+    flag = str(tmp_path / "failed")
+    failing = loader(FailOnceReader(flag))
+    head: list[list[int]] = []
+    with pytest.raises(WorkerError, match="broke once"):
+        for batch in failing:
+            head.append(batch["id"].tolist())
+    uninterrupted = ids(loader(FailOnceReader(flag)))  # it broke already: now it never does
+    state = json.loads(json.dumps(failing.state_dict()))
+    resumed = loader(FailOnceReader(flag))
+    resumed.load_state_dict(state)
+    assert head + ids(resumed) == uninterrupted
+    assert head + ids(failing) == uninterrupted  # the live loader goes on there too

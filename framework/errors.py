@@ -9,6 +9,7 @@ FrameworkError
  ├── ConfigError                (also a ValueError)
  ├── WorkerError                a loader worker raised, died or was killed
  ├── CollateError               (also a TypeError) a field the collator cannot batch
+ ├── RanksOutOfStepError        (also a RuntimeError) ranks called state_dict() at other steps
  └── DownloadError              names the URL; nothing is published
       ├── HTTPStatusError       a status that is final, or still bad after retries
       ├── NetworkError          connection failures after retries
@@ -48,6 +49,7 @@ __all__ = [
     "NetworkError",
     "OfflineError",
     "PluginError",
+    "RanksOutOfStepError",
     "RegistryError",
     "StepTimeoutError",
     "UnknownNameError",
@@ -167,6 +169,23 @@ class WorkerError(FrameworkError):
             type(self),
             (self.message, self.worker_id, self.traceback, self.signal, self.exitcode),
         )
+
+
+class RanksOutOfStepError(FrameworkError, RuntimeError):
+    """Under torch.distributed, ranks met in the loader's collectives at different steps:
+    some in `call` (``"state_dict()"``) while others took a batch, or in it after
+    different numbers of batches (`batches`: the fewest and the most, else None)."""
+
+    def __init__(
+        self, message: str, call: str = "state_dict()", batches: Optional[tuple[int, int]] = None
+    ) -> None:
+        self.message = message
+        self.call = call
+        self.batches = batches
+        super().__init__(message)
+
+    def __reduce__(self) -> Any:
+        return (type(self), (self.message, self.call, self.batches))
 
 
 class CollateError(FrameworkError, TypeError):

@@ -7,6 +7,7 @@ comes from seeds passed in: the same seed gives the same batches.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import itertools
 import operator
@@ -95,8 +96,14 @@ class BatchPlan:
     def batch_lists(self, instances: Sequence[Any], seed: int) -> list[list[int]]:
         """Index lists over an in-memory sequence (eager mode, or one lazy chunk)."""
         if self.batch_sampler is not None:
+            if not instances:
+                return []  # nothing left (a rank's share of a resumed epoch): no batches
+            # A copy per call: what a sampler keeps across calls (a bucket sampler's
+            # guessed sorting keys) would make a chunk batch differently after the
+            # chunks before it than in a worker resumed at it, which never saw them.
+            sampler = copy.copy(self.batch_sampler)
             with seeded_global_random(seed):
-                lists = [list(b) for b in self.batch_sampler.get_batch_indices(instances)]
+                lists = [list(b) for b in sampler.get_batch_indices(instances)]
             return check_indices(lists, len(instances), self.batch_sampler)
         assert self.batch_size is not None
         order = list(range(len(instances)))

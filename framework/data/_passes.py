@@ -21,7 +21,7 @@ from framework.data.reader import DatasetReader, Instance, current_distributed_i
 if TYPE_CHECKING:
     from framework.data.multiprocess import MultiProcessDataLoader
 
-__all__ = ["eager_pass", "lazy_pass_in_process"]
+__all__ = ["eager_lists", "eager_pass", "lazy_pass_in_process"]
 
 
 def eager_pass(loader: MultiProcessDataLoader, position: Position) -> Iterator[Any]:
@@ -29,22 +29,14 @@ def eager_pass(loader: MultiProcessDataLoader, position: Position) -> Iterator[A
     instances = loader._load_instances()
     error: Optional[Exception] = None
     lists: list[list[int]] = []
-    # Resumed in another split: only what the epoch has not yielded yet.
-    keep = list(range(len(instances)))
-    if position.base.below or position.base.bits:
-        assert loader._indexes is not None  # a state without indexes is refused on load
-        keep = [i for i, record in enumerate(loader._indexes) if record not in position.base]
     try:
-        kept = [instances[i] for i in keep]
-        lists = loader._plan.batch_lists(kept, derive_seed(position.seed, "eager"))
-        lists = [[keep[i] for i in indices] for indices in lists]
+        lists = eager_lists(loader, position)
     except Exception as raised:
         error = in_process(raised)  # wrapped before agree: one type on every rank
     if loader._evened():
         lists = lists[: agree(len(lists), error)]
     elif error is not None:
         raise error
-    loader._eager_lists = lists
     plain = draws_nothing(loader.collate_fn)
     with UserCode():
         for index in range(position.consumed, len(lists)):
@@ -58,6 +50,29 @@ def eager_pass(loader: MultiProcessDataLoader, position: Position) -> Iterator[A
                     batch = loader.collate_fn(chosen)
             position.consumed = index + 1
             yield batch
+
+
+def eager_lists(loader: MultiProcessDataLoader, position: Position) -> list[list[int]]:
+    """The batches (cache indexes) of the eager pass at `position`, whole (before any
+    evening out over ranks), as its seed and base make them.
+
+    `state_dict()` needs them for a pass not yet begun (loaded, cut short) too: they
+    are kept for the last position asked, keyed by what makes them."""
+    key = (position.epoch, position.seed, position.base.below, position.base.bits)
+    cached = loader._eager_lists
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    instances = loader._load_instances()
+    # Resumed in another split: only what the epoch has not yielded yet.
+    keep = list(range(len(instances)))
+    if position.base.below or position.base.bits:
+        assert loader._indexes is not None  # a state without indexes is refused on load
+        keep = [i for i, record in enumerate(loader._indexes) if record not in position.base]
+    kept = [instances[i] for i in keep]
+    lists = loader._plan.batch_lists(kept, derive_seed(position.seed, "eager"))
+    lists = [[keep[i] for i in indices] for indices in lists]
+    loader._eager_lists = (key, lists)
+    return lists
 
 
 def lazy_pass_in_process(loader: MultiProcessDataLoader, position: Position) -> Iterator[Any]:

@@ -206,10 +206,13 @@ class WorkerPool:
         timeout: Optional[float],
         rank: int = 0,
         world: int = 1,
-    ) -> Iterator[Union[Batch, Instances]]:
+        prepare: Optional[Callable[[Union[Batch, Instances]], Any]] = None,
+    ) -> Iterator[Any]:
         """Yield the `Batch` or `Instances` messages of one pass, round-robin from `position`.
 
-        Worker w serves slot ``rank + world * w`` of ``world * num_workers``.
+        Worker w serves slot ``rank + world * w`` of ``world * num_workers``. With
+        `prepare`, yield ``prepare(message)`` instead, made before `position` counts the
+        message: one whose `prepare` raised is not counted (a resume asks for it again).
         """
         position.begin(self.num_workers)
         self.busy = True
@@ -243,13 +246,15 @@ class WorkerPool:
                 else:
                     if kind == "batches":
                         self.slots[worker_id].release()
+                    item = message if prepare is None else prepare(message)
+                    if kind == "batches":
                         position.consumed += 1
                         position.record(worker_id, message.indexes, message.point)
                     position.per_worker[worker_id] += 1
                     position.next_worker = (worker_id + 1) % self.num_workers
                     if bars:
                         bars[worker_id].update(1)
-                    yield message
+                    yield item
                 worker_id = (worker_id + 1) % self.num_workers
         finally:
             for bar in bars:

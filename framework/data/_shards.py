@@ -327,6 +327,11 @@ class ShardPlan:
         """(index, seek token) of the record after the last one handed on."""
         if not self.tracked:
             return -1, None
+        if self.calls == 0:
+            # Nothing read yet (a chunk of a resumed slot starts here): the token this
+            # plan seeks to is the start record's. Without it, a state saved before the
+            # slot's next chunk had no seek position, and its resume read from the start.
+            return self.start, self.token
         # Only the first call's records seek; a later call's position has no token.
         token = None
         if self.source is not None and self.calls == 1:

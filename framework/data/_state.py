@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from framework.data._batching import derive_seed
 from framework.data._checks import describe
+from framework.data._distributed import in_step
+from framework.data._passes import eager_lists
 from framework.data._position import Position
 from framework.data._shards import (
     STATE_VERSION,
@@ -50,16 +52,21 @@ def whole_state(loader: MultiProcessDataLoader) -> dict[str, Any]:
     position = current or loader._next_position()
     info = current_distributed_info()
     world, rank = (info.world_size, info.global_rank) if info else (1, 0)
-    mine = rank_part(loader, position, rank, world, loader._eager_lists if current else [])
+    mine = rank_part(loader, position, rank, world)
     parts = [mine]
     if world > 1:
         import torch.distributed as dist
 
+        # First a collective of the same shape as the per-batch ones: a rank still
+        # taking a batch meets this one at once and both raise, rather than wait.
+        in_step(loader._batches, loader._evened())
+
         # A rank whose epoch ended (uneven ranks) while others are still in it
-        # speaks for that epoch with the pass it finished.
+        # speaks for that epoch with the pass it finished, whether or not it has begun
+        # the next (its position there is not part of the epoch the others are in).
         last = loader._last
-        if current is None and last is not None and last.epoch == position.epoch - 1:
-            mine["finished"] = rank_part(loader, last, rank, world, loader._eager_lists)
+        if last is not None and last.epoch == position.epoch - 1:
+            mine["finished"] = rank_part(loader, last, rank, world)
         gathered: list[Any] = [None] * world
         dist.all_gather_object(gathered, mine)
         epoch = min(part["position"]["epoch"] for part in gathered)
@@ -70,12 +77,17 @@ def whole_state(loader: MultiProcessDataLoader) -> dict[str, Any]:
     consumed: Optional[Consumed] = None
     if all(part["tracked"] for part in parts):
         limits = {slot: limit for part in parts for slot, limit in part["limits"]}
+        base = Consumed.from_dict(parts[0]["position"]["base"])
+        # The base's own token too: a slot that has yielded nothing since a resume
+        # stands at base.below, and only the base knows where that record starts.
+        tokens = {} if base.token is None else {base.below: base.token}
+        tokens.update({record: token for part in parts for record, token in part["tokens"]})
         consumed = consumed_by(
-            Consumed.from_dict(parts[0]["position"]["base"]),
+            base,
             world * slots_per_rank(loader),
             limits,
             [index for part in parts for index in part["taken"]],
-            {record: token for part in parts for record, token in part["tokens"]},
+            tokens,
         )
     return {
         "version": STATE_VERSION,
@@ -95,15 +107,17 @@ def slots_per_rank(loader: MultiProcessDataLoader) -> int:
     return max(1, loader.num_workers) if loader.max_instances_in_memory is not None else 1
 
 
-def rank_part(
-    loader: MultiProcessDataLoader, position: Position, rank: int, world: int, lists: list[list[int]]
-) -> dict[str, Any]:
+def rank_part(loader: MultiProcessDataLoader, position: Position, rank: int, world: int) -> dict[str, Any]:
     """This rank's share of the whole-job state: its exact position, and what it
-    yielded (eager mode: the first `position.consumed` of the pass's `lists`)."""
+    yielded (eager mode: the first `position.consumed` of the pass's batches, made
+    again from its seed when the pass is not the one in progress: loaded, cut short)."""
     if loader.max_instances_in_memory is None:
         indexes = loader._indexes
         tracked = indexes is not None
-        taken = [] if indexes is None else [indexes[i] for b in lists[: position.consumed] for i in b]
+        taken = []
+        if indexes is not None and position.consumed:
+            lists = eager_lists(loader, position)
+            taken = [indexes[i] for b in lists[: position.consumed] for i in b]
         limits = [(rank, position.base.below)]
         tokens: list[tuple[int, Any]] = []
     else:

@@ -22,6 +22,7 @@ can say exactly where an epoch stands.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import multiprocessing
@@ -74,8 +75,8 @@ class MultiProcessDataLoader(DataLoader):
         batch_sampler: a `BatchSampler`, instead of batch_size/drop_last/shuffle.
         batches_per_epoch: yield exactly this many batches per `iter()`; a pass left
             half-used carries over into the next epoch (once the epoch's last batch is
-            taken; a `break` before it abandons the pass, as in AllenNLP), and a new pass
-            starts when data runs out.
+            taken; an epoch cut short before it, by `break` or an exception, is yielded
+            to its end by the next `iter()`), and a new pass starts when data runs out.
         num_workers: worker processes; 0 reads in this process.
         max_instances_in_memory: turns on lazy mode, holding about this many instances
             per worker at a time.
@@ -128,7 +129,10 @@ class MultiProcessDataLoader(DataLoader):
     alone.)
 
     `state_dict()` is plain data (and a collective under torch.distributed: every rank
-    calls it and gets the same whole-job state). `load_state_dict` resumes a state saved
+    calls it after the same batch, else `RanksOutOfStepError`, and gets the same
+    whole-job state). It describes what the loader yields next: a pass cut short by
+    `break` or an exception (Ctrl-C included) is not over, so the state holds its rest
+    and the next `iter()` yields that rest. `load_state_dict` resumes a state saved
     with any num_workers or world size: the same ones batch for batch, others with every
     instance the epoch has not yielded yet, exactly once. It refuses (ValueError naming
     the setting) a state from a loader that reads or batches differently: batch settings
@@ -205,7 +209,8 @@ class MultiProcessDataLoader(DataLoader):
             )
         self._instances: Optional[list[Instance]] = None
         self._indexes: Optional[list[int]] = None  # each cached instance's record index
-        self._eager_lists: list[list[int]] = []  # the eager pass in progress, for state_dict
+        # the batches of the last eager pass asked for (`eager_lists`), and what made them
+        self._eager_lists: Optional[tuple[Any, list[list[int]]]] = None
         self._pool: Optional[WorkerPool] = None
         self._closes = 0  # close() calls: one while workers start (another thread) ends that pass
         self._epoch = 0
@@ -216,6 +221,7 @@ class MultiProcessDataLoader(DataLoader):
         # batches_per_epoch: batches the current iter() has yielded (0 between epochs);
         # after load_state_dict, the saved count, so the first iter() yields the rest.
         self._epoch_batches = 0
+        self._batches = 0  # batches yielded since built or loaded: ranks compare it in state_dict()
         if max_instances_in_memory is None:
             self._load_instances()  # eager mode reads everything up front, as AllenNLP does
 
@@ -268,8 +274,9 @@ class MultiProcessDataLoader(DataLoader):
                 yield batch
         finally:
             if generator is not None:
-                self._epoch_batches = 0
-                generator.close()  # stopped early: the pass is abandoned, as in AllenNLP
+                # Cut short: the pass stays pending and `_epoch_batches` counts what this
+                # epoch yielded, so the next iter() yields the rest of the epoch.
+                generator.close()
 
     def _next_batch(
         self, generator: Generator[TensorDict, None, None]
@@ -311,8 +318,13 @@ class MultiProcessDataLoader(DataLoader):
     def state_dict(self) -> dict[str, Any]:
         """Where iteration stands, as plain data; `load_state_dict` resumes there.
 
-        Under torch.distributed this is a collective (every rank calls it; one
-        ``all_gather_object``) and every rank returns the same whole-job state.
+        Call it inside the training loop or after it: a pass cut short (`break`, an
+        exception, Ctrl-C) is not over, and the state describes its rest (which the
+        next `iter()` yields too); after a pass that ran to its end, the next epoch.
+        Under torch.distributed this is a collective (every rank calls it after the
+        same batch; one small ``all_reduce`` and one ``all_gather_object``) and every
+        rank returns the same whole-job state; ranks out of step raise
+        `RanksOutOfStepError` at once.
         """
         return whole_state(self)
 
@@ -340,6 +352,7 @@ class MultiProcessDataLoader(DataLoader):
         self._last = None
         self._epoch = position.epoch
         self._epoch_batches = epoch_batches
+        self._batches = 0
 
     def close(self) -> None:
         """Stop any workers now (they are also stopped when the loader is collected)."""
@@ -389,17 +402,27 @@ class MultiProcessDataLoader(DataLoader):
         if self._evened() and self.max_instances_in_memory is not None:
             if self.batches_per_epoch is None:
                 stream = even(stream)
+        finished = False
         try:
             for batch in stream:
-                yield self._finish(batch)
+                batch = self._finish(batch)
+                self._batches += 1
+                yield batch
+            finished = True
         finally:
             close = getattr(stream, "close", None)
             if close is not None:
                 close()  # stops the workers at once when the consumer stops early
             try:
-                self._last = position  # for state_dict() while other ranks are still in it
+                if finished:
+                    self._last = position  # for state_dict() while other ranks are still in it
+                elif self._current is position and self._pending is None:
+                    # Cut short (`break`, an exception, Ctrl-C): the pass is not over. The
+                    # next iter() yields its rest, as a loader restored from state_dict() does.
+                    # (Not a stale pass closed late, after load_state_dict() or another pass.)
+                    self._pending = Position.from_dict(position.to_dict())
                 if self._current is position:
-                    self._current = None  # ended or abandoned: state_dict() describes the next
+                    self._current = None
             except ReferenceError:
                 pass  # the loader is gone (collected, or the interpreter is exiting)
 
@@ -418,15 +441,12 @@ class MultiProcessDataLoader(DataLoader):
         world, rank = (info.world_size, info.global_rank) if info else (1, 0)
         try:
             with UserCode():  # the pool's own errors are WorkerErrors already
-                for message in pool.run(position, "batches", self.timeout, rank, world):  # counts
-                    if isinstance(message, Batch):
-                        yield message.payload
-                        continue
-                    with scoped(message.seed) if message.seed is not None else nullcontext():
-                        for instance in message.instances:  # in the batch's own streams
-                            self.reader.apply_token_indexers(instance)
-                        batch = self.collate_fn(message.instances)
-                    yield batch
+                # The pool counts a batch once `prepared` made it: one whose hook or
+                # collator raised is not counted, and a resume makes it again.
+                # (through the class: `self` is a weak proxy, and `self._prepared` would be
+                # bound to the loader itself, holding it from the pass's frames)
+                prepared = functools.partial(MultiProcessDataLoader._prepared, self)
+                yield from pool.run(position, "batches", self.timeout, rank, world, prepared)
             finished = True
         finally:
             try:
@@ -439,6 +459,15 @@ class MultiProcessDataLoader(DataLoader):
                     self._pool = None
         if position.instances == 0 and not resumed:
             raise no_instances(self.reader, self.data_path)
+
+    def _prepared(self, message: Union[Batch, Instances]) -> Any:
+        """A worker's message made a batch: its tensors, or its instances hooked and collated."""
+        if isinstance(message, Batch):
+            return message.payload
+        with scoped(message.seed) if message.seed is not None else nullcontext():
+            for instance in message.instances:  # in the batch's own streams
+                self.reader.apply_token_indexers(instance)
+            return self.collate_fn(message.instances)
 
     def _finish(self, batch: Any) -> Any:
         if self.pin_memory and torch.cuda.is_available():
@@ -463,10 +492,17 @@ class MultiProcessDataLoader(DataLoader):
                 agree(len(pairs), error)  # a rank that failed fails every rank, at once
             elif error is not None:
                 raise error
-            self._instances = [instance for instance, _ in pairs]
             indexes = [index for _, index in pairs]
             # Record indexes let another split resume; a reader that hides them cannot.
             self._indexes = None if None in indexes else cast(list[int], indexes)
+            if self._indexes is not None and self.num_workers > 1:
+                # Workers' chunks interleave in record order only while every record
+                # gives an instance; a reader that skips records ("at most one instance
+                # per record") would cache another order per num_workers, and a resume
+                # with another num_workers (the exact path) would repeat and skip.
+                pairs.sort(key=lambda pair: cast(int, pair[1]))
+                self._indexes.sort()
+            self._instances = [instance for instance, _ in pairs]
         return self._instances
 
     def _read_instances(self, step: Optional[int]) -> Iterator[tuple[Instance, Optional[int]]]:

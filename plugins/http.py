@@ -187,7 +187,9 @@ class HttpBackend(DownloadBackend):
             raise NetworkError(url, f"still failing after {self.retries} retries: {error}") from error
         except _network_errors() as error:
             raise NetworkError(url, f"{type(error).__name__}: {error}") from error
-        if response.status_code >= 400 and response.status_code != 416:
+        # A 416 to a request with a Range is reported as a stream (the manager decides);
+        # to one without, it is final, as any other 4xx.
+        if response.status_code >= 400 and (response.status_code != 416 or "Range" not in headers):
             response.close()
             where = f" (redirected to {response.url})" if response.url != url else ""
             raise HTTPStatusError(

@@ -57,7 +57,7 @@ from framework.download._publish import (
 )
 from framework.download._validators import Validators
 from framework.download.backend import ByteStream, DownloadBackend
-from framework.errors import HTTPStatusError, NetworkError
+from framework.errors import HTTPStatusError, InvalidArgumentError, NetworkError
 
 __all__ = [
     "DEFAULT_CONNECTIONS",
@@ -85,7 +85,9 @@ _NOT_THERE: Final = frozenset({401, 403, 404, 407, 410})
 _TO_THE_END: Final = 1 << 62
 
 def connections_from(value: Optional[int]) -> int:
-    """The connection cap: `value`, else ``$FRAMEWORK_CONNECTIONS``, else the default."""
+    """The connection cap: `value`, else ``$FRAMEWORK_CONNECTIONS``, else the default; an
+    `InvalidArgumentError` (a `ValueError`) for a setting that is not a whole number of at
+    least 1."""
     if value is None:
         text = os.environ.get("FRAMEWORK_CONNECTIONS", "").strip()
         if not text:
@@ -93,15 +95,18 @@ def connections_from(value: Optional[int]) -> int:
         try:
             value = int(text)
         except ValueError:
-            raise ValueError(
-                f"FRAMEWORK_CONNECTIONS must be a whole number of connections (1 = one stream), "
-                f"got {text!r}; set it to e.g. 8, or unset it for the default"
-            ) from None
-        what = "FRAMEWORK_CONNECTIONS"
-    else:
-        what = "connections"
+            value = None
+        if value is None or value < 1:
+            raise InvalidArgumentError(
+                "FRAMEWORK_CONNECTIONS",
+                f"FRAMEWORK_CONNECTIONS must be a whole number of connections of at least 1 (1 = one "
+                f"stream), got {text!r}; set it to e.g. 8, or unset it for the default",
+            )
+        return value
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{what} must be a whole number of at least 1 (1 = one stream), got {value!r}")
+        raise InvalidArgumentError(
+            "connections", f"connections must be a whole number of at least 1 (1 = one stream), got {value!r}"
+        )
     return value
 
 

@@ -44,7 +44,7 @@ from framework.download._cache import (
 from framework.download._pipeline import Pipeline
 from framework.download._validators import NO_VALIDATOR, Validators
 from framework.download.backend import UNPLACED, ByteStream, DownloadBackend, RemoteInfo
-from framework.errors import ChecksumError, DownloadError, NetworkError
+from framework.errors import ChecksumError, DownloadError, HTTPStatusError, NetworkError
 
 __all__ = [
     "RESUMABLE",
@@ -304,9 +304,9 @@ def _place(backend: DownloadBackend, url: str, stream: ByteStream, partial: _Par
     """
     offset = partial.offset
     if stream.status == 416:
-        if offset == 0:
-            raise DownloadError(
-                url, "the server answered 416 (range not satisfiable) to a request without a Range"
+        if offset == 0:  # no Range was sent: a final status, as any other 4xx
+            raise HTTPStatusError(
+                url, 416, "HTTP 416 (range not satisfiable) answered to a request without a Range"
             )
         got, size = Validators.of(stream), stream.size
         # A 416 naming this version at the byte where a range of it of unknown total ended

@@ -1,0 +1,47 @@
+"""Issue 24, the download manager's single-node paths: each test failed before its fix.
+
+Real servers on 127.0.0.1 (`FaultServer`, or a small one of the test's own)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from dl_helpers import FaultServer, parts_manager, stray_files, unique_path
+
+from framework.download import DownloadManager
+from framework.errors import HTTPStatusError, InvalidArgumentError
+
+# A 416 to a request without a Range ----------------------------------------------------
+
+
+@pytest.mark.parametrize("connections", [1, 4])
+def test_a_416_to_a_request_without_a_range_is_a_final_http_status(
+    http_server: FaultServer, tmp_path: Path, connections: int
+) -> None:
+    url = http_server.add(unique_path("416-whole"), b"x" * 1000, status=416)
+    manager = parts_manager(tmp_path, connections=connections)
+    with pytest.raises(HTTPStatusError) as info:
+        manager.cached_path(url)
+    assert info.value.status == 416 and info.value.url == url
+    assert http_server.route(url).ranges[-1] == ""  # the last request had no Range
+    assert stray_files(tmp_path) == []
+
+
+# FRAMEWORK_CONNECTIONS ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("setting", ["0", "abc", "-3", "1.5"])
+def test_an_invalid_connections_setting_is_refused_when_the_manager_is_made(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, setting: str
+) -> None:
+    monkeypatch.setenv("FRAMEWORK_CONNECTIONS", setting)
+    with pytest.raises(InvalidArgumentError, match=f"FRAMEWORK_CONNECTIONS.*{setting!r}"):
+        DownloadManager(tmp_path)
+    monkeypatch.setenv("FRAMEWORK_CONNECTIONS", "2")
+    manager = DownloadManager(tmp_path)
+    monkeypatch.setenv("FRAMEWORK_CONNECTIONS", setting)  # set wrong after: the next miss says so
+    with pytest.raises(InvalidArgumentError, match="FRAMEWORK_CONNECTIONS"):
+        manager.cached_path("http://127.0.0.1:9/never-asked.bin")
+    with pytest.raises(InvalidArgumentError, match="connections must be a whole number"):
+        DownloadManager(tmp_path, connections=0)

@@ -107,30 +107,44 @@ def _load_record(path: Path) -> Optional[tuple[_Plan, set[int], dict[int, int]]]
     finally:
         os.close(fd)
     try:
-        size, part_size, done = data["size"], data["part_size"], data["done"]
+        size, part_size = data["size"], data["part_size"]
         fields = [data.get(key) for key in ("etag", "last_modified", "date")]
-        if not (isinstance(size, int) and isinstance(part_size, int) and size > 0 and part_size > 0):
-            return None
-        if not all(value is None or isinstance(value, str) for value in fields):
-            return None
-        plan = _Plan(size, part_size, Validators(*fields))
-        if plan.count > MOST_PARTS:  # no plan of ours has more; a planted one must not cost memory
-            return None
-        complete: set[int] = set()
-        for first, last in done:
-            if not (isinstance(first, int) and isinstance(last, int) and 0 <= first <= last < plan.count):
-                return None
-            complete.update(range(first, last + 1))
-        reached: dict[int, int] = {}
-        for key, position in dict(data.get("reached", {})).items():
-            index = int(key)
-            if isinstance(position, int) and 0 <= index < plan.count and index not in complete:
-                start, end = plan.bounds(index)
-                if start < position < end:
-                    reached[index] = position
-    except (KeyError, TypeError, ValueError):
+    except (KeyError, TypeError):
         return None
+    if not (_whole(size) and _whole(part_size) and size > 0 and part_size > 0):
+        return None
+    if not all(value is None or isinstance(value, str) for value in fields):
+        return None
+    plan = _Plan(size, part_size, Validators(*fields))
+    if plan.count > MOST_PARTS:  # no plan of ours has more; a planted one must not cost memory
+        return None
+    # Progress is vouched for entry by entry: one that makes no sense is dropped alone
+    # (its parts are fetched again), the others still count.
+    runs: list[tuple[int, int]] = []
+    done = data.get("done")
+    for run in done if isinstance(done, list) else ():
+        if isinstance(run, list) and len(run) == 2 and all(map(_whole, run)):
+            if 0 <= run[0] <= run[1] < plan.count:
+                runs.append((run[0], run[1]))
+    complete: set[int] = set()
+    covered = -1  # runs are expanded once each part: overlapping planted runs cost no more
+    for first, last in sorted(runs):
+        complete.update(range(max(first, covered + 1), last + 1))
+        covered = max(covered, last)
+    reached: dict[int, int] = {}
+    entries = data.get("reached")
+    for key, position in entries.items() if isinstance(entries, dict) else ():
+        index = int(key) if isinstance(key, str) and key.isdigit() and key.isascii() else -1
+        if _whole(position) and 0 <= index < plan.count and index not in complete:
+            start, end = plan.bounds(index)
+            if start < position < end:
+                reached[index] = position
     return plan, complete, reached
+
+
+def _whole(value: object) -> bool:
+    """An int that is no bool (JSON's true is not a number of bytes)."""
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _recorded_bytes(plan: _Plan, done: set[int], reached: dict[int, int]) -> int:

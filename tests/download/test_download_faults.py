@@ -4,7 +4,9 @@ Real servers on 127.0.0.1 (`FaultServer`, or a small one of the test's own)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from dl_helpers import FaultServer, parts_manager, stray_files, unique_path
@@ -45,3 +47,45 @@ def test_an_invalid_connections_setting_is_refused_when_the_manager_is_made(
         manager.cached_path("http://127.0.0.1:9/never-asked.bin")
     with pytest.raises(InvalidArgumentError, match="connections must be a whole number"):
         DownloadManager(tmp_path, connections=0)
+
+
+# A part record's progress entries -------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "odd",
+    [
+        {"reached": {"abc": 5}},
+        {"reached": {"2.5": 5}},
+        {"reached": {"-1": 5}},
+        {"reached": {"3": "x"}},
+        {"reached": {"3": True}},
+        {"reached": {"3": None}},
+        {"done": "nonsense"},
+        {"done_extra": [[7]]},
+        {"done_extra": ["x"]},
+        {"done_extra": [[0, 99]]},
+        {"done_extra": [[True, 1]]},
+        {"done_extra": [[3, 2]]},
+    ],
+)
+def test_one_odd_progress_entry_is_dropped_not_the_record(tmp_path: Path, odd: dict[str, Any]) -> None:
+    """The security page: a progress entry that makes no sense is dropped (its part is
+    fetched whole); the record's other entries still count."""
+    from framework.download._parts import _load_record
+
+    part = 1000
+    record: dict[str, Any] = {"size": 4 * part, "part_size": part, "etag": '"v1"', "last_modified": None}
+    record |= {"date": None, "done": [[0, 1]], "reached": {"2": 2 * part + 7}}
+    if "reached" in odd:
+        record["reached"] = {**record["reached"], **odd["reached"]}
+    if "done_extra" in odd:
+        record["done"] = record["done"] + odd["done_extra"]
+    if "done" in odd:
+        record["done"] = odd["done"]
+    path = tmp_path / "x.parts"
+    path.write_text(json.dumps(record))
+    loaded = _load_record(path)
+    assert loaded is not None
+    assert loaded[1] == (set() if "done" in odd else {0, 1})
+    assert loaded[2] == {2: 2 * part + 7}

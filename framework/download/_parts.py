@@ -120,9 +120,11 @@ def _load_record(path: Path) -> Optional[tuple[_Plan, set[int], dict[int, int]]]
         return None
     # Progress is vouched for entry by entry: one that makes no sense is dropped alone
     # (its parts are fetched again), the others still count.
+    done, entries = data.get("done"), data.get("reached", {})
+    if not (isinstance(done, list) and isinstance(entries, dict)):
+        return None  # not a record of ours
     runs: list[tuple[int, int]] = []
-    done = data.get("done")
-    for run in done if isinstance(done, list) else ():
+    for run in done:
         if isinstance(run, list) and len(run) == 2 and all(map(_whole, run)):
             if 0 <= run[0] <= run[1] < plan.count:
                 runs.append((run[0], run[1]))
@@ -132,8 +134,7 @@ def _load_record(path: Path) -> Optional[tuple[_Plan, set[int], dict[int, int]]]
         complete.update(range(max(first, covered + 1), last + 1))
         covered = max(covered, last)
     reached: dict[int, int] = {}
-    entries = data.get("reached")
-    for key, position in entries.items() if isinstance(entries, dict) else ():
+    for key, position in entries.items():
         index = int(key) if isinstance(key, str) and key.isdigit() and key.isascii() else -1
         if _whole(position) and 0 <= index < plan.count and index not in complete:
             start, end = plan.bounds(index)

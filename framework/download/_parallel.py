@@ -46,6 +46,7 @@ from typing import Any, Callable, Final, Optional
 
 from framework.download._engine import Engine, VersionChanged
 from framework.download._parts import MOST_PARTS, PARALLEL_TAG, Resumed, _Plan, adopt_parts, discard_record
+from framework.download._pipeline import no_room
 from framework.download._publish import (
     _ACTIVE,
     RESUMABLE,
@@ -57,7 +58,7 @@ from framework.download._publish import (
 )
 from framework.download._validators import Validators
 from framework.download.backend import ByteStream, DownloadBackend
-from framework.errors import HTTPStatusError, InvalidArgumentError, NetworkError
+from framework.errors import DownloadError, HTTPStatusError, InvalidArgumentError, NetworkError
 
 __all__ = [
     "DEFAULT_CONNECTIONS",
@@ -164,29 +165,33 @@ def fetch_parts(
             # without a Range.
             first.close()
             return None, 0
-        validators = Validators.of(first)
-        size = first.size or 0
-        unit = max(min(part_size, _PART), -(-size // MOST_PARTS))  # a huge object: fewer, larger parts
-        if (
-            first.status != 206
-            or first.start != 0
-            or size <= unit
-            or first.encoding is not None
-            or validators.if_range is None
-        ):
-            return _whole(backend, url, first, partial, bar, on_size, attempts, backoff_factor)
-        plan, done = _Plan(size, unit, validators), set()
-        partial.restart(validators)
-        _retag(partial, PARALLEL_TAG + validators.tag)
-        os.ftruncate(partial.fd, plan.size)  # sparse: blocks are allocated as parts arrive
-        # No record yet: the recorder writes the first one. A P file without one is never
-        # resumed (its holes are not bytes), only swept once its writer is gone.
-    if on_size is not None:
-        on_size(plan.size)
-    if bar is not None:
-        bar.total, bar.n = plan.size, partial.offset
-        bar.refresh()
+        try:
+            validators = Validators.of(first)
+            size = first.size or 0
+            unit = max(min(part_size, _PART), -(-size // MOST_PARTS))  # a huge object: fewer, larger parts
+            if (
+                first.status != 206
+                or first.start != 0
+                or size <= unit
+                or first.encoding is not None
+                or validators.if_range is None
+            ):
+                return _whole(backend, url, first, partial, bar, on_size, attempts, backoff_factor)
+            plan, done = _Plan(size, unit, validators), set()
+            partial.restart(validators)
+            _retag(partial, PARALLEL_TAG + validators.tag)
+            _allocate(partial, plan.size, url)
+            # No record yet: the recorder writes the first one. A P file without one is never
+            # resumed (its holes are not bytes), only swept once its writer is gone.
+        except BaseException:
+            first.close()  # `_whole` closes it itself (closing twice is nothing)
+            raise
     try:
+        if on_size is not None:
+            on_size(plan.size)
+        if bar is not None:
+            bar.total, bar.n = plan.size, partial.offset
+            bar.refresh()
         engine = Engine(
             backend,
             url,
@@ -246,6 +251,23 @@ def _whole(
             logger.warning("%s; resuming from byte %d", error, partial.offset)
     time.sleep(backoff_factor)
     return None, 1
+
+
+def _allocate(partial: _Partial, size: int, url: str) -> None:
+    """Make `partial` `size` bytes long, sparse (blocks are allocated as parts arrive); a
+    `DownloadError` naming the size if the filesystem refuses it (more than the largest
+    file it holds, or a file size limit)."""
+    try:
+        os.ftruncate(partial.fd, size)
+    except OSError as error:
+        full = no_room(url, partial.name.path.parent, error)
+        if full is not None:  # EFBIG too: the message says there is no room
+            raise full from error
+        raise DownloadError(
+            url,
+            f"the server says the object is {size} bytes; the filesystem holding "
+            f"{partial.name.path.parent} refuses a file that large ({os.strerror(error.errno or 0)})",
+        ) from error
 
 
 def _empty(partial: _Partial) -> None:

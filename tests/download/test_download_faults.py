@@ -5,14 +5,21 @@ Real servers on 127.0.0.1 (`FaultServer`, or a small one of the test's own)."""
 from __future__ import annotations
 
 import json
+import os
+import resource
+import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import pytest
-from dl_helpers import FaultServer, parts_manager, stray_files, unique_path
+from dl_helpers import PART, FaultServer, parts_manager, stray_files, unique_path
 
 from framework.download import DownloadManager
-from framework.errors import HTTPStatusError, InvalidArgumentError
+from framework.download.backend import ByteStream
+from framework.errors import DownloadError, HTTPStatusError, InvalidArgumentError, NetworkError
+from plugins.http import HttpBackend
 
 # A 416 to a request without a Range ----------------------------------------------------
 
@@ -86,3 +93,51 @@ def test_one_odd_progress_entry_is_dropped_not_the_record(tmp_path: Path, odd: d
     assert loaded is not None
     assert loaded[1] == {0, 1}
     assert loaded[2] == {2: 2 * part + 7}
+
+
+# The first answer when the plan cannot be made -------------------------------------------
+
+
+class _Recording(HttpBackend):
+    """An HTTP backend that remembers every stream it opened."""
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        self.streams: list[ByteStream] = []
+
+    def open(
+        self, url: str, offset: int = 0, *, if_range: Optional[str] = None, end: Optional[int] = None
+    ) -> ByteStream:
+        stream = super().open(url, offset, if_range=if_range, end=end)
+        self.streams.append(stream)
+        return stream
+
+
+@contextmanager
+def _file_size_limit(limit: int) -> Iterator[None]:
+    """Files of this process may be at most `limit` bytes (a filesystem's own largest
+    file, portably): a larger ftruncate fails with EFBIG instead of killing us."""
+    old_handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    old = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, old[1]))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, old)
+        signal.signal(signal.SIGXFSZ, old_handler)
+
+
+def test_the_first_answer_is_closed_when_the_filesystem_refuses_the_claimed_size(
+    http_server: FaultServer, tmp_path: Path
+) -> None:
+    data = os.urandom(4 * PART)
+    # The 206's Content-Range claims 2 GiB more than there is; this process may not make
+    # a file over 1 GiB.
+    url = http_server.add(unique_path("huge-claim"), data, total_delta=2 << 30)
+    backend = _Recording(retries=1, backoff_factor=0.01)
+    manager = parts_manager(tmp_path, backends={"http": backend})
+    with _file_size_limit(1 << 30), pytest.raises(DownloadError, match="no room on the device") as info:
+        manager.cached_path(url)
+    assert not isinstance(info.value, NetworkError)  # not resumed: nothing to resume
+    assert backend.streams and all(stream.close_callback is None for stream in backend.streams)
+    assert stray_files(tmp_path) == []

@@ -19,7 +19,7 @@ import attrs
 from framework.download._followers import PrefixHasher, ProgressRecorder
 from framework.download._parts import _Plan, discard_record
 from framework.download._pipeline import no_room
-from framework.download._publish import RESUMABLE, _Partial
+from framework.download._publish import _Partial, resumable
 from framework.download._ramp import Ramp
 from framework.download._validators import Validators
 from framework.download.backend import ByteStream, DownloadBackend
@@ -188,7 +188,7 @@ class Engine:
         the partial file does (an interruption: a later call resumes the parts), else it
         goes with it."""
         self.hasher.stop()
-        if not isinstance(error, RESUMABLE):
+        if not resumable(error):
             discard_record(self.partial)
 
     def _confirm(self) -> None:

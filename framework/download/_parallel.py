@@ -49,12 +49,12 @@ from framework.download._parts import MOST_PARTS, PARALLEL_TAG, Resumed, _Plan, 
 from framework.download._pipeline import no_room
 from framework.download._publish import (
     _ACTIVE,
-    RESUMABLE,
     _EndedShort,
     _new_hasher,
     _Partial,
     _place,
     _receive,
+    resumable,
 )
 from framework.download._validators import Validators
 from framework.download.backend import ByteStream, DownloadBackend
@@ -219,7 +219,7 @@ def fetch_parts(
         _empty(partial)
         return None, 0
     except BaseException as error:
-        if partial.offset == 0 or not isinstance(error, RESUMABLE):
+        if partial.offset == 0 or not resumable(error):
             discard_record(partial)  # the partial file is removed too: nothing to resume
         raise
     return engine, 0  # its `close` waits for the hash, as a pipeline's does, then drops the record

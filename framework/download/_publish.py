@@ -48,6 +48,7 @@ from framework.errors import ChecksumError, DownloadError, HTTPStatusError, Netw
 
 __all__ = [
     "RESUMABLE",
+    "TRANSIENT_STATUSES",
     "Fetched",
     "PartialName",
     "discard",
@@ -56,6 +57,7 @@ __all__ = [
     "publish_fetched",
     "publish_file",
     "remove_quietly",
+    "resumable",
 ]
 
 logger = logging.getLogger("framework.download")
@@ -75,8 +77,20 @@ def _new_hasher() -> Any:
 # is left over from an interrupted call (Ctrl-C) and may be adopted like a dead one's.
 _ACTIVE: set[str] = set()
 # What may interrupt a fetch that a later call resumes: the partial file (and a parallel
-# fetch's record of its parts) is kept.
+# fetch's record of its parts) is kept. A status the server may answer otherwise later
+# (an outage: 5xx after retries, 408, 429) is one too (see `resumable`).
 RESUMABLE: Final = (NetworkError, KeyboardInterrupt)
+# 501 (not implemented) is final: asking again cannot help.
+TRANSIENT_STATUSES: Final = frozenset({408, 429, *range(500, 600)} - {501})
+
+
+def resumable(error: BaseException) -> bool:
+    """Whether a later call may resume after `error`: the partial file and its record stay.
+    A broken connection, Ctrl-C, or a status of an outage (a 503 at 90% of 10 GiB must
+    not cost 10 GiB)."""
+    if isinstance(error, HTTPStatusError):
+        return error.status in TRANSIENT_STATUSES
+    return isinstance(error, RESUMABLE)
 
 
 @attrs.frozen
@@ -536,8 +550,8 @@ def fetch(
         result = partial.verified(url, sha256)
         keep = True
         return result
-    except RESUMABLE:
-        keep = True
+    except BaseException as error:
+        keep = resumable(error)
         raise
     finally:
         partial.close(keep)

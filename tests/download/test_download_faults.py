@@ -141,3 +141,48 @@ def test_the_first_answer_is_closed_when_the_filesystem_refuses_the_claimed_size
     assert not isinstance(info.value, NetworkError)  # not resumed: nothing to resume
     assert backend.streams and all(stream.close_callback is None for stream in backend.streams)
     assert stray_files(tmp_path) == []
+
+
+# An outage (5xx after retries) keeps the partial file --------------------------------------
+
+
+@pytest.mark.parametrize("status", [502, 503])
+@pytest.mark.parametrize("connections", [1, 4])
+def test_an_outage_keeps_the_partial_and_its_record_and_the_next_call_resumes(
+    http_server: FaultServer, tmp_path: Path, status: int, connections: int
+) -> None:
+    """A connection reset at 60%, then the server answers `status` to everything (after
+    the backend's retries): the bytes so far, and a parallel fetch's record, stay; the
+    next call asks only for the rest."""
+    data = os.urandom(16 * PART)
+    cut = 10 * PART + 123
+    url = http_server.add(
+        unique_path(f"outage-{status}"),
+        data,
+        drop_after=cut,
+        drops=1,
+        drop_kind="short",
+        then={"status": status},
+    )
+    manager = parts_manager(tmp_path, connections=connections, retries=2)
+    with pytest.raises(HTTPStatusError) as info:
+        manager.cached_path(url)
+    assert info.value.status == status
+    left = stray_files(tmp_path)
+    assert [name for name in left if name.endswith(".part")], left
+    route = http_server.route(url)
+    asked_before = len(route.ranges)
+    route.status = None  # the outage is over
+    assert manager.cached_path(url).read_bytes() == data
+    assert route.full_gets == 1  # never from byte 0 again
+    asked = sum(_range_length(text, len(data)) for text in route.ranges[asked_before:])
+    assert 0 < asked <= len(data) - cut + PART  # only the rest (a begun part at most again)
+    assert stray_files(tmp_path) == []
+
+
+def _range_length(header: str, size: int) -> int:
+    """How many bytes a Range header asks for (`size` for none)."""
+    if not header:
+        return size
+    first, _, last = header.split("=", 1)[1].partition("-")
+    return min(size, int(last) + 1 if last else size) - int(first)

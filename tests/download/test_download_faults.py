@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 import pytest
-from dl_helpers import PART, FaultServer, parts_manager, stray_files, unique_path
+from dl_helpers import PART, SLOW, FaultServer, parts_manager, stray_files, unique_path
 
 from framework.download import DownloadManager
 from framework.download.backend import ByteStream
@@ -186,3 +186,28 @@ def _range_length(header: str, size: int) -> int:
         return size
     first, _, last = header.split("=", 1)[1].partition("-")
     return min(size, int(last) + 1 if last else size) - int(first)
+
+
+# 429 with Retry-After beyond the connections a server allows -----------------------------
+
+
+@pytest.mark.timeout(45)
+def test_a_refused_connection_hands_its_parts_back_at_once_and_never_sleeps_on_them(
+    http_server: FaultServer, tmp_path: Path
+) -> None:
+    """A server that serves two bodies at once and answers 429 with ``Retry-After: 3600``
+    beyond them: a refused connection hands its run back at once and stops (it never
+    sleeps in the backend's retries with its parts claimed: the backend honours up to
+    60 s, past this test's timeout); the two that are served fetch everything."""
+    data = os.urandom(16 * PART)
+    url = http_server.add(
+        unique_path("too-many"), data, busy_over=2, busy_status=429, retry_after="3600", **SLOW
+    )
+    manager = parts_manager(tmp_path, connections=8)
+    assert manager.cached_path(url).read_bytes() == data
+    route = http_server.route(url)
+    assert route.refused >= 1  # the ramp did ask for more than the server serves
+    assert route.refused <= 8  # each refused once: none asked again
+    assert route.gets - route.refused <= 16 + 2  # one request per run at most (and a break)
+    assert route.body_bytes <= len(data) + 4 * SLOW["chunk"]  # about one copy
+    assert stray_files(tmp_path) == []

@@ -188,6 +188,17 @@ def _orphaned(name: PartialName, info: os.stat_result, now: float) -> bool:
     return now - info.st_mtime >= STALE_AFTER_S
 
 
+def _foreign(name: PartialName) -> bool:
+    """Whether `name`'s writer is on another host or in another PID namespace: one we
+    cannot tell is dead, only silent (`STALE_AFTER_S`), and may wake."""
+    owner = name.owner
+    return owner is not None and owner[0] != HOST
+
+
+# A new partial file: read back too (a parallel fetch hashes it as its prefix grows).
+_NEW_PARTIAL_FLAGS: Final = (NEW_FILE_FLAGS & ~os.O_WRONLY) | os.O_RDWR
+
+
 class _Partial:
     """The partial file this process writes: its name, checked descriptor, hash and length."""
 
@@ -263,6 +274,8 @@ class _Partial:
             os.close(fd)
             _ACTIVE.discard(str(mine.path))
             return None
+        if _foreign(name):  # its writer may wake: its bytes go to a file it never had open
+            return cls._copy(mine, fd)
         try:
             partial = cls(mine, fd)
             while chunk := os.read(fd, _READ_CHUNK):
@@ -272,6 +285,37 @@ class _Partial:
             os.close(fd)
             _ACTIVE.discard(str(mine.path))
             raise
+        return partial
+
+    @classmethod
+    def _copy(cls, taken: PartialName, fd: int) -> Optional[_Partial]:
+        """Copy the bytes of a stale partial file (`fd`, renamed to `taken`) into a new
+        file of ours, hashing them, and remove it: its writer, silent but maybe alive
+        (another host or PID namespace), still holds its inode and may write through it
+        when it wakes; the file we publish is never that inode. On failure both go (the
+        taken file carries our name now: it must never be renamed into place later)."""
+        copy = PartialName(taken.final, taken.tag)
+        _ACTIVE.add(str(copy.path))
+        partial: Optional[_Partial] = None
+        try:
+            partial = cls(copy, os.open(copy.path, _NEW_PARTIAL_FLAGS, 0o644))
+            while chunk := os.read(fd, _READ_CHUNK):
+                partial.hasher.update(chunk)
+                view = memoryview(chunk)
+                while view:
+                    view = view[os.write(partial.fd, view) :]
+                partial.offset += len(chunk)
+        except BaseException as error:
+            if partial is not None:
+                os.close(partial.fd)
+            discard(copy.path)
+            if isinstance(error, OSError):
+                logger.info("cannot copy the stale partial file %s (%s); starting over", taken.path, error)
+                return None
+            raise
+        finally:
+            os.close(fd)
+            discard(taken.path)
         return partial
 
     def restart(self, validators: Validators) -> None:
@@ -575,6 +619,22 @@ def publish_file(temp: Path, final: Path) -> None:
         os.close(dir_fd)
 
 
+def _still_ours(url: str, result: Fetched) -> None:
+    """Refuse to publish a partial file that another process took over (renamed away)
+    while this one was silent: it must not write the sidecar of the file that one
+    publishes."""
+    try:
+        info = os.lstat(result.temp)
+    except OSError:
+        info = None
+    if info is None or (info.st_dev, info.st_ino) != (result.info.st_dev, result.info.st_ino):
+        raise DownloadError(
+            url,
+            f"{result.temp} was taken over by another process while this one was silent (longer "
+            f"than {STALE_AFTER_S:g}s); nothing published by this one, the other publishes its own",
+        )
+
+
 def publish_fetched(entry: Entry, result: Fetched) -> None:
     """Publish a verified file as `entry`: its sidecar first, then the file (`publish_file`).
 
@@ -583,6 +643,7 @@ def publish_fetched(entry: Entry, result: Fetched) -> None:
     for new bytes (or new metadata for old ones). On failure the file is removed.
     """
     try:
+        _still_ours(entry.url, result)
         validators = result.validators
         entry.publish_metadata(validators.etag, validators.last_modified, result.sha256, result.info)
         publish_file(result.temp, entry.final)

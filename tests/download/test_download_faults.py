@@ -8,6 +8,7 @@ import json
 import os
 import resource
 import signal
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -211,3 +212,111 @@ def test_a_refused_connection_hands_its_parts_back_at_once_and_never_sleeps_on_t
     assert route.gets - route.refused <= 16 + 2  # one request per run at most (and a break)
     assert route.body_bytes <= len(data) + 4 * SLOW["chunk"]  # about one copy
     assert stray_files(tmp_path) == []
+
+
+# A writer that was only silent wakes after its partial file was adopted ----------------------
+
+
+def _stale_foreign_partial(
+    final: Path, tag: str, content: bytes, size: Optional[int] = None
+) -> tuple[Any, int]:
+    """A partial file of `final` written by a process on another host (or in another PID
+    namespace), silent for longer than `STALE_AFTER_S`, that still holds it open: its
+    name and its descriptor (the writer, paused)."""
+    from framework.download._publish import STALE_AFTER_S, PartialName
+
+    final.parent.mkdir(parents=True, exist_ok=True)
+    name = PartialName(final, tag, token="elsewhere-ns7.4242.0badcafe")
+    fd = os.open(name.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+    if size is not None:
+        os.ftruncate(fd, size)
+    os.pwrite(fd, content, 0)
+    old = time.time() - STALE_AFTER_S - 60
+    os.utime(name.path, (old, old))
+    return name, fd
+
+
+def _wake(fd: int, size: int) -> None:
+    """The paused writer wakes and goes on through its descriptor: it starts over (a new
+    version), writes other bytes, then grows the file."""
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, b"\0" * 1000, 0)
+    os.pwrite(fd, b"v2" * (size // 2), 0)
+    os.ftruncate(fd, size + 7)
+    os.close(fd)
+
+
+def test_a_silent_writer_that_wakes_never_changes_the_published_file(
+    http_server: FaultServer, tmp_path: Path
+) -> None:
+    """Single stream: the stale partial's bytes are resumed (only the rest is asked
+    for), and what the writer then does through its descriptor never reaches the
+    published file."""
+    from framework.download._cache import Entry
+    from framework.download._validators import Validators
+
+    data = os.urandom(4 * PART)
+    url = http_server.add(unique_path("paused-writer"), data)
+    route = http_server.route(url)
+    final = Entry(tmp_path, url).final
+    _name, writer = _stale_foreign_partial(final, Validators(route.etag).tag, data[: 3 * PART])
+    published = parts_manager(tmp_path, connections=1).cached_path(url)
+    assert published.read_bytes() == data
+    assert route.ranges == [f"bytes={3 * PART}-"]  # its bytes were resumed
+    _wake(writer, len(data))
+    assert published.read_bytes() == data
+    assert os.stat(published).st_size == len(data)
+    assert parts_manager(tmp_path, connections=1).cached_path(url).read_bytes() == data
+    assert route.gets == 1  # still a hit
+    assert stray_files(tmp_path) == []
+
+
+def test_a_silent_parallel_writer_that_wakes_never_changes_the_published_file(
+    http_server: FaultServer, tmp_path: Path
+) -> None:
+    """In parts: the stale partial's recorded parts are resumed (only the others are
+    asked for), and what the writer then does through its descriptor never reaches the
+    published file."""
+    from framework.download._cache import Entry
+    from framework.download._parts import _Plan, _save_record
+    from framework.download._publish import PARALLEL_TAG
+    from framework.download._validators import Validators
+
+    data = os.urandom(8 * PART)
+    url = http_server.add(unique_path("paused-parallel-writer"), data)
+    route = http_server.route(url)
+    final = Entry(tmp_path, url).final
+    plan = _Plan(len(data), PART, Validators(route.etag))
+    name, writer = _stale_foreign_partial(
+        final, PARALLEL_TAG + plan.validators.tag, data[: 5 * PART], size=len(data)
+    )
+    _save_record(name, plan, {0, 1, 2, 3}, {4: 4 * PART + 100})
+    published = parts_manager(tmp_path, connections=4).cached_path(url)
+    assert published.read_bytes() == data
+    assert route.full_gets == 0  # the recorded parts were resumed
+    asked = sum(_range_length(text, len(data)) for text in route.ranges)
+    assert asked <= len(data) - 4 * PART - 100
+    _wake(writer, len(data))
+    assert published.read_bytes() == data
+    assert os.stat(published).st_size == len(data)
+    assert stray_files(tmp_path) == []
+
+
+def test_a_writer_whose_partial_was_taken_over_publishes_nothing(tmp_path: Path) -> None:
+    """The silent writer wakes at its very end: its partial file was renamed away (and
+    copied) by another process; it neither publishes nor writes the entry's sidecar."""
+    from framework.download._cache import Entry
+    from framework.download._publish import _Partial, publish_fetched
+
+    entry = Entry(tmp_path, "http://127.0.0.1:9/taken.bin")
+    tmp_path.mkdir(exist_ok=True)
+    partial = _Partial.create(entry.final)
+    os.write(partial.fd, b"old bytes")
+    partial.offset = 9
+    partial.hasher.update(b"old bytes")
+    fetched = partial.verified(entry.url, None)
+    partial.close(keep=True)
+    os.rename(fetched.temp, tmp_path / "taken-over.part")  # what an adopter does first
+    with pytest.raises(DownloadError, match="taken over by another process"):
+        publish_fetched(entry, fetched)
+    assert not entry.final.exists() and not entry.sidecar.exists()

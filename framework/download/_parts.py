@@ -211,7 +211,7 @@ def adopt_parts(final: Path) -> Optional[Resumed]:
 
 
 def _take(name: PartialName, plan: _Plan, done: set[int], reached: dict[int, int]) -> Optional[Resumed]:
-    mine = name.renamed()
+    mine = name.claimed() if _foreign(name) else name.renamed()
     _ACTIVE.add(str(mine.path))
     try:
         os.rename(name.path, mine.path)  # atomic: at most one adopter wins

@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import secrets
 import stat
 import time
 from collections.abc import Iterator
@@ -113,6 +114,13 @@ class PartialName:
     def renamed(self, tag: Optional[str] = None) -> PartialName:
         """This process's own name for the same file (a fresh token), optionally retagged."""
         return PartialName(self.final, self.tag if tag is None else tag)
+
+    def claimed(self) -> PartialName:
+        """A fresh name that keeps the writer's host and pid: what an adopter renames a
+        foreign writer's file to before copying it. Killed before the copy is done, it
+        leaves a file that is still foreign (copied again, never renamed into use)."""
+        host, pid, _random = self.token.split(".")
+        return PartialName(self.final, self.tag, f"{host}.{pid}.{secrets.token_hex(4)}")
 
     @classmethod
     def all(cls, final: Path) -> list[PartialName]:
@@ -262,7 +270,7 @@ class _Partial:
 
     @classmethod
     def _take(cls, name: PartialName) -> Optional[_Partial]:
-        mine = name.renamed()
+        mine = name.claimed() if _foreign(name) else name.renamed()
         _ACTIVE.add(str(mine.path))
         try:
             os.rename(name.path, mine.path)  # atomic: at most one adopter wins
@@ -292,9 +300,11 @@ class _Partial:
         """Copy the bytes of a stale partial file (`fd`, renamed to `taken`) into a new
         file of ours, hashing them, and remove it: its writer, silent but maybe alive
         (another host or PID namespace), still holds its inode and may write through it
-        when it wakes; the file we publish is never that inode. On failure both go (the
-        taken file carries our name now: it must never be renamed into place later)."""
-        copy = PartialName(taken.final, taken.tag)
+        when it wakes (its own renames fail now: it stops at the next). The file we
+        publish is never that inode. On failure both go; killed, the taken file keeps its
+        writer's host and pid (`PartialName.claimed`), so it is copied again, never
+        renamed into use."""
+        copy = PartialName(taken.final, taken.tag)  # ours
         _ACTIVE.add(str(copy.path))
         partial: Optional[_Partial] = None
         try:

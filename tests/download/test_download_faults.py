@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 import pytest
-from dl_helpers import PART, SLOW, FaultServer, parts_manager, stray_files, unique_path
+from dl_helpers import FORK, PART, SLOW, FaultServer, end_child, parts_manager, stray_files, unique_path
 
 from framework.download import DownloadManager
 from framework.download.backend import ByteStream
@@ -320,3 +320,41 @@ def test_a_writer_whose_partial_was_taken_over_publishes_nothing(tmp_path: Path)
     with pytest.raises(DownloadError, match="taken over by another process"):
         publish_fetched(entry, fetched)
     assert not entry.final.exists() and not entry.sidecar.exists()
+
+
+def _adopt_then_die(final: str) -> None:
+    """An adopter killed between taking a stale partial file (its rename) and copying it."""
+    from framework.download import _publish
+
+    def killed(*args: Any) -> None:
+        os._exit(9)
+
+    _publish._Partial._copy = killed  # type: ignore[method-assign]
+    _publish._Partial.adopt(Path(final))
+    os._exit(0)  # not reached: the copy "kills" it
+
+
+def test_an_adopter_killed_before_its_copy_leaves_the_file_foreign(
+    http_server: FaultServer, tmp_path: Path
+) -> None:
+    """Found by the property suite: an adopter killed after renaming a stale foreign
+    partial file to its own name, before copying it, left a file a later call took by
+    rename (its owner, on this host, is dead): the silent writer's inode was published
+    after all, and changed when the writer woke."""
+    from framework.download._cache import Entry
+    from framework.download._validators import Validators
+
+    data = os.urandom(4 * PART)
+    url = http_server.add(unique_path("killed-adopter"), data)
+    route = http_server.route(url)
+    final = Entry(tmp_path, url).final
+    _name, writer = _stale_foreign_partial(final, Validators(route.etag).tag, data[: 3 * PART])
+    child = FORK.Process(target=_adopt_then_die, args=(str(final),))
+    child.start()
+    end_child(child)
+    assert child.exitcode == 9
+    published = parts_manager(tmp_path, connections=1).cached_path(url)
+    assert published.read_bytes() == data
+    assert route.ranges == [f"bytes={3 * PART}-"]  # the stale bytes were still resumed
+    _wake(writer, len(data))
+    assert published.read_bytes() == data

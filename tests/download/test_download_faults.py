@@ -211,7 +211,9 @@ def test_a_refused_connection_hands_its_parts_back_at_once_and_never_sleeps_on_t
     assert route.refused >= 1, seen  # the ramp did ask for more than the server serves
     assert route.refused <= 8, seen  # a refused connection stops: at most one each
     assert route.gets - route.refused <= 16 + 2, seen  # one request per run at most (and a break)
-    assert route.body_bytes <= len(data) + 4 * SLOW["chunk"], seen  # about one copy
+    # About one copy: what a stream cut at its run's end had in flight is counted too
+    # (a part at most, on a loaded machine).
+    assert route.body_bytes <= len(data) + PART, seen
     assert stray_files(tmp_path) == []
 
 

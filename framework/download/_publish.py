@@ -604,6 +604,16 @@ def fetch(
         result = partial.verified(url, sha256)
         keep = True
         return result
+    except FileNotFoundError as error:
+        if os.path.lexists(partial.name.path) or not final.parent.is_dir():
+            raise
+        # This process was silent long enough (another host's view) for another to take
+        # its partial file over: that one publishes; this one stops, with nothing kept.
+        raise DownloadError(
+            url,
+            f"{partial.name.path} was taken over by another process while this one was silent "
+            f"(longer than {STALE_AFTER_S:g}s); nothing published by this one",
+        ) from error
     except BaseException as error:
         keep = resumable(error)
         raise

@@ -361,3 +361,41 @@ def test_an_adopter_killed_before_its_copy_leaves_the_file_foreign(
     assert route.ranges == [f"bytes={3 * PART}-"]  # the stale bytes were still resumed
     _wake(writer, len(data))
     assert published.read_bytes() == data
+
+
+class _TakenOverWhileSilent(HttpBackend):
+    """Before each resumed request, another process takes this one's partial file over
+    (renames it away), as an adopter does once the writer is silent for long enough."""
+
+    def open(
+        self, url: str, offset: int = 0, *, if_range: Optional[str] = None, end: Optional[int] = None
+    ) -> ByteStream:
+        if offset:
+            for name in os.listdir(self.folder):
+                if name.endswith(".part") and not name.startswith("taken"):
+                    os.rename(self.folder / name, self.folder / f"taken-{name}")
+        return super().open(url, offset, if_range=if_range, end=end)
+
+    folder: Path
+
+
+def test_a_writer_whose_partial_was_taken_over_mid_fetch_raises_a_download_error(
+    http_server: FaultServer, tmp_path: Path
+) -> None:
+    """The writer wakes, its partial file gone (renamed by an adopter), and the object
+    changed: starting over renames its file, which is not there. A `DownloadError` that
+    says so, never a raw `FileNotFoundError`."""
+    data, new = os.urandom(4 * PART), os.urandom(4 * PART)
+    url = http_server.add(
+        unique_path("taken-mid-fetch"),
+        data,
+        drop_after=PART,
+        drops=1,
+        drop_kind="short",
+        then={"data": new, "etag": '"new"'},
+    )
+    backend = _TakenOverWhileSilent(retries=1, backoff_factor=0.01)
+    backend.folder = tmp_path
+    manager = parts_manager(tmp_path, connections=1, backends={"http": backend})
+    with pytest.raises(DownloadError, match="taken over by another process"):
+        manager.cached_path(url)

@@ -224,10 +224,12 @@ def _rebuild(cls: type[Exception], state: dict[str, Any], args: tuple[Any, ...])
 
 
 class HTTPStatusError(DownloadError):
-    """The server answered with a status that is final, or still failing after retries."""
+    """The server answered with a status that is final, or still failing after retries.
+    `retry_after`: the seconds its ``Retry-After`` asked to wait, when it said."""
 
-    def __init__(self, url: str, status: int, message: str = "") -> None:
+    def __init__(self, url: str, status: int, message: str = "", retry_after: Optional[float] = None) -> None:
         self.status = status
+        self.retry_after = retry_after
         super().__init__(url, message or f"HTTP {status}")
 
 

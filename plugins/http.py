@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 from collections.abc import Iterator, Mapping
 from typing import Any, ClassVar, Final, Optional, Union
 from urllib.parse import urljoin, urlsplit
@@ -64,10 +65,21 @@ _INVALID: Final = (
 )
 
 
+# Set on a thread while it asks for a part of a parallel fetch: a refusal (429, 503) is
+# handed back at once, not retried here, so the part goes to a connection that is served.
+_REFUSALS_AT_ONCE = threading.local()
+_REFUSALS: Final = frozenset({429, 503})
+
+
 class _Retry(Retry):
     def get_retry_after(self, response: Any) -> Optional[float]:
         value = super().get_retry_after(response)
         return None if value is None else min(value, MAX_RETRY_AFTER_S)
+
+    def is_retry(self, method: str, status_code: int, has_retry_after: bool = False) -> bool:
+        if status_code in _REFUSALS and getattr(_REFUSALS_AT_ONCE, "on", False):
+            return False
+        return bool(super().is_retry(method, status_code, has_retry_after))
 
 
 class _RecordingAuth(requests.auth.AuthBase):
@@ -169,7 +181,10 @@ class HttpBackend(DownloadBackend):
         self.session.mount("http://", adapter)
         self.session.mount("https://", adapter)
 
-    def _request(self, method: str, url: str, headers: dict[str, str]) -> requests.Response:
+    def _request(
+        self, method: str, url: str, headers: dict[str, str], refusals_at_once: bool = False
+    ) -> requests.Response:
+        _REFUSALS_AT_ONCE.on = refusals_at_once
         try:
             response = self.session.request(
                 method,
@@ -187,24 +202,40 @@ class HttpBackend(DownloadBackend):
             raise NetworkError(url, f"still failing after {self.retries} retries: {error}") from error
         except _network_errors() as error:
             raise NetworkError(url, f"{type(error).__name__}: {error}") from error
-        if response.status_code >= 400 and response.status_code != 416:
+        finally:
+            _REFUSALS_AT_ONCE.on = False
+        # A 416 to a request with a Range is reported as a stream (the manager decides);
+        # to one without, it is final, as any other 4xx.
+        if response.status_code >= 400 and (response.status_code != 416 or "Range" not in headers):
             response.close()
             where = f" (redirected to {response.url})" if response.url != url else ""
             raise HTTPStatusError(
-                url, response.status_code, f"HTTP {response.status_code} {response.reason}{where}"
+                url,
+                response.status_code,
+                f"HTTP {response.status_code} {response.reason}{where}",
+                retry_after=_retry_after(response),
             )
         return response
 
     def open(
-        self, url: str, offset: int = 0, *, if_range: Optional[str] = None, end: Optional[int] = None
+        self,
+        url: str,
+        offset: int = 0,
+        *,
+        if_range: Optional[str] = None,
+        end: Optional[int] = None,
+        refusals_at_once: bool = False,
     ) -> ByteStream:
+        """See `DownloadBackend.open`; `refusals_at_once`: a 429 or 503 is raised at once
+        (with the server's ``Retry-After``), not retried: a parallel fetch hands the part
+        to a connection the server serves."""
         # Byte offsets must count stored bytes, so ask for no content encoding.
         headers = {"Accept-Encoding": "identity"}
         if offset or end is not None:  # `end` (exclusive) bounds a part of a parallel fetch
             headers["Range"] = f"bytes={offset}-{'' if end is None else end - 1}"
             if if_range:  # another version comes whole (200), never as a spliced range
                 headers["If-Range"] = if_range
-        response = self._request("GET", url, headers)
+        response = self._request("GET", url, headers, refusals_at_once)
         found = response.headers
         etag, modified, date = found.get("ETag"), found.get("Last-Modified"), found.get("Date")
         start, size = 0, _int(found.get("Content-Length"))
@@ -291,6 +322,17 @@ def _read_the_last_chunk(raw: Any) -> None:
         if sock is not None:
             sock.settimeout(_LAST_CHUNK_WAIT_S)
         raw.read1(1, decode_content=False)
+
+
+def _retry_after(response: requests.Response) -> Optional[float]:
+    """The seconds an answer's ``Retry-After`` asks to wait (at most `MAX_RETRY_AFTER_S`)."""
+    value = response.headers.get("Retry-After")
+    if value is None:
+        return None
+    try:
+        return min(max(0.0, float(Retry().parse_retry_after(value))), MAX_RETRY_AFTER_S)
+    except (urllib3.exceptions.InvalidHeader, ValueError, TypeError):
+        return None
 
 
 def _int(value: Any) -> Optional[int]:

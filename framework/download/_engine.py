@@ -6,6 +6,7 @@ from __future__ import annotations
 import bisect
 import collections
 import errno
+import inspect
 import logging
 import math
 import os
@@ -19,7 +20,7 @@ import attrs
 from framework.download._followers import PrefixHasher, ProgressRecorder
 from framework.download._parts import _Plan, discard_record
 from framework.download._pipeline import no_room
-from framework.download._publish import RESUMABLE, _Partial
+from framework.download._publish import _Partial, resumable
 from framework.download._ramp import Ramp
 from framework.download._validators import Validators
 from framework.download.backend import ByteStream, DownloadBackend
@@ -112,6 +113,7 @@ class Engine:
         # when it asked): when others join, it claims a run first and goes on uncut.
         self.open_ended: Optional[_Connection] = None
         self.done_with_fd = False  # the engine no longer needs `fd`: the last worker out closes it
+        self.refusals_at_once = _takes(backend, "refusals_at_once")
         self.hasher = PrefixHasher(url, partial, plan, done)
         try:
             self.recorder = ProgressRecorder(partial, plan, done, self._reached, self._recorder_failed)
@@ -188,7 +190,7 @@ class Engine:
         the partial file does (an interruption: a later call resumes the parts), else it
         goes with it."""
         self.hasher.stop()
-        if not isinstance(error, RESUMABLE):
+        if not resumable(error):
             discard_record(self.partial)
 
     def _confirm(self) -> None:
@@ -389,9 +391,11 @@ class Engine:
     def _give_back(self, connection: _Connection) -> bool:
         """The server refused this connection (429/503) while others are live: hand its
         run back (first in line), cap the ramp at the connections that remain and stop
-        this one. False for the last connection: the refusal is the fetch's to handle."""
+        this one. False for the last connection: the refusal is the fetch's to handle
+        (no connection is added while it waits)."""
         with self.lock:
             if self.live <= 1:
+                self.ramp.refused(1)
                 return False
             for index in range(connection.index, connection.last + 1):
                 bisect.insort(self.todo, index)  # kept in order: claims take the lowest
@@ -429,10 +433,21 @@ class Engine:
                 # A whole answer, shorter than asked (a server capping its ranges): not a
                 # failure; ask for the rest.
             except HTTPStatusError as error:
-                if error.status in (429, 503) and self._give_back(connection):
+                if error.status not in (429, 503):
+                    raise
+                if self._give_back(connection):
                     logger.info("%s refused one more connection (%s); going on with fewer", self.url, error)
                     return
-                raise
+                # The last connection: the refusal is the fetch's, waited out as the
+                # server asks (its Retry-After, else the backoff), as many times as a break.
+                failures += 1
+                if failures >= self.attempts or self.stop.is_set():
+                    raise
+                delay = error.retry_after
+                if delay is None:
+                    delay = self.backoff_factor * (2 ** (failures - 1))
+                logger.warning("%s; asking again in %.1fs", error, delay)
+                self.stop.wait(delay)
             except NetworkError as error:
                 failures += 1  # as on the single-stream path: progress does not reset it
                 if failures >= self.attempts or self.stop.is_set():
@@ -443,8 +458,11 @@ class Engine:
 
     def _open(self, position: int, end: int) -> ByteStream:
         if_range = self.plan.validators.if_range
+        # A refusal (429, 503) comes back at once where the backend can say so: a
+        # connection that would sleep in its retries holds its parts while others idle.
+        at_once = {"refusals_at_once": True} if self.refusals_at_once else {}
         try:
-            return self.backend.open(self.url, position, if_range=if_range, end=end)  # type: ignore[call-arg]
+            return self.backend.open(self.url, position, if_range=if_range, end=end, **at_once)  # type: ignore[call-arg]
         except HTTPStatusError as error:
             if error.status == 412:  # S3 IfMatch: the object is another version now
                 raise VersionChanged(str(error)) from error
@@ -544,6 +562,14 @@ class Engine:
     def _complete(self, index: int) -> None:
         self.recorder.completed(index)
         self.hasher.complete(index)
+
+
+def _takes(backend: DownloadBackend, keyword: str) -> bool:
+    """Whether `backend.open` takes `keyword`."""
+    try:
+        return keyword in inspect.signature(backend.open).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def _read_the_end(chunks: Iterator[bytes]) -> None:

@@ -46,18 +46,19 @@ from typing import Any, Callable, Final, Optional
 
 from framework.download._engine import Engine, VersionChanged
 from framework.download._parts import MOST_PARTS, PARALLEL_TAG, Resumed, _Plan, adopt_parts, discard_record
+from framework.download._pipeline import no_room
 from framework.download._publish import (
     _ACTIVE,
-    RESUMABLE,
     _EndedShort,
     _new_hasher,
     _Partial,
     _place,
     _receive,
+    resumable,
 )
 from framework.download._validators import Validators
 from framework.download.backend import ByteStream, DownloadBackend
-from framework.errors import HTTPStatusError, NetworkError
+from framework.errors import DownloadError, HTTPStatusError, InvalidArgumentError, NetworkError
 
 __all__ = [
     "DEFAULT_CONNECTIONS",
@@ -85,7 +86,9 @@ _NOT_THERE: Final = frozenset({401, 403, 404, 407, 410})
 _TO_THE_END: Final = 1 << 62
 
 def connections_from(value: Optional[int]) -> int:
-    """The connection cap: `value`, else ``$FRAMEWORK_CONNECTIONS``, else the default."""
+    """The connection cap: `value`, else ``$FRAMEWORK_CONNECTIONS``, else the default; an
+    `InvalidArgumentError` (a `ValueError`) for a setting that is not a whole number of at
+    least 1."""
     if value is None:
         text = os.environ.get("FRAMEWORK_CONNECTIONS", "").strip()
         if not text:
@@ -93,15 +96,18 @@ def connections_from(value: Optional[int]) -> int:
         try:
             value = int(text)
         except ValueError:
-            raise ValueError(
-                f"FRAMEWORK_CONNECTIONS must be a whole number of connections (1 = one stream), "
-                f"got {text!r}; set it to e.g. 8, or unset it for the default"
-            ) from None
-        what = "FRAMEWORK_CONNECTIONS"
-    else:
-        what = "connections"
+            value = None
+        if value is None or value < 1:
+            raise InvalidArgumentError(
+                "FRAMEWORK_CONNECTIONS",
+                f"FRAMEWORK_CONNECTIONS must be a whole number of connections of at least 1 (1 = one "
+                f"stream), got {text!r}; set it to e.g. 8, or unset it for the default",
+            )
+        return value
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{what} must be a whole number of at least 1 (1 = one stream), got {value!r}")
+        raise InvalidArgumentError(
+            "connections", f"connections must be a whole number of at least 1 (1 = one stream), got {value!r}"
+        )
     return value
 
 
@@ -159,29 +165,33 @@ def fetch_parts(
             # without a Range.
             first.close()
             return None, 0
-        validators = Validators.of(first)
-        size = first.size or 0
-        unit = max(min(part_size, _PART), -(-size // MOST_PARTS))  # a huge object: fewer, larger parts
-        if (
-            first.status != 206
-            or first.start != 0
-            or size <= unit
-            or first.encoding is not None
-            or validators.if_range is None
-        ):
-            return _whole(backend, url, first, partial, bar, on_size, attempts, backoff_factor)
-        plan, done = _Plan(size, unit, validators), set()
-        partial.restart(validators)
-        _retag(partial, PARALLEL_TAG + validators.tag)
-        os.ftruncate(partial.fd, plan.size)  # sparse: blocks are allocated as parts arrive
-        # No record yet: the recorder writes the first one. A P file without one is never
-        # resumed (its holes are not bytes), only swept once its writer is gone.
-    if on_size is not None:
-        on_size(plan.size)
-    if bar is not None:
-        bar.total, bar.n = plan.size, partial.offset
-        bar.refresh()
+        try:
+            validators = Validators.of(first)
+            size = first.size or 0
+            unit = max(min(part_size, _PART), -(-size // MOST_PARTS))  # a huge object: fewer, larger parts
+            if (
+                first.status != 206
+                or first.start != 0
+                or size <= unit
+                or first.encoding is not None
+                or validators.if_range is None
+            ):
+                return _whole(backend, url, first, partial, bar, on_size, attempts, backoff_factor)
+            plan, done = _Plan(size, unit, validators), set()
+            partial.restart(validators)
+            _retag(partial, PARALLEL_TAG + validators.tag)
+            _allocate(partial, plan.size, url)
+            # No record yet: the recorder writes the first one. A P file without one is never
+            # resumed (its holes are not bytes), only swept once its writer is gone.
+        except BaseException:
+            first.close()  # `_whole` closes it itself (closing twice is nothing)
+            raise
     try:
+        if on_size is not None:
+            on_size(plan.size)
+        if bar is not None:
+            bar.total, bar.n = plan.size, partial.offset
+            bar.refresh()
         engine = Engine(
             backend,
             url,
@@ -209,7 +219,7 @@ def fetch_parts(
         _empty(partial)
         return None, 0
     except BaseException as error:
-        if partial.offset == 0 or not isinstance(error, RESUMABLE):
+        if partial.offset == 0 or not resumable(error):
             discard_record(partial)  # the partial file is removed too: nothing to resume
         raise
     return engine, 0  # its `close` waits for the hash, as a pipeline's does, then drops the record
@@ -241,6 +251,23 @@ def _whole(
             logger.warning("%s; resuming from byte %d", error, partial.offset)
     time.sleep(backoff_factor)
     return None, 1
+
+
+def _allocate(partial: _Partial, size: int, url: str) -> None:
+    """Make `partial` `size` bytes long, sparse (blocks are allocated as parts arrive); a
+    `DownloadError` naming the size if the filesystem refuses it (more than the largest
+    file it holds, or a file size limit)."""
+    try:
+        os.ftruncate(partial.fd, size)
+    except OSError as error:
+        full = no_room(url, partial.name.path.parent, error)
+        if full is not None:  # EFBIG too: the message says there is no room
+            raise full from error
+        raise DownloadError(
+            url,
+            f"the server says the object is {size} bytes; the filesystem holding "
+            f"{partial.name.path.parent} refuses a file that large ({os.strerror(error.errno or 0)})",
+        ) from error
 
 
 def _empty(partial: _Partial) -> None:

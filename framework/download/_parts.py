@@ -11,6 +11,7 @@ regular files of this user whose writer is gone). Parallel partial files carry a
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from pathlib import Path
@@ -21,11 +22,14 @@ import attrs
 from framework.download._cache import dead_leftovers, parse_json, write_json_atomic
 from framework.download._publish import (
     _ACTIVE,
+    _NEW_PARTIAL_FLAGS,
     PARALLEL_TAG,
     PartialName,
+    _foreign,
     _orphaned,
     _ours,
     _Partial,
+    discard,
     remove_quietly,
 )
 from framework.download._validators import Validators
@@ -38,7 +42,10 @@ __all__ = [
     "discard_record",
 ]
 
+logger = logging.getLogger("framework.download")
+
 _RECORD_SUFFIX: Final = ".parts"
+_COPY_CHUNK: Final = 1 << 20
 _ADOPT_FLAGS: Final = os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _LARGEST_RECORD: Final = 16 << 20  # read no more of a record (a planted one may be huge)
 MOST_PARTS: Final = 1 << 20  # a plan has at most this many parts (larger ones for huge objects)
@@ -107,30 +114,45 @@ def _load_record(path: Path) -> Optional[tuple[_Plan, set[int], dict[int, int]]]
     finally:
         os.close(fd)
     try:
-        size, part_size, done = data["size"], data["part_size"], data["done"]
+        size, part_size = data["size"], data["part_size"]
         fields = [data.get(key) for key in ("etag", "last_modified", "date")]
-        if not (isinstance(size, int) and isinstance(part_size, int) and size > 0 and part_size > 0):
-            return None
-        if not all(value is None or isinstance(value, str) for value in fields):
-            return None
-        plan = _Plan(size, part_size, Validators(*fields))
-        if plan.count > MOST_PARTS:  # no plan of ours has more; a planted one must not cost memory
-            return None
-        complete: set[int] = set()
-        for first, last in done:
-            if not (isinstance(first, int) and isinstance(last, int) and 0 <= first <= last < plan.count):
-                return None
-            complete.update(range(first, last + 1))
-        reached: dict[int, int] = {}
-        for key, position in dict(data.get("reached", {})).items():
-            index = int(key)
-            if isinstance(position, int) and 0 <= index < plan.count and index not in complete:
-                start, end = plan.bounds(index)
-                if start < position < end:
-                    reached[index] = position
-    except (KeyError, TypeError, ValueError):
+    except (KeyError, TypeError):
         return None
+    if not (_whole(size) and _whole(part_size) and size > 0 and part_size > 0):
+        return None
+    if not all(value is None or isinstance(value, str) for value in fields):
+        return None
+    plan = _Plan(size, part_size, Validators(*fields))
+    if plan.count > MOST_PARTS:  # no plan of ours has more; a planted one must not cost memory
+        return None
+    # Progress is vouched for entry by entry: one that makes no sense is dropped alone
+    # (its parts are fetched again), the others still count.
+    done, entries = data.get("done"), data.get("reached", {})
+    if not (isinstance(done, list) and isinstance(entries, dict)):
+        return None  # not a record of ours
+    runs: list[tuple[int, int]] = []
+    for run in done:
+        if isinstance(run, list) and len(run) == 2 and all(map(_whole, run)):
+            if 0 <= run[0] <= run[1] < plan.count:
+                runs.append((run[0], run[1]))
+    complete: set[int] = set()
+    covered = -1  # runs are expanded once each part: overlapping planted runs cost no more
+    for first, last in sorted(runs):
+        complete.update(range(max(first, covered + 1), last + 1))
+        covered = max(covered, last)
+    reached: dict[int, int] = {}
+    for key, position in entries.items():
+        index = int(key) if isinstance(key, str) and key.isdigit() and key.isascii() else -1
+        if _whole(position) and 0 <= index < plan.count and index not in complete:
+            start, end = plan.bounds(index)
+            if start < position < end:
+                reached[index] = position
     return plan, complete, reached
+
+
+def _whole(value: object) -> bool:
+    """An int that is no bool (JSON's true is not a number of bytes)."""
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _recorded_bytes(plan: _Plan, done: set[int], reached: dict[int, int]) -> int:
@@ -189,7 +211,7 @@ def adopt_parts(final: Path) -> Optional[Resumed]:
 
 
 def _take(name: PartialName, plan: _Plan, done: set[int], reached: dict[int, int]) -> Optional[Resumed]:
-    mine = name.renamed()
+    mine = name.claimed() if _foreign(name) else name.renamed()
     _ACTIVE.add(str(mine.path))
     try:
         os.rename(name.path, mine.path)  # atomic: at most one adopter wins
@@ -209,11 +231,72 @@ def _take(name: PartialName, plan: _Plan, done: set[int], reached: dict[int, int
         remove_quietly(_record_path(mine))
         _ACTIVE.discard(str(mine.path))
         return None
+    if _foreign(name):  # its writer may wake: its parts go to a file it never had open
+        copied = _copy(mine, fd, plan, done, reached)
+        if copied is None:
+            return None
+        mine, fd = copied
     partial = _Partial(mine, fd)
     partial.validators = plan.validators
-    partial.offset = sum(plan.bounds(i)[1] - plan.bounds(i)[0] for i in done)
-    partial.offset += sum(position - plan.bounds(i)[0] for i, position in reached.items())
+    partial.offset = _recorded_bytes(plan, done, reached)
     return Resumed(partial, plan, done, reached)
+
+
+def _copy(
+    taken: PartialName, fd: int, plan: _Plan, done: set[int], reached: dict[int, int]
+) -> Optional[tuple[PartialName, int]]:
+    """Copy the recorded bytes of a stale parallel partial file (`fd`, renamed to
+    `taken`) into a new sparse file of ours with its own record, and remove it (see
+    `_Partial._copy`). A part that comes short (its writer woke and truncated it) is
+    dropped from `done` and `reached`: it is fetched again. None (both files gone) if
+    the copy fails."""
+    copy = PartialName(taken.final, taken.tag)
+    _ACTIVE.add(str(copy.path))
+    out: Optional[int] = None
+    try:
+        out = os.open(copy.path, _NEW_PARTIAL_FLAGS, 0o644)
+        os.ftruncate(out, plan.size)
+        for index in sorted(done | set(reached)):
+            start, end = plan.bounds(index)
+            end = reached.get(index, end)
+            if _copy_range(fd, out, start, end) < end:
+                done.discard(index)
+                reached.pop(index, None)
+        os.fsync(out)
+        _save_record(copy, plan, done, reached)  # only after the bytes it vouches for are durable
+    except OSError as error:
+        if out is not None:
+            os.close(out)
+        discard(copy.path)
+        remove_quietly(_record_path(copy))
+        logger.info("cannot copy the stale partial file %s (%s); starting over", taken.path, error)
+        return None
+    except BaseException:
+        if out is not None:
+            os.close(out)
+        discard(copy.path)
+        remove_quietly(_record_path(copy))
+        raise
+    finally:
+        os.close(fd)
+        discard(taken.path)
+        remove_quietly(_record_path(taken))
+    return copy, out
+
+
+def _copy_range(source: int, target: int, start: int, end: int) -> int:
+    """Copy bytes `start` to `end` of `source` to the same place in `target`; where the
+    copy stopped (short of `end` if `source` ends first)."""
+    position = start
+    while position < end:
+        chunk = os.pread(source, min(_COPY_CHUNK, end - position), position)
+        if not chunk:
+            break
+        view = memoryview(chunk)
+        while view:
+            written = os.pwrite(target, view, position)
+            view, position = view[written:], position + written
+    return position
 
 
 def discard_record(partial: _Partial) -> None:

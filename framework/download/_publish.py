@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import secrets
 import stat
 import time
 from collections.abc import Iterator
@@ -44,10 +45,11 @@ from framework.download._cache import (
 from framework.download._pipeline import Pipeline
 from framework.download._validators import NO_VALIDATOR, Validators
 from framework.download.backend import UNPLACED, ByteStream, DownloadBackend, RemoteInfo
-from framework.errors import ChecksumError, DownloadError, NetworkError
+from framework.errors import ChecksumError, DownloadError, HTTPStatusError, NetworkError
 
 __all__ = [
     "RESUMABLE",
+    "TRANSIENT_STATUSES",
     "Fetched",
     "PartialName",
     "discard",
@@ -56,6 +58,7 @@ __all__ = [
     "publish_fetched",
     "publish_file",
     "remove_quietly",
+    "resumable",
 ]
 
 logger = logging.getLogger("framework.download")
@@ -75,8 +78,20 @@ def _new_hasher() -> Any:
 # is left over from an interrupted call (Ctrl-C) and may be adopted like a dead one's.
 _ACTIVE: set[str] = set()
 # What may interrupt a fetch that a later call resumes: the partial file (and a parallel
-# fetch's record of its parts) is kept.
+# fetch's record of its parts) is kept. A status the server may answer otherwise later
+# (an outage: 5xx after retries, 408, 429) is one too (see `resumable`).
 RESUMABLE: Final = (NetworkError, KeyboardInterrupt)
+# 501 (not implemented) is final: asking again cannot help.
+TRANSIENT_STATUSES: Final = frozenset({408, 429, *range(500, 600)} - {501})
+
+
+def resumable(error: BaseException) -> bool:
+    """Whether a later call may resume after `error`: the partial file and its record stay.
+    A broken connection, Ctrl-C, or a status of an outage (a 503 at 90% of 10 GiB must
+    not cost 10 GiB)."""
+    if isinstance(error, HTTPStatusError):
+        return error.status in TRANSIENT_STATUSES
+    return isinstance(error, RESUMABLE)
 
 
 @attrs.frozen
@@ -99,6 +114,13 @@ class PartialName:
     def renamed(self, tag: Optional[str] = None) -> PartialName:
         """This process's own name for the same file (a fresh token), optionally retagged."""
         return PartialName(self.final, self.tag if tag is None else tag)
+
+    def claimed(self) -> PartialName:
+        """A fresh name that keeps the writer's host and pid: what an adopter renames a
+        foreign writer's file to before copying it. Killed before the copy is done, it
+        leaves a file that is still foreign (copied again, never renamed into use)."""
+        host, pid, _random = self.token.split(".")
+        return PartialName(self.final, self.tag, f"{host}.{pid}.{secrets.token_hex(4)}")
 
     @classmethod
     def all(cls, final: Path) -> list[PartialName]:
@@ -174,6 +196,17 @@ def _orphaned(name: PartialName, info: os.stat_result, now: float) -> bool:
     return now - info.st_mtime >= STALE_AFTER_S
 
 
+def _foreign(name: PartialName) -> bool:
+    """Whether `name`'s writer is on another host or in another PID namespace: one we
+    cannot tell is dead, only silent (`STALE_AFTER_S`), and may wake."""
+    owner = name.owner
+    return owner is not None and owner[0] != HOST
+
+
+# A new partial file: read back too (a parallel fetch hashes it as its prefix grows).
+_NEW_PARTIAL_FLAGS: Final = (NEW_FILE_FLAGS & ~os.O_WRONLY) | os.O_RDWR
+
+
 class _Partial:
     """The partial file this process writes: its name, checked descriptor, hash and length."""
 
@@ -237,7 +270,7 @@ class _Partial:
 
     @classmethod
     def _take(cls, name: PartialName) -> Optional[_Partial]:
-        mine = name.renamed()
+        mine = name.claimed() if _foreign(name) else name.renamed()
         _ACTIVE.add(str(mine.path))
         try:
             os.rename(name.path, mine.path)  # atomic: at most one adopter wins
@@ -249,6 +282,8 @@ class _Partial:
             os.close(fd)
             _ACTIVE.discard(str(mine.path))
             return None
+        if _foreign(name):  # its writer may wake: its bytes go to a file it never had open
+            return cls._copy(mine, fd)
         try:
             partial = cls(mine, fd)
             while chunk := os.read(fd, _READ_CHUNK):
@@ -258,6 +293,39 @@ class _Partial:
             os.close(fd)
             _ACTIVE.discard(str(mine.path))
             raise
+        return partial
+
+    @classmethod
+    def _copy(cls, taken: PartialName, fd: int) -> Optional[_Partial]:
+        """Copy the bytes of a stale partial file (`fd`, renamed to `taken`) into a new
+        file of ours, hashing them, and remove it: its writer, silent but maybe alive
+        (another host or PID namespace), still holds its inode and may write through it
+        when it wakes (its own renames fail now: it stops at the next). The file we
+        publish is never that inode. On failure both go; killed, the taken file keeps its
+        writer's host and pid (`PartialName.claimed`), so it is copied again, never
+        renamed into use."""
+        copy = PartialName(taken.final, taken.tag)  # ours
+        _ACTIVE.add(str(copy.path))
+        partial: Optional[_Partial] = None
+        try:
+            partial = cls(copy, os.open(copy.path, _NEW_PARTIAL_FLAGS, 0o644))
+            while chunk := os.read(fd, _READ_CHUNK):
+                partial.hasher.update(chunk)
+                view = memoryview(chunk)
+                while view:
+                    view = view[os.write(partial.fd, view) :]
+                partial.offset += len(chunk)
+        except BaseException as error:
+            if partial is not None:
+                os.close(partial.fd)
+            discard(copy.path)
+            if isinstance(error, OSError):
+                logger.info("cannot copy the stale partial file %s (%s); starting over", taken.path, error)
+                return None
+            raise
+        finally:
+            os.close(fd)
+            discard(taken.path)
         return partial
 
     def restart(self, validators: Validators) -> None:
@@ -304,9 +372,9 @@ def _place(backend: DownloadBackend, url: str, stream: ByteStream, partial: _Par
     """
     offset = partial.offset
     if stream.status == 416:
-        if offset == 0:
-            raise DownloadError(
-                url, "the server answered 416 (range not satisfiable) to a request without a Range"
+        if offset == 0:  # no Range was sent: a final status, as any other 4xx
+            raise HTTPStatusError(
+                url, 416, "HTTP 416 (range not satisfiable) answered to a request without a Range"
             )
         got, size = Validators.of(stream), stream.size
         # A 416 naming this version at the byte where a range of it of unknown total ended
@@ -536,8 +604,18 @@ def fetch(
         result = partial.verified(url, sha256)
         keep = True
         return result
-    except RESUMABLE:
-        keep = True
+    except FileNotFoundError as error:
+        if os.path.lexists(partial.name.path) or not final.parent.is_dir():
+            raise
+        # This process was silent long enough (another host's view) for another to take
+        # its partial file over: that one publishes; this one stops, with nothing kept.
+        raise DownloadError(
+            url,
+            f"{partial.name.path} was taken over by another process while this one was silent "
+            f"(longer than {STALE_AFTER_S:g}s); nothing published by this one",
+        ) from error
+    except BaseException as error:
+        keep = resumable(error)
         raise
     finally:
         partial.close(keep)
@@ -561,6 +639,22 @@ def publish_file(temp: Path, final: Path) -> None:
         os.close(dir_fd)
 
 
+def _still_ours(url: str, result: Fetched) -> None:
+    """Refuse to publish a partial file that another process took over (renamed away)
+    while this one was silent: it must not write the sidecar of the file that one
+    publishes."""
+    try:
+        info = os.lstat(result.temp)
+    except OSError:
+        info = None
+    if info is None or (info.st_dev, info.st_ino) != (result.info.st_dev, result.info.st_ino):
+        raise DownloadError(
+            url,
+            f"{result.temp} was taken over by another process while this one was silent (longer "
+            f"than {STALE_AFTER_S:g}s); nothing published by this one, the other publishes its own",
+        )
+
+
 def publish_fetched(entry: Entry, result: Fetched) -> None:
     """Publish a verified file as `entry`: its sidecar first, then the file (`publish_file`).
 
@@ -569,6 +663,7 @@ def publish_fetched(entry: Entry, result: Fetched) -> None:
     for new bytes (or new metadata for old ones). On failure the file is removed.
     """
     try:
+        _still_ours(entry.url, result)
         validators = result.validators
         entry.publish_metadata(validators.etag, validators.last_modified, result.sha256, result.info)
         publish_file(result.temp, entry.final)

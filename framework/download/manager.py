@@ -155,8 +155,7 @@ class DownloadManager:
         connections: Optional[int] = None,
         part_size: int = DEFAULT_PART_SIZE,
     ) -> None:
-        if connections is not None:
-            connections_from(connections)  # a bad value fails here, not at the first fetch
+        connections_from(connections)  # a bad value or setting fails here, not at the first miss
         if isinstance(part_size, bool) or not isinstance(part_size, int) or part_size < MIN_PART_SIZE:
             raise ValueError(
                 f"part_size must be a whole number of bytes of at least {MIN_PART_SIZE} (64 KiB: each "

@@ -1,0 +1,393 @@
+"""The "resume is exactly once" property suites (issue 24): cases, data and one trial.
+
+Shared by tests/data/test_resume_properties.py (one process) and
+tests/data/test_resume_properties_distributed.py (gloo ranks, which import this module
+by name: `conftest.py` puts this folder on sys.path).
+
+A trial: loader A reads one epoch uninterrupted (the reference) and saves its state twice
+on the way; loader B loads one of those states, takes some batches, saves again and is
+interrupted (break, an exception in the loop body, KeyboardInterrupt, or an exception
+inside ``next(it)``); loader C loads B's state and finishes the epoch. The epoch's
+instances (A's head, B's, C's) must be exactly one epoch's, and where nothing changed
+that decides the batches (the same slots), the very batches of the reference.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import torch
+
+from framework.data.collate import DefaultDataCollator
+from framework.data.multiprocess import MultiProcessDataLoader
+from framework.data.reader import DatasetReader
+from framework.data.sampler import BatchSampler
+
+Key = Any  # an instance's identity: an id (int) or a line of text (str)
+Batches = list[list[Key]]
+
+SOURCES = ("plain", "sharded", "text", "jsonl", "csv")
+INTERRUPTS = ("break", "raise", "keyboard", "close", "in_next")
+
+
+# -- readers ---------------------------------------------------------------------------------
+
+
+def make_instance(i: int) -> dict[str, Any]:
+    return {"id": i, "tokens": torch.arange(i % 5 + 1)}
+
+
+class PlainReader(DatasetReader):
+    """Not seekable; the loader shards its output (one instance per item)."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self.n = n
+
+    def _read(self, file_path: Any) -> Iterator[dict[str, Any]]:
+        for i in range(self.n):
+            yield make_instance(i)
+
+
+class SkippingReader(DatasetReader):
+    """Not seekable; shards its records itself and yields nothing for those in `skip`
+    (at most one instance per record: fewer instances than records)."""
+
+    def __init__(self, n: int, skip: Sequence[int] = ()) -> None:
+        super().__init__(manual_distributed_sharding=True, manual_multiprocess_sharding=True)
+        self.n = n
+        self.skip = frozenset(skip)
+
+    def _read(self, file_path: Any) -> Iterator[dict[str, Any]]:
+        for i in self.shard_iterable(range(self.n)):
+            if i not in self.skip:
+                yield make_instance(i)
+
+
+class FailingCollator(DefaultDataCollator):
+    """Raises `error` on its `fail_at`-th call (from 1): an exception inside ``next(it)``
+    where collation runs in this process (eager mode, or lazy with no workers)."""
+
+    def __init__(self, fail_at: int, error: type[BaseException]) -> None:
+        self.fail_at = fail_at
+        self.error = error
+        self.calls = 0
+
+    def __call__(self, instances: list[Any]) -> Any:
+        self.calls += 1
+        if self.calls == self.fail_at:
+            raise self.error(f"interrupted inside next(it), collate call {self.calls}")
+        return super().__call__(instances)
+
+
+# -- cases -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FileSpec:
+    records: int  # lines after the header (csv)
+    blank: tuple[int, ...] = ()  # records that are blank lines: skipped by every reader
+    newline: str = "\n"
+    final_newline: bool = True
+    bom: bool = False
+
+
+@dataclass(frozen=True)
+class Case:
+    source: str
+    files: tuple[FileSpec, ...] = ()  # text, jsonl, csv
+    n: int = 0  # plain, sharded
+    skip: tuple[int, ...] = ()  # sharded
+    lazy: Optional[int] = None  # max_instances_in_memory
+    bucket: bool = False
+    sorting_keys: bool = True
+    batch_size: int = 2
+    drop_last: bool = False
+    shuffle: bool = True
+    batches_per_epoch: Optional[int] = None
+    seed: int = 0
+    workers: tuple[int, int, int] = (0, 0, 0)  # loaders A, B, C
+    world: tuple[int, int, int] = (1, 1, 1)  # ranks of A, B, C (the distributed suite)
+    saves: tuple[int, int] = (1, 2)  # A saves after this many batches (per rank) ...
+    resume_from: int = 1  # ... and B loads the first (0) or the second (1) of them
+    in_place: bool = False  # B is A itself (A's workers/cache reused), when the topology allows
+    take: int = 1  # B's batches before its state is saved and it is interrupted
+    interrupt: str = "break"
+    save_after_exit: bool = False  # B saves after the loop has exited, not inside it
+    next_epoch: bool = False  # C also reads the epoch after
+
+
+@dataclass
+class Data:
+    case: Case
+    folder: Path
+    paths: list[str] = field(default_factory=list)
+    expected: list[Key] = field(default_factory=list)  # every instance's key, in read order
+
+    @property
+    def data_path(self) -> Any:
+        if self.case.source in ("plain", "sharded"):
+            return "unused"
+        return self.paths[0] if len(self.paths) == 1 else list(self.paths)
+
+
+def write_data(case: Case, folder: Path) -> Data:
+    data = Data(case, folder)
+    if case.source == "plain":
+        data.expected = list(range(case.n))
+        return data
+    if case.source == "sharded":
+        data.expected = [i for i in range(case.n) if i not in case.skip]
+        return data
+    for number, spec in enumerate(case.files):
+        lines: list[str] = ["id,text"] if case.source == "csv" else []
+        for i in range(spec.records):
+            key = 100 * number + i
+            length = (key * 7 + number) % 4 + 1
+            if i in spec.blank:
+                lines.append("")
+            elif case.source == "text":
+                lines.append(f"f{number}r{i} " + "w " * length)
+                data.expected.append(lines[-1])
+            elif case.source == "jsonl":
+                lines.append(json.dumps({"id": key, "tokens": ["w"] * length}))
+                data.expected.append(key)
+            else:
+                lines.append(f"{key},{'w' * length}")
+                data.expected.append(key)
+        body = spec.newline.join(lines) + (spec.newline if spec.final_newline and lines else "")
+        raw = body.encode("utf-8")
+        if spec.bom:
+            raw = b"\xef\xbb\xbf" + raw
+        path = folder / f"data{number}.{case.source}"
+        path.write_bytes(raw)
+        data.paths.append(str(path))
+    return data
+
+
+def make_reader(data: Data) -> DatasetReader:
+    case = data.case
+    if case.source == "plain":
+        return PlainReader(case.n)
+    if case.source == "sharded":
+        return SkippingReader(case.n, case.skip)
+    if case.source == "csv":
+        return DatasetReader.by_name("csv")(field_types={"id": "int"})
+    if case.source == "text":
+        return DatasetReader.by_name("text")(keep_text=True)
+    return DatasetReader.by_name("jsonl")()
+
+
+def make_loader(data: Data, workers: int, collate_fn: Optional[Callable[[list[Any]], Any]] = None
+                ) -> MultiProcessDataLoader:
+    case = data.case
+    options: dict[str, Any] = {}
+    if case.bucket:
+        keys = None
+        if case.sorting_keys or case.source == "csv":  # csv fields are strings: nothing to guess
+            keys = ["text"] if case.source == "csv" else ["tokens"]
+        sampler = BatchSampler.by_name("bucket")(
+            batch_size=case.batch_size, sorting_keys=keys, drop_last=case.drop_last, shuffle=case.shuffle
+        )
+        options["batch_sampler"] = sampler
+    else:
+        options.update(batch_size=case.batch_size, drop_last=case.drop_last, shuffle=case.shuffle)
+    if collate_fn is not None:
+        options["collate_fn"] = collate_fn
+    return MultiProcessDataLoader(
+        make_reader(data), data.data_path, num_workers=workers, max_instances_in_memory=case.lazy,
+        batches_per_epoch=case.batches_per_epoch, quiet=True, seed=case.seed, **options,
+    )
+
+
+def keys(batch: Any) -> list[Key]:
+    if "id" in batch:
+        return [int(x) for x in batch["id"].tolist()]
+    # A byte-order mark is no part of a line's identity (the text reader may keep it).
+    return [text.lstrip("\ufeff") for text in batch["text"]]
+
+
+def roundtrip(state: dict[str, Any]) -> dict[str, Any]:
+    """A state as a checkpoint gives it back: through JSON (plain data, a copy)."""
+    return json.loads(json.dumps(state))
+
+
+# -- one trial (one rank's part of it) ---------------------------------------------------------
+
+
+def run_reference(
+    loader: MultiProcessDataLoader, saves: Sequence[int]
+) -> tuple[Batches, list[dict[str, Any]]]:
+    """A's uninterrupted epoch, and the states after `saves[i]` batches (clamped to the
+    epoch: after its last batch, before the iterator says it is done; with
+    batches_per_epoch, before its last batch)."""
+    batches: Batches = []
+    states: dict[int, dict[str, Any]] = {}
+    iterator = iter(loader)
+    while True:
+        if len(batches) <= max(saves):  # (the end is unknown: every point up to the last save)
+            states[len(batches)] = roundtrip(loader.state_dict())
+        try:
+            batch = next(iterator)
+        except StopIteration:
+            break
+        batches.append(keys(batch))
+    last = len(batches) - 1 if loader.batches_per_epoch is not None else len(batches)
+    return batches, [states[min(point, last)] for point in saves]
+
+
+class Unsuitable(Exception):
+    """A case the loader rightly refuses (not a trial)."""
+
+
+class Interrupted(Exception):
+    """The trial's own exception, raised in the loop body."""
+
+
+def run_interrupted(loader: MultiProcessDataLoader, case: Case, collator: Optional[FailingCollator]
+                    ) -> tuple[Batches, dict[str, Any], bool]:
+    """B's part: `case.take` batches, a saved state, then the interruption. Returns the
+    batches, the state and whether the epoch ended before the interruption came."""
+    batches: Batches = []
+    state: Optional[dict[str, Any]] = None
+    ended = False
+    iterator = iter(loader)
+    try:
+        if case.take == 0 and not case.save_after_exit and case.interrupt != "in_next":
+            state = roundtrip(loader.state_dict())  # loaded, before the first batch
+        while True:
+            if case.take == 0 and case.interrupt != "in_next":
+                break_out(case.interrupt, iterator)
+                break
+            try:
+                batch = next(iterator)
+            except StopIteration:
+                ended = True
+                break
+            batches.append(keys(batch))
+            if case.interrupt != "in_next" and len(batches) == case.take:
+                if not case.save_after_exit:
+                    state = roundtrip(loader.state_dict())
+                break_out(case.interrupt, iterator)
+                break
+    except (Interrupted, KeyboardInterrupt):
+        pass
+    if collator is not None and collator.calls < collator.fail_at:
+        collator.fail_at = -1  # the epoch ended first: never fail later
+    if state is None:
+        state = roundtrip(loader.state_dict())  # after the loop: the state a new user takes
+    return batches, state, ended
+
+
+def break_out(how: str, iterator: Iterator[Any]) -> None:
+    if how == "raise":
+        raise Interrupted("an exception in the training loop")
+    if how == "keyboard":
+        raise KeyboardInterrupt
+    if how == "close":
+        iterator.close()  # type: ignore[attr-defined]
+    # "break": the caller breaks
+
+
+def read_rest(loader: MultiProcessDataLoader) -> Batches:
+    return [keys(batch) for batch in loader]
+
+
+def flat(batches: Batches) -> list[Key]:
+    return [key for batch in batches for key in batch]
+
+
+def check_epoch(case: Case, data: Data, reference: Batches, head: Batches, middle: Batches, tail: Batches,
+                same_slots: bool) -> None:
+    """The interrupted epoch (`head` from A, `middle` from B, `tail` from C) against the
+    uninterrupted `reference`."""
+    got = flat(head + middle + tail)
+    expected = data.expected
+    if same_slots:
+        assert head + middle + tail == reference, "the same topology must give the very same batches"
+    if case.batches_per_epoch is not None:
+        assert len(head + middle + tail) == case.batches_per_epoch, "batches_per_epoch batches an epoch"
+        assert set(got) <= set(expected), "an instance that the data does not hold"
+        return
+    duplicated = [key for key, count in Counter(got).items() if count > 1]
+    assert not duplicated, f"instances yielded twice in one epoch: {duplicated}"
+    if case.drop_last:
+        assert set(got) <= set(expected), "an instance that the data does not hold"
+        return
+    lost = sorted(map(str, Counter(expected) - Counter(got)))
+    extra = sorted(map(str, Counter(got) - Counter(expected)))
+    assert not lost and not extra, f"lost: {lost}, never in the data: {extra}"
+
+
+def check_whole_epoch(case: Case, data: Data, batches: Batches) -> None:
+    got = flat(batches)
+    if case.batches_per_epoch is not None:
+        assert len(batches) == case.batches_per_epoch
+        return
+    assert len(got) == len(set(got)), "an instance twice in one epoch"
+    if not case.drop_last:
+        assert Counter(got) == Counter(data.expected), "a whole epoch holds every instance once"
+
+
+def run_case(case: Case, folder: Path) -> None:
+    """One trial in this process (world size 1)."""
+    data = write_data(case, folder)
+    w0, w1, w2 = case.workers
+    a = make_loader(data, w0)
+    try:
+        try:
+            reference, states = run_reference(a, case.saves)
+        except ValueError as error:
+            if "can never be met" in str(error):  # drop_last, batches_per_epoch: refused, rightly
+                raise Unsuitable(str(error)) from error
+            raise
+        check_whole_epoch(case, data, reference)
+        start = min(case.saves[case.resume_from], len(reference))
+        if case.batches_per_epoch is not None:
+            # After the epoch's last batch the state describes the next epoch (the pass
+            # carries over): saves are clamped to before it.
+            start = min(start, case.batches_per_epoch - 1)
+        collator: Optional[FailingCollator] = None
+        if case.interrupt == "in_next":
+            collator = FailingCollator(case.take + 1, KeyboardInterrupt)
+        if case.in_place and w1 == w0 and collator is None:
+            b = a
+        else:
+            b = make_loader(data, w1, collator)
+        b.load_state_dict(states[case.resume_from])
+        middle, state, ended = run_interrupted(b, case, collator)
+        if case.batches_per_epoch is not None and start + len(middle) == case.batches_per_epoch:
+            ended = True  # B took the epoch's last batch: its state is the next epoch's
+        if b is not a:
+            b.close()
+        c = make_loader(data, w2)
+        try:
+            c.load_state_dict(state)
+            tail = read_rest(c)
+            same = slots(case, w0) == slots(case, w1) == slots(case, w2)
+            if ended:
+                check_epoch(case, data, reference, reference[:start], middle, [], same)
+                check_whole_epoch(case, data, tail)  # B's state is the next epoch's start
+            else:
+                check_epoch(case, data, reference, reference[:start], middle, tail, same)
+                if case.next_epoch:
+                    check_whole_epoch(case, data, read_rest(c))
+        finally:
+            c.close()
+    finally:
+        a.close()
+
+
+def slots(case: Case, workers: int) -> int:
+    """What decides the batches: eager mode batches one cache whatever num_workers."""
+    return 1 if case.lazy is None else max(1, workers)
+
+
+def property_examples(default: int) -> int:
+    return int(os.environ.get("FRAMEWORK_PROPERTY_EXAMPLES", str(default)))

@@ -33,14 +33,20 @@ Key = Any  # an instance's identity: an id (int) or a line of text (str)
 Batches = list[list[Key]]
 
 SOURCES = ("plain", "sharded", "text", "jsonl", "csv")
-INTERRUPTS = ("break", "raise", "keyboard", "close", "in_next")
+INTERRUPTS = ("break", "raise", "keyboard", "hold", "close", "in_next")
 
 
 # -- readers ---------------------------------------------------------------------------------
 
 
 def make_instance(i: int) -> dict[str, Any]:
-    return {"id": i, "tokens": torch.arange(i % 5 + 1)}
+    # Two fields of lengths that take turns being the longest: guessed sorting keys
+    # depend on which instances the guess sees.
+    return {"id": i, "tokens": torch.arange(i % 5 + 1), "tags": torch.arange(tags_length(i))}
+
+
+def tags_length(i: int) -> int:
+    return 8 if i % 6 == 0 else 1  # the longest field where i % 6 == 0, else "tokens" is
 
 
 class PlainReader(DatasetReader):
@@ -75,6 +81,7 @@ class FailingCollator(DefaultDataCollator):
     where collation runs in this process (eager mode, or lazy with no workers)."""
 
     def __init__(self, fail_at: int, error: type[BaseException]) -> None:
+        super().__init__()
         self.fail_at = fail_at
         self.error = error
         self.calls = 0
@@ -114,6 +121,7 @@ class Case:
     seed: int = 0
     workers: tuple[int, int, int] = (0, 0, 0)  # loaders A, B, C
     world: tuple[int, int, int] = (1, 1, 1)  # ranks of A, B, C (the distributed suite)
+    even_batches: bool = True
     saves: tuple[int, int] = (1, 2)  # A saves after this many batches (per rank) ...
     resume_from: int = 1  # ... and B loads the first (0) or the second (1) of them
     in_place: bool = False  # B is A itself (A's workers/cache reused), when the topology allows
@@ -137,7 +145,7 @@ class Data:
         return self.paths[0] if len(self.paths) == 1 else list(self.paths)
 
 
-def write_data(case: Case, folder: Path) -> Data:
+def write_data(case: Case, folder: Path, write: bool = True) -> Data:
     data = Data(case, folder)
     if case.source == "plain":
         data.expected = list(range(case.n))
@@ -156,7 +164,8 @@ def write_data(case: Case, folder: Path) -> Data:
                 lines.append(f"f{number}r{i} " + "w " * length)
                 data.expected.append(lines[-1])
             elif case.source == "jsonl":
-                lines.append(json.dumps({"id": key, "tokens": ["w"] * length}))
+                tags = ["t"] * tags_length(key)
+                lines.append(json.dumps({"id": key, "tokens": ["w"] * length, "tags": tags}))
                 data.expected.append(key)
             else:
                 lines.append(f"{key},{'w' * length}")
@@ -166,7 +175,8 @@ def write_data(case: Case, folder: Path) -> Data:
         if spec.bom:
             raw = b"\xef\xbb\xbf" + raw
         path = folder / f"data{number}.{case.source}"
-        path.write_bytes(raw)
+        if write:
+            path.write_bytes(raw)
         data.paths.append(str(path))
     return data
 
@@ -202,7 +212,8 @@ def make_loader(data: Data, workers: int, collate_fn: Optional[Callable[[list[An
         options["collate_fn"] = collate_fn
     return MultiProcessDataLoader(
         make_reader(data), data.data_path, num_workers=workers, max_instances_in_memory=case.lazy,
-        batches_per_epoch=case.batches_per_epoch, quiet=True, seed=case.seed, **options,
+        batches_per_epoch=case.batches_per_epoch, quiet=True, seed=case.seed,
+        even_batches=case.even_batches, **options,
     )
 
 
@@ -215,7 +226,8 @@ def keys(batch: Any) -> list[Key]:
 
 def roundtrip(state: dict[str, Any]) -> dict[str, Any]:
     """A state as a checkpoint gives it back: through JSON (plain data, a copy)."""
-    return json.loads(json.dumps(state))
+    copy: dict[str, Any] = json.loads(json.dumps(state))
+    return copy
 
 
 # -- one trial (one rank's part of it) ---------------------------------------------------------
@@ -224,9 +236,7 @@ def roundtrip(state: dict[str, Any]) -> dict[str, Any]:
 def run_reference(
     loader: MultiProcessDataLoader, saves: Sequence[int]
 ) -> tuple[Batches, list[dict[str, Any]]]:
-    """A's uninterrupted epoch, and the states after `saves[i]` batches (clamped to the
-    epoch: after its last batch, before the iterator says it is done; with
-    batches_per_epoch, before its last batch)."""
+    """A's uninterrupted epoch, and the states after 0, 1, ... max(`saves`) batches."""
     batches: Batches = []
     states: dict[int, dict[str, Any]] = {}
     iterator = iter(loader)
@@ -238,8 +248,20 @@ def run_reference(
         except StopIteration:
             break
         batches.append(keys(batch))
-    last = len(batches) - 1 if loader.batches_per_epoch is not None else len(batches)
-    return batches, [states[min(point, last)] for point in saves]
+    # Under torch.distributed state_dict() is a collective: a rank whose epoch ended
+    # (even_batches=False) goes on calling it as often as the others.
+    for point in range(len(batches) + 1, max(saves) + 1):
+        states[point] = roundtrip(loader.state_dict())
+    return batches, [states[point] for point in range(max(saves) + 1)]
+
+
+def resume_point(case: Case, saved: int, length: int) -> int:
+    """Where the state saved after `saved` batches stands in an epoch of `length`
+    batches (the longest rank's): after the epoch's end it describes the next epoch, and
+    with batches_per_epoch already after its last batch (the pass carries over)."""
+    if case.batches_per_epoch is not None:
+        return min(saved, case.batches_per_epoch - 1)
+    return min(saved, length)
 
 
 class Unsuitable(Exception):
@@ -252,30 +274,45 @@ class Interrupted(Exception):
 
 def run_interrupted(loader: MultiProcessDataLoader, case: Case, collator: Optional[FailingCollator]
                     ) -> tuple[Batches, dict[str, Any], bool]:
-    """B's part: `case.take` batches, a saved state, then the interruption. Returns the
-    batches, the state and whether the epoch ended before the interruption came."""
+    """B's part: `case.take` batches, a saved state (inside the loop, or after it with
+    `save_after_exit`), then the interruption. Returns the batches, the state and whether
+    the epoch ended before the interruption came."""
     batches: Batches = []
     state: Optional[dict[str, Any]] = None
     ended = False
-    iterator = iter(loader)
-    try:
-        if case.take == 0 and not case.save_after_exit and case.interrupt != "in_next":
-            state = roundtrip(loader.state_dict())  # loaded, before the first batch
-        while True:
-            if case.take == 0 and case.interrupt != "in_next":
-                break_out(case.interrupt, iterator)
-                break
+    if case.take == 0 and not case.save_after_exit and case.interrupt != "in_next":
+        state = roundtrip(loader.state_dict())  # loaded, before the first batch
+    if case.interrupt in ("hold", "close"):
+        iterator = iter(loader)  # as the docs show: `it = iter(loader)`, held until saved
+        while len(batches) < case.take:
             try:
                 batch = next(iterator)
             except StopIteration:
                 ended = True
                 break
             batches.append(keys(batch))
-            if case.interrupt != "in_next" and len(batches) == case.take:
-                if not case.save_after_exit:
-                    state = roundtrip(loader.state_dict())
-                break_out(case.interrupt, iterator)
-                break
+            if len(batches) == case.take and not case.save_after_exit:
+                state = roundtrip(loader.state_dict())
+        if case.interrupt == "close":
+            iterator.close()  # type: ignore[attr-defined]
+        if state is None:
+            state = roundtrip(loader.state_dict())
+        del iterator
+        return batches, state, ended
+    try:
+        if case.take > 0 or case.interrupt == "in_next":
+            for batch in loader:  # a plain for loop: leaving it drops (closes) the iterator
+                batches.append(keys(batch))
+                if case.interrupt != "in_next" and len(batches) == case.take:
+                    if not case.save_after_exit:
+                        state = roundtrip(loader.state_dict())
+                    if case.interrupt == "raise":
+                        raise Interrupted("an exception in the training loop")
+                    if case.interrupt == "keyboard":
+                        raise KeyboardInterrupt
+                    break
+            else:
+                ended = True
     except (Interrupted, KeyboardInterrupt):
         pass
     if collator is not None and collator.calls < collator.fail_at:
@@ -283,16 +320,6 @@ def run_interrupted(loader: MultiProcessDataLoader, case: Case, collator: Option
     if state is None:
         state = roundtrip(loader.state_dict())  # after the loop: the state a new user takes
     return batches, state, ended
-
-
-def break_out(how: str, iterator: Iterator[Any]) -> None:
-    if how == "raise":
-        raise Interrupted("an exception in the training loop")
-    if how == "keyboard":
-        raise KeyboardInterrupt
-    if how == "close":
-        iterator.close()  # type: ignore[attr-defined]
-    # "break": the caller breaks
 
 
 def read_rest(loader: MultiProcessDataLoader) -> Batches:
@@ -338,21 +365,21 @@ def check_whole_epoch(case: Case, data: Data, batches: Batches) -> None:
 def run_case(case: Case, folder: Path) -> None:
     """One trial in this process (world size 1)."""
     data = write_data(case, folder)
+    try:
+        run_loaders(case, data)
+    except ValueError as error:
+        if "can never be met" in str(error):  # drop_last, batches_per_epoch: refused, rightly
+            raise Unsuitable(str(error)) from error
+        raise
+
+
+def run_loaders(case: Case, data: Data) -> None:
     w0, w1, w2 = case.workers
     a = make_loader(data, w0)
     try:
-        try:
-            reference, states = run_reference(a, case.saves)
-        except ValueError as error:
-            if "can never be met" in str(error):  # drop_last, batches_per_epoch: refused, rightly
-                raise Unsuitable(str(error)) from error
-            raise
+        reference, states = run_reference(a, case.saves)
         check_whole_epoch(case, data, reference)
-        start = min(case.saves[case.resume_from], len(reference))
-        if case.batches_per_epoch is not None:
-            # After the epoch's last batch the state describes the next epoch (the pass
-            # carries over): saves are clamped to before it.
-            start = min(start, case.batches_per_epoch - 1)
+        start = resume_point(case, case.saves[case.resume_from], len(reference))
         collator: Optional[FailingCollator] = None
         if case.interrupt == "in_next":
             collator = FailingCollator(case.take + 1, KeyboardInterrupt)
@@ -360,7 +387,7 @@ def run_case(case: Case, folder: Path) -> None:
             b = a
         else:
             b = make_loader(data, w1, collator)
-        b.load_state_dict(states[case.resume_from])
+        b.load_state_dict(states[start])
         middle, state, ended = run_interrupted(b, case, collator)
         if case.batches_per_epoch is not None and start + len(middle) == case.batches_per_epoch:
             ended = True  # B took the epoch's last batch: its state is the next epoch's
@@ -391,3 +418,170 @@ def slots(case: Case, workers: int) -> int:
 
 def property_examples(default: int) -> int:
     return int(os.environ.get("FRAMEWORK_PROPERTY_EXAMPLES", str(default)))
+
+
+# -- torch.distributed: ranks that serve many trials -------------------------------------------
+
+
+def serve(connection: Any) -> None:
+    """A rank process kept for the whole suite (starting torch per trial costs seconds):
+    each message is one phase of a trial, in a process group made for that phase."""
+    import traceback
+
+    while True:
+        message = connection.recv()
+        if message is None:
+            return
+        try:
+            connection.send(("ok", run_phase(*message)))
+        except BaseException:  # reported to the test, which fails
+            connection.send(("error", traceback.format_exc()))
+
+
+def run_phase(phase: str, rank: int, world: int, store: str, case: Case, folder: str, state: Any) -> Any:
+    """One rank's part of phase "A" (the reference epoch and its states), "B" (resume,
+    take, save, interrupt) or "C" (resume, read the rest)."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{store}", world_size=world, rank=rank,
+                            timeout=timedelta(seconds=20))
+    try:
+        data = write_data(case, Path(folder), write=False)
+        workers = case.workers["ABC".index(phase)]
+        loader = make_loader(data, workers)
+        try:
+            if phase == "A":
+                return run_reference(loader, case.saves)
+            loader.load_state_dict(state)
+            if phase == "B":
+                return run_interrupted(loader, case, None)
+            tail = read_rest(loader)
+            return tail, read_rest(loader) if case.next_epoch else None
+        finally:
+            loader.close()
+            dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+NEVER_MET = "can never be met"  # drop_last and batches_per_epoch: a pass with no batch, refused
+
+
+class Ranks:
+    """The rank processes of the distributed suite (spawned once)."""
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+        self.phases = 0
+        self.start()
+
+    def start(self) -> None:
+        import multiprocessing
+
+        context = multiprocessing.get_context("spawn")
+        self.connections: list[Any] = []
+        self.processes: list[Any] = []
+        for _ in range(self.count):
+            here, there = context.Pipe()
+            process = context.Process(target=serve, args=(there,))  # not daemonic: it starts workers
+            process.start()
+            self.connections.append(here)
+            self.processes.append(process)
+
+    def run(self, phase: str, world: int, case: Case, folder: Path, state: Any = None,
+            timeout: float = 120) -> list[Any]:
+        self.phases += 1
+        store = str(folder / f"store{self.phases}")
+        for rank in range(world):
+            self.connections[rank].send((phase, rank, world, store, case, str(folder), state))
+        results = []
+        errors = []
+        for rank in range(world):
+            if not self.connections[rank].poll(timeout):
+                errors.append(f"rank {rank} of {world}, phase {phase}: no answer in {timeout} s")
+                break
+            status, result = self.connections[rank].recv()
+            if status == "error":
+                errors.append(f"rank {rank} of {world}, phase {phase}:\n{result}")
+            results.append(result)
+        if errors:
+            self.close()  # a rank may still wait in a collective: fresh ones for the next trial
+            self.start()
+            raise AssertionError("\n".join(errors))
+        return results
+
+    def close(self) -> None:
+        for connection in self.connections:
+            try:
+                connection.send(None)
+            except OSError:
+                pass
+        for process in self.processes:
+            process.join(5)
+            if process.is_alive():
+                process.kill()
+                process.join()
+
+
+def run_distributed_case(ranks: Ranks, case: Case, folder: Path) -> None:
+    """One trial over gloo ranks: A, B and C each with their world size and num_workers."""
+    data = write_data(case, folder)
+    try:
+        run_ranks(ranks, case, data, folder)
+    except AssertionError as error:
+        if NEVER_MET in str(error):
+            raise Unsuitable(str(error)) from error
+        raise
+
+
+def run_ranks(ranks: Ranks, case: Case, data: Data, folder: Path) -> None:
+    wa, wb, wc = case.world
+    reference_parts = ranks.run("A", wa, case, folder)
+    references = [batches for batches, _ in reference_parts]
+    for point in range(max(case.saves) + 1):
+        assert all(states[point] == reference_parts[0][1][point] for _, states in reference_parts), (
+            "every rank returns the same whole-job state"
+        )
+    epoch = flat([batch for batches in references for batch in batches])
+    if case.batches_per_epoch is None:  # (else a new pass may begin within the epoch)
+        assert len(epoch) == len(set(epoch)), "an instance twice in one epoch"
+    if not case.even_batches and not case.drop_last and case.batches_per_epoch is None:
+        assert Counter(epoch) == Counter(data.expected), "a whole epoch holds every instance once"
+    start = resume_point(case, case.saves[case.resume_from], max(map(len, references)))
+    middles = ranks.run("B", wb, case, folder, reference_parts[0][1][start])
+    states = [state for _, state, _ in middles]
+    assert all(state == states[0] for state in states), "every rank returns the same whole-job state"
+    ended = all(done for _, _, done in middles)
+    if case.batches_per_epoch is not None and start + len(middles[0][0]) == case.batches_per_epoch:
+        ended = True
+    tails = ranks.run("C", wc, case, folder, states[0])
+    heads = [batches[:start] for batches in references]
+    middle = [batch for batches, _, _ in middles for batch in batches]
+    tail = [] if ended else [batch for batches, _ in tails for batch in batches]
+    got = flat([batch for batches in heads for batch in batches] + middle + tail)
+    duplicated = [key for key, count in Counter(got).items() if count > 1]
+    if case.batches_per_epoch is None:
+        assert not duplicated, f"instances yielded twice in one epoch: {duplicated}"
+    assert set(got) <= set(data.expected), "an instance that the data does not hold"
+    if not case.even_batches and not case.drop_last and case.batches_per_epoch is None:
+        lost = sorted(map(str, Counter(data.expected) - Counter(got)))
+        assert not lost, f"lost: {lost}"
+    same = wa == wb == wc and slots(case, case.workers[0]) == slots(case, case.workers[1]) == slots(
+        case, case.workers[2])
+    if same:
+        for rank in range(wa):
+            mine = heads[rank] + middles[rank][0] + ([] if ended else tails[rank][0])
+            assert mine == references[rank], f"rank {rank}: the same topology must give the very same batches"
+    if ended:  # B's state is the next epoch's start: C's read is that epoch
+        following = [batch for batches, _ in tails for batch in batches]
+    elif case.next_epoch:
+        following = [batch for _, after in tails for batch in after or []]
+    else:
+        return
+    whole = flat(following)
+    if case.batches_per_epoch is None:
+        assert len(whole) == len(set(whole)), "an instance twice in the epoch after"
+        if not case.even_batches and not case.drop_last:
+            assert Counter(whole) == Counter(data.expected), "the epoch after is a whole epoch"

@@ -236,25 +236,36 @@ def roundtrip(state: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_reference(
-    loader: MultiProcessDataLoader, saves: Sequence[int]
+    loader: MultiProcessDataLoader, saves: Sequence[int], continuous: bool = False
 ) -> tuple[Batches, list[dict[str, Any]]]:
-    """A's uninterrupted epoch, and the states after 0, 1, ... max(`saves`) batches."""
+    """A's uninterrupted epoch, and the states after 0, 1, ... max(`saves`) batches.
+
+    `continuous`: as a training loop does, a rank whose epoch ended goes on into the next
+    one (uneven ranks: it is in its next epoch when the others save)."""
     batches: Batches = []
     states: dict[int, dict[str, Any]] = {}
     iterator = iter(loader)
+    step, first, last = 0, True, max(saves)
     while True:
-        if len(batches) <= max(saves):  # (the end is unknown: every point up to the last save)
-            states[len(batches)] = roundtrip(loader.state_dict())
+        if step <= last and step not in states:
+            states[step] = roundtrip(loader.state_dict())
         try:
             batch = next(iterator)
         except StopIteration:
+            if continuous and first and step < last:
+                first, iterator = False, iter(loader)
+                continue
             break
-        batches.append(keys(batch))
+        step += 1
+        if first:
+            batches.append(keys(batch))
+        elif step > last:
+            break
     # Under torch.distributed state_dict() is a collective: a rank whose epoch ended
     # (even_batches=False) goes on calling it as often as the others.
-    for point in range(len(batches) + 1, max(saves) + 1):
+    for point in range(step + 1, last + 1):
         states[point] = roundtrip(loader.state_dict())
-    return batches, [states[point] for point in range(max(saves) + 1)]
+    return batches, [states[point] for point in range(last + 1)]
 
 
 def resume_point(case: Case, saved: int, length: int) -> int:
@@ -455,7 +466,7 @@ def run_phase(phase: str, rank: int, world: int, store: str, case: Case, folder:
         loader = make_loader(data, workers)
         try:
             if phase == "A":
-                return run_reference(loader, case.saves)
+                return run_reference(loader, case.saves, continuous=not case.even_batches)
             loader.load_state_dict(state)
             if phase == "B":
                 return run_interrupted(loader, case, None)
@@ -472,7 +483,7 @@ NEVER_MET = "can never be met"  # drop_last and batches_per_epoch: a pass with n
 
 
 class Ranks:
-    """The rank processes of the distributed suite (spawned once)."""
+    """The rank processes of the distributed suite (started once, again after a failure)."""
 
     def __init__(self, count: int) -> None:
         self.count = count
@@ -482,7 +493,8 @@ class Ranks:
     def start(self) -> None:
         import multiprocessing
 
-        context = multiprocessing.get_context("spawn")
+        # Forked: a spawned rank pays seconds to import torch; these hold no threads yet.
+        context = multiprocessing.get_context("fork")
         self.connections: list[Any] = []
         self.processes: list[Any] = []
         for _ in range(self.count):

@@ -37,7 +37,7 @@ def report_trials(request: pytest.FixtureRequest) -> Iterator[None]:
 
 
 @settings(
-    max_examples=property_examples(20),
+    max_examples=property_examples(30),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
     print_blob=True,

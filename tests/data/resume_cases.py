@@ -100,6 +100,8 @@ def cases(draw: Any, world: bool = False) -> Case:
     if lazy is not None and bucket and "lazy_bucket_guessed_keys" in KNOWN_DEFECTS:
         sorting_keys = True
     workers = WORKERS if lazy is not None else st.integers(0, 3)  # eager: one start per loader
+    if world:
+        workers = st.sampled_from([0, 0, 0, 1, 1, 2])  # three ranks of workers cost: mostly none or one
     w0, w1, w2 = draw(workers), draw(workers), draw(workers)
     if draw(st.booleans()):
         w1 = w0  # the same topology, often: then the batches must be the very same
@@ -118,8 +120,6 @@ def cases(draw: Any, world: bool = False) -> Case:
         sizes = (draw(st.integers(1, 3)), draw(st.integers(1, 3)), draw(st.integers(1, 3)))
         if draw(st.booleans()):
             sizes = (sizes[0], sizes[0], sizes[0] if draw(st.booleans()) else sizes[2])
-        # Three ranks of workers cost: mostly none or one each.
-        w0, w1, w2 = (draw(st.sampled_from([0, 0, 0, 1, 1, 2])) for _ in range(3))
         even = draw(st.booleans()) or "even_batches_false" in KNOWN_DEFECTS
         if interrupt == "in_next":
             interrupt = "keyboard"  # collectives: every rank would have to fail alike

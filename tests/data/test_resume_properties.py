@@ -22,7 +22,8 @@ from hypothesis import HealthCheck, given, reject, settings
 from property_helpers import Case, FileSpec, Unsuitable, property_examples, run_case
 from resume_cases import KNOWN_DEFECTS, cases
 
-pytestmark = pytest.mark.timeout(600)
+EXAMPLES = property_examples(30)
+pytestmark = pytest.mark.timeout(120 + 3 * EXAMPLES)  # a long profile gets time to match
 
 TRIALS = {"count": 0}
 
@@ -37,7 +38,7 @@ def report_trials(request: pytest.FixtureRequest) -> Iterator[None]:
 
 
 @settings(
-    max_examples=property_examples(30),
+    max_examples=EXAMPLES,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
     print_blob=True,

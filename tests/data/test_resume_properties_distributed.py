@@ -16,7 +16,8 @@ from hypothesis import HealthCheck, given, reject, settings
 from property_helpers import Case, Ranks, Unsuitable, property_examples, run_distributed_case
 from resume_cases import KNOWN_DEFECTS, cases
 
-pytestmark = pytest.mark.timeout(900)
+EXAMPLES = max(1, property_examples(30) // 4)
+pytestmark = pytest.mark.timeout(180 + 10 * EXAMPLES)  # a long profile gets time to match
 
 TRIALS = {"count": 0}
 
@@ -33,7 +34,7 @@ def ranks(request: pytest.FixtureRequest) -> Iterator[Ranks]:
 
 
 @settings(
-    max_examples=max(1, property_examples(30) // 4),
+    max_examples=EXAMPLES,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
     print_blob=True,

@@ -39,6 +39,11 @@ KNOWN_DEFECTS: set[str] = {
     "eager_guessed_keys_empty_rank",
     # "torch.distributed with even_batches=False: a rank already in its next epoch ...".
     "even_batches_false",
+    # NOT in issue 24's list (found by this suite, not fixed here): with batches_per_epoch a
+    # rank whose pass ran out starts its next pass while the others are still in theirs;
+    # state_dict() then merges the two passes ("ValueError: negative shift count" in
+    # consumed_by, or a wrong state). Same family as even_batches_false.
+    "batches_per_epoch_ranks_in_other_passes",
 }
 # FRAMEWORK_PROPERTY_KNOWN_DEFECTS=include draws every region; "name,name" draws those.
 _INCLUDE = os.environ.get("FRAMEWORK_PROPERTY_KNOWN_DEFECTS", "")
@@ -117,12 +122,15 @@ def cases(draw: Any, world: bool = False) -> Case:
     take = draw(st.sampled_from([0, 0, 1, 1, 2, 3, 4, 6, 8]))  # 0: saved again right after loading
     sizes, even = (1, 1, 1), True
     if world:
+        bpe = draw(st.sampled_from([None, None, None, None, 1, 2, 3]))
         sizes = (draw(st.integers(1, 3)), draw(st.integers(1, 3)), draw(st.integers(1, 3)))
         if draw(st.booleans()):
             sizes = (sizes[0], sizes[0], sizes[0] if draw(st.booleans()) else sizes[2])
         even = draw(st.booleans()) or "even_batches_false" in KNOWN_DEFECTS
         if interrupt == "in_next":
             interrupt = "keyboard"  # collectives: every rank would have to fail alike
+        if max(sizes) > 1 and "batches_per_epoch_ranks_in_other_passes" in KNOWN_DEFECTS:
+            bpe = None
         other_world = len(set(sizes)) > 1
         if (lazy is None and take == 0 and other_world
                 and "eager_state_before_first_batch_other_world" in KNOWN_DEFECTS):
@@ -130,6 +138,8 @@ def cases(draw: Any, world: bool = False) -> Case:
         if (lazy is None and bucket and other_world
                 and "eager_guessed_keys_empty_rank" in KNOWN_DEFECTS):
             sorting_keys = True
+    if not world:
+        bpe = draw(st.sampled_from([None, None, None, None, 1, 2, 3]))
     after_exit = draw(st.booleans()) and (interrupt == "hold" or "state_after_exit" not in KNOWN_DEFECTS)
     return Case(
         **options,
@@ -139,7 +149,7 @@ def cases(draw: Any, world: bool = False) -> Case:
         batch_size=batch_size,
         drop_last=draw(st.booleans()),
         shuffle=draw(st.booleans()),
-        batches_per_epoch=draw(st.sampled_from([None, None, None, None, 1, 2, 3])),
+        batches_per_epoch=bpe,
         seed=draw(st.integers(0, 2**16)),
         workers=(w0, w1, w2),
         saves=(first, second),

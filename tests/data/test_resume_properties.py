@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, reject, settings
 from property_helpers import Case, FileSpec, Unsuitable, property_examples, run_case
 from resume_cases import KNOWN_DEFECTS, cases
 
-EXAMPLES = property_examples(30)
+EXAMPLES = property_examples(50)
 pytestmark = pytest.mark.timeout(120 + 3 * EXAMPLES)  # a long profile gets time to match
 
 TRIALS = {"count": 0}

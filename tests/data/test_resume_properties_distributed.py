@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, reject, settings
 from property_helpers import Case, Ranks, Unsuitable, property_examples, run_distributed_case
 from resume_cases import KNOWN_DEFECTS, cases
 
-EXAMPLES = max(1, property_examples(30) // 4)
+EXAMPLES = max(1, property_examples(50) // 4)
 pytestmark = pytest.mark.timeout(180 + 10 * EXAMPLES)  # a long profile gets time to match
 
 TRIALS = {"count": 0}

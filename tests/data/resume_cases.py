@@ -1,0 +1,164 @@
+"""Strategies of the "resume is exactly once" property suites (issue 24), shared by
+test_resume_properties.py and test_resume_properties_distributed.py."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+from typing import Any
+
+from hypothesis import strategies as st
+from property_helpers import INTERRUPTS, SOURCES, Case, FileSpec
+
+# Known defects of issue 24, fixed on other branches: while a flag is here, the strategies
+# avoid the one region that triggers it (the rest of the case space is still drawn). Empty
+# this set once the fixes are merged.
+KNOWN_DEFECTS: set[str] = {
+    # "Eager mode, another num_workers, and a reader that yields fewer instances than
+    # records": the cached order depends on num_workers, the resume takes the exact path.
+    "eager_fewer_instances_other_workers",
+    # "Lazy, same topology, a bucket sampler without sorting_keys": the resumed worker
+    # guesses the keys from the chunk it resumes in.
+    "lazy_bucket_guessed_keys",
+    # "An exception inside next(it) (Ctrl-C included) ends the epoch although the
+    # iterator is held".
+    "exception_in_next",
+    # "state_dict() called after break ... describes the next epoch" (a loop left by
+    # break or an exception, or a closed iterator; a held iterator is fine).
+    "state_after_exit",
+    # "Several data files, one without a final newline: the resume fails".
+    "no_final_newline_several_files",
+    # "A UTF-8 byte-order mark makes the jsonl and csv readers fail on a fresh pass"; the
+    # text reader keeps it in the first line (a file holding only the mark: one instance).
+    "bom",
+    # Distributed only. "Eager: a state_dict() taken after load_state_dict() and before the
+    # first batch records nothing as consumed; resumed at another world size, replayed".
+    "eager_state_before_first_batch_other_world",
+    # "Eager, bucket sampler without sorting_keys, another world size, nothing left for a
+    # rank: it raises instead of yielding an empty epoch".
+    "eager_guessed_keys_empty_rank",
+    # "torch.distributed with even_batches=False: a rank already in its next epoch ...".
+    "even_batches_false",
+    # NOT in issue 24's list (found by this suite, not fixed here): with batches_per_epoch a
+    # rank whose pass ran out starts its next pass while the others are still in theirs;
+    # state_dict() then merges the two passes ("ValueError: negative shift count" in
+    # consumed_by, or a wrong state). Same family as even_batches_false.
+    "batches_per_epoch_ranks_in_other_passes",
+}
+# FRAMEWORK_PROPERTY_KNOWN_DEFECTS=include draws every region; "name,name" draws those.
+_INCLUDE = os.environ.get("FRAMEWORK_PROPERTY_KNOWN_DEFECTS", "")
+KNOWN_DEFECTS -= set(KNOWN_DEFECTS) if _INCLUDE == "include" else set(_INCLUDE.split(","))
+
+WORKERS = st.sampled_from([0, 0, 0, 0, 1, 1, 2, 3])  # processes are costly: mostly 0 or 1
+
+
+@st.composite
+def files(draw: Any, source: str) -> tuple[FileSpec, ...]:
+    count = draw(st.integers(1, 3))
+    specs = []
+    for _ in range(count):
+        records = draw(st.integers(0, 10))
+        bom = draw(st.booleans())
+        if "bom" in KNOWN_DEFECTS:  # jsonl and csv fail; text keeps the mark (a file of it alone: one line)
+            bom = bom and source == "text" and records > 0
+        low = 1 if bom else 0  # (a mark alone on a line is no blank line)
+        blank = set()
+        if records > low:
+            blank = draw(st.sets(st.integers(low, records - 1), max_size=records // 3))
+        final = draw(st.booleans())
+        specs.append(FileSpec(
+            records=records,
+            blank=tuple(sorted(b for b in blank if b < records)),
+            newline=draw(st.sampled_from(["\n", "\n", "\r\n", "\r"])),
+            final_newline=final,
+            bom=bom,
+        ))
+    return tuple(specs)
+
+
+@st.composite
+def cases(draw: Any, world: bool = False) -> Case:
+    source = draw(st.sampled_from(SOURCES))
+    options: dict[str, Any] = {"source": source}
+    # A rank that reads nothing is refused (another property): under torch.distributed
+    # every rank of 1-3 gets one of the first 6 instances.
+    least = 6 if world else 2
+    if source in ("plain", "sharded"):
+        n = draw(st.integers(least, 30))
+        options["n"] = n
+        if source == "sharded":
+            low = least if world else 0
+            skip = draw(st.sets(st.integers(low, n - 1), max_size=n // 2)) if n > low else set()
+            options["skip"] = tuple(sorted(skip))
+    else:
+        specs = draw(files(source))
+        live = sum(spec.records - len(spec.blank) for spec in specs)
+        if live < least:
+            specs = (*specs, FileSpec(records=least))
+        if len(specs) > 1 and "no_final_newline_several_files" in KNOWN_DEFECTS:
+            specs = tuple(replace(spec, final_newline=True) for spec in specs)
+        options["files"] = specs
+    batch_size = draw(st.integers(1, 4))
+    lazy = draw(st.one_of(st.none(), st.integers(batch_size, 8)))
+    bucket = draw(st.booleans())
+    sorting_keys = draw(st.booleans())
+    if lazy is not None and bucket and "lazy_bucket_guessed_keys" in KNOWN_DEFECTS:
+        sorting_keys = True
+    workers = WORKERS if lazy is not None else st.integers(0, 3)  # eager: one start per loader
+    if world:
+        workers = st.sampled_from([0, 0, 0, 1, 1, 2])  # three ranks of workers cost: mostly none or one
+    w0, w1, w2 = draw(workers), draw(workers), draw(workers)
+    if draw(st.booleans()):
+        w1 = w0  # the same topology, often: then the batches must be the very same
+    if draw(st.booleans()):
+        w2 = w1
+    if (lazy is None and options.get("skip")
+            and "eager_fewer_instances_other_workers" in KNOWN_DEFECTS):
+        w1 = w2 = w0
+    interrupt = draw(st.sampled_from(INTERRUPTS))
+    if interrupt == "in_next" and ("exception_in_next" in KNOWN_DEFECTS or (lazy is not None and w1 > 0)):
+        interrupt = "keyboard"  # (with workers, collation runs in them)
+    first, second = sorted((draw(st.integers(0, 12)), draw(st.integers(0, 12))))
+    take = draw(st.sampled_from([0, 0, 1, 1, 2, 3, 4, 6, 8]))  # 0: saved again right after loading
+    sizes, even = (1, 1, 1), True
+    if world:
+        bpe = draw(st.sampled_from([None, None, None, None, 1, 2, 3]))
+        sizes = (draw(st.integers(1, 3)), draw(st.integers(1, 3)), draw(st.integers(1, 3)))
+        if draw(st.booleans()):
+            sizes = (sizes[0], sizes[0], sizes[0] if draw(st.booleans()) else sizes[2])
+        even = draw(st.booleans()) or "even_batches_false" in KNOWN_DEFECTS
+        if interrupt == "in_next":
+            interrupt = "keyboard"  # collectives: every rank would have to fail alike
+        if max(sizes) > 1 and "batches_per_epoch_ranks_in_other_passes" in KNOWN_DEFECTS:
+            bpe = None
+        other_world = len(set(sizes)) > 1
+        if (lazy is None and take == 0 and other_world
+                and "eager_state_before_first_batch_other_world" in KNOWN_DEFECTS):
+            take = 1
+        if (lazy is None and bucket and other_world
+                and "eager_guessed_keys_empty_rank" in KNOWN_DEFECTS):
+            sorting_keys = True
+    if not world:
+        bpe = draw(st.sampled_from([None, None, None, None, 1, 2, 3]))
+    after_exit = draw(st.booleans()) and (interrupt == "hold" or "state_after_exit" not in KNOWN_DEFECTS)
+    return Case(
+        **options,
+        lazy=lazy,
+        bucket=bucket,
+        sorting_keys=sorting_keys,
+        batch_size=batch_size,
+        drop_last=draw(st.booleans()),
+        shuffle=draw(st.booleans()),
+        batches_per_epoch=bpe,
+        seed=draw(st.integers(0, 2**16)),
+        workers=(w0, w1, w2),
+        saves=(first, second),
+        resume_from=draw(st.integers(0, 1)),
+        in_place=draw(st.booleans()),
+        take=take,
+        world=sizes,
+        even_batches=even,
+        interrupt=interrupt,
+        save_after_exit=after_exit,
+        next_epoch=draw(st.booleans()),
+    )

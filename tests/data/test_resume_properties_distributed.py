@@ -1,0 +1,83 @@
+"""Property: resume is exactly once under torch.distributed (gloo, 1-3 ranks), the world
+size and num_workers changed on resume (issue 24). One trial: see
+`property_helpers.run_distributed_case`. The rank processes are started once and serve
+every trial (a process group per phase). CI runs a small budget; the long profile:
+``FRAMEWORK_PROPERTY_EXAMPLES=100 python -m pytest tests/data/test_resume_properties_distributed.py``
+(the budget here is a quarter of that number)."""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, reject, settings
+from property_helpers import Case, Ranks, Unsuitable, property_examples, run_distributed_case
+from resume_cases import KNOWN_DEFECTS, cases
+
+EXAMPLES = max(1, property_examples(50) // 4)
+pytestmark = pytest.mark.timeout(180 + 10 * EXAMPLES)  # a long profile gets time to match
+
+TRIALS = {"count": 0}
+
+
+@pytest.fixture(scope="module")
+def ranks(request: pytest.FixtureRequest) -> Iterator[Ranks]:
+    processes = Ranks(3)
+    yield processes
+    processes.close()
+    capture = request.config.pluginmanager.get_plugin("capturemanager")
+    if capture is not None and TRIALS["count"]:
+        with capture.global_and_fixture_disabled():
+            print(f"\nresume properties, distributed: {TRIALS['count']} trials run")
+
+
+@settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    print_blob=True,
+)
+@given(case=cases(world=True))
+def test_resume_is_exactly_once_across_world_sizes(ranks: Ranks, case: Case) -> None:
+    TRIALS["count"] += 1
+    with tempfile.TemporaryDirectory() as folder:
+        try:
+            run_distributed_case(ranks, case, Path(folder))
+        except Unsuitable:
+            reject()
+
+
+# Smallest cases of the known defects that only ranks show (hand-made where hypothesis'
+# budget did not reach them): expected to fail while the flag is in KNOWN_DEFECTS.
+KNOWN_DEFECT_CASES = {
+    # 7 and 6 instances on 2 ranks: at step 4 rank 1 is in its next epoch; its next-epoch
+    # position is merged into epoch 0's state, and 11 instances come twice
+    "even_batches_false": Case(
+        source="plain", n=13, world=(2, 2, 2), even_batches=False, batch_size=2, saves=(5, 5), take=1),
+    # B (1 rank, eager) saves right after loading; C on 2 ranks replays 0, 4, 5, 6
+    "eager_state_before_first_batch_other_world": Case(
+        source="plain", n=12, world=(1, 1, 2), batch_size=2, saves=(2, 2), take=0),
+    # 2 records left over 3 ranks: the empty rank's guess raises "cannot guess sorting keys"
+    "eager_guessed_keys_empty_rank": Case(
+        source="plain", n=12, world=(1, 3, 3), bucket=True, sorting_keys=False, batch_size=2,
+        saves=(5, 5), take=1),
+    # found by the long run: A (1 rank) saves after batch [0, 1]; on 3 ranks rank 2 holds
+    # only record 4, which drop_last drops, so it starts its next pass at once; B's
+    # state_dict() raises "ValueError: negative shift count" (_shards.consumed_by)
+    "batches_per_epoch_ranks_in_other_passes": Case(
+        source="plain", n=7, lazy=2, batch_size=2, drop_last=True, shuffle=False, batches_per_epoch=2,
+        world=(1, 3, 1), saves=(1, 1), take=1),
+}
+
+
+@pytest.mark.parametrize(
+    "flag",
+    [
+        pytest.param(flag, marks=pytest.mark.xfail(flag in KNOWN_DEFECTS, reason="known defect", strict=True))
+        for flag in KNOWN_DEFECT_CASES
+    ],
+)
+def test_known_defect_cases_across_world_sizes(ranks: Ranks, flag: str, tmp_path: Path) -> None:
+    run_distributed_case(ranks, KNOWN_DEFECT_CASES[flag], tmp_path)

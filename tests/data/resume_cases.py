@@ -10,41 +10,9 @@ from typing import Any
 from hypothesis import strategies as st
 from property_helpers import INTERRUPTS, SOURCES, Case, FileSpec
 
-# Known defects of issue 24, fixed on other branches: while a flag is here, the strategies
-# avoid the one region that triggers it (the rest of the case space is still drawn). Empty
-# this set once the fixes are merged.
-KNOWN_DEFECTS: set[str] = {
-    # "Eager mode, another num_workers, and a reader that yields fewer instances than
-    # records": the cached order depends on num_workers, the resume takes the exact path.
-    "eager_fewer_instances_other_workers",
-    # "Lazy, same topology, a bucket sampler without sorting_keys": the resumed worker
-    # guesses the keys from the chunk it resumes in.
-    "lazy_bucket_guessed_keys",
-    # "An exception inside next(it) (Ctrl-C included) ends the epoch although the
-    # iterator is held".
-    "exception_in_next",
-    # "state_dict() called after break ... describes the next epoch" (a loop left by
-    # break or an exception, or a closed iterator; a held iterator is fine).
-    "state_after_exit",
-    # "Several data files, one without a final newline: the resume fails".
-    "no_final_newline_several_files",
-    # "A UTF-8 byte-order mark makes the jsonl and csv readers fail on a fresh pass"; the
-    # text reader keeps it in the first line (a file holding only the mark: one instance).
-    "bom",
-    # Distributed only. "Eager: a state_dict() taken after load_state_dict() and before the
-    # first batch records nothing as consumed; resumed at another world size, replayed".
-    "eager_state_before_first_batch_other_world",
-    # "Eager, bucket sampler without sorting_keys, another world size, nothing left for a
-    # rank: it raises instead of yielding an empty epoch".
-    "eager_guessed_keys_empty_rank",
-    # "torch.distributed with even_batches=False: a rank already in its next epoch ...".
-    "even_batches_false",
-    # NOT in issue 24's list (found by this suite, not fixed here): with batches_per_epoch a
-    # rank whose pass ran out starts its next pass while the others are still in theirs;
-    # state_dict() then merges the two passes ("ValueError: negative shift count" in
-    # consumed_by, or a wrong state). Same family as even_batches_false.
-    "batches_per_epoch_ranks_in_other_passes",
-}
+# Regions the strategies avoid while a defect there is open (each flag also has its
+# smallest failing case in test_known_defect_cases*). Empty: every region is drawn.
+KNOWN_DEFECTS: set[str] = set()
 # FRAMEWORK_PROPERTY_KNOWN_DEFECTS=include draws every region; "name,name" draws those.
 _INCLUDE = os.environ.get("FRAMEWORK_PROPERTY_KNOWN_DEFECTS", "")
 KNOWN_DEFECTS -= set(KNOWN_DEFECTS) if _INCLUDE == "include" else set(_INCLUDE.split(","))

@@ -7,6 +7,7 @@ FrameworkError
  │    ├── DuplicateNameError
  │    └── PluginError           a plugin or a lazy target failed to load
  ├── ConfigError                (also a ValueError)
+ ├── ResumeError                (also a ValueError) a saved state cannot resume exactly
  ├── WorkerError                a loader worker raised, died or was killed
  ├── CollateError               (also a TypeError) a field the collator cannot batch
  ├── RanksOutOfStepError        (also a RuntimeError) ranks called state_dict() at other steps
@@ -51,6 +52,7 @@ __all__ = [
     "PluginError",
     "RanksOutOfStepError",
     "RegistryError",
+    "ResumeError",
     "StepTimeoutError",
     "UnknownNameError",
     "UnsafeArchiveError",
@@ -136,6 +138,26 @@ class ConfigError(FrameworkError, ValueError):
 
     def __reduce__(self) -> Any:
         return (type(self), (self.path, self.reason, self.expected, self.got))
+
+
+class ResumeError(FrameworkError, ValueError):
+    """`load_state_dict()` refused a state because resuming from it would repeat or skip
+    instances. `reason` says why, one of:
+
+    - ``"malformed"``: not what `state_dict()` returned, or another format version;
+    - ``"files_changed"``: a data file is gone or its content differs;
+    - ``"settings_differ"``: the loader's reader, data or batch settings differ;
+    - ``"not_deterministic"``: the reader yields other instances than when it was saved;
+    - ``"other_split"``: the reader cannot be dealt over another num_workers or world size.
+    """
+
+    def __init__(self, message: str, reason: str) -> None:
+        self.message = message
+        self.reason = reason
+        super().__init__(message)
+
+    def __reduce__(self) -> Any:
+        return (type(self), (self.message, self.reason))
 
 
 class WorkerError(FrameworkError):

@@ -19,6 +19,7 @@ from typing import Any, Optional
 
 from framework.data._shards import Point, ShardPlan, digest_of
 from framework.data.sampler import BatchSampler
+from framework.errors import ResumeError
 
 __all__ = [
     "BatchPlan", "batch_seed", "derive_seed", "not_deterministic", "seeded_global_random", "slot_batches",
@@ -236,11 +237,11 @@ def _once_skipped(reseed: Callable[[int], None]) -> Callable[[int], None]:
     return skip_first
 
 
-def not_deterministic(start: Point, found: Optional[str]) -> ValueError:
+def not_deterministic(start: Point, found: Optional[str]) -> ResumeError:
     """The error for a resumed slot whose chunk begins with another instance than saved."""
     where = f"record {start.record}" if start.record >= 0 else f"instance {start.skip}"
     now = "nothing" if found is None else f"another instance (digest {found})"
-    return ValueError(
+    return ResumeError(
         f"cannot resume exactly: the chunk this worker resumes in (chunk {start.chunk}, at "
         f"{where}) began with an instance of digest {start.digest} when the state was "
         f"saved, and the reader now yields {now} there. The reader is not deterministic "
@@ -248,7 +249,8 @@ def not_deterministic(start: Point, found: Optional[str]) -> ValueError:
         "iterated, a draw outside the loader's seeded streams) or the data changed, so "
         "the saved position would repeat and skip instances. Make the reader yield the "
         "same instances in the same order every run, or start the epoch afresh without "
-        "load_state_dict()"
+        "load_state_dict()",
+        "not_deterministic",
     )
 
 

@@ -30,6 +30,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, fields, is_dataclass
 from typing import Any, Optional, Protocol, TypeVar, cast, runtime_checkable
 
+from framework.errors import ResumeError
+
 __all__ = [
     "STATE_VERSION",
     "Consumed",
@@ -369,14 +371,15 @@ def check_samples(saved: Any, instances: list[Any], indexes: Optional[list[int]]
             continue
         found = digest_of(instances[place])
         if found != digest:
-            raise ValueError(
+            raise ResumeError(
                 f"cannot resume exactly: the reader yielded another instance for {key} "
                 f"(digest {found}) than when the state was saved ({digest}). The reader is "
                 "not deterministic (its order or its instances change from run to run: a set "
                 "or a directory listing iterated, a draw outside the loader's seeded streams) "
                 "or the data changed, so the saved position would repeat and skip instances. "
                 "Make the reader yield the same instances in the same order every run, or "
-                "start the epoch afresh without load_state_dict()"
+                "start the epoch afresh without load_state_dict()",
+                "not_deterministic",
             )
 
 
@@ -387,11 +390,12 @@ def _sample_key(place: int, indexes: Optional[list[int]], rank: int) -> str:
 def check_reader(reader: Any) -> None:
     """ValueError if `reader` declares that it is not deterministic (`deterministic = False`)."""
     if getattr(reader, "deterministic", True) is False:
-        raise ValueError(
+        raise ResumeError(
             f"{type(reader).__name__} declares deterministic = False: its instances or their "
             "order may change from run to run, so a saved position cannot be resumed "
             "exactly (it would repeat and skip instances). Start the epoch afresh without "
-            "load_state_dict(), or make the reader deterministic"
+            "load_state_dict(), or make the reader deterministic",
+            "not_deterministic",
         )
 
 
@@ -403,18 +407,22 @@ def check_settings(saved: Mapping[str, Any], current: Mapping[str, Any]) -> None
     are not among them: another split resumes.)
     """
     if bool(saved.get("lazy")) != current["lazy"]:
-        raise ValueError(
+        raise ResumeError(
             "the state was saved by a loader in the other mode (eager/lazy); build the "
-            "loader with the same max_instances_in_memory to resume it"
+            "loader with the same max_instances_in_memory to resume it",
+            "settings_differ",
         )
     for key, value in current.items():
         if key not in saved:
-            raise ValueError(f"the state's settings lack {key!r}; pass the loader's own state_dict()")
+            raise ResumeError(
+                f"the state's settings lack {key!r}; pass the loader's own state_dict()", "malformed"
+            )
         if not _same_setting(saved[key], value):
-            raise ValueError(
+            raise ResumeError(
                 f"the state was saved by a loader with {key}={saved[key]!r}, but this loader "
                 f"has {key}={value!r}: resuming would repeat or skip instances. Build the "
-                f"loader with {key}={saved[key]!r} to resume this state, or start without it"
+                f"loader with {key}={saved[key]!r} to resume this state, or start without it",
+                "settings_differ",
             )
 
 
@@ -483,9 +491,10 @@ def check_files(saved: Any) -> None:
     if saved is None:  # a state from before the stamps
         return
     if not (isinstance(saved, Mapping) and all(_stamp_ok(stamp) for stamp in saved.values())):
-        raise ValueError(
+        raise ResumeError(
             "the state's 'files' must map each data file to its size and fingerprint, got "
-            f"{saved!r}; pass the loader's own state_dict()"
+            f"{saved!r}; pass the loader's own state_dict()",
+            "malformed",
         )
     for path, stamp in saved.items():
         if isinstance(stamp, list):  # a state from before the fingerprints: [size, mtime_ns]
@@ -504,10 +513,11 @@ def check_files(saved: Any) -> None:
             elif now["sha256"] != stamp["sha256"]:
                 found = "same size, other content: records rewritten or reordered"
         if found is not None:
-            raise ValueError(
+            raise ResumeError(
                 f"data file {path} changed since the state was saved ({found}): the saved "
                 "positions would land on other records (mid-line, past the end). Resume with "
-                "the unchanged file, or start the epoch afresh without load_state_dict()"
+                "the unchanged file, or start the epoch afresh without load_state_dict()",
+                "files_changed",
             )
 
 

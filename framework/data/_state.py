@@ -31,6 +31,7 @@ from framework.data._shards import (
     sample_digests,
 )
 from framework.data.reader import current_distributed_info
+from framework.errors import ResumeError
 
 if TYPE_CHECKING:
     from framework.data.multiprocess import MultiProcessDataLoader
@@ -141,7 +142,7 @@ def rank_part(loader: MultiProcessDataLoader, position: Position, rank: int, wor
 def resumed_position(loader: MultiProcessDataLoader, state: Mapping[str, Any]) -> Position:
     if not isinstance(state, Mapping) or "version" not in state:
         old = isinstance(state, Mapping) and "position" in state
-        raise ValueError(
+        raise ResumeError(
             "load_state_dict() expects what MultiProcessDataLoader.state_dict() returned "
             f"(a mapping with 'version': {STATE_VERSION}), got "
             + (
@@ -149,13 +150,15 @@ def resumed_position(loader: MultiProcessDataLoader, state: Mapping[str, Any]) -
                 "it cannot be read by this version: start the epoch afresh"
                 if old
                 else f"{type(state).__name__}: pass the loader's own state_dict()"
-            )
+            ),
+            "malformed",
         )
     if state["version"] != STATE_VERSION:
-        raise ValueError(
+        raise ResumeError(
             f"the state has format version {state['version']!r}, and this version of "
             f"framework reads version {STATE_VERSION}: resume it with the version that "
-            "saved it, or start the epoch afresh"
+            "saved it, or start the epoch afresh",
+            "malformed",
         )
     check_files(state.get("files"))  # before the settings: its own clear error
     check_reader(loader.reader)
@@ -168,11 +171,14 @@ def resumed_position(loader: MultiProcessDataLoader, state: Mapping[str, Any]) -
         mine = Position.from_dict(dict(ranks[rank])) if exact else None
         first = Position.from_dict(dict(ranks[0]))
         consumed = None if state["consumed"] is None else Consumed.from_dict(state["consumed"])
+    except ResumeError:
+        raise
     except (KeyError, TypeError, IndexError, AttributeError, ValueError, zlib.error) as error:
-        raise ValueError(
+        raise ResumeError(
             f"load_state_dict() expects what MultiProcessDataLoader.state_dict() "
             f"returned; this state lacks or mangles a part ({type(error).__name__}: "
-            f"{error}); pass the loader's own state_dict()"
+            f"{error}); pass the loader's own state_dict()",
+            "malformed",
         ) from error
     # The cache the positions point into; under another split a reader's random draws
     # differ (other workers, other seeds), so only the same split can compare instances.
@@ -183,13 +189,14 @@ def resumed_position(loader: MultiProcessDataLoader, state: Mapping[str, Any]) -
     if mine is not None:
         return mine  # the same split: exact
     if consumed is None:
-        raise ValueError(
+        raise ResumeError(
             f"the state was saved with world_size={state['world_size']} and "
             f"num_workers={state['num_workers']}, and {type(loader.reader).__name__} does "
             "not say which record each instance came from (it shards by itself, builds "
             "a list, or yields several instances per record), so the rest of the epoch "
             "cannot be dealt over another split. Resume with the same num_workers and "
-            "world size, or see 'Resume anywhere' in the loader docs"
+            "world size, or see 'Resume anywhere' in the loader docs",
+            "other_split",
         )
     # Another split: a new pass over what is left, seeded from the saved pass.
     seed = derive_seed(first.seed, "resumed", world, slots_per_rank(loader), rank)

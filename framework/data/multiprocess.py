@@ -334,7 +334,8 @@ class MultiProcessDataLoader(DataLoader):
         The same num_workers and world size resume batch for batch; others deal out
         the records the epoch has not yielded yet over this loader's ranks and workers.
         Settings that would change which instances exist or how they batch (reader,
-        data_path, batch settings, sampler) must be the same: ValueError naming them.
+        data_path, batch settings, sampler) must be the same: `ResumeError` (a
+        ValueError) naming them.
         """
         position = resumed_position(self, state)
         epoch_batches = state.get("epoch_batches", 0)  # absent: a state from before the count

@@ -145,3 +145,40 @@ def test_the_digest_reads_dataclasses_and_ignores_handles() -> None:
 
     assert digest_of({"span": Span(1, 2)}) != digest_of({"span": Span(1, 3)})
     assert digest_of({"tok": Handle(), "x": 1}) == digest_of({"tok": Handle(), "x": 1})
+
+
+def test_every_refusal_is_a_resume_error_naming_its_reason(tmp_path: Path) -> None:
+    # One exception for every refusal, a ValueError as before, with a field to branch on.
+    from framework.errors import ResumeError, WorkerError
+
+    def refused(loader: MultiProcessDataLoader, state: Any) -> ResumeError:
+        with pytest.raises((ResumeError, WorkerError)) as caught:
+            loader.load_state_dict(state)
+            list(loader)
+        error = caught.value
+        error = error if isinstance(error, ResumeError) else error.__cause__
+        assert isinstance(error, ResumeError) and isinstance(error, ValueError)
+        return error
+
+    state = _save(_loader(CountingReader(N), "x", 0, None))
+    assert refused(_loader(CountingReader(N), "x", 0, None), {"x": 1}).reason == "malformed"
+    other = MultiProcessDataLoader(CountingReader(N), "x", batch_size=4, shuffle=True, quiet=True, seed=0)
+    assert refused(other, state).reason == "settings_differ"
+    declared = _save(_loader(DeclaredReader(N), "x", 0, None))
+    assert refused(_loader(DeclaredReader(N), "x", 0, None), declared).reason == "not_deterministic"
+    counter = tmp_path / "calls"
+    counter.write_text("0")
+    rotating = _save(_loader(RotatingReader(counter), "x", 2, 8), batches=2)
+    assert refused(_loader(RotatingReader(counter), "x", 2, 8), rotating).reason == "not_deterministic"
+
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps({"tokens": [i] * (i % 3 + 1), "id": i}) + "\n" for i in range(N)))
+    reader = DatasetReader.by_name("jsonl")
+    saved = _save(_loader(reader(), str(data), 0, 8))
+    data.write_text(data.read_text().replace('"id": 1}', '"id": 9}', 1))  # same size, other content
+    error = refused(_loader(reader(), str(data), 0, 8), saved)
+    assert error.reason == "files_changed" and str(data) in str(error)
+    import pickle
+
+    again = pickle.loads(pickle.dumps(error))
+    assert (type(again), again.reason, str(again)) == (ResumeError, "files_changed", str(error))

@@ -26,6 +26,7 @@ from framework._signatures import (
     first_paragraph,
     signature_of,
 )
+from framework._validate import FLOAT_MAX, unhashable, unwrap
 from framework.config import (
     _MAPPINGS,
     _NONE,
@@ -48,10 +49,12 @@ __all__ = ["DRAFT", "build_schema"]
 DRAFT = "https://json-schema.org/draft/2020-12/schema"
 # a class named by import path instead of a registered name
 DOTTED_PATH = r"^[A-Za-z_][\w.]*[.:][A-Za-z_][\w.]*$"
+# a float: any number but an integer beyond the float range (JSON has no other floats)
+_FLOAT = {"type": "number", "not": {"type": "integer", "not": {"minimum": -FLOAT_MAX, "maximum": FLOAT_MAX}}}
 _PRIMITIVES: dict[Any, dict[str, Any]] = {
     bool: {"type": "boolean"},
     int: {"type": "integer"},
-    float: {"type": "number"},
+    float: _FLOAT,
     str: {"type": "string"},
     _NONE: {"type": "null"},
 }
@@ -139,6 +142,7 @@ class _Builder:
         self, annotation: Any, provided: _Provided, explicit: frozenset[str] = frozenset()
     ) -> dict[str, Any]:
         """The schema of `annotation`; `explicit`: keys that the object it makes receives in code."""
+        annotation = unwrap(annotation)
         if accepts_anything(annotation):
             return {}
         if isinstance(annotation, Unresolved):
@@ -178,6 +182,8 @@ class _Builder:
             items = [self.annotation(a, provided) for a in args]
             return {"type": "array", "prefixItems": items, "minItems": len(args), "maxItems": len(args)}
         items_schema = self.annotation(args[0], provided) if args else {}
+        if origin in _SETS and args and unhashable(args[0]):  # validate says why
+            return {"type": "array", "maxItems": 0}
         return {"type": "array", **({"items": items_schema} if items_schema else {})}
 
     def plain(self, cls: Any, provided: _Provided, explicit: frozenset[str] = frozenset()) -> dict[str, Any]:

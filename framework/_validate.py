@@ -15,6 +15,7 @@ import enum
 import inspect
 import math
 import pathlib
+import sys
 import types
 import typing
 from collections.abc import Callable, Mapping
@@ -22,7 +23,7 @@ from typing import Any, Generic, Optional, TypeVar, Union
 
 from framework._signatures import EMPTY, AtLeast, Given, Unresolved, accepts_anything, signature_of
 from framework.errors import ConfigError
-from framework.registry import Registrable
+from framework.registry import Registrable, describe_error
 
 __all__ = ["MAX_DEPTH", "Lazy", "construct", "is_typed_dict", "typed_dict_fields"]
 
@@ -47,6 +48,7 @@ _BARE_CONTAINERS: dict[type, Any] = {
     frozenset: frozenset[Any],
     dict: dict[Any, Any],
 }
+FLOAT_MAX = sys.float_info.max  # an int beyond it is no float
 MAX_DEPTH = 50  # mappings and lists within each other: more is a mistake, or an attack
 
 
@@ -177,6 +179,7 @@ class _Walk:
 
     def dispatch(self, annotation: Any, value: Any, path: str) -> Any:
         """`value` (already entered by `value`) against `annotation`."""
+        annotation = unwrap(annotation)
         if accepts_anything(annotation):
             return value
         if isinstance(annotation, Unresolved):
@@ -225,6 +228,8 @@ class _Walk:
     def plain(self, cls: Any, value: Any, path: str) -> Any:
         if cls in _PRIMITIVES:
             accepts, name = _PRIMITIVES[cls]
+            if cls is float and isinstance(value, int) and not -FLOAT_MAX <= value <= FLOAT_MAX:
+                return self.fail(_mismatch(path, f"a float (at most {FLOAT_MAX:.2g} in size)", value))
             if accepts(value):
                 return float(value) if cls is float else int(value) if cls is int else value
             return self.fail(_mismatch(path, name, value))
@@ -317,17 +322,40 @@ class _Walk:
         if origin is tuple:
             return tuple(built)
         if origin in _SETS:
-            return frozenset(built) if origin is frozenset else set(built)
+            return self.set_of(origin, item_type, built, path)
         return built
+
+    def set_of(self, origin: Any, item_type: Any, items: list[Any], path: str) -> Any:
+        """A set of `items`; an item that cannot be in one is an error, not a TypeError."""
+        reason = unhashable(item_type)
+        for index, item in enumerate(items):
+            if reason is None:
+                try:
+                    hash(item)  # checking: the item as the config gives it (a list, say)
+                    continue
+                except TypeError:
+                    pass
+            self.fail(
+                ConfigError(
+                    _join(path, str(index)),
+                    f"a {_describe(item_type) if reason else type(item).__name__} cannot be in a set "
+                    f"({reason or 'it is not hashable'}): make the parameter a list, or give no items",
+                )
+            )
+            return None
+        if not self.build:
+            return None
+        return frozenset(items) if origin is frozenset else set(items)
 
     def mapping(self, args: tuple[Any, ...], value: Any, path: str) -> Any:
         if not isinstance(value, Mapping):
             return self.fail(_mismatch(path, "a mapping", value))
         key_type, value_type = args if args else (Any, Any)
-        return {
-            self.value(key_type, k, _join(path, k)): self.value(value_type, v, _join(path, k))
+        pairs = [
+            (self.value(key_type, k, _join(path, k)), self.value(value_type, v, _join(path, k)))
             for k, v in value.items()
-        }
+        ]
+        return dict(pairs) if self.build else None
 
     def instance(self, cls: type, config: Mapping[str, Any], path: str, explicit: Mapping[str, Any]) -> Any:
         if self.given:  # this object receives them; objects inside it see them as extras
@@ -449,8 +477,39 @@ class _Walk:
         if any(error.path in own for error in self.errors[before:]):
             return  # one of its own keys is wrong: its rules would misread it
         arguments = {name: given.get(name, parameter.default) for name, parameter in parameters.items()}
-        for key, problem in checks(arguments):
-            self.fail(ConfigError(_join(path, key), problem))
+        try:
+            found = list(checks(arguments))
+        except Exception as error:  # a component's own rule is broken: say so, never crash
+            owner = signature_of(factory).owner
+            found = [("", f"{owner}.config_checks raised {describe_error(error)} on this config")]
+        for key, problem in found:
+            self.fail(ConfigError(_join(path, key) if key else path, problem))
+
+
+def unwrap(annotation: Any) -> Any:
+    """`annotation` with its `NewType`s taken off: a ``NewType("UserId", int)`` is an int."""
+    while isinstance(annotation, typing.NewType):
+        annotation = annotation.__supertype__
+    return annotation
+
+
+def unhashable(annotation: Any) -> Optional[str]:
+    """Why no value built for `annotation` can be in a set, or None if one can."""
+    annotation = unwrap(annotation)
+    origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:
+        return unhashable(typing.get_args(annotation)[0])
+    if origin in _UNION_TYPES:
+        reasons = [unhashable(a) for a in typing.get_args(annotation)]
+        return reasons[0] if all(reasons) else None
+    kind = origin if origin is not None else annotation
+    if kind in (list, dict, set) or kind in _SEQUENCES or kind in _MAPPINGS:
+        return "a list or a mapping is not hashable"
+    if kind in _SETS and kind is not frozenset:
+        return "a set is not hashable"
+    if isinstance(kind, type) and origin is None and getattr(kind, "__hash__", None) is None:
+        return f"{kind.__name__} objects are not hashable"
+    return None
 
 
 def _same(value: Any, choice: Any) -> bool:

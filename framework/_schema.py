@@ -13,6 +13,7 @@ import inspect
 import json
 import pathlib
 import typing
+import urllib.parse
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Optional, Union
 
@@ -26,7 +27,7 @@ from framework._signatures import (
     first_paragraph,
     signature_of,
 )
-from framework._validate import FLOAT_MAX, unhashable, unwrap
+from framework._validate import FLOAT_MAX, META_KEYS, unhashable, unwrap
 from framework.config import (
     _MAPPINGS,
     _NONE,
@@ -91,7 +92,13 @@ def build_schema(base: Union[str, type, None] = None, given: Iterable[str] = ())
 
 
 def _pointer(key: str) -> str:
-    return "#/$defs/" + key.replace("~", "~0").replace("/", "~1")
+    """The ``$ref`` to ``$defs[key]``: a JSON pointer (RFC 6901) in a URI fragment, so
+    percent-encoded (a registered name may hold ``%``, ``#``, quotes, any letter)."""
+    return "#" + urllib.parse.quote("/$defs/" + key.replace("~", "~0").replace("/", "~1"), safe=_FRAGMENT)
+
+
+# what a URI fragment may hold as it is (RFC 3986), besides letters and digits
+_FRAGMENT = "!$&'()*+,;=:@/?-._~"
 
 
 def _json_default(value: Any) -> tuple[bool, Any]:
@@ -322,6 +329,8 @@ class _Builder:
             properties[name] = schema
             if parameter.default is EMPTY and provided is not None and name not in provided:
                 required.append(name)
+        for key in META_KEYS:  # any config may name its schema, for editors (validate ignores it)
+            properties.setdefault(key, {"type": "string", "description": "the schema this file follows"})
         result: dict[str, Any] = {"type": "object"}
         summary = first_paragraph(factory)
         if summary:

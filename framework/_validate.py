@@ -48,6 +48,8 @@ _BARE_CONTAINERS: dict[type, Any] = {
     frozenset: frozenset[Any],
     dict: dict[Any, Any],
 }
+# keys for editors, allowed in any component's config and ignored: its schema's URL
+META_KEYS = ("$schema",)
 FLOAT_MAX = sys.float_info.max  # an int beyond it is no float
 MAX_DEPTH = 50  # mappings and lists within each other: more is a mistake, or an attack
 
@@ -398,6 +400,10 @@ class _Walk:
         signature = signature_of(factory)
         owner = signature.owner
         before = len(self.errors)
+        for key in [key for key in META_KEYS if key in params]:
+            meta = params.pop(key)
+            if not isinstance(meta, str):
+                self.fail(_mismatch(_join(path, key), "str (a schema's URL)", meta))
         kwargs: dict[str, Any] = dict(explicit)
         if not signature.accepts_extra:
             for name in [key for key in explicit if key not in signature.parameters]:

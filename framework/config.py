@@ -26,6 +26,7 @@ from framework._validate import _SEQUENCES as _SEQUENCES
 from framework._validate import _SETS as _SETS
 from framework._validate import _UNION_TYPES as _UNION_TYPES
 from framework._validate import MAX_DEPTH as MAX_DEPTH
+from framework._validate import META_KEYS
 from framework._validate import Lazy as Lazy
 from framework._validate import _combined, _mismatch, _Walk
 from framework._validate import _is_constructible as _is_constructible
@@ -38,7 +39,7 @@ from framework.registry import Registrable
 
 __all__ = ["AtLeast", "ConfigChecks", "Lazy", "check", "construct", "json_schema", "load_config", "validate"]
 
-RUN_CONFIG_META_KEYS = ("$schema",)  # allowed at the top of a run config, for editors
+RUN_CONFIG_META_KEYS = META_KEYS  # allowed in a run config and in every component's, for editors
 
 
 def load_config(path: Union[str, PathLike[str]]) -> dict[str, Any]:

@@ -113,3 +113,55 @@ def test_a_new_type_checks_its_supertype() -> None:
     assert Part.from_config({"type": "user", "uid": 7.0}).uid == 7  # type: ignore[attr-defined]
     schema = json_schema(Part)["$defs"]["Part.user"]["properties"]
     assert schema["uid"] == {"type": "integer"} and schema["name"]["type"] == "string"
+
+
+# -- 5. names that a JSON pointer must escape ---------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["50%", "a%41b", "x~y/z", "tab#1", "naïve", 'say"hi"', "a{b}"])
+def test_a_registered_name_that_a_pointer_escapes_is_reachable_in_the_schema(name: str) -> None:
+    @Part.register(name)
+    class Sized(Part):
+        def __init__(self, size: int = 1) -> None:
+            self.size = size
+
+    @Part.register("other")
+    class Other(Part):
+        def __init__(self, label: str = "") -> None:
+            self.label = label
+
+    assert_all_accept({"type": name, "size": 2})
+    [error] = assert_all_refuse({"type": name, "size": "big"})
+    assert error == "size: expected int, got 'big'"
+    assert_all_refuse({"type": name, "label": "x"})  # the other component's key
+
+
+# -- 7. "$schema" in a component config -----------------------------------------------------
+
+
+def test_a_schema_key_is_accepted_and_ignored_in_component_configs_at_any_level() -> None:
+    @Part.register("leaf")
+    class Leaf(Part):
+        def __init__(self, size: int = 1) -> None:
+            self.size = size
+
+    @Part.register("tree", exist_ok=True)
+    class Tree(Part):
+        def __init__(self, child: Optional[Part] = None, **kwargs: Any) -> None:
+            self.child, self.kwargs = child, kwargs
+
+    pointed = {"$schema": "./part.schema.json", "type": "tree", "child": {"$schema": "x", "type": "leaf"}}
+    assert_all_accept(pointed)
+    built = Part.from_config(pointed)
+    assert built.kwargs == {} and built.child.size == 1  # type: ignore[attr-defined]
+    [error] = assert_all_refuse({"$schema": 3, "type": "leaf"})
+    assert error.startswith("$schema: expected str")
+    # in a run config too, below the top
+    from framework.data import DatasetReader
+
+    config = {"$schema": "x", "dataset_reader": {"$schema": "reader.json", "type": "text"}, "data_path": "p"}
+    config["data_loader"] = {"$schema": "loader.json", "batch_size": 2}
+    assert validate(config) == []
+    schema = json_schema()
+    assert list(Draft202012Validator(schema).iter_errors(config)) == []
+    assert_all_accept({"$schema": "reader.json", "type": "jsonl"}, DatasetReader)

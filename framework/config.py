@@ -26,9 +26,8 @@ from framework._validate import _SEQUENCES as _SEQUENCES
 from framework._validate import _SETS as _SETS
 from framework._validate import _UNION_TYPES as _UNION_TYPES
 from framework._validate import MAX_DEPTH as MAX_DEPTH
-from framework._validate import META_KEYS
+from framework._validate import META_KEYS, _combined, _mismatch, _Walk
 from framework._validate import Lazy as Lazy
-from framework._validate import _combined, _mismatch, _Walk
 from framework._validate import _is_constructible as _is_constructible
 from framework._validate import _shown as _shown
 from framework._validate import construct as construct

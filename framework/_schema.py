@@ -8,6 +8,7 @@ that only code can make is accepted as anything).
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import inspect
 import json
@@ -17,14 +18,16 @@ import urllib.parse
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Optional, Union
 
+import attrs
+
 from framework._signatures import (
     EMPTY,
     AtLeast,
     Given,
     Unresolved,
     accepts_anything,
-    arg_docs,
     first_paragraph,
+    parameter_docs,
     signature_of,
 )
 from framework._validate import FLOAT_MAX, META_KEYS, unhashable, unwrap
@@ -103,6 +106,12 @@ _FRAGMENT = "!$&'()*+,;=:@/?-._~"
 
 def _json_default(value: Any) -> tuple[bool, Any]:
     """The default as JSON, if it has a JSON form."""
+    if (
+        value is attrs.NOTHING
+        or value is dataclasses.MISSING
+        or type(value).__name__ == "_HAS_DEFAULT_FACTORY_CLASS"
+    ):
+        return False, None  # made by a factory when the object is built: no value to show
     if isinstance(value, enum.Enum):
         value = value.value
     elif isinstance(value, pathlib.PurePath):
@@ -313,8 +322,7 @@ class _Builder:
     ) -> dict[str, Any]:
         """An object schema of `factory`'s keyword parameters, less those in `explicit`."""
         signature = signature_of(factory)
-        init = getattr(factory, "__init__", None) if isinstance(factory, type) else None
-        docs = {**arg_docs(init), **arg_docs(factory)}
+        docs = parameter_docs(factory)
         properties: dict[str, Any] = {} if type_schema is None else {"type": type_schema}
         required = []
         for name, parameter in signature.parameters.items():
@@ -324,7 +332,12 @@ class _Builder:
             if docs.get(name):
                 schema["description"] = docs[name]
             has_default, default = _json_default(parameter.default)
-            if parameter.default is not EMPTY and has_default:
+            # a default of another type (None for a class) means "leave it out", not a value
+            if (
+                parameter.default is not EMPTY
+                and has_default
+                and not errors_in(parameter.annotation, default)
+            ):
                 schema["default"] = default
             properties[name] = schema
             if parameter.default is EMPTY and provided is not None and name not in provided:
@@ -336,8 +349,13 @@ class _Builder:
         if summary:
             result["description"] = summary
         result["properties"] = properties
-        rules = getattr(getattr(factory, "config_checks", None), "json_schema", None)
-        if rules:  # what the component's own checks can say in JSON Schema
+        rules = dict(getattr(getattr(factory, "config_checks", None), "json_schema", None) or {})
+        for name, limits in dict(rules.pop("properties", None) or {}).items():
+            if name in properties:  # a parameter's own limits: with its schema, for editors
+                properties[name] = {**properties[name], **limits}
+            else:
+                rules.setdefault("properties", {})[name] = limits
+        if rules:  # what else the component's own checks can say in JSON Schema
             result["allOf"] = [rules]
         if required:
             result["required"] = required

@@ -165,3 +165,147 @@ def test_a_schema_key_is_accepted_and_ignored_in_component_configs_at_any_level(
     schema = json_schema()
     assert list(Draft202012Validator(schema).iter_errors(config)) == []
     assert_all_accept({"$schema": "reader.json", "type": "jsonl"}, DatasetReader)
+
+
+# -- 4. a mixin before the component --------------------------------------------------------
+
+
+class Loud:
+    """A mixin that forwards what it does not take.
+
+    Args:
+        volume: how loud.
+    """
+
+    def __init__(self, *, volume: int = 1, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.volume = volume
+
+
+class Quiet:
+    """A second mixin, that only forwards."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+
+
+class Sized(Part):
+    """A component with one parameter.
+
+    Args:
+        size: how big.
+    """
+
+    def __init__(self, size: int = 1) -> None:
+        self.size = size
+
+
+@pytest.mark.parametrize(
+    "mixins", [(Loud,), (Quiet,), (Loud, Quiet), (Quiet, Loud)], ids=lambda m: "+".join(c.__name__ for c in m)
+)
+def test_a_mixin_listed_before_the_component_forwards_to_it_and_typos_are_unknown_keys(
+    mixins: tuple[type, ...],
+) -> None:
+    mixed = type("Mixed", (*mixins, Sized), {})
+    Part.register("mixed")(mixed)
+    [error] = assert_all_refuse({"type": "mixed", "sise": 2})
+    assert error.startswith("sise: unknown key for Mixed. Did you mean 'size'?")
+    assert_all_refuse({"type": "mixed", "size": "big"})
+    assert_all_accept({"type": "mixed", "size": 2})
+    assert Part.from_config({"type": "mixed", "size": 2}).size == 2  # type: ignore[attr-defined]
+    if Loud in mixins:
+        assert Part.from_config({"type": "mixed", "volume": 3}).volume == 3  # type: ignore[attr-defined]
+        assert_all_refuse({"type": "mixed", "volume": "high"})
+    # the schema describes every parameter, the inherited ones from their own class's docs
+    properties = json_schema(Part)["$defs"]["Part.mixed"]["properties"]
+    assert properties["size"]["description"] == "how big."
+    assert Loud not in mixins or properties["volume"]["description"] == "how loud."
+
+
+# -- 6. schema quality --------------------------------------------------------------------
+
+
+def every_property(schema: dict[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
+    return [
+        (key, name, spec)
+        for key, definition in schema["$defs"].items()
+        for name, spec in definition.get("properties", {}).items()
+        if name != "type"
+    ]
+
+
+def test_defaults_that_are_no_json_value_of_their_type_are_not_published() -> None:
+    import attrs
+
+    class Unbuilt:
+        """Made in code."""
+
+    @Part.register("defaults")
+    @attrs.define
+    class Defaults(Part):
+        """Defaults of every kind.
+
+        Args:
+            names: from a factory.
+            count: from a factory too.
+            thing: None, which is no Unbuilt.
+            label: a plain default.
+        """
+
+        names: list[str] = attrs.field(factory=list)
+        count: int = attrs.field(factory=lambda: 5)
+        thing: Unbuilt = None  # type: ignore[assignment]
+        label: str = "x"
+
+    properties = json_schema(Part)["$defs"]["Part.defaults"]["properties"]
+    assert "default" not in properties["names"] and "default" not in properties["count"]
+    assert "default" not in properties["thing"]
+    assert properties["label"]["default"] == "x"
+    assert Part.from_config({"type": "defaults"}).names == []  # type: ignore[attr-defined]
+
+
+def test_every_published_default_passes_its_own_schema_and_validate() -> None:
+    schema = json_schema()
+    for key, name, spec in every_property(schema):
+        if "default" in spec:
+            alone = {**spec, "$defs": schema["$defs"]}
+            assert not list(Draft202012Validator(alone).iter_errors(spec["default"])), (key, name)
+
+
+def test_every_built_in_parameter_is_described_in_the_schema_and_a_component_by_its_own_docs() -> None:
+    schema = json_schema()
+    assert [(key, name) for key, name, spec in every_property(schema) if not spec.get("description")] == []
+
+    @Part.register("undocumented")
+    class Undocumented(Sized):
+        pass
+
+    definition = json_schema(Part)["$defs"]["Part.undocumented"]
+    assert "description" not in definition  # not Sized's: that is another component
+    assert definition["properties"]["size"]["description"] == "how big."
+
+
+@pytest.mark.parametrize(
+    ("key", "bad", "good"),
+    [
+        ("start_method", "thread", "spawn"),
+        ("transfer", "pipe", "shared_memory"),
+        ("num_workers", -1, 0),
+        ("batch_size", 0, 1),
+        ("batches_per_epoch", 0, 1),
+        ("max_instances_in_memory", 0, 8),
+        ("timeout", 0, 0.5),
+    ],
+)
+def test_the_loader_schema_states_its_choices_and_minimums(key: str, bad: Any, good: Any) -> None:
+    from framework.data import DataLoader
+
+    schema = json_schema(DataLoader)
+    validator = Draft202012Validator(schema)
+    config = {"batch_size": 4, key: bad}
+    assert list(validator.iter_errors(config)) and validate(config, DataLoader)
+    config[key] = good
+    assert list(validator.iter_errors(config)) == [] and validate(config, DataLoader) == []
+    [definition] = [d for k, d in schema["$defs"].items() if k.startswith("DataLoader.multiprocess")]
+    if key in ("start_method", "transfer"):
+        assert good in definition["properties"][key]["enum"]  # offered by editors

@@ -144,7 +144,20 @@ def _config_problems(arguments: Mapping[str, Any]) -> list[tuple[str, str]]:
 _PROBLEM_KEYS = tuple(inspect.signature(problems).parameters)
 # `problems` of a loader config's arguments; the schema can say that one of two is needed
 config_checks = ConfigChecks(
-    _config_problems, {"anyOf": [{"required": ["batch_size"]}, {"required": ["batch_sampler"]}]}
+    _config_problems,
+    {
+        "anyOf": [{"required": ["batch_size"]}, {"required": ["batch_sampler"]}],
+        # each parameter's own limits, shown with it by editors
+        "properties": {
+            "num_workers": {"minimum": 0},
+            "batch_size": {"minimum": 1},
+            "batches_per_epoch": {"minimum": 1, "maximum": sys.maxsize},
+            "max_instances_in_memory": {"minimum": 1},
+            "start_method": {"enum": multiprocessing.get_all_start_methods()},
+            "transfer": {"enum": list(TRANSFERS)},
+            "timeout": {"exclusiveMinimum": 0, "maximum": sys.float_info.max},
+        },
+    },
 )
 
 

@@ -30,7 +30,7 @@ from framework._signatures import (
     parameter_docs,
     signature_of,
 )
-from framework._validate import FLOAT_MAX, META_KEYS, unhashable, unwrap
+from framework._validate import FLOAT_MAX, INT_KEY, META_KEYS, unhashable, unwrap
 from framework.config import (
     _MAPPINGS,
     _NONE,
@@ -46,7 +46,7 @@ from framework.config import (
     resolve_base,
     typed_dict_fields,
 )
-from framework.registry import Registrable, RegistryEntry
+from framework.registry import Registrable, RegistryEntry, get_registry
 
 __all__ = ["DRAFT", "build_schema"]
 
@@ -102,6 +102,45 @@ def _pointer(key: str) -> str:
 
 # what a URI fragment may hold as it is (RFC 3986), besides letters and digits
 _FRAGMENT = "!$&'()*+,;=:@/?-._~"
+
+
+# what `AtLeast` limits, by the JSON type of the value (None: any of them)
+_AT_LEAST: dict[Optional[str], tuple[str, ...]] = {
+    "integer": ("minimum",),
+    "number": ("minimum",),
+    "string": ("minLength",),
+    "array": ("minItems",),
+    "object": ("minProperties",),
+    "boolean": (),
+    "null": (),
+    None: ("minimum", "minLength", "minItems", "minProperties"),
+}
+
+
+def _is_json_choice(value: Any) -> bool:
+    """A choice that a JSON value equals as validate compares (a tuple equals no list)."""
+    if isinstance(value, float):
+        return value == value and abs(value) != float("inf")
+    return value is None or type(value) in (str, int, bool) or isinstance(value, (str, int))
+
+
+def _subclass_entries(cls: type[Registrable]) -> dict[str, RegistryEntry]:
+    """The names a concrete `cls`'s "type" may give: those registered on its bases for
+    `cls` or a subclass of it (as `Registrable.by_name` finds them)."""
+    found: dict[str, RegistryEntry] = {}
+    for ancestor in cls.__mro__:
+        if not (isinstance(ancestor, type) and issubclass(ancestor, Registrable)):
+            continue
+        for name, entry in get_registry().entries(ancestor).items():
+            if name in found:
+                continue
+            try:
+                loaded = entry.load()
+            except Exception:  # by_name fails on it too
+                continue
+            if issubclass(loaded, cls):
+                found[name] = entry
+    return found
 
 
 def _json_default(value: Any) -> tuple[bool, Any]:
@@ -169,8 +208,9 @@ class _Builder:
         if origin in _UNION_TYPES:
             alternatives = [self.annotation(a, provided, explicit) for a in args]
             return {} if {} in alternatives else {"anyOf": alternatives}
-        if origin is typing.Literal:
-            return {"enum": [a.value if isinstance(a, enum.Enum) else a for a in args]}
+        if origin is typing.Literal:  # an enum member: its value or its name, as validate reads it
+            choices = [c for a in args for c in ((a.value, a.name) if isinstance(a, enum.Enum) else (a,))]
+            return {"enum": [c for c in dict.fromkeys(choices) if _is_json_choice(c)]}
         if origin is Lazy or annotation is Lazy:
             return self.annotation(args[0] if args else Any, None)
         if origin is typing.Annotated:
@@ -179,18 +219,37 @@ class _Builder:
             return self.collection(origin, args, provided)
         if origin in _MAPPINGS:
             values = self.annotation(args[1], provided) if args else {}
-            return {"type": "object", **({"additionalProperties": values} if values else {})}
+            keys = self.mapping_keys(args[0]) if args else {}
+            return {
+                "type": "object",
+                **({"propertyNames": keys} if keys else {}),
+                **({"additionalProperties": values} if values else {}),
+            }
         if origin is not None and isinstance(origin, type):
             return self.plain(origin, provided)
         if origin is not None:
             return {}
         return self.plain(annotation, provided, explicit)
 
+    def mapping_keys(self, annotation: Any) -> dict[str, Any]:
+        """The schema of a mapping's keys (JSON's are strings: an int key is its digits)."""
+        annotation = unwrap(annotation)
+        if annotation is str:
+            return {}
+        if annotation is int:
+            return {"anyOf": [{"type": "integer"}, {"type": "string", "pattern": INT_KEY}]}
+        return self.annotation(annotation, frozenset())
+
     def annotated(self, annotation: Any, metadata: tuple[Any, ...], provided: _Provided) -> dict[str, Any]:
         given = frozenset(name for m in metadata if isinstance(m, Given) for name in m.names)
         schema = dict(self.annotation(annotation, None if provided is None else provided | given, given))
         for limit in (m for m in metadata if isinstance(m, AtLeast)):
-            schema["minLength" if schema.get("type") == "string" else "minimum"] = limit.minimum
+            # a number, or the length of a string, list or mapping (as validate reads it)
+            kind = schema.get("type")
+            for keyword in (
+                _AT_LEAST.get(kind, _AT_LEAST[None]) if isinstance(kind, (str, type(None))) else ()
+            ):
+                schema[keyword] = limit.minimum
         return schema
 
     def collection(self, origin: Any, args: tuple[Any, ...], provided: _Provided) -> dict[str, Any]:
@@ -219,7 +278,7 @@ class _Builder:
             return {"not": {}, "description": f"a {cls.__name__} is made in code: a config cannot give one"}
         if issubclass(cls, enum.Enum):
             choices = [m.value for m in cls] + [m.name for m in cls]
-            return {"enum": [c for c in dict.fromkeys(choices) if _json_default(c)[0]]}
+            return {"enum": [c for c in dict.fromkeys(choices) if _is_json_choice(c)]}
         if issubclass(cls, pathlib.PurePath):
             return {"type": "string"}
         if cls in (list, tuple, set, frozenset):
@@ -246,11 +305,14 @@ class _Builder:
             return _pointer(key)
         self.defs[key] = {}
         entries = cls.registry_entries()
-        is_base = inspect.isabstract(cls) or bool(entries)
-        if not is_base:  # a concrete class: its own parameters, "type" optional
-            self.defs[key] = self.arguments(cls, provided, {"type": "string"}, explicit)
-            return _pointer(key)
-        names = cls.list_available()
+        itself: Optional[str] = None  # a concrete class: a mapping without "type" is one
+        if not (inspect.isabstract(cls) or entries):  # "type" may name it or a subclass
+            entries = _subclass_entries(cls)
+            itself = self.key(cls, provided, " itself", explicit)
+            if itself not in self.defs:
+                self.defs[itself] = {}
+                self.defs[itself] = self.arguments(cls, provided, None, explicit)
+        names = sorted(entries) if itself else cls.list_available()
         choices: list[dict[str, Any]] = []
         alone: list[dict[str, Any]] = []  # the names that make a config by themselves
         rules: list[dict[str, Any]] = []
@@ -266,7 +328,9 @@ class _Builder:
                 }
             )
         default = cls.default_implementation if cls.default_implementation in entries else None
-        if default is not None:
+        if itself is not None:
+            rules.append({"if": {"not": {"required": ["type"]}}, "then": {"$ref": _pointer(itself)}})
+        elif default is not None:
             rules.append(
                 {
                     "if": {"not": {"required": ["type"]}},
@@ -280,7 +344,7 @@ class _Builder:
         }
         type_schema = {"anyOf": [*choices, dotted]}
         mapping: dict[str, Any] = {"type": "object", "properties": {"type": type_schema}}
-        if default is None:
+        if default is None and itself is None:
             mapping["required"] = ["type"]
         if rules:
             mapping["allOf"] = rules
@@ -349,7 +413,12 @@ class _Builder:
         if summary:
             result["description"] = summary
         result["properties"] = properties
-        rules = dict(getattr(getattr(factory, "config_checks", None), "json_schema", None) or {})
+        # inside a Lazy, construct() may still give what the rules need: validate runs none there
+        rules = (
+            {}
+            if provided is None
+            else dict(getattr(getattr(factory, "config_checks", None), "json_schema", None) or {})
+        )
         for name, limits in dict(rules.pop("properties", None) or {}).items():
             if name in properties:  # a parameter's own limits: with its schema, for editors
                 properties[name] = {**properties[name], **limits}

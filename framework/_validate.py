@@ -14,7 +14,9 @@ import difflib
 import enum
 import inspect
 import math
+import numbers
 import pathlib
+import re
 import sys
 import types
 import typing
@@ -40,14 +42,22 @@ _SEQUENCES = (
 _SETS = (set, frozenset, collections.abc.Set, collections.abc.MutableSet)
 _MAPPINGS = (dict, collections.abc.Mapping, collections.abc.MutableMapping)
 _NONE = type(None)
-# a bare container annotation, as the generic it means (checked item by item)
-_BARE_CONTAINERS: dict[type, Any] = {
+# a bare container or number annotation, as what a config can give for it (checked item
+# by item): a str is a Sequence to Python, but no list to JSON
+_BARE: dict[Any, Any] = {
     list: list[Any],
     tuple: tuple[Any, ...],
     set: set[Any],
     frozenset: frozenset[Any],
     dict: dict[Any, Any],
+    **dict.fromkeys(_MAPPINGS[1:], dict[Any, Any]),
+    **dict.fromkeys(_SEQUENCES[1:], list[Any]),
+    **dict.fromkeys(_SETS[2:], set[Any]),
+    **dict.fromkeys((numbers.Number, numbers.Complex, numbers.Real), float),
+    **dict.fromkeys((numbers.Rational, numbers.Integral), int),
 }
+# a dict key that stands for an int (JSON keys are strings): its digits, as JSON writes them
+INT_KEY = r"^(0|-?[1-9][0-9]{0,4299})$"
 # keys for editors, allowed in any component's config and ignored: its schema's URL
 META_KEYS = ("$schema",)
 FLOAT_MAX = sys.float_info.max  # an int beyond it is no float
@@ -192,9 +202,13 @@ class _Walk:
             return self.union(args, value, path)
         if origin is typing.Literal:
             for choice in args:
-                if _same(value, choice):
+                if _same(value, choice) or (
+                    isinstance(choice, enum.Enum)
+                    and (_same(value, choice.value) or _same(value, choice.name))
+                ):
                     return choice
-            return self.fail(_mismatch(path, " or ".join(repr(a) for a in args), value))
+            shown = (repr(a.value) if isinstance(a, enum.Enum) else repr(a) for a in args)
+            return self.fail(_mismatch(path, " or ".join(shown), value))
         if origin is Lazy or annotation is Lazy:
             target = args[0] if args else Any
             if isinstance(value, Lazy):
@@ -222,9 +236,9 @@ class _Walk:
         before = len(self.errors)
         built = walk.dispatch(annotation, value, path)
         for limit in (m for m in metadata if isinstance(m, AtLeast)):
-            size = len(value) if isinstance(value, str) else value
-            if len(self.errors) == before and isinstance(size, (int, float)) and size < limit.minimum:
-                self.fail(_mismatch(path, _describe_at_least(annotation, limit), value))
+            size = _size(value)
+            if len(self.errors) == before and size is not None and size < limit.minimum:
+                self.fail(_mismatch(path, _describe_at_least(annotation, limit, value), value))
         return built
 
     def plain(self, cls: Any, value: Any, path: str) -> Any:
@@ -254,8 +268,6 @@ class _Walk:
             return self.fail(_mismatch(path, " or ".join(repr(m.value) for m in cls), value))
         if issubclass(cls, pathlib.PurePath) and isinstance(value, str):
             return cls(value)
-        if cls in _BARE_CONTAINERS:
-            return self.dispatch(_BARE_CONTAINERS[cls], value, path)
         if issubclass(cls, Registrable) and isinstance(value, str):
             value = {"type": value}
         if isinstance(value, Mapping) and _is_constructible(cls):
@@ -352,12 +364,20 @@ class _Walk:
     def mapping(self, args: tuple[Any, ...], value: Any, path: str) -> Any:
         if not isinstance(value, Mapping):
             return self.fail(_mismatch(path, "a mapping", value))
-        key_type, value_type = args if args else (Any, Any)
+        key_type, value_type = (unwrap(args[0]), args[1]) if args else (Any, Any)
         pairs = [
-            (self.value(key_type, k, _join(path, k)), self.value(value_type, v, _join(path, k)))
+            (self.key(key_type, k, _join(path, k)), self.value(value_type, v, _join(path, k)))
             for k, v in value.items()
         ]
         return dict(pairs) if self.build else None
+
+    def key(self, key_type: Any, key: Any, path: str) -> Any:
+        """A mapping's key as `key_type`; an int key is written as its digits (JSON keys are strings)."""
+        if key_type is int and isinstance(key, str):
+            if re.fullmatch(INT_KEY, key):
+                return int(key)
+            return self.fail(_mismatch(path, 'an int key (its digits, as in "7")', key))
+        return self.value(key_type, key, path)
 
     def instance(self, cls: type, config: Mapping[str, Any], path: str, explicit: Mapping[str, Any]) -> Any:
         if self.given:  # this object receives them; objects inside it see them as extras
@@ -493,10 +513,23 @@ class _Walk:
 
 
 def unwrap(annotation: Any) -> Any:
-    """`annotation` with its `NewType`s taken off: a ``NewType("UserId", int)`` is an int."""
+    """`annotation` as a config gives it: a ``NewType("UserId", int)`` is an int, a bare
+    ``Mapping`` a ``dict[Any, Any]``, ``numbers.Real`` a float."""
     while isinstance(annotation, typing.NewType):
         annotation = annotation.__supertype__
-    return annotation
+    try:
+        return _BARE.get(annotation, annotation)
+    except TypeError:  # unhashable: no bare class
+        return annotation
+
+
+def _size(value: Any) -> Optional[float]:
+    """What `AtLeast` compares: a number, or the length of a str, list or mapping."""
+    if isinstance(value, (str, list, tuple, Mapping)):
+        return len(value)
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return value
+    return None
 
 
 def unhashable(annotation: Any) -> Optional[str]:
@@ -591,8 +624,11 @@ def _describe(annotation: Any) -> str:
     return str(annotation).replace("typing.", "")
 
 
-def _describe_at_least(annotation: Any, limit: AtLeast) -> str:
-    if annotation is str:
+def _describe_at_least(annotation: Any, limit: AtLeast, value: Any = None) -> str:
+    if isinstance(value, (list, tuple, Mapping)):
+        unit = "keys" if isinstance(value, Mapping) else "items"
+        return f"{_describe(annotation)} of at least {limit.minimum} {unit}"
+    if annotation is str or isinstance(value, str):
         return "a non-empty str" if limit.minimum == 1 else f"a str of at least {limit.minimum} characters"
     if limit.minimum == 1 and annotation is int:
         return "a positive int"

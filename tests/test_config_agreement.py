@@ -3,14 +3,17 @@ disagreed (the third review, issue 24): each test here failed before its fix."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, NewType, Optional
+import enum
+import numbers
+from collections.abc import Mapping, Sequence
+from typing import Annotated, Any, Literal, NewType, Optional, Union
 
 import pytest
 from jsonschema import Draft202012Validator  # type: ignore[import-untyped]
 
-from framework import Registrable
-from framework.config import json_schema, validate
+from framework import Lazy, Registrable
+from framework.config import AtLeast, json_schema, validate
+from framework.data import DataLoader
 from framework.errors import ConfigError
 
 pytestmark = pytest.mark.timeout(60)
@@ -298,8 +301,6 @@ def test_every_built_in_parameter_is_described_in_the_schema_and_a_component_by_
     ],
 )
 def test_the_loader_schema_states_its_choices_and_minimums(key: str, bad: Any, good: Any) -> None:
-    from framework.data import DataLoader
-
     schema = json_schema(DataLoader)
     validator = Draft202012Validator(schema)
     config = {"batch_size": 4, key: bad}
@@ -309,3 +310,150 @@ def test_the_loader_schema_states_its_choices_and_minimums(key: str, bad: Any, g
     [definition] = [d for k, d in schema["$defs"].items() if k.startswith("DataLoader.multiprocess")]
     if key in ("start_method", "transfer"):
         assert good in definition["properties"][key]["enum"]  # offered by editors
+
+
+# -- 2. annotations the schema and validate read differently -----------------------------
+
+
+class Color(enum.Enum):
+    RED = "red"
+    BLUE = "blue"
+
+
+def test_dict_keys_of_int_are_checked_by_both_and_built_as_ints() -> None:
+    @Part.register("counts")
+    class Counts(Part):
+        def __init__(self, by_id: dict[int, str] = {}, by_color: dict[Color, int] = {}) -> None:  # noqa: B006
+            self.by_id, self.by_color = by_id, by_color
+
+    assert_all_accept({"type": "counts", "by_id": {"1": "a", "-20": "b", "0": "c"}})
+    assert Part.from_config({"type": "counts", "by_id": {"7": "a"}}).by_id == {7: "a"}  # type: ignore[attr-defined]
+    for key in ("a", "1.5", "01", " 1", "-0", ""):
+        assert_all_refuse({"type": "counts", "by_id": {key: "x"}})
+    assert_all_accept({"type": "counts", "by_color": {"red": 1, "BLUE": 2}})
+    assert_all_refuse({"type": "counts", "by_color": {"green": 1}})
+
+
+def test_a_literal_of_an_enum_member_takes_its_value_or_name() -> None:
+    @Part.register("lit")
+    class Lit(Part):
+        def __init__(self, color: Literal[Color.RED, "plain"] = "plain") -> None:
+            self.color = color
+
+    assert_all_accept({"type": "lit", "color": "red"})
+    assert_all_accept({"type": "lit", "color": "RED"})
+    assert_all_accept({"type": "lit", "color": "plain"})
+    assert Part.from_config({"type": "lit", "color": "red"}).color is Color.RED  # type: ignore[attr-defined]
+    assert_all_refuse({"type": "lit", "color": "blue"})
+    assert_all_refuse({"type": "lit", "color": "BLUE"})
+
+
+def test_at_least_limits_the_length_of_strings_lists_and_mappings() -> None:
+    @Part.register("sized_things")
+    class SizedThings(Part):
+        def __init__(
+            self,
+            names: Annotated[list[str], AtLeast(2)] = ["a", "b"],  # noqa: B006
+            table: Annotated[dict[str, int], AtLeast(1)] = {"a": 1},  # noqa: B006
+            either: Annotated[Union[int, str], AtLeast(3)] = 3,
+            anything: Annotated[Any, AtLeast(1)] = 1,
+        ) -> None:
+            pass
+
+    for good in ({"names": ["x", "y"]}, {"table": {"k": 1}}, {"either": "abc"}, {"either": 4}):
+        assert_all_accept({"type": "sized_things", **good})
+    for bad in (
+        {"names": ["x"]},
+        {"table": {}},
+        {"either": "ab"},
+        {"either": 2},
+        {"anything": []},
+        {"anything": ""},
+        {"anything": 0},
+    ):
+        assert_all_refuse({"type": "sized_things", **bad})
+    assert_all_accept({"type": "sized_things", "anything": True})  # a bool has no size
+
+
+def test_bare_abstract_containers_and_numbers_are_what_json_gives() -> None:
+    @Part.register("bare")
+    class Bare(Part):
+        def __init__(
+            self,
+            table: Mapping = {},  # type: ignore[type-arg]
+            items: Sequence = (),  # type: ignore[type-arg]
+            real: numbers.Real = 0,
+            whole: numbers.Integral = 0,
+        ) -> None:
+            self.table, self.items, self.real, self.whole = table, items, real, whole
+
+    built = Part.from_config({"type": "bare", "table": {"a": 1}, "items": [1, "x"], "real": 1.5, "whole": 2})
+    assert (built.table, built.items, built.real, built.whole) == ({"a": 1}, [1, "x"], 1.5, 2)  # type: ignore[attr-defined]
+    assert_all_accept({"type": "bare", "table": {"a": 1}, "items": [1, "x"], "real": 1.5, "whole": 2})
+    assert_all_accept({"type": "bare", "real": 3})
+    for bad in (
+        {"table": [1]},
+        {"items": "abc"},
+        {"items": {"a": 1}},
+        {"real": "1"},
+        {"real": True},
+        {"whole": 1.5},
+    ):
+        assert_all_refuse({"type": "bare", **bad})
+
+
+def test_lazy_of_a_component_with_config_checks_leaves_them_to_construct() -> None:
+    @Part.register("later")
+    class Later(Part):
+        def __init__(self, loader: Optional[Lazy[DataLoader]] = None) -> None:
+            self.loader = loader
+
+    for lazy in ({}, "multiprocess", {"reader": "text"}, {"num_workers": 2}):
+        assert_all_accept({"type": "later", "loader": lazy})
+    for bad in ({"batch_size": "x"}, {"num_wrkers": 1}, {"type": "nope"}, 3):
+        assert_all_refuse({"type": "later", "loader": bad})
+
+
+class PlainSized(Sized):
+    """Sized, registered."""
+
+
+class Bigger(PlainSized):
+    """Sized with a floor.
+
+    Args:
+        floor: the least size.
+    """
+
+    def __init__(self, floor: int = 0, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.floor = floor
+
+
+class Holder(Part):
+    def __init__(self, inner: Optional[PlainSized] = None) -> None:
+        self.inner = inner
+
+
+def test_a_concrete_component_class_as_annotation_takes_its_own_keys_or_a_subclass_name() -> None:
+    Part.register("plain_sized")(PlainSized)
+    Part.register("bigger")(Bigger)
+    Part.register("holder")(Holder)
+
+    @Part.register("unrelated")
+    class Unrelated(Part):
+        def __init__(self, size: int = 1) -> None:
+            pass
+
+    for inner in (
+        {},
+        {"size": 2},
+        {"type": "plain_sized"},
+        "plain_sized",
+        "bigger",
+        {"type": "bigger", "floor": 1},
+    ):
+        assert_all_accept({"type": "holder", "inner": inner})
+    assert type(Part.from_config({"type": "holder", "inner": "bigger"}).inner) is Bigger  # type: ignore[attr-defined]
+    for bad in ({"type": "unrelated"}, "unrelated", {"type": "nope"}, {"floor": 1}, {"size": "x"}, 3):
+        assert_all_refuse({"type": "holder", "inner": bad})

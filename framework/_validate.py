@@ -122,10 +122,26 @@ def construct(
 
 def _check_then_build(step: Callable[[_Walk], Any], extras: Mapping[str, Any]) -> Any:
     checking = _Walk(build=False, extras=extras)
-    step(checking)
+    checked(checking, step)
     if checking.errors:
         raise _combined(checking.errors)
     return step(_Walk(build=True, extras=extras))
+
+
+def checked(walk: _Walk, step: Callable[[_Walk], Any]) -> list[ConfigError]:
+    """Run a checking `step`; anything but a `ConfigError` that escapes it (a bug) is one
+    more error, so checking a config only ever gives `ConfigError`s."""
+    try:
+        step(walk)
+    except Exception as error:
+        walk.errors.append(
+            ConfigError(
+                "",
+                f"the check of this config failed ({describe_error(error)}); this is a bug in "
+                "framework's config checking: please report it with the config",
+            )
+        )
+    return walk.errors
 
 
 def _combined(errors: list[ConfigError]) -> ConfigError:

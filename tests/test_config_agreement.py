@@ -96,6 +96,22 @@ def test_config_checks_that_raise_are_an_error_not_a_crash() -> None:
     assert "RuntimeError: the rule itself is broken" in str(error) and "config_checks" in str(error)
 
 
+def test_a_bug_in_the_checks_is_reported_as_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    from framework import _validate
+
+    def broken(self: Any, cls: Any, value: Any, path: str) -> Any:
+        raise KeyError("a bug")
+
+    monkeypatch.setattr(_validate._Walk, "plain", broken)
+    [error] = validate({"type": "anything"}, Part)
+    assert "KeyError: 'a bug'" in str(error) and "please report it" in str(error)
+    with pytest.raises(ConfigError, match="a bug"):
+        Part.from_config({"type": "anything"})
+    from framework.config import errors_in
+
+    assert len(errors_in(int, 3)) == 1
+
+
 # -- 3. NewType --------------------------------------------------------------------------
 
 UserId = NewType("UserId", int)

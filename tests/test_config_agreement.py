@@ -328,6 +328,18 @@ def test_the_loader_schema_states_its_choices_and_minimums(key: str, bad: Any, g
         assert good in definition["properties"][key]["enum"]  # offered by editors
 
 
+def test_the_loader_schema_refuses_a_null_batch_size_without_a_sampler() -> None:
+    validator = Draft202012Validator(json_schema(DataLoader))
+    for config in (
+        {"batch_size": None},
+        {"batch_sampler": None},
+        {"batch_size": None, "batch_sampler": None},
+    ):
+        assert list(validator.iter_errors(config)) and validate(config, DataLoader)
+    good = {"batch_size": None, "batch_sampler": {"type": "bucket", "batch_size": 2}}
+    assert not list(validator.iter_errors(good)) and validate(good, DataLoader) == []
+
+
 # -- 2. annotations the schema and validate read differently -----------------------------
 
 

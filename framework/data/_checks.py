@@ -146,7 +146,10 @@ _PROBLEM_KEYS = tuple(inspect.signature(problems).parameters)
 config_checks = ConfigChecks(
     _config_problems,
     {
-        "anyOf": [{"required": ["batch_size"]}, {"required": ["batch_sampler"]}],
+        "anyOf": [  # one of them, and not null
+            {"required": [key], "properties": {key: {"not": {"type": "null"}}}}
+            for key in ("batch_size", "batch_sampler")
+        ],
         # each parameter's own limits, shown with it by editors
         "properties": {
             "num_workers": {"minimum": 0},

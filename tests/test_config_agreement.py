@@ -340,6 +340,29 @@ def test_the_loader_schema_refuses_a_null_batch_size_without_a_sampler() -> None
     assert not list(validator.iter_errors(good)) and validate(good, DataLoader) == []
 
 
+@pytest.mark.parametrize(
+    ("bad", "good"),
+    [
+        (
+            {"batch_size": 4, "persistent_workers": True},
+            {"batch_size": 4, "persistent_workers": True, "num_workers": 1},
+        ),
+        ({"batch_sampler": "bucket", "batch_size": 4}, {"batch_sampler": "bucket", "batch_size": None}),
+        ({"batch_sampler": "bucket", "drop_last": True}, {"batch_sampler": "bucket", "drop_last": False}),
+        ({"batch_sampler": "bucket", "shuffle": True}, {"batch_sampler": "bucket", "shuffle": False}),
+    ],
+)
+def test_the_loader_schema_states_the_rules_between_its_keys(
+    bad: dict[str, Any], good: dict[str, Any]
+) -> None:
+    validator = Draft202012Validator(json_schema(DataLoader))
+    for config in (bad, good):  # a sampler that can be built, whatever the test
+        if config.get("batch_sampler") == "bucket":
+            config["batch_sampler"] = {"type": "bucket", "batch_size": 2}
+    assert list(validator.iter_errors(bad)) and validate(bad, DataLoader)
+    assert list(validator.iter_errors(good)) == [] and validate(good, DataLoader) == []
+
+
 # -- 2. annotations the schema and validate read differently -----------------------------
 
 

@@ -104,8 +104,9 @@ class Signature:
 def signature_of(factory: Callable[..., Any]) -> Signature:
     """The parameters of a class's ``__init__`` (or of a function), cached per factory.
 
-    A constructor that takes ``**kwargs`` is taken to forward them to its parent's
-    ``__init__`` (as AllenNLP assumes), so the parent's parameters are its keys too.
+    A constructor that takes ``**kwargs`` is taken to forward them to the next
+    ``__init__`` in the built class's MRO (as AllenNLP assumes; a mixin listed before
+    the component forwards to the component), so those parameters are its keys too.
     Keys that no constructor names are passed through to ``**kwargs`` only where the
     chain ends in a ``**kwargs`` that nothing forwards: anywhere else the parent
     would reject them, so they are unknown keys.

@@ -8,13 +8,17 @@ that only code can make is accepted as anything).
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import inspect
 import json
 import pathlib
 import typing
+import urllib.parse
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Optional, Union
+
+import attrs
 
 from framework._signatures import (
     EMPTY,
@@ -22,10 +26,11 @@ from framework._signatures import (
     Given,
     Unresolved,
     accepts_anything,
-    arg_docs,
     first_paragraph,
+    parameter_docs,
     signature_of,
 )
+from framework._validate import FLOAT_MAX, INT_KEY, META_KEYS, unhashable, unwrap
 from framework.config import (
     _MAPPINGS,
     _NONE,
@@ -41,17 +46,19 @@ from framework.config import (
     resolve_base,
     typed_dict_fields,
 )
-from framework.registry import Registrable, RegistryEntry
+from framework.registry import Registrable, RegistryEntry, get_registry
 
 __all__ = ["DRAFT", "build_schema"]
 
 DRAFT = "https://json-schema.org/draft/2020-12/schema"
 # a class named by import path instead of a registered name
 DOTTED_PATH = r"^[A-Za-z_][\w.]*[.:][A-Za-z_][\w.]*$"
+# a float: any number but an integer beyond the float range (JSON has no other floats)
+_FLOAT = {"type": "number", "not": {"type": "integer", "not": {"minimum": -FLOAT_MAX, "maximum": FLOAT_MAX}}}
 _PRIMITIVES: dict[Any, dict[str, Any]] = {
     bool: {"type": "boolean"},
     int: {"type": "integer"},
-    float: {"type": "number"},
+    float: _FLOAT,
     str: {"type": "string"},
     _NONE: {"type": "null"},
 }
@@ -88,11 +95,62 @@ def build_schema(base: Union[str, type, None] = None, given: Iterable[str] = ())
 
 
 def _pointer(key: str) -> str:
-    return "#/$defs/" + key.replace("~", "~0").replace("/", "~1")
+    """The ``$ref`` to ``$defs[key]``: a JSON pointer (RFC 6901) in a URI fragment, so
+    percent-encoded (a registered name may hold ``%``, ``#``, quotes, any letter)."""
+    return "#" + urllib.parse.quote("/$defs/" + key.replace("~", "~0").replace("/", "~1"), safe=_FRAGMENT)
+
+
+# what a URI fragment may hold as it is (RFC 3986), besides letters and digits
+_FRAGMENT = "!$&'()*+,;=:@/?-._~"
+
+
+# what `AtLeast` limits, by the JSON type of the value (None: any of them)
+_AT_LEAST: dict[Optional[str], tuple[str, ...]] = {
+    "integer": ("minimum",),
+    "number": ("minimum",),
+    "string": ("minLength",),
+    "array": ("minItems",),
+    "object": ("minProperties",),
+    "boolean": (),
+    "null": (),
+    None: ("minimum", "minLength", "minItems", "minProperties"),
+}
+
+
+def _is_json_choice(value: Any) -> bool:
+    """A choice that a JSON value equals as validate compares (a tuple equals no list)."""
+    if isinstance(value, float):
+        return value == value and abs(value) != float("inf")
+    return value is None or type(value) in (str, int, bool) or isinstance(value, (str, int))
+
+
+def _subclass_entries(cls: type[Registrable]) -> dict[str, RegistryEntry]:
+    """The names a concrete `cls`'s "type" may give: those registered on its bases for
+    `cls` or a subclass of it (as `Registrable.by_name` finds them)."""
+    found: dict[str, RegistryEntry] = {}
+    for ancestor in cls.__mro__:
+        if not (isinstance(ancestor, type) and issubclass(ancestor, Registrable)):
+            continue
+        for name, entry in get_registry().entries(ancestor).items():
+            if name in found:
+                continue
+            try:
+                loaded = entry.load()
+            except Exception:  # by_name fails on it too
+                continue
+            if issubclass(loaded, cls):
+                found[name] = entry
+    return found
 
 
 def _json_default(value: Any) -> tuple[bool, Any]:
     """The default as JSON, if it has a JSON form."""
+    if (
+        value is attrs.NOTHING
+        or value is dataclasses.MISSING
+        or type(value).__name__ == "_HAS_DEFAULT_FACTORY_CLASS"
+    ):
+        return False, None  # made by a factory when the object is built: no value to show
     if isinstance(value, enum.Enum):
         value = value.value
     elif isinstance(value, pathlib.PurePath):
@@ -156,6 +214,7 @@ class _Builder:
         self, annotation: Any, provided: _Provided, explicit: frozenset[str] = frozenset()
     ) -> dict[str, Any]:
         """The schema of `annotation`; `explicit`: keys that the object it makes receives in code."""
+        annotation = unwrap(annotation)
         if accepts_anything(annotation):
             return {}
         if isinstance(annotation, Unresolved):
@@ -166,8 +225,9 @@ class _Builder:
         if origin in _UNION_TYPES:
             alternatives = [self.annotation(a, provided, explicit) for a in args]
             return {} if {} in alternatives else {"anyOf": alternatives}
-        if origin is typing.Literal:
-            return {"enum": [a.value if isinstance(a, enum.Enum) else a for a in args]}
+        if origin is typing.Literal:  # an enum member: its value or its name, as validate reads it
+            choices = [c for a in args for c in ((a.value, a.name) if isinstance(a, enum.Enum) else (a,))]
+            return {"enum": [c for c in dict.fromkeys(choices) if _is_json_choice(c)]}
         if origin is Lazy or annotation is Lazy:
             return self.annotation(args[0] if args else Any, None)
         if origin is typing.Annotated:
@@ -176,18 +236,37 @@ class _Builder:
             return self.collection(origin, args, provided)
         if origin in _MAPPINGS:
             values = self.annotation(args[1], provided) if args else {}
-            return {"type": "object", **({"additionalProperties": values} if values else {})}
+            keys = self.mapping_keys(args[0]) if args else {}
+            return {
+                "type": "object",
+                **({"propertyNames": keys} if keys else {}),
+                **({"additionalProperties": values} if values else {}),
+            }
         if origin is not None and isinstance(origin, type):
             return self.plain(origin, provided)
         if origin is not None:
             return {}
         return self.plain(annotation, provided, explicit)
 
+    def mapping_keys(self, annotation: Any) -> dict[str, Any]:
+        """The schema of a mapping's keys (JSON's are strings: an int key is its digits)."""
+        annotation = unwrap(annotation)
+        if annotation is str:
+            return {}
+        if annotation is int:
+            return {"anyOf": [{"type": "integer"}, {"type": "string", "pattern": INT_KEY}]}
+        return self.annotation(annotation, frozenset())
+
     def annotated(self, annotation: Any, metadata: tuple[Any, ...], provided: _Provided) -> dict[str, Any]:
         given = frozenset(name for m in metadata if isinstance(m, Given) for name in m.names)
         schema = dict(self.annotation(annotation, None if provided is None else provided | given, given))
         for limit in (m for m in metadata if isinstance(m, AtLeast)):
-            schema["minLength" if schema.get("type") == "string" else "minimum"] = limit.minimum
+            # a number, or the length of a string, list or mapping (as validate reads it)
+            kind = schema.get("type")
+            for keyword in (
+                _AT_LEAST.get(kind, _AT_LEAST[None]) if isinstance(kind, (str, type(None))) else ()
+            ):
+                schema[keyword] = limit.minimum
         return schema
 
     def collection(self, origin: Any, args: tuple[Any, ...], provided: _Provided) -> dict[str, Any]:
@@ -195,6 +274,8 @@ class _Builder:
             items = [self.annotation(a, provided) for a in args]
             return {"type": "array", "prefixItems": items, "minItems": len(args), "maxItems": len(args)}
         items_schema = self.annotation(args[0], provided) if args else {}
+        if origin in _SETS and args and unhashable(args[0]):  # validate says why
+            return {"type": "array", "maxItems": 0}
         return {"type": "array", **({"items": items_schema} if items_schema else {})}
 
     def plain(self, cls: Any, provided: _Provided, explicit: frozenset[str] = frozenset()) -> dict[str, Any]:
@@ -214,7 +295,7 @@ class _Builder:
             return {"not": {}, "description": f"a {cls.__name__} is made in code: a config cannot give one"}
         if issubclass(cls, enum.Enum):
             choices = [m.value for m in cls] + [m.name for m in cls]
-            return {"enum": [c for c in dict.fromkeys(choices) if _json_default(c)[0]]}
+            return {"enum": [c for c in dict.fromkeys(choices) if _is_json_choice(c)]}
         if issubclass(cls, pathlib.PurePath):
             return {"type": "string"}
         if cls in (list, tuple, set, frozenset):
@@ -241,11 +322,14 @@ class _Builder:
             return _pointer(key)
         self.defs[key] = {}
         entries = cls.registry_entries()
-        is_base = inspect.isabstract(cls) or bool(entries)
-        if not is_base:  # a concrete class: its own parameters, "type" optional
-            self.defs[key] = self.arguments(cls, provided, {"type": "string"}, explicit)
-            return _pointer(key)
-        names = cls.list_available()
+        itself: Optional[str] = None  # a concrete class: a mapping without "type" is one
+        if not (inspect.isabstract(cls) or entries):  # "type" may name it or a subclass
+            entries = _subclass_entries(cls)
+            itself = self.key(cls, provided, " itself", explicit)
+            if itself not in self.defs:
+                self.defs[itself] = {}
+                self.defs[itself] = self.arguments(cls, provided, None, explicit)
+        names = sorted(entries) if itself else cls.list_available()
         choices: list[dict[str, Any]] = []
         alone: list[dict[str, Any]] = []  # the names that make a config by themselves
         rules: list[dict[str, Any]] = []
@@ -264,7 +348,9 @@ class _Builder:
                 }
             )
         default = cls.default_implementation if cls.default_implementation in entries else None
-        if default is not None:
+        if itself is not None:
+            rules.append({"if": {"not": {"required": ["type"]}}, "then": {"$ref": _pointer(itself)}})
+        elif default is not None:
             rules.append(
                 {
                     "if": {"not": {"required": ["type"]}},
@@ -278,7 +364,7 @@ class _Builder:
         }
         type_schema = {"anyOf": [*choices, dotted]}
         mapping: dict[str, Any] = {"type": "object", "properties": {"type": type_schema}}
-        if default is None:
+        if default is None and itself is None:
             mapping["required"] = ["type"]
         if rules:
             mapping["allOf"] = rules
@@ -320,8 +406,7 @@ class _Builder:
     ) -> dict[str, Any]:
         """An object schema of `factory`'s keyword parameters, less those in `explicit`."""
         signature = signature_of(factory)
-        init = getattr(factory, "__init__", None) if isinstance(factory, type) else None
-        docs = {**arg_docs(init), **arg_docs(factory)}
+        docs = parameter_docs(factory)
         properties: dict[str, Any] = {} if type_schema is None else {"type": type_schema}
         required = []
         for name, parameter in signature.parameters.items():
@@ -331,18 +416,35 @@ class _Builder:
             if docs.get(name):
                 schema["description"] = docs[name]
             has_default, default = _json_default(parameter.default)
-            if parameter.default is not EMPTY and has_default:
+            # a default of another type (None for a class) means "leave it out", not a value
+            if (
+                parameter.default is not EMPTY
+                and has_default
+                and not errors_in(parameter.annotation, default)
+            ):
                 schema["default"] = default
             properties[name] = schema
             if parameter.default is EMPTY and provided is not None and name not in provided:
                 required.append(name)
+        for key in META_KEYS:  # any config may name its schema, for editors (validate ignores it)
+            properties.setdefault(key, {"type": "string", "description": "the schema this file follows"})
         result: dict[str, Any] = {"type": "object"}
         summary = first_paragraph(factory)
         if summary:
             result["description"] = summary
         result["properties"] = properties
-        rules = getattr(getattr(factory, "config_checks", None), "json_schema", None)
-        if rules:  # what the component's own checks can say in JSON Schema
+        # inside a Lazy, construct() may still give what the rules need: validate runs none there
+        rules = (
+            {}
+            if provided is None
+            else dict(getattr(getattr(factory, "config_checks", None), "json_schema", None) or {})
+        )
+        for name, limits in dict(rules.pop("properties", None) or {}).items():
+            if name in properties:  # a parameter's own limits: with its schema, for editors
+                properties[name] = {**properties[name], **limits}
+            else:
+                rules.setdefault("properties", {})[name] = limits
+        if rules:  # what else the component's own checks can say in JSON Schema
             result["allOf"] = [rules]
         if required:
             result["required"] = required

@@ -30,6 +30,7 @@ __all__ = [
     "accepts_anything",
     "arg_docs",
     "first_paragraph",
+    "parameter_docs",
     "signature_of",
 ]
 
@@ -143,16 +144,13 @@ class Signature:
     accepts_extra: bool
 
 
-def _init_definer(cls: type) -> type:
-    return next((k for k in cls.__mro__ if "__init__" in vars(k)), object)
-
-
 @functools.lru_cache(maxsize=4096)
 def signature_of(factory: Callable[..., Any]) -> Signature:
     """The parameters of a class's ``__init__`` (or of a function), cached per factory.
 
-    A constructor that takes ``**kwargs`` is taken to forward them to its parent's
-    ``__init__`` (as AllenNLP assumes), so the parent's parameters are its keys too.
+    A constructor that takes ``**kwargs`` is taken to forward them to the next
+    ``__init__`` in the built class's MRO (as AllenNLP assumes; a mixin listed before
+    the component forwards to the component), so those parameters are its keys too.
     Keys that no constructor names are passed through to ``**kwargs`` only where the
     chain ends in a ``**kwargs`` that nothing forwards: anywhere else the parent
     would reject them, so they are unknown keys.
@@ -160,17 +158,39 @@ def signature_of(factory: Callable[..., Any]) -> Signature:
     if isinstance(factory, type) and issubclass(factory, tuple) and hasattr(factory, "_fields"):
         return _named_tuple_signature(factory)
     if isinstance(factory, type):
-        definer = _init_definer(factory)
-        if definer is object:
-            return Signature(factory.__name__, {}, False)
-        function: Callable[..., Any] = definer.__init__  # type: ignore[misc]
-        owner, skip_first = factory.__name__, True
-    else:
-        function, owner, skip_first = factory, getattr(factory, "__qualname__", repr(factory)), False
+        return _class_signature(factory)
+    owner = getattr(factory, "__qualname__", repr(factory))
+    return _function_signature(factory, owner, skip_first=False) or Signature(owner, {}, True)
+
+
+def _class_signature(cls: type) -> Signature:
+    """The keys of `cls`'s ``__init__``, following ``**kwargs`` along `cls`'s own MRO.
+
+    ``super().__init__(**kwargs)`` reaches the next class in the MRO of the object
+    being built, not of the class that wrote it: a mixin listed before the component
+    forwards to the component."""
+    owner = cls.__name__
+    parameters: dict[str, Parameter] = {}
+    definers = [klass for klass in cls.__mro__ if "__init__" in vars(klass)]
+    for index, klass in enumerate(definers):
+        if klass is object:  # no __init__ at all; or a **kwargs that nothing forwards
+            return Signature(owner, parameters, index > 0)
+        step = _function_signature(klass.__init__, klass.__name__, skip_first=True)  # type: ignore[misc]
+        if step is None:  # a builtin without a signature: accept anything
+            return Signature(owner, parameters, True)
+        for name, spec in step.parameters.items():
+            parameters.setdefault(name, spec)
+        if not step.accepts_extra:
+            break
+    return Signature(owner, parameters, False)
+
+
+def _function_signature(function: Callable[..., Any], owner: str, skip_first: bool) -> Optional[Signature]:
+    """`function`'s keys; None if it has no signature that can be read (a builtin)."""
     try:
         signature = inspect.signature(function)
-    except (TypeError, ValueError):  # a builtin without a signature: accept anything
-        return Signature(owner, {}, True)
+    except (TypeError, ValueError):
+        return None
     hints = _type_hints(function, owner)
     parameters: dict[str, Parameter] = {}
     takes_kwargs = False
@@ -183,15 +203,7 @@ def signature_of(factory: Callable[..., Any]) -> Signature:
             annotation = hints.get(parameter.name, parameter.annotation)
             positional = parameter.kind is inspect.Parameter.POSITIONAL_ONLY
             parameters[parameter.name] = Parameter(parameter.name, annotation, parameter.default, positional)
-    accepts_extra = takes_kwargs
-    if takes_kwargs and isinstance(factory, type):
-        parent = next((k for k in _init_definer(factory).__mro__[1:] if "__init__" in vars(k)), object)
-        if parent is not object:
-            inherited = signature_of(parent)
-            for name, spec in inherited.parameters.items():
-                parameters.setdefault(name, spec)
-            accepts_extra = inherited.accepts_extra
-    return Signature(owner, parameters, accepts_extra)
+    return Signature(owner, parameters, takes_kwargs)
 
 
 def _named_tuple_signature(cls: type) -> Signature:
@@ -227,9 +239,24 @@ def accepts_anything(annotation: Any) -> bool:
 
 
 def first_paragraph(obj: Any) -> str:
-    """The first paragraph of `obj`'s docstring, on one line."""
-    doc = inspect.getdoc(obj) or ""
+    """The first paragraph of `obj`'s own docstring, on one line (a class without one
+    has none: its parent's describes another component)."""
+    own = vars(obj).get("__doc__") if isinstance(obj, type) else getattr(obj, "__doc__", None)
+    doc = inspect.cleandoc(own) if isinstance(own, str) else ""
     return " ".join(doc.strip().split("\n\n", 1)[0].split())
+
+
+def parameter_docs(factory: Callable[..., Any]) -> dict[str, str]:
+    """`factory`'s parameter descriptions; a class's from every class of its MRO (the
+    nearest says it), so the parameters it takes through ``**kwargs`` are described."""
+    if not isinstance(factory, type):
+        return arg_docs(factory)
+    docs: dict[str, str] = {}
+    for klass in reversed(factory.__mro__):
+        if "__init__" in vars(klass):
+            docs.update(arg_docs(vars(klass)["__init__"]))
+        docs.update(arg_docs(klass))
+    return docs
 
 
 def arg_docs(obj: Any) -> dict[str, str]:

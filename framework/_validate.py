@@ -14,7 +14,10 @@ import difflib
 import enum
 import inspect
 import math
+import numbers
 import pathlib
+import re
+import sys
 import types
 import typing
 from collections.abc import Callable, Mapping
@@ -22,7 +25,7 @@ from typing import Any, Generic, Optional, TypeVar, Union
 
 from framework._signatures import EMPTY, AtLeast, Given, Unresolved, accepts_anything, signature_of
 from framework.errors import ConfigError
-from framework.registry import Registrable
+from framework.registry import Registrable, describe_error
 
 __all__ = ["MAX_DEPTH", "Lazy", "construct", "is_typed_dict", "typed_dict_fields"]
 
@@ -39,14 +42,25 @@ _SEQUENCES = (
 _SETS = (set, frozenset, collections.abc.Set, collections.abc.MutableSet)
 _MAPPINGS = (dict, collections.abc.Mapping, collections.abc.MutableMapping)
 _NONE = type(None)
-# a bare container annotation, as the generic it means (checked item by item)
-_BARE_CONTAINERS: dict[type, Any] = {
+# a bare container or number annotation, as what a config can give for it (checked item
+# by item): a str is a Sequence to Python, but no list to JSON
+_BARE: dict[Any, Any] = {
     list: list[Any],
     tuple: tuple[Any, ...],
     set: set[Any],
     frozenset: frozenset[Any],
     dict: dict[Any, Any],
+    **dict.fromkeys(_MAPPINGS[1:], dict[Any, Any]),
+    **dict.fromkeys(_SEQUENCES[1:], list[Any]),
+    **dict.fromkeys(_SETS[2:], set[Any]),
+    **dict.fromkeys((numbers.Number, numbers.Complex, numbers.Real), float),
+    **dict.fromkeys((numbers.Rational, numbers.Integral), int),
 }
+# a dict key that stands for an int (JSON keys are strings): its digits, as JSON writes them
+INT_KEY = r"^(0|-?[1-9][0-9]{0,4299})$"
+# keys for editors, allowed in any component's config and ignored: its schema's URL
+META_KEYS = ("$schema",)
+FLOAT_MAX = sys.float_info.max  # an int beyond it is no float
 MAX_DEPTH = 50  # mappings and lists within each other: more is a mistake, or an attack
 
 
@@ -108,10 +122,26 @@ def construct(
 
 def _check_then_build(step: Callable[[_Walk], Any], extras: Mapping[str, Any]) -> Any:
     checking = _Walk(build=False, extras=extras)
-    step(checking)
+    checked(checking, step)
     if checking.errors:
         raise _combined(checking.errors)
     return step(_Walk(build=True, extras=extras))
+
+
+def checked(walk: _Walk, step: Callable[[_Walk], Any]) -> list[ConfigError]:
+    """Run a checking `step`; anything but a `ConfigError` that escapes it (a bug) is one
+    more error, so checking a config only ever gives `ConfigError`s."""
+    try:
+        step(walk)
+    except Exception as error:
+        walk.errors.append(
+            ConfigError(
+                "",
+                f"the check of this config failed ({describe_error(error)}); this is a bug in "
+                "framework's config checking: please report it with the config",
+            )
+        )
+    return walk.errors
 
 
 def _combined(errors: list[ConfigError]) -> ConfigError:
@@ -189,6 +219,7 @@ class _Walk:
 
     def dispatch(self, annotation: Any, value: Any, path: str) -> Any:
         """`value` (already entered by `value`) against `annotation`."""
+        annotation = unwrap(annotation)
         if accepts_anything(annotation):
             return value
         if isinstance(annotation, Unresolved):
@@ -199,9 +230,13 @@ class _Walk:
             return self.union(args, value, path)
         if origin is typing.Literal:
             for choice in args:
-                if _same(value, choice):
+                if _same(value, choice) or (
+                    isinstance(choice, enum.Enum)
+                    and (_same(value, choice.value) or _same(value, choice.name))
+                ):
                     return choice
-            return self.fail(_mismatch(path, " or ".join(repr(a) for a in args), value))
+            shown = (repr(a.value) if isinstance(a, enum.Enum) else repr(a) for a in args)
+            return self.fail(_mismatch(path, " or ".join(shown), value))
         if origin is Lazy or annotation is Lazy:
             target = args[0] if args else Any
             if isinstance(value, Lazy):
@@ -229,14 +264,16 @@ class _Walk:
         before = len(self.errors)
         built = walk.dispatch(annotation, value, path)
         for limit in (m for m in metadata if isinstance(m, AtLeast)):
-            size = len(value) if isinstance(value, str) else value
-            if len(self.errors) == before and isinstance(size, (int, float)) and size < limit.minimum:
-                self.fail(_mismatch(path, _describe_at_least(annotation, limit), value))
+            size = _size(value)
+            if len(self.errors) == before and size is not None and size < limit.minimum:
+                self.fail(_mismatch(path, _describe_at_least(annotation, limit, value), value))
         return built
 
     def plain(self, cls: Any, value: Any, path: str) -> Any:
         if cls in _PRIMITIVES:
             accepts, name = _PRIMITIVES[cls]
+            if cls is float and isinstance(value, int) and not -FLOAT_MAX <= value <= FLOAT_MAX:
+                return self.fail(_mismatch(path, f"a float (at most {FLOAT_MAX:.2g} in size)", value))
             if accepts(value):
                 return float(value) if cls is float else int(value) if cls is int else value
             return self.fail(_mismatch(path, name, value))
@@ -259,8 +296,6 @@ class _Walk:
             return self.fail(_mismatch(path, " or ".join(repr(m.value) for m in cls), value))
         if issubclass(cls, pathlib.PurePath) and isinstance(value, str):
             return cls(value)
-        if cls in _BARE_CONTAINERS:
-            return self.dispatch(_BARE_CONTAINERS[cls], value, path)
         if issubclass(cls, Registrable) and isinstance(value, str):
             value = {"type": value}
         if isinstance(value, Mapping) and _is_constructible(cls):
@@ -329,17 +364,48 @@ class _Walk:
         if origin is tuple:
             return tuple(built)
         if origin in _SETS:
-            return frozenset(built) if origin is frozenset else set(built)
+            return self.set_of(origin, item_type, built, path)
         return built
+
+    def set_of(self, origin: Any, item_type: Any, items: list[Any], path: str) -> Any:
+        """A set of `items`; an item that cannot be in one is an error, not a TypeError."""
+        reason = unhashable(item_type)
+        for index, item in enumerate(items):
+            if reason is None:
+                try:
+                    hash(item)  # checking: the item as the config gives it (a list, say)
+                    continue
+                except TypeError:
+                    pass
+            self.fail(
+                ConfigError(
+                    _join(path, str(index)),
+                    f"a {_describe(item_type) if reason else type(item).__name__} cannot be in a set "
+                    f"({reason or 'it is not hashable'}): make the parameter a list, or give no items",
+                )
+            )
+            return None
+        if not self.build:
+            return None
+        return frozenset(items) if origin is frozenset else set(items)
 
     def mapping(self, args: tuple[Any, ...], value: Any, path: str) -> Any:
         if not isinstance(value, Mapping):
             return self.fail(_mismatch(path, "a mapping", value))
-        key_type, value_type = args if args else (Any, Any)
-        return {
-            self.value(key_type, k, _join(path, k)): self.value(value_type, v, _join(path, k))
+        key_type, value_type = (unwrap(args[0]), args[1]) if args else (Any, Any)
+        pairs = [
+            (self.key(key_type, k, _join(path, k)), self.value(value_type, v, _join(path, k)))
             for k, v in value.items()
-        }
+        ]
+        return dict(pairs) if self.build else None
+
+    def key(self, key_type: Any, key: Any, path: str) -> Any:
+        """A mapping's key as `key_type`; an int key is written as its digits (JSON keys are strings)."""
+        if key_type is int and isinstance(key, str):
+            if re.fullmatch(INT_KEY, key):
+                return int(key)
+            return self.fail(_mismatch(path, 'an int key (its digits, as in "7")', key))
+        return self.value(key_type, key, path)
 
     def instance(self, cls: type, config: Mapping[str, Any], path: str, explicit: Mapping[str, Any]) -> Any:
         if self.given:  # this object receives them; objects inside it see them as extras
@@ -382,6 +448,10 @@ class _Walk:
         signature = signature_of(factory)
         owner = signature.owner
         before = len(self.errors)
+        for key in [key for key in META_KEYS if key in params]:
+            meta = params.pop(key)
+            if not isinstance(meta, str):
+                self.fail(_mismatch(_join(path, key), "str (a schema's URL)", meta))
         kwargs: dict[str, Any] = dict(explicit)
         if not signature.accepts_extra:
             for name in [key for key in explicit if key not in signature.parameters]:
@@ -461,8 +531,52 @@ class _Walk:
         if any(error.path in own for error in self.errors[before:]):
             return  # one of its own keys is wrong: its rules would misread it
         arguments = {name: given.get(name, parameter.default) for name, parameter in parameters.items()}
-        for key, problem in checks(arguments):
-            self.fail(ConfigError(_join(path, key), problem))
+        try:
+            found = list(checks(arguments))
+        except Exception as error:  # a component's own rule is broken: say so, never crash
+            owner = signature_of(factory).owner
+            found = [("", f"{owner}.config_checks raised {describe_error(error)} on this config")]
+        for key, problem in found:
+            self.fail(ConfigError(_join(path, key) if key else path, problem))
+
+
+def unwrap(annotation: Any) -> Any:
+    """`annotation` as a config gives it: a ``NewType("UserId", int)`` is an int, a bare
+    ``Mapping`` a ``dict[Any, Any]``, ``numbers.Real`` a float."""
+    while isinstance(annotation, typing.NewType):
+        annotation = annotation.__supertype__
+    try:
+        return _BARE.get(annotation, annotation)
+    except TypeError:  # unhashable: no bare class
+        return annotation
+
+
+def _size(value: Any) -> Optional[float]:
+    """What `AtLeast` compares: a number, or the length of a str, list or mapping."""
+    if isinstance(value, (str, list, tuple, Mapping)):
+        return len(value)
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return value
+    return None
+
+
+def unhashable(annotation: Any) -> Optional[str]:
+    """Why no value built for `annotation` can be in a set, or None if one can."""
+    annotation = unwrap(annotation)
+    origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:
+        return unhashable(typing.get_args(annotation)[0])
+    if origin in _UNION_TYPES:
+        reasons = [unhashable(a) for a in typing.get_args(annotation)]
+        return reasons[0] if all(reasons) else None
+    kind = origin if origin is not None else annotation
+    if kind in (list, dict, set) or kind in _SEQUENCES or kind in _MAPPINGS:
+        return "a list or a mapping is not hashable"
+    if kind in _SETS and kind is not frozenset:
+        return "a set is not hashable"
+    if isinstance(kind, type) and origin is None and getattr(kind, "__hash__", None) is None:
+        return f"{kind.__name__} objects are not hashable"
+    return None
 
 
 def _same(value: Any, choice: Any) -> bool:
@@ -538,8 +652,11 @@ def _describe(annotation: Any) -> str:
     return str(annotation).replace("typing.", "")
 
 
-def _describe_at_least(annotation: Any, limit: AtLeast) -> str:
-    if annotation is str:
+def _describe_at_least(annotation: Any, limit: AtLeast, value: Any = None) -> str:
+    if isinstance(value, (list, tuple, Mapping)):
+        unit = "keys" if isinstance(value, Mapping) else "items"
+        return f"{_describe(annotation)} of at least {limit.minimum} {unit}"
+    if annotation is str or isinstance(value, str):
         return "a non-empty str" if limit.minimum == 1 else f"a str of at least {limit.minimum} characters"
     if limit.minimum == 1 and annotation is int:
         return "a positive int"

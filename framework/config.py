@@ -26,8 +26,8 @@ from framework._validate import _SEQUENCES as _SEQUENCES
 from framework._validate import _SETS as _SETS
 from framework._validate import _UNION_TYPES as _UNION_TYPES
 from framework._validate import MAX_DEPTH as MAX_DEPTH
+from framework._validate import META_KEYS, _combined, _mismatch, _Walk, checked
 from framework._validate import Lazy as Lazy
-from framework._validate import _combined, _mismatch, _Walk
 from framework._validate import _is_constructible as _is_constructible
 from framework._validate import _shown as _shown
 from framework._validate import construct as construct
@@ -38,7 +38,7 @@ from framework.registry import Registrable
 
 __all__ = ["AtLeast", "ConfigChecks", "Lazy", "check", "construct", "json_schema", "load_config", "validate"]
 
-RUN_CONFIG_META_KEYS = ("$schema",)  # allowed at the top of a run config, for editors
+RUN_CONFIG_META_KEYS = META_KEYS  # allowed in a run config and in every component's, for editors
 
 
 def load_config(path: Union[str, PathLike[str]]) -> dict[str, Any]:
@@ -105,18 +105,21 @@ def validate(
             return [error]
     cls = None if base is None else resolve_base(base)
     walk = _Walk(build=False, extras=dict.fromkeys(given if cls is None else given_for(cls, given)))
-    if cls is not None:
-        walk.value(cls, config, "")
-    elif not isinstance(config, Mapping):
-        walk.fail(_mismatch("", "a mapping (a run config)", config))
-    else:
-        from framework._runconfig import run_config
 
-        body = {k: v for k, v in config.items() if k not in RUN_CONFIG_META_KEYS}
-        for key in (k for k in RUN_CONFIG_META_KEYS if k in config and not isinstance(config[k], str)):
-            walk.fail(_mismatch(key, "str (a schema's URL)", config[key]))
-        walk.arguments(run_config, body, "", {}, top_level=True)
-    return walk.errors
+    def step(walk: _Walk) -> None:
+        if cls is not None:
+            walk.value(cls, config, "")
+        elif not isinstance(config, Mapping):
+            walk.fail(_mismatch("", "a mapping (a run config)", config))
+        else:
+            from framework._runconfig import run_config
+
+            body = {k: v for k, v in config.items() if k not in RUN_CONFIG_META_KEYS}
+            for key in (k for k in RUN_CONFIG_META_KEYS if k in config and not isinstance(config[k], str)):
+                walk.fail(_mismatch(key, "str (a schema's URL)", config[key]))
+            walk.arguments(run_config, body, "", {}, top_level=True)
+
+    return checked(walk, step)
 
 
 def given_for(base: type, given: Iterable[str] = ()) -> tuple[str, ...]:
@@ -127,9 +130,7 @@ def given_for(base: type, given: Iterable[str] = ()) -> tuple[str, ...]:
 
 def errors_in(annotation: Any, value: Any) -> list[ConfigError]:
     """The errors of `value` as a config for `annotation`."""
-    walk = _Walk(build=False, extras={})
-    walk.value(annotation, value, "")
-    return walk.errors
+    return checked(_Walk(build=False, extras={}), lambda walk: walk.value(annotation, value, ""))
 
 
 def check(config: Any, base: Union[str, type, None] = None) -> None:

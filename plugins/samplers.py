@@ -97,6 +97,10 @@ class MaxTokensBatchSampler(BucketBatchSampler):
     A batch's size in tokens is its longest instance's length times its number of
     instances. An instance longer than `max_tokens` gets a batch of its own (with a
     warning). Batches come out in random order.
+
+    Args:
+        max_tokens: the most padded tokens a batch holds (its longest instance's length
+            times its number of instances).
     """
 
     def __init__(

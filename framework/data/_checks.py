@@ -215,9 +215,47 @@ def _config_problems(arguments: Mapping[str, Any]) -> list[tuple[str, str]]:
 
 
 _PROBLEM_KEYS = tuple(inspect.signature(problems).parameters)
-# `problems` of a loader config's arguments; the schema can say that one of two is needed
+
+
+def _has(key: str, value: dict[str, Any]) -> dict[str, Any]:
+    """JSON Schema: `key` is given, and its value is `value`."""
+    return {"required": [key], "properties": {key: value}}
+
+
+# `problems` of a loader config's arguments, and what of them JSON Schema can say
 config_checks = ConfigChecks(
-    _config_problems, {"anyOf": [{"required": ["batch_size"]}, {"required": ["batch_sampler"]}]}
+    _config_problems,
+    {
+        "anyOf": [  # one of them, and not null
+            _has(key, {"not": {"type": "null"}}) for key in ("batch_size", "batch_sampler")
+        ],
+        "allOf": [
+            {  # a sampler batches: the loader's own batching keys stay off
+                "if": _has("batch_sampler", {"not": {"type": "null"}}),
+                "then": {
+                    "properties": {
+                        "batch_size": {"type": "null"},
+                        "drop_last": {"const": False},
+                        "shuffle": {"const": False},
+                    }
+                },
+            },
+            {  # persistent workers need workers
+                "if": _has("persistent_workers", {"const": True}),
+                "then": {"required": ["num_workers"], "properties": {"num_workers": {"minimum": 1}}},
+            },
+        ],
+        # each parameter's own limits, shown with it by editors
+        "properties": {
+            "num_workers": {"minimum": 0},
+            "batch_size": {"minimum": 1},
+            "batches_per_epoch": {"minimum": 1, "maximum": sys.maxsize},
+            "max_instances_in_memory": {"minimum": 1},
+            "start_method": {"enum": multiprocessing.get_all_start_methods()},
+            "transfer": {"enum": list(TRANSFERS)},
+            "timeout": {"exclusiveMinimum": 0, "maximum": sys.float_info.max},
+        },
+    },
 )
 
 # what the schema can say of `device_problem` (looser than torch's parser: the rest is validate's)

@@ -45,6 +45,9 @@ class DefaultDataCollator(DataCollator):
     - lists of numbers: a padded tensor; dicts: batched recursively; all-None: a list.
 
     Anything else raises `CollateError` naming the field and what it held.
+
+    Args:
+        padding_value: what shorter tensors and lists of numbers are padded with.
     """
 
     def __init__(self, padding_value: int = 0) -> None:

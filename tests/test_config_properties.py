@@ -409,21 +409,11 @@ def built_in_fixed() -> dict[tuple[type, str], st.SearchStrategy[Any]]:
     }
 
 
-# Rules only a constructor has on this branch: (the config's key, what from_config says).
-# Issue 24 moves them into `config_checks` on the config-b branch; once merged, each
-# that no long run needs any more is to be dropped. A tokenizer is imported only when
-# the reader is made (validate() imports none): that one stays.
+# Refusals only a constructor can make: (the config's key, what from_config says).
 PENDING_CONSTRUCTOR_RULES: list[tuple[str, str]] = [
-    ("manual_multiprocess_sharding", "cannot be turned off"),
-    ("manual_distributed_sharding", "cannot be turned off"),
-    ("max_instances", "max_instances must be None or >= 0"),
-    ("num_buckets", "give num_buckets or vocabulary, not both"),
-    ("delimiter", "delimiter must be one character"),
-    ("field_types", "field_types: unknown type"),
+    # Whether a tokenizer's dotted path imports is known only by importing it, which
+    # validate() does not do (it constructs and imports nothing of the user's).
     ("tokenizer", "could not be imported"),
-    # torch refuses CUDA on a machine without it, and an int beyond a C long (issue 24:
-    # cuda_device, on the config-b branch): any refusal, raw RuntimeError included
-    ("cuda_device", ""),
 ]
 
 

@@ -253,9 +253,12 @@ class MultiProcessDataLoader(DataLoader):
         self._batch_generator = None
         # Lazy ranks have no collective of their own here: each batch's failure is shared.
         shared = self._evened() and self.max_instances_in_memory is not None
-        start, self._epoch_batches = self._epoch_batches, 0  # > 0: resumed mid-epoch
+        # > 0: resumed mid-epoch. Kept until a batch is yielded: a pass cut short before
+        # its first batch (an exception in next()) still owes the same rest of the epoch.
+        start = self._epoch_batches if self._epoch_batches < self.batches_per_epoch else 0
+        self._epoch_batches = start
         try:
-            for index in range(start if start < self.batches_per_epoch else 0, self.batches_per_epoch):
+            for index in range(start, self.batches_per_epoch):
                 assert generator is not None
                 try:
                     generator, batch = self._next_batch(generator)

@@ -78,6 +78,14 @@ KNOWN_DEFECT_CASES = {
         batch_size=1, shuffle=False, saves=(0, 0), take=0),
     # jsonl: "not valid JSON (Unexpected UTF-8 BOM ...)" on a fresh pass
     "bom": Case(source="jsonl", files=(FileSpec(records=2, bom=True),), batch_size=1, saves=(0, 0), take=0),
+    # found by the long profile after the fixes: with batches_per_epoch, an exception in the
+    # resumed pass's first next() reset the epoch's count, and C went on into the next pass
+    "batches_per_epoch_cut_before_a_batch": Case(
+        source="plain", n=2, batch_size=1, shuffle=False, batches_per_epoch=2, saves=(1, 1), take=0,
+        interrupt="in_next"),
+    "batches_per_epoch_cut_before_a_batch_lazy": Case(
+        source="plain", n=2, lazy=1, batch_size=1, shuffle=False, batches_per_epoch=2, workers=(0, 0, 2),
+        saves=(1, 1), take=0, interrupt="in_next"),
 }
 
 

@@ -1,0 +1,58 @@
+"""A hostile review of the single-node download manager: each test is a promise of
+docs/concepts/download.md or security.md that a reproducer broke (fixed since)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from dl_helpers import FORK, PART, FaultServer, parts_manager, stray_files, unique_path
+
+from framework.download._cache import HOST, Entry
+from framework.download._parts import _Plan, _save_record
+from framework.download._publish import PartialName
+from framework.download._validators import Validators
+
+
+def _dead_pid() -> int:
+    child = FORK.Process(target=os._exit, args=(0,))
+    child.start()
+    child.join(10)
+    assert child.pid is not None
+    return child.pid
+
+
+def _complete_parallel_partial(root: Path, url: str, data: bytes, etag: str) -> Path:
+    """A parallel partial file whose record says every part is in, left by a dead writer
+    of this host (a Ctrl-C during the final hash leaves this)."""
+    root.mkdir(parents=True, exist_ok=True)
+    final = Entry(root, url).final
+    validators = Validators(etag)
+    name = PartialName(final, "P" + validators.tag, f"{HOST}.{_dead_pid()}.deadbeef")
+    name.path.write_bytes(data)
+    plan = _Plan(len(data), PART, validators)
+    _save_record(name, plan, set(range(plan.count)), {})
+    return name.path
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("status", [503, 429])
+def test_a_refusal_of_the_confirming_request_is_retried(
+    http_server: FaultServer, tmp_path: Path, status: int
+) -> None:
+    """A resume whose record says every part is in asks for the last byte to confirm the
+    version. A single 503/429 to that request is an outage the retries are for, as for
+    any other request; it was raised at once (the request is sent with refusals handed
+    back to the caller, and only a part's loop retried them)."""
+    data = os.urandom(4 * PART)
+    url = http_server.add(unique_path(f"confirm-{status}"), data, fail_statuses=[status])
+    etag = http_server.route(url).etag
+    assert etag is not None
+    partial = _complete_parallel_partial(tmp_path, url, data, etag)
+    manager = parts_manager(tmp_path, connections=4, retries=3)
+    assert manager.cached_path(url).read_bytes() == data
+    route = http_server.route(url)
+    assert route.full_gets == 0, route.ranges  # the bytes were never asked for again
+    assert not partial.exists()
+    assert stray_files(tmp_path) == []

@@ -13,6 +13,7 @@ from framework.download._cache import HOST, Entry
 from framework.download._parts import _Plan, _save_record
 from framework.download._publish import PartialName
 from framework.download._validators import Validators
+from framework.errors import HTTPStatusError
 
 
 def _dead_pid() -> int:
@@ -56,3 +57,24 @@ def test_a_refusal_of_the_confirming_request_is_retried(
     assert route.full_gets == 0, route.ranges  # the bytes were never asked for again
     assert not partial.exists()
     assert stray_files(tmp_path) == []
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("status", [429, 408])
+def test_a_transient_status_to_the_first_ranged_request_costs_the_retries_once(
+    http_server: FaultServer, tmp_path: Path, status: int
+) -> None:
+    """A server answering 429 (or 408) to everything: a parallel fetch's first request
+    (ranged) gets the backend's retries, then the status is final, as on the
+    single-stream path. It was taken for a refusal of the Range and the whole retry
+    budget (Retry-After waits included, up to 60 s each) was spent again without one."""
+    url = http_server.add(unique_path(f"always-{status}"), os.urandom(4 * PART), status=status)
+    with pytest.raises(HTTPStatusError) as info:
+        parts_manager(tmp_path / "one", connections=1, retries=2).cached_path(url)
+    assert info.value.status == status
+    one_stream = http_server.route(url).gets
+    http_server.route(url).gets = 0
+    with pytest.raises(HTTPStatusError) as info:
+        parts_manager(tmp_path / "parts", connections=4, retries=2).cached_path(url)
+    assert info.value.status == status
+    assert http_server.route(url).gets == one_stream == 3

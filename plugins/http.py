@@ -73,7 +73,10 @@ _REFUSALS: Final = frozenset({429, 503})
 
 class _Retry(Retry):
     def get_retry_after(self, response: Any) -> Optional[float]:
-        value = super().get_retry_after(response)
+        try:
+            value = super().get_retry_after(response)
+        except urllib3.exceptions.InvalidHeader:  # "-5", "1.5", "soon": waited out with the backoff
+            return None
         return None if value is None else min(value, MAX_RETRY_AFTER_S)
 
     def is_retry(self, method: str, status_code: int, has_retry_after: bool = False) -> bool:

@@ -78,3 +78,20 @@ def test_a_transient_status_to_the_first_ranged_request_costs_the_retries_once(
         parts_manager(tmp_path / "parts", connections=4, retries=2).cached_path(url)
     assert info.value.status == status
     assert http_server.route(url).gets == one_stream == 3
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("value", ["-5", "1.5", "soon", "Wed, 21 Oct 2015 07:28:00 GMT"])
+def test_an_unreadable_retry_after_is_waited_out_with_the_backoff(
+    http_server: FaultServer, tmp_path: Path, value: str
+) -> None:
+    """A 503 whose Retry-After is no delay-seconds nor an HTTP-date (negative, a fraction,
+    a word; common in the wild) is retried with the backoff, as one without the header.
+    urllib3 raised InvalidHeader from its retry sleep, which the backend turned into an
+    InvalidArgumentError ("not a usable HTTP request"): no retry, the URL blamed, and a
+    partial file removed as for a final error."""
+    data = os.urandom(1000)
+    url = http_server.add(unique_path("retry-after"), data, fail_statuses=[503, 503], retry_after=value)
+    manager = parts_manager(tmp_path, connections=1, retries=3)
+    assert manager.cached_path(url).read_bytes() == data
+    assert http_server.route(url).gets == 3

@@ -95,3 +95,23 @@ def test_an_unreadable_retry_after_is_waited_out_with_the_backoff(
     manager = parts_manager(tmp_path, connections=1, retries=3)
     assert manager.cached_path(url).read_bytes() == data
     assert http_server.route(url).gets == 3
+
+
+@pytest.mark.timeout(30)
+def test_a_record_naming_a_part_by_thousands_of_digits_is_nonsense_progress(
+    http_server: FaultServer, tmp_path: Path
+) -> None:
+    """A `reached` entry whose part number has more digits than `int()` reads from text
+    (4300 by default) is nonsense progress: dropped alone, as any other. It raised a raw
+    ValueError out of `cached_path` at every call until the record was removed by hand."""
+    data = os.urandom(4 * PART)
+    url = http_server.add(unique_path("digits"), data)
+    etag = http_server.route(url).etag
+    assert etag is not None
+    partial = _complete_parallel_partial(tmp_path, url, data, etag)
+    record = partial.with_name(partial.name[: -len(".part")] + ".parts")
+    text = record.read_text()
+    record.write_text(text.replace('"reached": {}', '"reached": {"' + "9" * 5000 + '": 5}'))
+    assert "9" * 5000 in record.read_text()
+    assert parts_manager(tmp_path, connections=4).cached_path(url).read_bytes() == data
+    assert http_server.route(url).full_gets == 0  # the other parts still counted

@@ -383,9 +383,9 @@ def _place(backend: DownloadBackend, url: str, stream: ByteStream, partial: _Par
         if got.if_range is None or size is None:  # a 416 need not name the version: ask
             try:
                 info = backend.stat(url)
-            except NetworkError:
-                raise
             except DownloadError as error:  # no HEAD (405), a presigned GET-only URL (403)
+                if resumable(error):  # a broken connection or an outage: the bytes are kept
+                    raise
                 if not ended_here:
                     logger.info("cannot ask %s which version it has (%s); starting over", url, error)
                     partial.restart(Validators())

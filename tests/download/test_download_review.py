@@ -115,3 +115,34 @@ def test_a_record_naming_a_part_by_thousands_of_digits_is_nonsense_progress(
     assert "9" * 5000 in record.read_text()
     assert parts_manager(tmp_path, connections=4).cached_path(url).read_bytes() == data
     assert http_server.route(url).full_gets == 0  # the other parts still counted
+
+
+@pytest.mark.timeout(30)
+def test_an_outage_of_the_version_query_keeps_the_finished_partial(
+    http_server: FaultServer, tmp_path: Path
+) -> None:
+    """A finished partial file is answered 416 without a validator; the HEAD that asks
+    which version the server has meets an outage (503 after the retries), and so does
+    everything after. The outage keeps the bytes, as any other: the next call resumes
+    (here it finds them all). It was taken for a server without HEAD: the partial file
+    was started over (truncated), the GET from byte 0 failed, and the bytes were gone."""
+    data = os.urandom(4 * PART)
+    url = http_server.add(
+        unique_path("head-outage"), data, head_status=503, swap_at_get=2, then={"status": 503}
+    )
+    etag = http_server.route(url).etag
+    assert etag is not None
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    final = Entry(tmp_path, url).final
+    PartialName(final, Validators(etag).tag, f"{HOST}.{_dead_pid()}.deadbeef").path.write_bytes(data)
+    manager = parts_manager(tmp_path, connections=1, retries=1)
+    with pytest.raises(HTTPStatusError) as info:
+        manager.cached_path(url)
+    assert info.value.status == 503
+    kept = [name for name in stray_files(tmp_path) if name.endswith(".part")]
+    assert kept and (tmp_path / kept[0]).read_bytes() == data, kept
+    route = http_server.route(url)
+    route.status, route.head_status, route.swap_at_get = None, None, None  # the outage is over
+    gets = route.gets
+    assert manager.cached_path(url).read_bytes() == data
+    assert route.full_gets == 0 and route.gets - gets == 1, route.ranges  # the 416 alone

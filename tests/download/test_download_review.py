@@ -14,6 +14,7 @@ from framework.download._parts import _Plan, _save_record
 from framework.download._publish import PartialName
 from framework.download._validators import Validators
 from framework.errors import HTTPStatusError
+from plugins.http import HttpBackend
 
 
 def _dead_pid() -> int:
@@ -81,7 +82,17 @@ def test_a_transient_status_to_the_first_ranged_request_costs_the_retries_once(
 
 
 @pytest.mark.timeout(30)
-@pytest.mark.parametrize("value", ["-5", "1.5", "soon", "Wed, 21 Oct 2015 07:28:00 GMT"])
+@pytest.mark.parametrize(
+    "value",
+    [
+        "-5",
+        "1.5",
+        "soon",
+        "Wed, 21 Oct 2015 07:28:00 GMT",  # in the past: at once
+        "Fri, 31 Dec 99999 23:59:59 GMT",  # ValueError in urllib3
+        "Fri, 31 Dec 9999999999999 23:59:59 GMT",  # OverflowError in urllib3
+    ],
+)
 def test_an_unreadable_retry_after_is_waited_out_with_the_backoff(
     http_server: FaultServer, tmp_path: Path, value: str
 ) -> None:
@@ -146,3 +157,20 @@ def test_an_outage_of_the_version_query_keeps_the_finished_partial(
     gets = route.gets
     assert manager.cached_path(url).read_bytes() == data
     assert route.full_gets == 0 and route.gets - gets == 1, route.ranges  # the 416 alone
+
+
+@pytest.mark.parametrize(
+    "value", ["soon", "Fri, 31 Dec 99999 23:59:59 GMT", "Fri, 31 Dec 9999999999999 23:59:59 GMT"]
+)
+def test_a_refused_part_with_an_unreadable_retry_after_is_an_http_status(
+    http_server: FaultServer, value: str
+) -> None:
+    """A part request (refusals handed back at once) answered 503 with a Retry-After
+    that cannot be read is an `HTTPStatusError` without a delay (the backoff applies),
+    never a raw OverflowError from reading the header."""
+    url = http_server.add(
+        unique_path("part-retry-after"), os.urandom(1000), fail_statuses=[503], retry_after=value
+    )
+    with HttpBackend(retries=2, backoff_factor=0.01) as backend, pytest.raises(HTTPStatusError) as info:
+        backend.open(url, 0, end=10, refusals_at_once=True)
+    assert info.value.status == 503 and info.value.retry_after is None

@@ -3,17 +3,21 @@ docs/concepts/download.md or security.md that a reproducer broke (fixed since)."
 
 from __future__ import annotations
 
+import gzip
 import os
+import tarfile
+import tracemalloc
 from pathlib import Path
 
 import pytest
 from dl_helpers import FORK, PART, FaultServer, parts_manager, stray_files, unique_path
 
 from framework.download._cache import HOST, Entry
+from framework.download._extract import ExtractLimits, extract_archive
 from framework.download._parts import _Plan, _save_record
 from framework.download._publish import PartialName
 from framework.download._validators import Validators
-from framework.errors import HTTPStatusError
+from framework.errors import DownloadError, HTTPStatusError, UnsafeArchiveError
 from plugins.http import HttpBackend
 
 
@@ -174,3 +178,42 @@ def test_a_refused_part_with_an_unreadable_retry_after_is_an_http_status(
     with HttpBackend(retries=2, backoff_factor=0.01) as backend, pytest.raises(HTTPStatusError) as info:
         backend.open(url, 0, end=10, refusals_at_once=True)
     assert info.value.status == 503 and info.value.retry_after is None
+
+
+def _pax_bomb(path: Path, size: int) -> Path:
+    """A tar.gz whose first block is a pax extended header declaring `size` bytes (of
+    zeros, so it compresses about 1000:1): no member, no declared member size."""
+    header = tarfile.TarInfo("././@PaxHeader")
+    header.type, header.size = tarfile.XHDTYPE, size
+    with gzip.GzipFile(path, "wb", compresslevel=1, mtime=0) as archive:
+        archive.write(header.tobuf(format=tarfile.USTAR_FORMAT))
+        for _ in range(size >> 20):
+            archive.write(bytes(1 << 20))
+        archive.write(bytes(1024))
+    return path
+
+
+@pytest.mark.xfail(strict=True, reason="tarfile reads a pax/GNU long-name header whole, before any cap")
+def test_a_pax_header_bomb_is_refused_at_the_cap_not_read_into_memory(tmp_path: Path) -> None:
+    """The caps (total size, ratio) bound what an archive expands to. A pax extended
+    header is read by tarfile in one `read()` of its declared size before the first
+    member is seen, so a 0.3 MB tar.gz takes 64 MiB of memory (a 45 MB one, 10 GiB)
+    and is then only called damaged. It should be refused at the cap, in bounded memory."""
+    archive = _pax_bomb(tmp_path / "bomb.tar.gz", 64 << 20)
+    assert archive.stat().st_size < 400_000
+    tracemalloc.start()
+    try:
+        with pytest.raises(DownloadError) as info:
+            extract_archive(
+                archive,
+                tmp_path / "out",
+                "https://x/bomb.tar.gz",
+                ExtractLimits(1 << 20, 50.0, 100),
+                replace=True,
+            )
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert not (tmp_path / "out").exists()
+    assert peak < 16 << 20, f"{peak} bytes of memory for a {archive.stat().st_size}-byte archive"
+    assert isinstance(info.value, UnsafeArchiveError), info.value

@@ -226,7 +226,6 @@ def _fetch_in_child(cache: Path, url: str) -> None:
     os._exit(0)
 
 
-@pytest.mark.xfail(strict=True, reason="a kept partial is named for its live writer: nobody else adopts it")
 @pytest.mark.timeout(30)
 def test_another_process_resumes_what_a_live_process_kept_through_an_outage(
     http_server: FaultServer, tmp_path: Path
@@ -234,9 +233,10 @@ def test_another_process_resumes_what_a_live_process_kept_through_an_outage(
     """download.md: an interrupted download's partial file is continued by "a later call
     of the same process or another process". After an outage (or a broken connection)
     in a process that goes on living (a notebook kernel, a server), the kept partial
-    file carries that live process's pid: another process on the host never adopts it
-    (its writer is alive), fetches the whole object again, and the kept bytes stay in
-    the cache for as long as the first process lives."""
+    file carried that live process's pid: another process on the host never adopted it
+    (its writer is alive), fetched the whole object again, and the kept bytes stayed in
+    the cache for as long as the first process lived. The failing call now lets go of
+    the file (a name with pid 0, which no live process owns)."""
     data = os.urandom(8 * PART)
     url = http_server.add(
         unique_path("kept-live"), data, drop_after=6 * PART, drops=1, drop_kind="short", then={"status": 503}
@@ -252,3 +252,4 @@ def test_another_process_resumes_what_a_live_process_kept_through_an_outage(
     child.join(20)
     assert child.exitcode == 0
     assert route.full_gets == full_before, route.ranges  # only the rest was asked for
+    assert stray_files(tmp_path) == []  # nothing of it left behind

@@ -73,7 +73,10 @@ _REFUSALS: Final = frozenset({429, 503})
 
 class _Retry(Retry):
     def get_retry_after(self, response: Any) -> Optional[float]:
-        value = super().get_retry_after(response)
+        try:
+            value = super().get_retry_after(response)
+        except (urllib3.exceptions.InvalidHeader, ValueError, OverflowError):
+            return None  # "-5", "1.5", "soon", a date past year 9999: waited out with the backoff
         return None if value is None else min(value, MAX_RETRY_AFTER_S)
 
     def is_retry(self, method: str, status_code: int, has_retry_after: bool = False) -> bool:
@@ -331,7 +334,7 @@ def _retry_after(response: requests.Response) -> Optional[float]:
         return None
     try:
         return min(max(0.0, float(Retry().parse_retry_after(value))), MAX_RETRY_AFTER_S)
-    except (urllib3.exceptions.InvalidHeader, ValueError, TypeError):
+    except (urllib3.exceptions.InvalidHeader, ValueError, TypeError, OverflowError):
         return None
 
 

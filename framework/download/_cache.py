@@ -32,6 +32,7 @@ from framework._redact import redact_url
 __all__ = [
     "HOST",
     "NEW_FILE_FLAGS",
+    "RELEASED_PID",
     "Entry",
     "Metadata",
     "binds",
@@ -89,6 +90,11 @@ class Metadata(TypedDict):
     mtime_ns: int
 
 
+# The pid a partial file is named with once its writer, alive, has let it go for any
+# process to resume (no process has it: kill(0, 0) would signal our own group).
+RELEASED_PID: Final = 0
+
+
 def unique_token() -> str:
     """``host.pid.random``: names temporary files so that each process owns its own."""
     return f"{HOST}.{os.getpid()}.{secrets.token_hex(4)}"
@@ -110,6 +116,8 @@ def is_alive_local(host: str, pid: int) -> bool:
     PID namespace."""
     if host != HOST:
         return True
+    if pid == RELEASED_PID:  # a file its writer let go of (see `_publish._Partial.close`)
+        return False
     if pid == os.getpid():
         return True
     try:

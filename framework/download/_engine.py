@@ -195,9 +195,11 @@ class Engine:
 
     def _confirm(self) -> None:
         """Ask for the last byte with the plan's validator, as any part is asked for: a
-        version that changed raises `_VersionChanged` (the fetch starts over)."""
+        version that changed raises `_VersionChanged` (the fetch starts over). No other
+        connection runs to take a refusal's turn: the backend's retries wait it out
+        (its Retry-After, else the backoff), as for any request."""
         position = self.plan.size - 1
-        with self._open(position, self.plan.size) as stream:
+        with self._open(position, self.plan.size, at_once=False) as stream:
             self._check(stream, position)
 
     def _steer(self, workers: list[threading.Thread], remaining: int) -> bool:
@@ -456,13 +458,13 @@ class Engine:
                 time.sleep(self.backoff_factor * (2 ** (failures - 1)))
             stream = None
 
-    def _open(self, position: int, end: int) -> ByteStream:
+    def _open(self, position: int, end: int, *, at_once: bool = True) -> ByteStream:
         if_range = self.plan.validators.if_range
         # A refusal (429, 503) comes back at once where the backend can say so: a
         # connection that would sleep in its retries holds its parts while others idle.
-        at_once = {"refusals_at_once": True} if self.refusals_at_once else {}
+        flag = {"refusals_at_once": True} if at_once and self.refusals_at_once else {}
         try:
-            return self.backend.open(self.url, position, if_range=if_range, end=end, **at_once)  # type: ignore[call-arg]
+            return self.backend.open(self.url, position, if_range=if_range, end=end, **flag)  # type: ignore[call-arg]
         except HTTPStatusError as error:
             if error.status == 412:  # S3 IfMatch: the object is another version now
                 raise VersionChanged(str(error)) from error

@@ -251,10 +251,52 @@ class _Budget:
             )
 
 
+# The most bytes a pax extended header or a GNU long name may declare: tarfile reads one
+# whole, in memory, before the member it describes reaches the caps (real ones are a few
+# KiB: a long name, a few attributes).
+_LARGEST_EXTENDED_HEADER: Final = 1 << 20
+_EXTENDED_TYPES: Final = (
+    tarfile.GNUTYPE_LONGNAME,
+    tarfile.GNUTYPE_LONGLINK,
+    tarfile.XHDTYPE,
+    tarfile.XGLTYPE,
+    tarfile.SOLARIS_XHDTYPE,
+)
+
+
+class _HugeHeader(Exception):
+    def __init__(self, name: str, size: int) -> None:
+        super().__init__(name, size)
+        self.name, self.size = name, size
+
+
+class _CappedTarInfo(tarfile.TarInfo):
+    """A member header that refuses an extended header larger than
+    `_LARGEST_EXTENDED_HEADER` before tarfile reads it (a pax bomb: a few hundred KB
+    of gzip that tarfile would read as GiBs into memory)."""
+
+    def _proc_member(self, tarfile: Any) -> Any:  # tarfile's hook for each header read
+        if self.type in _EXTENDED_TYPES and self.size > _LARGEST_EXTENDED_HEADER:
+            raise _HugeHeader(self.name, self.size)
+        return super()._proc_member(tarfile)  # type: ignore[misc]
+
+
 def _extract_tar(archive: IO[bytes], root: str, limits: ExtractLimits, url: str) -> None:
+    try:
+        _extract_tar_members(archive, root, limits, url)
+    except _HugeHeader as error:
+        raise UnsafeArchiveError(
+            url,
+            error.name,
+            f"an extended header declaring {error.size} bytes (at most {_LARGEST_EXTENDED_HEADER}: "
+            "a tar bomb?)",
+        ) from None
+
+
+def _extract_tar_members(archive: IO[bytes], root: str, limits: ExtractLimits, url: str) -> None:
     budget = _Budget(os.fstat(archive.fileno()).st_size, limits, url)
     extra: dict[str, Any] = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
-    with tarfile.open(fileobj=archive, mode="r:*") as tar:
+    with tarfile.open(fileobj=archive, mode="r:*", tarinfo=_CappedTarInfo) as tar:
         for member in tar:  # one pass: check each member, then extract it
             budget.member(member.name)
             path = check_member_path(root, member.name, url)

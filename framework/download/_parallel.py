@@ -49,6 +49,7 @@ from framework.download._parts import MOST_PARTS, PARALLEL_TAG, Resumed, _Plan, 
 from framework.download._pipeline import no_room
 from framework.download._publish import (
     _ACTIVE,
+    TRANSIENT_STATUSES,
     _EndedShort,
     _new_hasher,
     _Partial,
@@ -152,8 +153,10 @@ def fetch_parts(
         try:
             first = backend.open(url, 0, end=_TO_THE_END)  # type: ignore[call-arg]
         except HTTPStatusError as error:
-            if error.status in _NOT_THERE or (error.status >= 500 and error.status != 501):
-                raise  # the object or the server, not the Range: one stream would fail alike
+            if error.status in _NOT_THERE or error.status in TRANSIENT_STATUSES:
+                # The object, or an outage the backend's retries already waited out (5xx,
+                # 408, 429), not the Range: one stream would fail alike, after as many again.
+                raise
             # 416 (an empty object), or a server that refuses this Range (400, 501, ...):
             # the single-stream path asks without one.
             logger.info("%s refused a ranged request (%s); fetching it in one stream", url, error)

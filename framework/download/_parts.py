@@ -142,7 +142,9 @@ def _load_record(path: Path) -> Optional[tuple[_Plan, set[int], dict[int, int]]]
         covered = max(covered, last)
     reached: dict[int, int] = {}
     for key, position in entries.items():
-        index = int(key) if isinstance(key, str) and key.isdigit() and key.isascii() else -1
+        # A part number has at most 7 digits (`MOST_PARTS`); int() of thousands raises.
+        readable = isinstance(key, str) and key.isdigit() and key.isascii() and len(key) <= 20
+        index = int(key) if readable else -1
         if _whole(position) and 0 <= index < plan.count and index not in complete:
             start, end = plan.bounds(index)
             if start < position < end:

@@ -36,6 +36,7 @@ import attrs
 from framework.download._cache import (
     HOST,
     NEW_FILE_FLAGS,
+    RELEASED_PID,
     Entry,
     dead_leftovers,
     is_alive_local,
@@ -349,8 +350,23 @@ class _Partial:
             keep = False  # nothing a later call could resume
         if not keep:
             discard(self.name.path)
-        elif not self._verified:  # left for a later call, of this process too
-            _ACTIVE.discard(str(self.name.path))
+        elif not self._verified:  # left for a later call, of this process or another
+            self._release()
+
+    def _release(self) -> None:
+        """Rename the kept file (and a parallel one's record, first) to a name no live
+        process owns (`RELEASED_PID`), so that any process resumes it, not only this
+        one while it lives. This process writes it no more (a parallel fetch's
+        workers stopped). A failed rename leaves it ours: this process resumes it."""
+        token = f"{HOST}.{RELEASED_PID}.{secrets.token_hex(4)}"
+        released = PartialName(self.name.final, self.name.tag, token)
+        try:
+            if self.name.tag.startswith(PARALLEL_TAG):
+                os.rename(_record_of(self.name.path), _record_of(released.path))
+            os.rename(self.name.path, released.path)
+        except OSError:
+            pass
+        _ACTIVE.discard(str(self.name.path))
 
     def verified(self, url: str, sha256: Optional[str]) -> Fetched:
         info = os.fstat(self.fd)
@@ -359,6 +375,11 @@ class _Partial:
             raise ChecksumError(url, sha256, digest)
         self._verified = True
         return Fetched(self.name.path, self.offset, digest, self.validators or Validators(), info)
+
+
+def _record_of(path: Path) -> Path:
+    """A parallel partial file's record of parts (as `_parts._record_path`)."""
+    return path.with_name(path.name[: -len(".part")] + ".parts")
 
 
 def _place(backend: DownloadBackend, url: str, stream: ByteStream, partial: _Partial) -> bool:
@@ -383,9 +404,9 @@ def _place(backend: DownloadBackend, url: str, stream: ByteStream, partial: _Par
         if got.if_range is None or size is None:  # a 416 need not name the version: ask
             try:
                 info = backend.stat(url)
-            except NetworkError:
-                raise
             except DownloadError as error:  # no HEAD (405), a presigned GET-only URL (403)
+                if resumable(error):  # a broken connection or an outage: the bytes are kept
+                    raise
                 if not ended_here:
                     logger.info("cannot ask %s which version it has (%s); starting over", url, error)
                     partial.restart(Validators())

@@ -63,7 +63,7 @@ class Route:
     busy_over: Optional[int] = None  # a GET while this many bodies are being sent gets 503
     refused: int = 0  # GETs answered 503 for `busy_over`
     busy_status: int = 503  # the answer for `busy_over` (429: too many requests)
-    retry_after: Optional[str] = None  # sent as Retry-After with that answer
+    retry_after: Optional[str] = None  # sent as Retry-After with that answer (and `fail_statuses`')
     gzip_whole: bool = False  # whole answers (200) come gzip-encoded, whatever was asked
     gzip_all: bool = False  # every answer is gzip-encoded, ranges counting encoded bytes (a .gz served so)
     close_delimited: bool = False  # no Content-Length: the body ends when the connection closes
@@ -166,7 +166,7 @@ class _Handler(BaseHTTPRequestHandler):
                 fail = route.busy_status
                 route.refused += 1
         if fail is not None:
-            self._empty(fail, {"Retry-After": route.retry_after} if busy and route.retry_after else None)
+            self._empty(fail, {"Retry-After": route.retry_after} if route.retry_after else None)
             return
         if self.command == "HEAD" and route.head_status is not None:
             self._empty(route.head_status)

@@ -179,7 +179,15 @@ class _Call(_Collective):
         revalidate: bool,
     ) -> None:
         self.manager = manager
-        self.url = os.fspath(url_or_path)  # normalized in the first step, where errors are shared
+        self.given = url_or_path
+        # Normalized in the first step, where errors are shared; anything else than a str
+        # or a path (None: a node's unset variable; bytes) is refused there.
+        try:
+            text = os.fspath(url_or_path)
+        except TypeError:
+            text = None
+        self.url: str = text if isinstance(text, str) else repr(url_or_path)
+        self._url_ok = isinstance(text, str)
         self.cache_dir = cache_dir
         self.sha256 = sha256
         self.extract = extract
@@ -223,7 +231,7 @@ class _Call(_Collective):
             revalidate=self.revalidate,
         )
         arguments.update(changes)
-        return self.manager.cached_path(self.url, **arguments)
+        return self.manager.cached_path(self.url if self._url_ok else self.given, **arguments)
 
     def run(self) -> Path:
         rank = dist.get_rank()
@@ -292,6 +300,12 @@ class _Call(_Collective):
     def _probe(self) -> _Probe:
         from framework.download.manager import _cache_writes, _check_sha256, _normalize
 
+        if not self._url_ok:
+            raise InvalidArgumentError(
+                self.url,
+                f"rank {dist.get_rank()} passed url_or_path={self.url} ({type(self.given).__name__}); "
+                "pass a URL or a path (str or os.PathLike), the same on every rank",
+            )
         self.url = _normalize(self.url)
         self.sha256 = _check_sha256(self.url, self.sha256)
         with _cache_writes(self.url, self.root):

@@ -229,6 +229,8 @@ def _call(spec: dict[str, Any], rank: int) -> dict[str, Any]:
                 cache_dir=spec.get("cache_dir"),
                 sha256=spec.get("sha256"),
                 extract=spec.get("extract", False),
+                force=spec.get("force", False),
+                revalidate=spec.get("revalidate", False),
                 distributed=spec.get("distributed", True),
             )
             result["path"] = str(path)

@@ -198,6 +198,9 @@ class _Call(_Collective):
         self.marker: Optional[Path] = None
         self._looked = False  # the markers are no longer needed
         self.device = torch.device("cpu")  # chosen in the first step, where errors are shared
+        # The caller's device, looked up in its thread (CUDA's current device is per
+        # thread: a step's thread starts on device 0); raised in the first step.
+        self._device: Union[torch.device, Exception, None] = None
 
     @property
     def root(self) -> Path:
@@ -235,6 +238,10 @@ class _Call(_Collective):
 
     def run(self) -> Path:
         rank = dist.get_rank()
+        try:
+            self._device = _transfer_device(self.url)
+        except Exception as error:  # raised in the first step, on every rank alike
+            self._device = error
         try:
             probes: list[_Probe] = self._step(self._probe, _Probe, "checking its cache folder")
             first = probes[0].args
@@ -314,7 +321,9 @@ class _Call(_Collective):
         if self._looked and self.marker is not None:  # the call gave up meanwhile
             _remove_quietly(self.marker)
         _sweep_partials(self.entry.final)
-        self.device = _transfer_device(self.url)
+        if isinstance(self._device, Exception):
+            raise self._device
+        self.device = self._device or _transfer_device(self.url)
         meta = None if self.force else self.entry.lookup(self.sha256)
         args = (self.url, self.sha256, self.extract, self.force, self.revalidate)
         return _Probe(args, self.marker.name if self.marker else None, _Held.of(meta), self.manager.offline)

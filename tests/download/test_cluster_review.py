@@ -7,11 +7,16 @@ test process, short group timeouts; or one rank of a real gloo group in this pro
 from __future__ import annotations
 
 import os
+import threading
+from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from dl_helpers import FaultServer, stray_files
 from test_cluster_fetch import run_group
+
+from framework.download import DownloadManager
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -32,3 +37,38 @@ def test_a_rank_passing_no_url_fails_every_rank_alike_at_once(
     for cache in caches:
         assert stray_files(cache) == []
 
+
+def test_the_transfer_uses_the_callers_current_cuda_device_not_the_step_threads(tmp_path: Path) -> None:
+    """CUDA's current device is per host thread (``torch.cuda.set_device`` in the main
+    thread is not seen by a new thread, which starts on device 0). With NCCL the bytes
+    must travel on the device the caller set, or every rank of a node piles onto cuda:0
+    (NCCL then fails on duplicate GPUs). Modelled here with a thread-local fake of
+    ``current_device``, since this machine has no GPU."""
+    import torch
+    import torch.distributed as dist
+
+    from framework.download._cluster import _Call
+
+    local = threading.local()
+    patches = [
+        (torch.cuda, "is_available", lambda: True),
+        (torch.cuda, "current_device", lambda: getattr(local, "device", 0)),
+        (dist, "get_backend_config", lambda *args, **kwargs: "cpu:gloo,cuda:nccl"),
+    ]
+    source = tmp_path / "origin.bin"
+    source.write_bytes(b"local bytes")
+    dist.init_process_group(
+        "gloo", init_method=(tmp_path / "store").as_uri(), rank=0, world_size=1, timeout=timedelta(seconds=10)
+    )
+    try:
+        with pytest.MonkeyPatch.context() as monkeypatch:
+            for target, name, value in patches:
+                monkeypatch.setattr(target, name, value)
+            local.device = 1  # the caller's torch.cuda.set_device(local_rank)
+            call = _Call(DownloadManager(tmp_path / "cache", progress=False), str(source), None, None,
+                         False, False, False, False)  # fmt: skip
+            path: Any = call.run()
+        assert Path(path).read_bytes() == b"local bytes"
+        assert call.device == torch.device("cuda", 1)
+    finally:
+        dist.destroy_process_group()

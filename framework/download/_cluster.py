@@ -162,6 +162,7 @@ class _Source:
     size: int
     etag: Optional[str]
     last_modified: Optional[str]
+    fetched: float  # when the sender's copy was fetched: a received copy is as old as that
 
 
 class _Call(_Collective):
@@ -506,7 +507,9 @@ class _Sender(_Owned):
         now = os.fstat(fd)
         if meta is None or not stat.S_ISREG(now.st_mode) or file_identity(now) != _identity(meta):
             raise DownloadError(call.url, f"{call.entry.final} was replaced during the call; call again")
-        return _Source(meta["sha256"], meta["size"], meta.get("etag"), meta.get("last_modified"))
+        return _Source(
+            meta["sha256"], meta["size"], meta.get("etag"), meta.get("last_modified"), float(meta["time"])
+        )
 
     def read(self, offset: int, chunk: torch.Tensor) -> None:
         """Fill `chunk` with the file's bytes at `offset`; after a failure, leave it as is."""
@@ -591,7 +594,7 @@ class _Receiver(_Owned):
                 raise ChecksumError(call.url, call.sha256, fetched.sha256)
             self.partial = None
             partial_file.close(keep=True)
-            publish_fetched(call.entry, fetched)
+            publish_fetched(call.entry, fetched, self.info.fetched)
         logger.info("published %s (%d bytes, sha256 %s)", call.entry.final, fetched.size, fetched.sha256)
 
     def _release(self) -> None:

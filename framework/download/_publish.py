@@ -561,16 +561,17 @@ def publish_file(temp: Path, final: Path) -> None:
         os.close(dir_fd)
 
 
-def publish_fetched(entry: Entry, result: Fetched) -> None:
+def publish_fetched(entry: Entry, result: Fetched, fetched: Optional[float] = None) -> None:
     """Publish a verified file as `entry`: its sidecar first, then the file (`publish_file`).
 
     The sidecar names the new file's inode before the file takes the final name: a
     crash in between leaves a sidecar that matches no file, never old metadata vouching
     for new bytes (or new metadata for old ones). On failure the file is removed.
+    `fetched`: when the version was fetched, for a copy of another cache's (else now).
     """
     try:
         validators = result.validators
-        entry.publish_metadata(validators.etag, validators.last_modified, result.sha256, result.info)
+        entry.publish_metadata(validators.etag, validators.last_modified, result.sha256, result.info, fetched)
         publish_file(result.temp, entry.final)
     except IsADirectoryError as error:  # os.replace never removes a folder
         discard(result.temp)

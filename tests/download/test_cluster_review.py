@@ -13,10 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from dl_helpers import FaultServer, stray_files
-from test_cluster_fetch import run_group
+from dl_helpers import FaultServer, sha256, stray_files
+from test_cluster_fetch import run_calls, run_group
 
 from framework.download import DownloadManager
+from framework.download._cache import Entry
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -72,3 +73,27 @@ def test_the_transfer_uses_the_callers_current_cuda_device_not_the_step_threads(
         assert call.device == torch.device("cuda", 1)
     finally:
         dist.destroy_process_group()
+
+
+def test_a_received_copy_keeps_its_versions_fetch_time_so_it_never_beats_a_newer_fetch(
+    http_server: FaultServer, tmp_path: Path
+) -> None:
+    """A server without Last-Modified: versions are dated by when they were fetched. A
+    copy that arrived over the process group is as old as the sender's fetch, not the
+    transfer: dated by the transfer, an older version sent later would beat a newer one
+    fetched in between, and replace it."""
+    path = "/review/dated.bin"
+    older, newer = os.urandom(1 << 16), os.urandom(1 << 16)
+    url = http_server.add(path, older)  # no Last-Modified: an ETag only
+    DownloadManager(tmp_path / "a", progress=False).cached_path(url)  # node a: the older version
+    http_server.add(path, newer)
+    DownloadManager(tmp_path / "c", progress=False).cached_path(url)  # node c: the newer one, later
+    calls = [
+        {"url": url, "caches": [str(tmp_path / "a"), str(tmp_path / "b")]},  # a sends the older to b
+        {"url": url, "caches": [str(tmp_path / "b"), str(tmp_path / "c")]},  # b and c: c is newer
+    ]
+    first, second = run_calls(tmp_path, [tmp_path / "a", tmp_path / "b"], calls, pg_timeout=20, timeout=50)
+    assert {r.get("sha256") for r in first} == {sha256(older)}, first
+    assert {r.get("sha256") for r in second} == {sha256(newer)}, second
+    assert Entry(tmp_path / "c", url).lookup(sha256(newer)) is not None
+    assert http_server.route(url).gets == 1  # c's own fetch: the calls asked the origin nothing

@@ -273,8 +273,12 @@ class _Call(_Collective):
             )
             held.update({leader: rebound[leader] for leader in leaders if held[leader] is None})
         holders = [leader for leader in leaders if held[leader] is not None]
-        from_origin = self.force or self.revalidate or not holders
-        source = _origin_fetcher(leaders, probes) if from_origin else _newest(holders, held)
+        fetcher = _origin_fetcher(leaders, probes)
+        # As a plain call: revalidate asks the origin only when online and without a pin
+        # (a copy with the sha256 asked for is served without asking).
+        asks = self.revalidate and self.sha256 is None and not probes[fetcher].offline
+        from_origin = self.force or asks or not holders
+        source = fetcher if from_origin else _newest(holders, held)
         digest = None if from_origin else held[source].sha256  # type: ignore[union-attr]
         if from_origin or any(_digest(held[leader]) != digest for leader in leaders):
             sender = _Sender(self) if rank == source else None

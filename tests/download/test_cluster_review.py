@@ -97,3 +97,28 @@ def test_a_received_copy_keeps_its_versions_fetch_time_so_it_never_beats_a_newer
     assert {r.get("sha256") for r in second} == {sha256(newer)}, second
     assert Entry(tmp_path / "c", url).lookup(sha256(newer)) is not None
     assert http_server.route(url).gets == 1  # c's own fetch: the calls asked the origin nothing
+
+
+def test_revalidate_asks_the_origin_only_where_a_plain_call_would(
+    http_server: FaultServer, tmp_path: Path
+) -> None:
+    """A plain call serves the cached copy without asking when it is offline, or when
+    the copy has the sha256 asked for, revalidate=True or not. The cluster call must
+    too: one folder missing the file gets it from the folder that holds it, instead
+    of an OfflineError (offline) or a GET the caller's pin made needless (online)."""
+    data = {name: os.urandom(1 << 16) for name in ("offline", "pinned")}
+    urls = {name: http_server.add(f"/review/revalidate-{name}.bin", body) for name, body in data.items()}
+    for name in data:
+        DownloadManager(tmp_path / name / "b", progress=False).cached_path(urls[name])  # b holds it
+    calls = [
+        {"url": urls["offline"], "revalidate": True, "offline": True},
+        {"url": urls["pinned"], "revalidate": True, "sha256": sha256(data["pinned"])},
+    ]
+    for call, name in zip(calls, data):
+        call["caches"] = [str(tmp_path / name / "a"), str(tmp_path / name / "b")]
+    results = run_calls(tmp_path, [tmp_path / "a", tmp_path / "b"], calls, pg_timeout=20, timeout=50)
+    for (name, body), outcome in zip(data.items(), results):
+        assert [r.get("sha256") for r in outcome] == [sha256(body)] * 2, (name, outcome)
+        assert "rank 1 sends" in outcome[1]["log"], (name, outcome)
+        assert http_server.route(urls[name]).gets == 1, name  # the setup's fetch only
+        assert Entry(tmp_path / name / "a", urls[name]).lookup(sha256(body)) is not None

@@ -325,7 +325,7 @@ class _Call(_Collective):
         self.marker = _write_marker(self.root)
         if self._looked and self.marker is not None:  # the call gave up meanwhile
             _remove_quietly(self.marker)
-        _sweep_partials(self.entry.final)
+        _sweep_partials(self.root)
         if isinstance(self._device, Exception):
             raise self._device
         self.device = self._device or _transfer_device(self.url)
@@ -716,13 +716,20 @@ def _transfer_device(url: str) -> torch.device:
     return torch.device(kind, current()) if callable(current) else torch.device(kind)
 
 
-def _sweep_partials(final: Path) -> None:
-    """Remove the partial files of `final` that a dead receiver (or any dead writer whose
-    file no later call could resume) left: this user's, untagged, their writer gone."""
+def _sweep_partials(root: Path) -> None:
+    """Remove the partial files in `root` that a dead receiver (or any dead writer whose
+    file no later call could resume) left, whatever their URL: this user's, untagged,
+    their writer gone. A URL never asked for again would otherwise keep them forever."""
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return
     now = time.time()
-    for name in PartialName.all(final):
-        if name.tag != NO_VALIDATOR:
+    for found in names:
+        fields = found[: -len(".part")].rsplit(".", 4) if found.endswith(".part") else []
+        if len(fields) != 5 or fields[1] != NO_VALIDATOR:
             continue  # a download's: the next plain call adopts it and resumes
+        name = PartialName(root / fields[0], fields[1], ".".join(fields[2:]))
         try:
             info = os.lstat(name.path)
         except OSError:

@@ -122,3 +122,29 @@ def test_revalidate_asks_the_origin_only_where_a_plain_call_would(
         assert "rank 1 sends" in outcome[1]["log"], (name, outcome)
         assert http_server.route(urls[name]).gets == 1, name  # the setup's fetch only
         assert Entry(tmp_path / name / "a", urls[name]).lookup(sha256(body)) is not None
+
+
+def test_a_killed_receivers_partial_file_is_swept_by_a_call_for_another_url(tmp_path: Path) -> None:
+    """The partial file of a receiver killed mid-transfer is removed "by the next call
+    on that folder" (security.md), not only by one for the same URL: a URL that is
+    never asked for again would otherwise keep its dead partial file forever."""
+    import torch.distributed as dist
+    from test_cluster_fetch import _plant_orphan
+
+    from framework.download._cluster import _Call
+
+    cache = tmp_path / "cache"
+    orphan = _plant_orphan(cache, "https://example.org/never-again.bin")
+    source = tmp_path / "other.bin"
+    source.write_bytes(b"another file")
+    dist.init_process_group(
+        "gloo", init_method=(tmp_path / "store").as_uri(), rank=0, world_size=1, timeout=timedelta(seconds=10)
+    )
+    try:
+        manager = DownloadManager(cache, progress=False)
+        call = _Call(manager, str(source), None, None, False, False, False, False)
+        assert Path(call.run()).read_bytes() == b"another file"
+    finally:
+        dist.destroy_process_group()
+    assert not orphan.exists()
+    assert stray_files(cache) == []

@@ -148,6 +148,7 @@ class _Probe:
     marker: Optional[str]  # the marker file it wrote into its cache folder, if it could
     held: Optional[_Held]  # the verified copy its cache holds
     offline: bool  # its manager may not contact the origin
+    device: str  # the device type it would move the bytes on (every rank must use one)
 
     @property
     def writable(self) -> bool:
@@ -254,6 +255,7 @@ class _Call(_Collective):
                         f"same arguments (cache_dir may differ); rank 0 passed {first}, rank {other} "
                         f"passed {probe.args}",
                     )
+            self._agree_on_device(probes)
             seen: list[list[int]] = self._step(
                 partial(self._look, probes), list, "looking for the other ranks' markers"
             )
@@ -331,7 +333,24 @@ class _Call(_Collective):
         self.device = self._device or _transfer_device(self.url)
         meta = None if self.force else self.entry.lookup(self.sha256)
         args = (self.url, self.sha256, self.extract, self.force, self.revalidate)
-        return _Probe(args, self.marker.name if self.marker else None, _Held.of(meta), self.manager.offline)
+        marker = self.marker.name if self.marker else None
+        return _Probe(args, marker, _Held.of(meta), self.manager.offline, self.device.type)
+
+    def _agree_on_device(self, probes: Sequence[_Probe]) -> None:
+        """One device type for every rank: where ranks see different accelerators (a node
+        whose GPU is not visible), the CPU if the group has a backend for it."""
+        kinds = [probe.device for probe in probes]
+        if len(set(kinds)) == 1:
+            return
+        config = str(dist.get_backend_config())
+        if _device_type(config, ()) != "cpu":
+            raise DownloadError(
+                self.url,
+                f"the ranks would move the bytes on different devices ({', '.join(kinds)} by rank) "
+                f"and the default group has no backend for the CPU (its backends: {config}); make "
+                "every rank see the same accelerator, or add a CPU backend (cpu:gloo)",
+            )
+        self.device = torch.device("cpu")
 
     def _rebind(self) -> Optional[_Held]:
         """The copy this leader's folder holds once re-bound (hashed), as a plain call does."""

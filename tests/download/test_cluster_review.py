@@ -148,3 +148,28 @@ def test_a_killed_receivers_partial_file_is_swept_by_a_call_for_another_url(tmp_
         dist.destroy_process_group()
     assert not orphan.exists()
     assert stray_files(cache) == []
+
+
+def test_ranks_that_see_different_devices_agree_on_one_for_the_transfer(
+    http_server: FaultServer, tmp_path: Path
+) -> None:
+    """torch's default group is ``cpu:gloo,cuda:nccl``. On a node whose GPU is not
+    visible (a broken driver, a CPU-only node in the job) the transfer would go over
+    gloo on the CPU while the others send over NCCL on CUDA: the ranks' collectives
+    never meet. The device is a collective decision: every rank the same one (here the
+    CPU, which every rank has a backend for)."""
+    data = os.urandom(1 << 16)
+    url = http_server.add("/review/devices.bin", data)
+    caches = [tmp_path / "node0", tmp_path / "node1"]
+    results = run_group(
+        tmp_path,
+        url,
+        caches,
+        inject={"0": "cuda_node"},
+        backend_config="cpu:gloo,cuda:nccl",
+        pg_timeout=10,
+        timeout=50,
+    )
+    assert [r.get("error") for r in results] == [None, None], results
+    assert [r.get("sha256") for r in results] == [sha256(data)] * 2, results
+    assert http_server.route(url).gets == 1

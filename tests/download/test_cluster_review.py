@@ -173,3 +173,24 @@ def test_ranks_that_see_different_devices_agree_on_one_for_the_transfer(
     assert [r.get("error") for r in results] == [None, None], results
     assert [r.get("sha256") for r in results] == [sha256(data)] * 2, results
     assert http_server.route(url).gets == 1
+
+
+def test_ranks_on_different_devices_without_a_cpu_backend_are_refused_alike(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from framework.download._cluster import _Call, _Probe
+    from framework.errors import DownloadError
+
+    monkeypatch.setattr(dist, "get_backend_config", lambda *args, **kwargs: "cuda:nccl")
+    call = _Call(DownloadManager(tmp_path, progress=False), "https://example.org/a.bin", None, None,
+                 False, False, False, False)  # fmt: skip
+    probes = [_Probe((), None, None, False, device) for device in ("cuda", "cpu")]
+    with pytest.raises(DownloadError, match=r"different devices \(cuda, cpu by rank\)"):
+        call._agree_on_device(probes)
+    monkeypatch.setattr(dist, "get_backend_config", lambda *args, **kwargs: "cpu:gloo,cuda:nccl")
+    call.device = torch.device("cuda", 0)
+    call._agree_on_device(probes)
+    assert call.device == torch.device("cpu")

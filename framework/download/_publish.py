@@ -561,13 +561,14 @@ def publish_file(temp: Path, final: Path) -> None:
         os.close(dir_fd)
 
 
-def publish_fetched(entry: Entry, result: Fetched, fetched: Optional[float] = None) -> None:
+def publish_fetched(  # fetched: when a copy of another cache's version was fetched
+    entry: Entry, result: Fetched, fetched: Optional[float] = None
+) -> None:
     """Publish a verified file as `entry`: its sidecar first, then the file (`publish_file`).
 
     The sidecar names the new file's inode before the file takes the final name: a
     crash in between leaves a sidecar that matches no file, never old metadata vouching
     for new bytes (or new metadata for old ones). On failure the file is removed.
-    `fetched`: when the version was fetched, for a copy of another cache's (else now).
     """
     try:
         validators = result.validators

@@ -617,7 +617,7 @@ class _Receiver(_Owned):
                 raise ChecksumError(call.url, call.sha256, fetched.sha256)
             self.partial = None
             partial_file.close(keep=True)
-            publish_fetched(call.entry, fetched, self.info.fetched)
+            publish_fetched(call.entry, attrs.evolve(fetched, fetched=self.info.fetched))
         logger.info("published %s (%d bytes, sha256 %s)", call.entry.final, fetched.size, fetched.sha256)
 
     def _release(self) -> None:

@@ -126,6 +126,7 @@ class Fetched:
     sha256: str
     validators: Validators
     info: os.stat_result
+    fetched: Optional[float] = None  # when its version was fetched (a copy of another cache's), else now
 
 
 def partial_bytes(final: Path) -> int:
@@ -561,9 +562,7 @@ def publish_file(temp: Path, final: Path) -> None:
         os.close(dir_fd)
 
 
-def publish_fetched(  # fetched: when a copy of another cache's version was fetched
-    entry: Entry, result: Fetched, fetched: Optional[float] = None
-) -> None:
+def publish_fetched(entry: Entry, result: Fetched) -> None:
     """Publish a verified file as `entry`: its sidecar first, then the file (`publish_file`).
 
     The sidecar names the new file's inode before the file takes the final name: a
@@ -572,7 +571,9 @@ def publish_fetched(  # fetched: when a copy of another cache's version was fetc
     """
     try:
         validators = result.validators
-        entry.publish_metadata(validators.etag, validators.last_modified, result.sha256, result.info, fetched)
+        entry.publish_metadata(
+            validators.etag, validators.last_modified, result.sha256, result.info, result.fetched
+        )
         publish_file(result.temp, entry.final)
     except IsADirectoryError as error:  # os.replace never removes a folder
         discard(result.temp)

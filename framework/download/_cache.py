@@ -252,8 +252,10 @@ class Entry:
         last_modified: Optional[str],
         sha256: str,
         info: os.stat_result,
+        fetched: Optional[float] = None,
     ) -> None:
-        """Write the sidecar for the file `info` describes (not yet renamed into place)."""
+        """Write the sidecar for the file `info` describes (not yet renamed into place);
+        `fetched` dates its version (a copy of another cache's: that one's fetch), else now."""
         inode, size, mtime_ns = file_identity(info)
         meta: Metadata = {
             "url": redact_url(self.url),  # a shared cache is read by others: no tokens
@@ -261,7 +263,7 @@ class Entry:
             "last_modified": last_modified,
             "size": size,
             "sha256": sha256,
-            "time": time.time(),
+            "time": time.time() if fetched is None else fetched,
             "inode": inode,
             "mtime_ns": mtime_ns,
         }

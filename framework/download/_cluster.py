@@ -148,6 +148,7 @@ class _Probe:
     marker: Optional[str]  # the marker file it wrote into its cache folder, if it could
     held: Optional[_Held]  # the verified copy its cache holds
     offline: bool  # its manager may not contact the origin
+    device: str  # the device type it would move the bytes on (every rank must use one)
 
     @property
     def writable(self) -> bool:
@@ -162,6 +163,7 @@ class _Source:
     size: int
     etag: Optional[str]
     last_modified: Optional[str]
+    fetched: float  # when the sender's copy was fetched: a received copy is as old as that
 
 
 class _Call(_Collective):
@@ -179,7 +181,15 @@ class _Call(_Collective):
         revalidate: bool,
     ) -> None:
         self.manager = manager
-        self.url = os.fspath(url_or_path)  # normalized in the first step, where errors are shared
+        self.given = url_or_path
+        # Normalized in the first step, where errors are shared; anything else than a str
+        # or a path (None: a node's unset variable; bytes) is refused there.
+        try:
+            text = os.fspath(url_or_path)
+        except TypeError:
+            text = None
+        self.url: str = text if isinstance(text, str) else repr(url_or_path)
+        self._url_ok = isinstance(text, str)
         self.cache_dir = cache_dir
         self.sha256 = sha256
         self.extract = extract
@@ -190,6 +200,9 @@ class _Call(_Collective):
         self.marker: Optional[Path] = None
         self._looked = False  # the markers are no longer needed
         self.device = torch.device("cpu")  # chosen in the first step, where errors are shared
+        # The caller's device, looked up in its thread (CUDA's current device is per
+        # thread: a step's thread starts on device 0); raised in the first step.
+        self._device: Union[torch.device, Exception, None] = None
 
     @property
     def root(self) -> Path:
@@ -223,10 +236,14 @@ class _Call(_Collective):
             revalidate=self.revalidate,
         )
         arguments.update(changes)
-        return self.manager.cached_path(self.url, **arguments)
+        return self.manager.cached_path(self.url if self._url_ok else self.given, **arguments)
 
     def run(self) -> Path:
         rank = dist.get_rank()
+        try:
+            self._device = _transfer_device(self.url)
+        except Exception as error:  # raised in the first step, on every rank alike
+            self._device = error
         try:
             probes: list[_Probe] = self._step(self._probe, _Probe, "checking its cache folder")
             first = probes[0].args
@@ -238,6 +255,7 @@ class _Call(_Collective):
                         f"same arguments (cache_dir may differ); rank 0 passed {first}, rank {other} "
                         f"passed {probe.args}",
                     )
+            self._agree_on_device(probes)
             seen: list[list[int]] = self._step(
                 partial(self._look, probes), list, "looking for the other ranks' markers"
             )
@@ -257,8 +275,12 @@ class _Call(_Collective):
             )
             held.update({leader: rebound[leader] for leader in leaders if held[leader] is None})
         holders = [leader for leader in leaders if held[leader] is not None]
-        from_origin = self.force or self.revalidate or not holders
-        source = _origin_fetcher(leaders, probes) if from_origin else _newest(holders, held)
+        fetcher = _origin_fetcher(leaders, probes)
+        # As a plain call: revalidate asks the origin only when online and without a pin
+        # (a copy with the sha256 asked for is served without asking).
+        asks = self.revalidate and self.sha256 is None and not probes[fetcher].offline
+        from_origin = self.force or asks or not holders
+        source = fetcher if from_origin else _newest(holders, held)
         digest = None if from_origin else held[source].sha256  # type: ignore[union-attr]
         if from_origin or any(_digest(held[leader]) != digest for leader in leaders):
             sender = _Sender(self) if rank == source else None
@@ -292,6 +314,12 @@ class _Call(_Collective):
     def _probe(self) -> _Probe:
         from framework.download.manager import _cache_writes, _check_sha256, _normalize
 
+        if not self._url_ok:
+            raise InvalidArgumentError(
+                self.url,
+                f"rank {dist.get_rank()} passed url_or_path={self.url} ({type(self.given).__name__}); "
+                "pass a URL or a path (str or os.PathLike), the same on every rank",
+            )
         self.url = _normalize(self.url)
         self.sha256 = _check_sha256(self.url, self.sha256)
         with _cache_writes(self.url, self.root):
@@ -299,11 +327,30 @@ class _Call(_Collective):
         self.marker = _write_marker(self.root)
         if self._looked and self.marker is not None:  # the call gave up meanwhile
             _remove_quietly(self.marker)
-        _sweep_partials(self.entry.final)
-        self.device = _transfer_device(self.url)
+        _sweep_partials(self.root)
+        if isinstance(self._device, Exception):
+            raise self._device
+        self.device = self._device or _transfer_device(self.url)
         meta = None if self.force else self.entry.lookup(self.sha256)
         args = (self.url, self.sha256, self.extract, self.force, self.revalidate)
-        return _Probe(args, self.marker.name if self.marker else None, _Held.of(meta), self.manager.offline)
+        marker = self.marker.name if self.marker else None
+        return _Probe(args, marker, _Held.of(meta), self.manager.offline, self.device.type)
+
+    def _agree_on_device(self, probes: Sequence[_Probe]) -> None:
+        """One device type for every rank: where ranks see different accelerators (a node
+        whose GPU is not visible), the CPU if the group has a backend for it."""
+        kinds = [probe.device for probe in probes]
+        if len(set(kinds)) == 1:
+            return
+        config = str(dist.get_backend_config())
+        if _device_type(config, ()) != "cpu":
+            raise DownloadError(
+                self.url,
+                f"the ranks would move the bytes on different devices ({', '.join(kinds)} by rank) "
+                f"and the default group has no backend for the CPU (its backends: {config}); make "
+                "every rank see the same accelerator, or add a CPU backend (cpu:gloo)",
+            )
+        self.device = torch.device("cpu")
 
     def _rebind(self) -> Optional[_Held]:
         """The copy this leader's folder holds once re-bound (hashed), as a plain call does."""
@@ -483,7 +530,9 @@ class _Sender(_Owned):
         now = os.fstat(fd)
         if meta is None or not stat.S_ISREG(now.st_mode) or file_identity(now) != _identity(meta):
             raise DownloadError(call.url, f"{call.entry.final} was replaced during the call; call again")
-        return _Source(meta["sha256"], meta["size"], meta.get("etag"), meta.get("last_modified"))
+        return _Source(
+            meta["sha256"], meta["size"], meta.get("etag"), meta.get("last_modified"), float(meta["time"])
+        )
 
     def read(self, offset: int, chunk: torch.Tensor) -> None:
         """Fill `chunk` with the file's bytes at `offset`; after a failure, leave it as is."""
@@ -568,7 +617,7 @@ class _Receiver(_Owned):
                 raise ChecksumError(call.url, call.sha256, fetched.sha256)
             self.partial = None
             partial_file.close(keep=True)
-            publish_fetched(call.entry, fetched)
+            publish_fetched(call.entry, attrs.evolve(fetched, fetched=self.info.fetched))
         logger.info("published %s (%d bytes, sha256 %s)", call.entry.final, fetched.size, fetched.sha256)
 
     def _release(self) -> None:
@@ -686,13 +735,20 @@ def _transfer_device(url: str) -> torch.device:
     return torch.device(kind, current()) if callable(current) else torch.device(kind)
 
 
-def _sweep_partials(final: Path) -> None:
-    """Remove the partial files of `final` that a dead receiver (or any dead writer whose
-    file no later call could resume) left: this user's, untagged, their writer gone."""
+def _sweep_partials(root: Path) -> None:
+    """Remove the partial files in `root` that a dead receiver (or any dead writer whose
+    file no later call could resume) left, whatever their URL: this user's, untagged,
+    their writer gone. A URL never asked for again would otherwise keep them forever."""
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return
     now = time.time()
-    for name in PartialName.all(final):
-        if name.tag != NO_VALIDATOR:
+    for found in names:
+        fields = found[: -len(".part")].rsplit(".", 4) if found.endswith(".part") else []
+        if len(fields) != 5 or fields[1] != NO_VALIDATOR:
             continue  # a download's: the next plain call adopts it and resumes
+        name = PartialName(root / fields[0], fields[1], ".".join(fields[2:]))
         try:
             info = os.lstat(name.path)
         except OSError:

@@ -149,6 +149,7 @@ class Fetched:
     sha256: str
     validators: Validators
     info: os.stat_result
+    fetched: Optional[float] = None  # when its version was fetched (a copy of another cache's), else now
 
 
 def partial_bytes(final: Path) -> int:
@@ -686,7 +687,9 @@ def publish_fetched(entry: Entry, result: Fetched) -> None:
     try:
         _still_ours(entry.url, result)
         validators = result.validators
-        entry.publish_metadata(validators.etag, validators.last_modified, result.sha256, result.info)
+        entry.publish_metadata(
+            validators.etag, validators.last_modified, result.sha256, result.info, result.fetched
+        )
         publish_file(result.temp, entry.final)
     except IsADirectoryError as error:  # os.replace never removes a folder
         discard(result.temp)

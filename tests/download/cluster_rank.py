@@ -35,6 +35,13 @@ def _inject(kind: str, spec: dict[str, Any], stack: ExitStack) -> None:
 
     if "chunk_bytes" in spec:  # many chunks from a small file
         patch(_cluster, "CHUNK_BYTES", spec["chunk_bytes"])
+    if "backend_config" in spec:  # the group's backends as torch would report them
+        patch(dist, "get_backend_config", lambda *args, **kwargs: spec["backend_config"])
+    if kind == "cuda_node":  # this rank sees a GPU (others do not: a node whose driver broke)
+        import torch
+
+        patch(torch.cuda, "is_available", lambda: True)
+        patch(torch.cuda, "current_device", lambda: 0)
     if kind == "enospc":  # this rank's disk is full: every cache write fails
         from framework.download import _pipeline
 
@@ -229,6 +236,8 @@ def _call(spec: dict[str, Any], rank: int) -> dict[str, Any]:
                 cache_dir=spec.get("cache_dir"),
                 sha256=spec.get("sha256"),
                 extract=spec.get("extract", False),
+                force=spec.get("force", False),
+                revalidate=spec.get("revalidate", False),
                 distributed=spec.get("distributed", True),
             )
             result["path"] = str(path)

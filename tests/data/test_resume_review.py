@@ -87,3 +87,44 @@ def test_a_reader_whose_order_changed_past_the_sampled_places_is_refused(
         resumed.close()
     seen = [i for batch in head + rest for i in batch]
     assert sorted(seen) == list(range(N)), "resumed wrong: neither refused nor exact"
+
+
+def counting(num_workers: int, **options: Any) -> MultiProcessDataLoader:
+    from loader_helpers import CountingReader
+
+    return MultiProcessDataLoader(
+        CountingReader(6), "x", batch_size=2, num_workers=num_workers, quiet=True, seed=0,
+        shuffle=True, **options,
+    )
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_an_eager_epoch_taken_with_zip_over_its_length_is_over(num_workers: int) -> None:
+    # `zip(range(len(loader)), loader)` takes every batch but never asks for the end.
+    # The epoch is whole all the same; before, the pass stayed pending and every
+    # second epoch was empty (0 batches where len() said 3).
+    loader = counting(num_workers)
+    reference = counting(num_workers)
+    for _ in range(3):
+        taken = [ids(batch) for _, batch in zip(range(len(loader)), loader)]
+        assert taken == [ids(batch) for batch in reference]
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_state_saved_at_an_eager_epochs_last_batch_describes_the_next_epoch(num_workers: int) -> None:
+    # The how-to saves inside the loop and restarts at state["epoch"]: a state taken
+    # after the epoch's last batch must not resume an empty epoch 0 (the restarted job
+    # would train one epoch less than the uninterrupted one).
+    loader = counting(num_workers)
+    reference = counting(num_workers)
+    whole = [[ids(batch) for batch in reference] for _ in range(2)]
+    iterator = iter(loader)
+    assert [ids(next(iterator)) for _ in range(len(loader))] == whole[0]
+    state = json.loads(json.dumps(loader.state_dict()))
+    assert state["epoch"] == 1
+    assert [ids(batch) for batch in iterator] == []  # the live loop ends its epoch
+    assert [ids(batch) for batch in loader] == whole[1]
+    for workers in (num_workers, 1):
+        resumed = counting(workers)
+        resumed.load_state_dict(state)
+        assert sorted(i for batch in resumed for i in ids(batch)) == list(range(6))

@@ -3,6 +3,7 @@ case found by a randomized differential search against an uninterrupted run."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Iterator
 from typing import Any, Optional
@@ -162,3 +163,42 @@ def test_the_how_to_loop_restarts_at_the_right_epoch_with_batches_per_epoch() ->
     resumed.load_state_dict(saved)
     more = sum(len(list(resumed)) for _ in range(saved["epoch"], epochs))
     assert trained_at_save + more == epochs * 2
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the pass counts a batch before _pass moves it to the device: Ctrl-C (or "
+    "a CUDA OOM) in that move loses the batch",
+)
+@pytest.mark.parametrize(
+    ("options", "num_workers"),
+    [({}, 0), ({"max_instances_in_memory": 4}, 0), ({"max_instances_in_memory": 4}, 2)],
+    ids=["eager", "lazy-in-process", "lazy-workers"],
+)
+def test_ctrl_c_while_a_batch_moves_to_the_device_keeps_the_batch(
+    monkeypatch: pytest.MonkeyPatch, options: dict[str, Any], num_workers: int
+) -> None:
+    from loader_helpers import CountingReader
+
+    import framework.data.multiprocess as multiprocess
+
+    real = multiprocess.move_to_device
+    calls = itertools.count(1)
+
+    def interrupted_third_move(batch: Any, device: Any, non_blocking: bool = False) -> Any:
+        if next(calls) == 3:
+            raise KeyboardInterrupt  # Ctrl-C during a (pinned, slow) host-to-device copy
+        return real(batch, device, non_blocking=non_blocking)
+
+    monkeypatch.setattr(multiprocess, "move_to_device", interrupted_third_move)
+    loader = MultiProcessDataLoader(
+        CountingReader(10), "x", batch_size=2, num_workers=num_workers, quiet=True, seed=0,
+        cuda_device="cpu", **options,
+    )
+    taken: list[list[int]] = []
+    with pytest.raises(KeyboardInterrupt):
+        for batch in loader:
+            taken.append(ids(batch))
+    # The promise: an exception such as Ctrl-C inside next() leaves the pass resumable.
+    taken += [ids(batch) for batch in loader]
+    assert sorted(i for batch in taken for i in batch) == list(range(10))

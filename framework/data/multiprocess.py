@@ -414,7 +414,8 @@ class MultiProcessDataLoader(DataLoader):
             if close is not None:
                 close()  # stops the workers at once when the consumer stops early
             try:
-                if finished or eager_over(position):
+                # Eager, a pass whose last batch was taken is over too (zip over len()).
+                if finished or (eager_over(position) and self._current is position):
                     self._last = position  # for state_dict() while other ranks are still in it
                 elif self._current is position and self._pending is None:
                     # Cut short (`break`, an exception, Ctrl-C): the pass is not over. The

@@ -163,6 +163,11 @@ def resumed_position(loader: MultiProcessDataLoader, state: Mapping[str, Any]) -
         )
     check_files(state.get("files"))  # before the settings: its own clear error
     check_reader(loader.reader)
+    saved = state.get("settings")
+    if isinstance(saved, Mapping):
+        # Outside the try below: a setting that differs is its own clear refusal, not
+        # a "mangled" state.
+        check_settings(saved, settings(loader))
     try:
         check_settings(state["settings"], settings(loader))
         info = current_distributed_info()

@@ -202,3 +202,25 @@ def test_ctrl_c_while_a_batch_moves_to_the_device_keeps_the_batch(
     # The promise: an exception such as Ctrl-C inside next() leaves the pass resumable.
     taken += [ids(batch) for batch in loader]
     assert sorted(i for batch in taken for i in batch) == list(range(10))
+
+
+@pytest.mark.parametrize(
+    ("change", "setting"),
+    [({"batch_size": 3}, "batch_size"), ({"shuffle": True}, "shuffle"), ({"drop_last": True}, "drop_last")],
+)
+def test_a_state_with_another_setting_is_refused_without_calling_it_mangled(
+    change: dict[str, Any], setting: str
+) -> None:
+    # The refusal names the setting; before, it was wrapped in "this state lacks or
+    # mangles a part ... pass the loader's own state_dict()", which it is not.
+    from loader_helpers import CountingReader
+
+    def build(**options: Any) -> MultiProcessDataLoader:
+        return MultiProcessDataLoader(
+            CountingReader(10), "x", **{"batch_size": 2, "quiet": True, "seed": 0, **options}
+        )
+
+    state = json.loads(json.dumps(build().state_dict()))
+    with pytest.raises(ValueError, match=f"saved by a loader with {setting}=") as raised:
+        build(**change).load_state_dict(state)
+    assert "mangles" not in str(raised.value)

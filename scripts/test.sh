@@ -12,7 +12,9 @@ echo "== mypy (strict on framework/)"
 mypy
 echo "== pytest"
 status=0
-pytest -q "$@" || status=$?
+# Two processes, one test file each at a time: most tests wait on worker processes,
+# servers and process groups, so the 2-core machine runs two files side by side.
+pytest -q -n 2 --dist loadfile --durations=20 "$@" || status=$?
 if [ "$status" -eq 5 ]; then
   echo "pytest collected no tests: that is a failure here" >&2
   exit 1

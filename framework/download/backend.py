@@ -8,12 +8,13 @@ and progress all live once, in `DownloadManager`.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from types import TracebackType
-from typing import Callable, ClassVar, Final, Optional
+from typing import Any, Callable, ClassVar, Final, Optional
 
 import attrs
 
+from framework.config import ConfigChecks
 from framework.registry import Registrable
 
 __all__ = [
@@ -141,6 +142,24 @@ class ByteStream:
         self.close()
 
 
+def _backend_problems(arguments: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """The rules every backend's retry settings keep (see `DownloadBackend.config_checks`)."""
+
+    def number(key: str) -> Optional[float]:
+        value = arguments.get(key)
+        return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+    problems = []
+    retries, backoff, timeout = number("retries"), number("backoff_factor"), number("timeout")
+    if retries is not None and retries < 0:
+        problems.append(("retries", f"retries must be >= 0 (0: no retry), got {retries}"))
+    if backoff is not None and backoff < 0:
+        problems.append(("backoff_factor", f"backoff_factor must be >= 0 seconds, got {backoff}"))
+    if timeout is not None and not timeout > 0:
+        problems.append(("timeout", f"timeout must be > 0 seconds, got {timeout}"))
+    return problems
+
+
 class DownloadBackend(Registrable):
     """Reads objects of the URL schemes in `schemes`; registered by name (``"http"``, ...).
 
@@ -159,8 +178,21 @@ class DownloadBackend(Registrable):
     """
 
     schemes: ClassVar[tuple[str, ...]] = ()
+    # A retry count below 0 or a timeout of 0 would fail at the first request instead:
+    # refused by the constructor and by `framework config validate` alike.
+    config_checks: ClassVar[ConfigChecks] = ConfigChecks(
+        _backend_problems,
+        {
+            "properties": {
+                "retries": {"minimum": 0},
+                "backoff_factor": {"minimum": 0},
+                "timeout": {"exclusiveMinimum": 0},
+            }
+        },
+    )
 
     def __init__(self, *, retries: int = 5, backoff_factor: float = 0.5, timeout: float = 60.0) -> None:
+        self.config_checks.enforce({"retries": retries, "backoff_factor": backoff_factor, "timeout": timeout})
         self.retries = retries
         self.backoff_factor = backoff_factor
         self.timeout = timeout

@@ -213,3 +213,27 @@ def test_waiter_progress_bar(capsys: pytest.CaptureFixture[str]) -> None:
     del bar
     err = capsys.readouterr().err
     assert "waiting: data.bin" in err and "1.00M/1.00M" in err
+
+
+@pytest.mark.parametrize("name", ["http", "s3", "local"])
+@pytest.mark.parametrize(
+    ("key", "value"), [("retries", -1), ("timeout", 0), ("timeout", -2.5), ("backoff_factor", -0.1)]
+)
+def test_a_retry_setting_no_request_could_use_is_refused_by_validate_and_the_constructor(
+    name: str, key: str, value: float
+) -> None:
+    # Before: accepted by validate(), the schema and the constructor, then a failure at
+    # the first request (a negative retry count, a zero timeout).
+    import jsonschema
+
+    from framework import DownloadBackend
+    from framework.config import json_schema, validate
+    from framework.errors import ConfigError
+
+    config = {"type": name, key: value}
+    errors = validate(config, base=DownloadBackend)
+    assert [error.path for error in errors] == [key]
+    assert not jsonschema.Draft202012Validator(json_schema(DownloadBackend)).is_valid(config)
+    with pytest.raises(ConfigError, match=key):
+        DownloadBackend.by_name(name)(**{key: value})
+    assert validate({"type": name, "retries": 0, "timeout": 0.5}, base=DownloadBackend) == []

@@ -21,7 +21,7 @@ from framework.data.reader import DatasetReader, Instance, current_distributed_i
 if TYPE_CHECKING:
     from framework.data.multiprocess import MultiProcessDataLoader
 
-__all__ = ["eager_lists", "eager_over", "eager_pass", "lazy_pass_in_process"]
+__all__ = ["eager_lists", "eager_pass", "lazy_pass_in_process"]
 
 
 def eager_pass(loader: MultiProcessDataLoader, position: Position) -> Iterator[Any]:
@@ -49,16 +49,7 @@ def eager_pass(loader: MultiProcessDataLoader, position: Position) -> Iterator[A
                 with scoped(derive_seed(position.seed, "collate", index)):
                     batch = loader.collate_fn(chosen)
             position.consumed = index + 1
-            if position.consumed == len(lists):
-                # The last batch: the pass is over once it is taken, whether or not the
-                # consumer asks for the end (`zip(range(len(loader)), loader)` never does).
-                position.done = [True]
             yield batch
-
-
-def eager_over(position: Position) -> bool:
-    """Whether an eager pass has yielded its last batch (set by `eager_pass`)."""
-    return position.done == [True] and not position.per_worker
 
 
 def eager_lists(loader: MultiProcessDataLoader, position: Position) -> list[list[int]]:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Optional
 from framework.data._batching import derive_seed
 from framework.data._checks import describe
 from framework.data._distributed import in_step
-from framework.data._passes import eager_lists, eager_over
+from framework.data._passes import eager_lists
 from framework.data._position import Position
 from framework.data._shards import (
     STATE_VERSION,
@@ -50,11 +50,6 @@ def whole_state(loader: MultiProcessDataLoader) -> dict[str, Any]:
     """`MultiProcessDataLoader.state_dict()`: where iteration stands, as plain data
     (a collective under torch.distributed)."""
     current = loader._current
-    last = loader._last
-    if current is not None and eager_over(current):
-        # Its last batch is taken: the state describes the next epoch, as the live
-        # loader yields next (the pass it finished speaks for its epoch below).
-        current, last = None, current
     position = current or loader._next_position()
     info = current_distributed_info()
     world, rank = (info.world_size, info.global_rank) if info else (1, 0)
@@ -70,6 +65,7 @@ def whole_state(loader: MultiProcessDataLoader) -> dict[str, Any]:
         # A rank whose epoch ended (uneven ranks) while others are still in it
         # speaks for that epoch with the pass it finished, whether or not it has begun
         # the next (its position there is not part of the epoch the others are in).
+        last = loader._last
         if last is not None and last.epoch == position.epoch - 1:
             mine["finished"] = rank_part(loader, last, rank, world)
         gathered: list[Any] = [None] * world

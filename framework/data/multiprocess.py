@@ -38,7 +38,7 @@ import torch
 from framework.data._batching import BatchPlan, derive_seed, round_robin
 from framework.data._checks import as_device, config_checks, no_instances, validate
 from framework.data._distributed import agree, even
-from framework.data._passes import eager_over, eager_pass, lazy_pass_in_process
+from framework.data._passes import eager_pass, lazy_pass_in_process
 from framework.data._pool import UserCode, WorkerPool, closed_error, main_thread
 from framework.data._position import Position
 from framework.data._protocol import Batch, Instances
@@ -418,8 +418,7 @@ class MultiProcessDataLoader(DataLoader):
             if close is not None:
                 close()  # stops the workers at once when the consumer stops early
             try:
-                # Eager, a pass whose last batch was taken is over too (zip over len()).
-                if finished or (eager_over(position) and self._current is position):
+                if finished:
                     self._last = position  # for state_dict() while other ranks are still in it
                 elif self._current is position and self._pending is None:
                     # Cut short (`break`, an exception, Ctrl-C): the pass is not over. The

@@ -433,6 +433,27 @@ def property_examples(default: int) -> int:
     return int(os.environ.get("FRAMEWORK_PROPERTY_EXAMPLES", str(default)))
 
 
+def property_settings(examples: int) -> Any:
+    """The suites' hypothesis settings: `examples` trials, no deadline (a trial starts
+    processes), the failing case printed as a blob to replay."""
+    from hypothesis import HealthCheck, settings
+
+    return settings(
+        max_examples=examples,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+        print_blob=True,
+    )
+
+
+def print_trials(request: Any, label: str, count: int) -> None:
+    """Say how many trials a suite ran, past pytest's capture (read in long runs)."""
+    capture = request.config.pluginmanager.get_plugin("capturemanager")
+    if capture is not None and count:
+        with capture.global_and_fixture_disabled():
+            print(f"\n{label}: {count} trials run")
+
+
 # -- torch.distributed: ranks that serve many trials -------------------------------------------
 
 

@@ -18,8 +18,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, reject, settings
-from property_helpers import Case, FileSpec, Unsuitable, property_examples, run_case
+from hypothesis import given, reject
+from property_helpers import (
+    Case,
+    FileSpec,
+    Unsuitable,
+    print_trials,
+    property_examples,
+    property_settings,
+    run_case,
+)
 from resume_cases import KNOWN_DEFECTS, cases
 
 EXAMPLES = property_examples(50)
@@ -31,18 +39,10 @@ TRIALS = {"count": 0}
 @pytest.fixture(scope="module", autouse=True)
 def report_trials(request: pytest.FixtureRequest) -> Iterator[None]:
     yield
-    capture = request.config.pluginmanager.get_plugin("capturemanager")
-    if capture is not None and TRIALS["count"]:
-        with capture.global_and_fixture_disabled():
-            print(f"\nresume properties: {TRIALS['count']} trials run")
+    print_trials(request, "resume properties", TRIALS["count"])
 
 
-@settings(
-    max_examples=EXAMPLES,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-    print_blob=True,
-)
+@property_settings(EXAMPLES)
 @given(case=cases())
 def test_resume_is_exactly_once(case: Case) -> None:
     TRIALS["count"] += 1

@@ -12,8 +12,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, reject, settings
-from property_helpers import Case, Ranks, Unsuitable, property_examples, run_distributed_case
+from hypothesis import given, reject
+from property_helpers import (
+    Case,
+    Ranks,
+    Unsuitable,
+    print_trials,
+    property_examples,
+    property_settings,
+    run_distributed_case,
+)
 from resume_cases import KNOWN_DEFECTS, cases
 
 EXAMPLES = max(1, property_examples(50) // 4)
@@ -27,18 +35,10 @@ def ranks(request: pytest.FixtureRequest) -> Iterator[Ranks]:
     processes = Ranks(3)
     yield processes
     processes.close()
-    capture = request.config.pluginmanager.get_plugin("capturemanager")
-    if capture is not None and TRIALS["count"]:
-        with capture.global_and_fixture_disabled():
-            print(f"\nresume properties, distributed: {TRIALS['count']} trials run")
+    print_trials(request, "resume properties, distributed", TRIALS["count"])
 
 
-@settings(
-    max_examples=EXAMPLES,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-    print_blob=True,
-)
+@property_settings(EXAMPLES)
 @given(case=cases(world=True))
 def test_resume_is_exactly_once_across_world_sizes(ranks: Ranks, case: Case) -> None:
     TRIALS["count"] += 1

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import socket
 import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,23 +13,15 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))  # --import-mode=importlib: make dl_helpers importable
 
-from dl_helpers import FaultServer
+from dl_helpers import FaultServer, serving
 
 from framework.download import DownloadManager
 
 
 @pytest.fixture(scope="session")
 def http_server() -> Iterator[FaultServer]:
-    server = FaultServer()
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05})
-    thread.daemon = True
-    thread.start()
-    try:
+    with serving(FaultServer()) as server:
         yield server
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
 
 
 @pytest.fixture

@@ -13,9 +13,11 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, TypeVar
 
 import attrs
 
@@ -354,6 +356,22 @@ class PacedProxy:
 
     def __exit__(self, *exc: Any) -> None:
         self.listener.close()
+
+
+_Server = TypeVar("_Server", bound=ThreadingHTTPServer)
+
+
+@contextmanager
+def serving(server: _Server) -> Iterator[_Server]:
+    """`server` answering on a daemon thread until the block ends."""
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
 
 
 def unique_path(name: str) -> str:

@@ -36,7 +36,7 @@ from typing import Any, Optional
 
 import attrs
 import pytest
-from dl_helpers import FORK
+from dl_helpers import FORK, serving
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -201,15 +201,8 @@ class _ScriptHandler(BaseHTTPRequestHandler):
 
 @pytest.fixture(scope="module")
 def script_server() -> Iterator[ScriptServer]:
-    server = ScriptServer()
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    try:
+    with serving(ScriptServer()) as server:
         yield server
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
 
 
 # What is drawn --------------------------------------------------------------------------

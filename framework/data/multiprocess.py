@@ -39,7 +39,7 @@ from framework.data._batching import BatchPlan, derive_seed, round_robin
 from framework.data._checks import as_device, config_checks, no_instances, validate
 from framework.data._distributed import agree, even
 from framework.data._passes import eager_over, eager_pass, lazy_pass_in_process
-from framework.data._pool import UserCode, WorkerPool, closed_error, main_thread
+from framework.data._pool import LoaderCode, UserCode, WorkerPool, closed_error, main_thread
 from framework.data._position import Position
 from framework.data._protocol import Batch, Instances
 from framework.data._rng import PrivateRandom, scoped, unseeded_seed
@@ -408,8 +408,7 @@ class MultiProcessDataLoader(DataLoader):
                 stream = even(stream)
         finished = False
         try:
-            for batch in stream:
-                batch = self._finish(batch)
+            for batch in stream:  # each on its device already (`_finish`), then counted
                 self._batches += 1
                 yield batch
             finished = True
@@ -466,20 +465,26 @@ class MultiProcessDataLoader(DataLoader):
             raise no_instances(self.reader, self.data_path)
 
     def _prepared(self, message: Union[Batch, Instances]) -> Any:
-        """A worker's message made a batch: its tensors, or its instances hooked and collated."""
+        """A worker's message made a batch: its tensors, or its instances hooked and
+        collated; pinned and moved to the device (`_finish`)."""
         if isinstance(message, Batch):
-            return message.payload
+            return self._finish(message.payload)
         with scoped(message.seed) if message.seed is not None else nullcontext():
             for instance in message.instances:  # in the batch's own streams
                 self.reader.apply_token_indexers(instance)
-            return self.collate_fn(message.instances)
+            batch = self.collate_fn(message.instances)
+        return self._finish(batch)
 
     def _finish(self, batch: Any) -> Any:
-        if self.pin_memory and torch.cuda.is_available():
-            batch = pin_memory(batch)
-        if self.cuda_device is not None:
-            batch = move_to_device(batch, self.cuda_device, non_blocking=self.pin_memory)
-        return batch
+        """`batch` pinned and on `cuda_device`. Every pass calls it before it counts the
+        batch as consumed: an error or Ctrl-C in the copy leaves the batch to the resume.
+        Its errors (CUDA out of memory) are the loader's own, never wrapped as WorkerError."""
+        with LoaderCode():
+            if self.pin_memory and torch.cuda.is_available():
+                batch = pin_memory(batch)
+            if self.cuda_device is not None:
+                batch = move_to_device(batch, self.cuda_device, non_blocking=self.pin_memory)
+            return batch
 
     # -- reading instances --------------------------------------------------------------
 

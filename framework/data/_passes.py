@@ -48,6 +48,7 @@ def eager_pass(loader: MultiProcessDataLoader, position: Position) -> Iterator[A
                 # batch: the caller's are untouched, and a resumed epoch collates the same.
                 with scoped(derive_seed(position.seed, "collate", index)):
                     batch = loader.collate_fn(chosen)
+            batch = loader._finish(batch)  # on the device before it counts (Ctrl-C in the copy)
             position.consumed = index + 1
             yield batch
 
@@ -118,6 +119,7 @@ def lazy_pass_in_process(loader: MultiProcessDataLoader, position: Position) -> 
     try:
         with UserCode():
             for indexes, point, batch in batches:
+                batch = loader._finish(batch)  # on the device before it counts (Ctrl-C in the copy)
                 position.consumed += 1
                 position.record(0, indexes, point)
                 yield batch

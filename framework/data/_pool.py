@@ -468,7 +468,8 @@ def in_process(error: Exception) -> WorkerError:
 
 class UserCode:
     """``with UserCode():`` raises an error of reader, sampler or collator code as
-    `in_process` does (one try per pass: no cost per batch)."""
+    `in_process` does (one try per pass: no cost per batch). An error raised under
+    `LoaderCode` inside it is the loader's own and passes as it is."""
 
     def __enter__(self) -> None:
         return None
@@ -476,7 +477,28 @@ class UserCode:
     def __exit__(self, kind: Any, error: Optional[BaseException], trace: Any) -> None:
         # KeyboardInterrupt, SystemExit and GeneratorExit are not Exceptions: never wrapped.
         if isinstance(error, Exception) and not isinstance(error, WorkerError):
+            if getattr(error, _OWN, False):
+                return None
             raise in_process(error) from error
+
+
+_OWN = "_framework_loader_own"
+
+
+class LoaderCode:
+    """``with LoaderCode():`` inside `UserCode`: an error raised here is the loader's own
+    work (moving a batch to the device: CUDA out of memory, say), not the reader's or
+    collator's, and is raised as it is, never wrapped as `in_process` does."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: Any, error: Optional[BaseException], trace: Any) -> None:
+        if isinstance(error, Exception):
+            try:
+                setattr(error, _OWN, True)
+            except (AttributeError, TypeError):  # a type without attributes: wrapped, still raised
+                pass
 
 
 def _reap(

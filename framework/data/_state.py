@@ -98,6 +98,11 @@ def whole_state(loader: MultiProcessDataLoader) -> dict[str, Any]:
         "settings": settings(loader),
         "files": file_stamps(loader.data_path),
         "epoch_batches": loader._epoch_batches,  # batches_per_epoch: already yielded
+        # The training loop's epoch to restart at: the next iter() yields (the rest of)
+        # it. Without batches_per_epoch an iter() is a pass, so it is the pass's epoch.
+        "loop_epoch": (
+            parts[0]["position"]["epoch"] if loader.batches_per_epoch is None else loader._loop_epoch
+        ),
         "ranks": [part["position"] for part in parts],
         "consumed": None if consumed is None else consumed.to_dict(),
         "samples": {key: value for part in parts for key, value in part["samples"].items()},

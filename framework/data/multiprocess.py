@@ -39,7 +39,7 @@ from framework.data._batching import BatchPlan, derive_seed, round_robin
 from framework.data._checks import as_device, config_checks, no_instances, validate
 from framework.data._distributed import agree, even
 from framework.data._passes import eager_pass, lazy_pass_in_process
-from framework.data._pool import UserCode, WorkerPool, closed_error, main_thread
+from framework.data._pool import LoaderCode, UserCode, WorkerPool, closed_error, main_thread
 from framework.data._position import Position
 from framework.data._protocol import Batch, Instances
 from framework.data._rng import PrivateRandom, scoped, unseeded_seed
@@ -221,6 +221,9 @@ class MultiProcessDataLoader(DataLoader):
         # batches_per_epoch: batches the current iter() has yielded (0 between epochs);
         # after load_state_dict, the saved count, so the first iter() yields the rest.
         self._epoch_batches = 0
+        # batches_per_epoch: the iter() epochs that have ended (their last batch taken):
+        # the training loop's epoch, which the pass epoch (`_epoch`) is not.
+        self._loop_epoch = 0
         self._batches = 0  # batches yielded since built or loaded: ranks compare it in state_dict()
         if max_instances_in_memory is None:
             self._load_instances()  # eager mode reads everything up front, as AllenNLP does
@@ -274,6 +277,8 @@ class MultiProcessDataLoader(DataLoader):
                     # exactly len(loader) batches (islice, zip) never resumes us.
                     self._batch_generator, generator = generator, None
                 self._epoch_batches = (index + 1) % self.batches_per_epoch
+                if self._epoch_batches == 0:
+                    self._loop_epoch += 1  # its last batch: the state describes the next
                 yield batch
         finally:
             if generator is not None:
@@ -327,7 +332,9 @@ class MultiProcessDataLoader(DataLoader):
         Under torch.distributed this is a collective (every rank calls it after the
         same batch; one small ``all_reduce`` and one ``all_gather_object``) and every
         rank returns the same whole-job state; ranks out of step raise
-        `RanksOutOfStepError` at once.
+        `RanksOutOfStepError` at once. Its ``"loop_epoch"`` is the training loop's epoch
+        to restart at (the next `iter()` yields it, or its rest); ``"epoch"`` counts
+        passes over the data, which differ with `batches_per_epoch`.
         """
         return whole_state(self)
 
@@ -342,11 +349,14 @@ class MultiProcessDataLoader(DataLoader):
         """
         position = resumed_position(self, state)
         epoch_batches = state.get("epoch_batches", 0)  # absent: a state from before the count
-        if not isinstance(epoch_batches, int) or epoch_batches < 0:
-            raise ValueError(
-                f"the state's 'epoch_batches' must be an int >= 0, got {epoch_batches!r}; "
-                "pass the loader's own state_dict()"
-            )
+        # absent: a state from before the count (right without batches_per_epoch)
+        loop_epoch = state.get("loop_epoch", position.epoch)
+        for key, value in (("epoch_batches", epoch_batches), ("loop_epoch", loop_epoch)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(
+                    f"the state's {key!r} must be an int >= 0, got {value!r}; "
+                    "pass the loader's own state_dict()"
+                )
         if self._batch_generator is not None:
             self._batch_generator.close()
             self._batch_generator = None
@@ -356,6 +366,7 @@ class MultiProcessDataLoader(DataLoader):
         self._last = None
         self._epoch = position.epoch
         self._epoch_batches = epoch_batches
+        self._loop_epoch = loop_epoch
         self._batches = 0
 
     def close(self) -> None:
@@ -408,8 +419,7 @@ class MultiProcessDataLoader(DataLoader):
                 stream = even(stream)
         finished = False
         try:
-            for batch in stream:
-                batch = self._finish(batch)
+            for batch in stream:  # each on its device already (`_finish`), then counted
                 self._batches += 1
                 yield batch
             finished = True
@@ -465,20 +475,26 @@ class MultiProcessDataLoader(DataLoader):
             raise no_instances(self.reader, self.data_path)
 
     def _prepared(self, message: Union[Batch, Instances]) -> Any:
-        """A worker's message made a batch: its tensors, or its instances hooked and collated."""
+        """A worker's message made a batch: its tensors, or its instances hooked and
+        collated; pinned and moved to the device (`_finish`)."""
         if isinstance(message, Batch):
-            return message.payload
+            return self._finish(message.payload)
         with scoped(message.seed) if message.seed is not None else nullcontext():
             for instance in message.instances:  # in the batch's own streams
                 self.reader.apply_token_indexers(instance)
-            return self.collate_fn(message.instances)
+            batch = self.collate_fn(message.instances)
+        return self._finish(batch)
 
     def _finish(self, batch: Any) -> Any:
-        if self.pin_memory and torch.cuda.is_available():
-            batch = pin_memory(batch)
-        if self.cuda_device is not None:
-            batch = move_to_device(batch, self.cuda_device, non_blocking=self.pin_memory)
-        return batch
+        """`batch` pinned and on `cuda_device`. Every pass calls it before it counts the
+        batch as consumed: an error or Ctrl-C in the copy leaves the batch to the resume.
+        Its errors (CUDA out of memory) are the loader's own, never wrapped as WorkerError."""
+        with LoaderCode():
+            if self.pin_memory and torch.cuda.is_available():
+                batch = pin_memory(batch)
+            if self.cuda_device is not None:
+                batch = move_to_device(batch, self.cuda_device, non_blocking=self.pin_memory)
+            return batch
 
     # -- reading instances --------------------------------------------------------------
 

@@ -450,4 +450,6 @@ class _Builder:
             result["required"] = required
         if not signature.accepts_extra:
             result["additionalProperties"] = False
+        elif signature.reserved:  # **kwargs cannot take the name of self
+            result["propertyNames"] = {"not": {"enum": sorted(signature.reserved)}}
         return result

@@ -492,6 +492,14 @@ class _Walk:
                     )
                 )
         if signature.accepts_extra:
+            for key in [key for key in params if not isinstance(key, str) or key in signature.reserved]:
+                params.pop(key)  # Python cannot pass it as a keyword: the call would fail
+                why = "it names self" if isinstance(key, str) else "its name must be a string"
+                self.fail(
+                    ConfigError(
+                        _join(path, key), f"{owner} cannot take this key through **kwargs ({why}): remove it"
+                    )
+                )
             kwargs.update(params)  # what **kwargs takes as it is
         else:
             known = [name for name in signature.parameters if name not in explicit]

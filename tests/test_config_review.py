@@ -3,12 +3,15 @@ failed before its fix, or is marked xfail(strict) with the fix it needs."""
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import jsonschema
 import pytest
 
-from framework import Registrable
+from framework import DatasetReader, Registrable
 from framework.config import json_schema, validate
 from framework.errors import ConfigError
 
@@ -53,3 +56,39 @@ def test_a_key_kwargs_cannot_take_is_refused_by_validate_and_the_schema(key: Any
 @pytest.mark.usefixtures("forwarding")
 def test_other_keys_still_go_to_kwargs() -> None:
     assert judges({"type": "kw", "a": 1, "x-y": 2, "cls": 3}) == ([], True, True)
+
+
+@pytest.fixture
+def tokenizer_modules(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    (tmp_path / "review_broken_tokenizer.py").write_text('raise RuntimeError("boom at import")\n')
+    (tmp_path / "review_tokenizer_value.py").write_text("NOT_CALLABLE = 3\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield
+    for name in ("review_broken_tokenizer", "review_tokenizer_value"):
+        sys.modules.pop(name, None)
+
+
+@pytest.mark.usefixtures("tokenizer_modules")
+@pytest.mark.parametrize(
+    "tokenizer",
+    [
+        "review_missing_module_zz:tokenize",  # not importable
+        "review_broken_tokenizer:tokenize",  # its module raises RuntimeError on import
+        "review_tokenizer_value:NOT_CALLABLE",  # not callable
+    ],
+)
+def test_a_tokenizer_the_constructor_refuses_is_refused_by_validate(tokenizer: str) -> None:
+    # Before: validate() called any tokenizer path valid, while from_config refused it;
+    # and a module raising at import escaped from_config as a RuntimeError.
+    config = {"type": "text", "tokenizer": tokenizer}
+    errors = validate(config, DatasetReader)
+    assert [e.path for e in errors] == ["tokenizer"]
+    assert f"tokenizer {tokenizer!r}" in str(errors[0])
+    with pytest.raises(ConfigError, match=r"^tokenizer: "):
+        DatasetReader.from_config(config)
+
+
+def test_a_good_tokenizer_path_still_passes() -> None:
+    config = {"type": "text", "tokenizer": "builtins:str.split"}
+    assert validate(config, DatasetReader) == []
+    assert DatasetReader.from_config(config) is not None

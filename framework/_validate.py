@@ -298,7 +298,9 @@ class _Walk:
             return cls(value)
         if issubclass(cls, Registrable) and isinstance(value, str):
             value = {"type": value}
-        if isinstance(value, Mapping) and _is_constructible(cls):
+        # a builtin class (type, bytearray, an exception) is never made from a mapping of
+        # keys: its signature cannot be read, so no key could be checked (the schema agrees)
+        if isinstance(value, Mapping) and _is_constructible(cls) and not is_builtin(cls):
             return self.instance(cls, value, path, {})
         if cls.__module__ == "builtins" or issubclass(cls, collections.abc.Callable):  # type: ignore[arg-type]
             return self.fail(_mismatch(path, cls.__name__, value))
@@ -631,6 +633,13 @@ def typed_dict_fields(cls: type) -> tuple[dict[str, Any], set[str]]:
             annotation = typing.get_args(annotation)[0]
         fields[name] = annotation
     return fields, required
+
+
+def is_builtin(cls: type) -> bool:
+    """One of Python's builtin classes (a class made by ``exec`` has that module name too)."""
+    import builtins
+
+    return getattr(builtins, cls.__qualname__, None) is cls
 
 
 def _is_constructible(cls: type) -> bool:

@@ -167,7 +167,6 @@ class Lines(FileRecords[tuple[str, str]]):
 def _resolve_tokenizer(tokenizer: Optional[str]) -> Optional[Tokenizer]:
     if tokenizer is None:
         return None
-
     target = _import_tokenizer(tokenizer)
     if isinstance(target, type):
         target = target()  # a class: its instances are the callables

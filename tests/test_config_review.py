@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import jsonschema
 import pytest
@@ -92,3 +92,28 @@ def test_a_good_tokenizer_path_still_passes() -> None:
     config = {"type": "text", "tokenizer": "builtins:str.split"}
     assert validate(config, DatasetReader) == []
     assert DatasetReader.from_config(config) is not None
+
+
+@pytest.fixture
+def builtin_parameters() -> None:
+    @Thing.register("builtins")
+    class Builtins(Thing):
+        def __init__(
+            self,
+            kind: Optional[type[Thing]] = None,
+            buffer: Optional[bytearray] = None,
+            error: Optional[ValueError] = None,
+        ) -> None:
+            pass
+
+
+@pytest.mark.usefixtures("builtin_parameters")
+@pytest.mark.parametrize(
+    ("key", "value"), [("kind", {"type": "builtins"}), ("buffer", {"source": "ab"}), ("error", {"args": 1})]
+)
+def test_a_builtin_class_is_not_made_from_a_mapping(key: str, value: Any) -> None:
+    # Before: validate() took any mapping for a builtin class (its signature cannot be
+    # read, so every key passed), while from_config failed calling it and the schema refused.
+    errors, built, schema_ok = judges({"type": "builtins", key: value})
+    assert (built, schema_ok) == (False, False)
+    assert [e.split(":")[0] for e in errors] == [key]

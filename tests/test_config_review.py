@@ -3,6 +3,7 @@ failed before its fix, or is marked xfail(strict) with the fix it needs."""
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,6 +13,7 @@ import jsonschema
 import pytest
 
 from framework import DatasetReader, Registrable
+from framework.cli.run import load_run_config
 from framework.config import json_schema, validate
 from framework.errors import ConfigError
 
@@ -117,3 +119,24 @@ def test_a_builtin_class_is_not_made_from_a_mapping(key: str, value: Any) -> Non
     errors, built, schema_ok = judges({"type": "builtins", key: value})
     assert (built, schema_ok) == (False, False)
     assert [e.split(":")[0] for e in errors] == [key]
+
+
+@pytest.mark.parametrize(
+    ("written", "override", "merged"),
+    [
+        ("text", {"lowercase": True}, {"type": "text", "lowercase": True}),
+        ("text", {"type": "jsonl"}, {"type": "jsonl"}),  # a new component replaces it
+        ("text", "jsonl", "jsonl"),
+    ],
+)
+def test_an_override_merges_into_a_component_written_as_its_name(
+    tmp_path: Path, written: str, override: Any, merged: Any
+) -> None:
+    # Before: {"dataset_reader": {"lowercase": true}} replaced "text" (the name alone is
+    # {"type": "text"}), and the run failed with "dataset_reader.type: missing 'type'".
+    file = tmp_path / "config.json"
+    file.write_text(
+        json.dumps({"dataset_reader": written, "data_path": "x", "data_loader": {"batch_size": 1}})
+    )
+    config, _ = load_run_config(str(file), [json.dumps({"dataset_reader": override})])
+    assert config["dataset_reader"] == merged

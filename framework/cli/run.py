@@ -61,9 +61,14 @@ def add_parser(subparsers: Any) -> None:
 
 
 def deep_merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
-    """`base` with `override` merged in: mappings merge key by key, anything else replaces."""
+    """`base` with `override` merged in: mappings merge key by key, anything else replaces.
+
+    A component written as its name alone (``"dataset_reader": "text"``) is the mapping
+    ``{"type": "text"}``: a mapping without ``"type"`` merges into it."""
     merged = copy.deepcopy(dict(base))
     for key, value in override.items():
+        if isinstance(value, Mapping) and "type" not in value and isinstance(merged.get(key), str):
+            merged[key] = {"type": merged[key]}
         if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
             merged[key] = deep_merge(merged[key], value)
         else:

@@ -38,6 +38,7 @@ from framework.registry import Registrable
 
 __all__ = ["AtLeast", "ConfigChecks", "Lazy", "check", "construct", "json_schema", "load_config", "validate"]
 
+MAX_CONFIG_BYTES = 64 * 2**20  # a config file larger than this is a mistake (or /dev/zero)
 RUN_CONFIG_META_KEYS = META_KEYS  # allowed in a run config and in every component's, for editors
 
 
@@ -47,7 +48,16 @@ def load_config(path: Union[str, PathLike[str]]) -> dict[str, Any]:
         raise ConfigError("", f"expected a config mapping, or a JSON or YAML file's path, got {_shown(path)}")
     try:
         path = pathlib.Path(path)
-        text = path.read_text(encoding="utf-8")
+        with path.open("rb") as file:  # a pipe works too; /dev/zero would never end
+            data = file.read(MAX_CONFIG_BYTES + 1)
+        if len(data) > MAX_CONFIG_BYTES:
+            raise ConfigError(
+                "",
+                f"config file {path} is larger than {MAX_CONFIG_BYTES // 2**20} MiB: no config is so large",
+            )
+        text = data.decode("utf-8")
+    except ConfigError:
+        raise
     except OSError as error:
         raise ConfigError("", f"cannot read config file {path}: {error.strerror or error}") from error
     except UnicodeDecodeError as error:

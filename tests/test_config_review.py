@@ -140,3 +140,24 @@ def test_an_override_merges_into_a_component_written_as_its_name(
     )
     config, _ = load_run_config(str(file), [json.dumps({"dataset_reader": override})])
     assert config["dataset_reader"] == merged
+
+
+@pytest.mark.timeout(30)
+def test_a_config_file_that_never_ends_is_an_error_not_a_memory_blowup(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Before: `framework config validate /dev/zero` read until memory ran out. A file
+    # past the cap (shrunk here, so the test is fast) is one ConfigError.
+    import framework.config
+
+    monkeypatch.setattr(framework.config, "MAX_CONFIG_BYTES", 1000)
+    big = tmp_path / "big.json"
+    big.write_text(json.dumps({"data_path": "x" * 2000}))
+    for path in (big, Path("/dev/zero")):
+        errors = validate(path)
+        assert len(errors) == 1 and "larger than" in str(errors[0]), errors
+    small = tmp_path / "small.json"
+    small.write_text(
+        json.dumps({"dataset_reader": "text", "data_path": "x", "data_loader": {"batch_size": 1}})
+    )
+    assert validate(small) == []

@@ -166,7 +166,7 @@ def json_schema(base: Union[str, type, None] = None, *, given: Iterable[str] = (
 def resolve_base(base: Union[str, type]) -> type[Registrable]:
     """A `Registrable` base class from itself, its class name, or a dotted path."""
     from framework.errors import UnknownNameError
-    from framework.registry import all_entries, import_target
+    from framework.registry import all_entries, describe_error, import_target
 
     if isinstance(base, type) and issubclass(base, Registrable):
         return base
@@ -180,6 +180,8 @@ def resolve_base(base: Union[str, type]) -> type[Registrable]:
             target = import_target(base)
         except (ImportError, AttributeError) as error:
             raise ConfigError("base", f"cannot import {base!r}: {error}") from error
+        except (Exception, SystemExit) as error:  # the module is someone else's code
+            raise ConfigError("base", f"cannot import {base!r}: {describe_error(error)}") from error
         if isinstance(target, type) and issubclass(target, Registrable):
             return target
         raise ConfigError("base", f"{base!r} is {target!r}, not a Registrable subclass")

@@ -161,3 +161,13 @@ def test_a_config_file_that_never_ends_is_an_error_not_a_memory_blowup(
         json.dumps({"dataset_reader": "text", "data_path": "x", "data_loader": {"batch_size": 1}})
     )
     assert validate(small) == []
+
+
+@pytest.mark.usefixtures("tokenizer_modules")
+def test_a_base_whose_module_raises_at_import_is_a_config_error() -> None:
+    # Before: validate(config, base="pkg.mod:Base") and json_schema(...) let the module's
+    # RuntimeError (or SystemExit) escape: only ImportError and AttributeError were caught.
+    with pytest.raises(ConfigError, match=r"^base: cannot import 'review_broken_tokenizer:Base'.*boom"):
+        validate({}, base="review_broken_tokenizer:Base")
+    with pytest.raises(ConfigError, match=r"^base: "):
+        json_schema("review_broken_tokenizer:Base")

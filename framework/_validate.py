@@ -265,7 +265,7 @@ class _Walk:
         built = walk.dispatch(annotation, value, path)
         for limit in (m for m in metadata if isinstance(m, AtLeast)):
             size = _size(value)
-            if len(self.errors) == before and size is not None and size < limit.minimum:
+            if len(self.errors) == before and size is not None and not size >= limit.minimum:  # NaN too
                 self.fail(_mismatch(path, _describe_at_least(annotation, limit, value), value))
         return built
 

@@ -7,14 +7,14 @@ import json
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Optional
+from typing import Annotated, Any, Optional
 
 import jsonschema
 import pytest
 
 from framework import DatasetReader, Registrable
 from framework.cli.run import load_run_config
-from framework.config import json_schema, validate
+from framework.config import AtLeast, json_schema, validate
 from framework.errors import ConfigError
 
 
@@ -171,3 +171,22 @@ def test_a_base_whose_module_raises_at_import_is_a_config_error() -> None:
         validate({}, base="review_broken_tokenizer:Base")
     with pytest.raises(ConfigError, match=r"^base: "):
         json_schema("review_broken_tokenizer:Base")
+
+
+@pytest.fixture
+def limited_float() -> None:
+    @Thing.register("limited")
+    class Limited(Thing):
+        def __init__(self, rate: Annotated[float, AtLeast(1)] = 1.0) -> None:
+            self.rate = rate
+
+
+@pytest.mark.usefixtures("limited_float")
+def test_nan_is_not_at_least_anything() -> None:
+    # Before: Annotated[float, AtLeast(1)] took NaN (json.loads reads it; NaN < 1 is
+    # false), and the constructor was given it.
+    config = {"type": "limited", "rate": float("nan")}
+    assert [e.path for e in validate(config, Thing)] == ["rate"]
+    with pytest.raises(ConfigError, match=r"^rate: "):
+        Thing.from_config(config)
+    assert validate({"type": "limited", "rate": float("inf")}, Thing) == []

@@ -265,6 +265,11 @@ class _Walk:
         built = walk.dispatch(annotation, value, path)
         for limit in (m for m in metadata if isinstance(m, AtLeast)):
             size = _size(value)
+            if typing.get_origin(unwrap(annotation)) in _SETS and isinstance(value, (list, tuple)):
+                try:  # a set holds each item once: [1, 1] is one item
+                    size = len(set(value))
+                except TypeError:  # unhashable items: an error of their own
+                    pass
             if len(self.errors) == before and size is not None and not size >= limit.minimum:  # NaN too
                 self.fail(_mismatch(path, _describe_at_least(annotation, limit, value), value))
         return built

@@ -190,3 +190,21 @@ def test_nan_is_not_at_least_anything() -> None:
     with pytest.raises(ConfigError, match=r"^rate: "):
         Thing.from_config(config)
     assert validate({"type": "limited", "rate": float("inf")}, Thing) == []
+
+
+@pytest.fixture
+def limited_set() -> None:
+    @Thing.register("pairs")
+    class Pairs(Thing):
+        def __init__(self, ids: Annotated[set[int], AtLeast(2)] = frozenset({1, 2})) -> None:  # type: ignore[assignment]
+            assert len(ids) >= 2
+            self.ids = ids
+
+
+@pytest.mark.usefixtures("limited_set")
+def test_a_set_of_at_least_n_counts_each_item_once() -> None:
+    # Before: [1, 1] passed AtLeast(2) on a set[int] (a list of 2), and the set built
+    # from it held one item.
+    assert [e.path for e in validate({"type": "pairs", "ids": [1, 1]}, Thing)] == ["ids"]
+    assert validate({"type": "pairs", "ids": [1, 2, 2]}, Thing) == []
+    assert Thing.from_config({"type": "pairs", "ids": [1, 2, 2]}).ids == {1, 2}  # type: ignore[attr-defined]

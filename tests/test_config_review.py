@@ -208,3 +208,13 @@ def test_a_set_of_at_least_n_counts_each_item_once() -> None:
     assert [e.path for e in validate({"type": "pairs", "ids": [1, 1]}, Thing)] == ["ids"]
     assert validate({"type": "pairs", "ids": [1, 2, 2]}, Thing) == []
     assert Thing.from_config({"type": "pairs", "ids": [1, 2, 2]}).ids == {1, 2}  # type: ignore[attr-defined]
+
+
+def test_a_data_path_of_an_unknown_user_is_a_config_error(tmp_path: Path) -> None:
+    # Before: "~no_such_user_zz/x" made `framework run` fail with a RuntimeError from
+    # Path.expanduser, after the config had been called valid.
+    from framework.cli.run import _resolve_data_path
+
+    with pytest.raises(ConfigError, match=r"^data_path: cannot expand '~no_such_user_zz/x'"):
+        _resolve_data_path("~no_such_user_zz/x", tmp_path)
+    assert _resolve_data_path("data.txt", tmp_path) == str(tmp_path / "data.txt")

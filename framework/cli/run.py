@@ -199,7 +199,10 @@ def _preflight_loader(loader_config: Mapping[str, Any], reader: Any, data_path: 
 def _resolve_data_path(data_path: str, base_dir: Path) -> str:
     if "://" in data_path:
         return data_path
-    path = Path(data_path).expanduser()
+    try:
+        path = Path(data_path).expanduser()
+    except RuntimeError as error:  # "~someone" names no user of this machine
+        raise ConfigError("data_path", f"cannot expand {data_path!r}: {error}") from None
     if not path.is_absolute():
         path = base_dir / path
     return str(path)

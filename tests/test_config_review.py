@@ -218,3 +218,14 @@ def test_a_data_path_of_an_unknown_user_is_a_config_error(tmp_path: Path) -> Non
     with pytest.raises(ConfigError, match=r"^data_path: cannot expand '~no_such_user_zz/x'"):
         _resolve_data_path("~no_such_user_zz/x", tmp_path)
     assert _resolve_data_path("data.txt", tmp_path) == str(tmp_path / "data.txt")
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="validate() does not check data_path's URL scheme against the download backends "
+    "(config may not import framework.download); framework run refuses it later with a "
+    "DownloadError, before downloading anything",
+)
+def test_a_data_path_no_backend_serves_is_refused_by_validate() -> None:
+    config = {"dataset_reader": "text", "data_path": "nosuchscheme://x", "data_loader": {"batch_size": 1}}
+    assert [e.path for e in validate(config)] == ["data_path"]

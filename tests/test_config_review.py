@@ -229,3 +229,22 @@ def test_a_data_path_of_an_unknown_user_is_a_config_error(tmp_path: Path) -> Non
 def test_a_data_path_no_backend_serves_is_refused_by_validate() -> None:
     config = {"dataset_reader": "text", "data_path": "nosuchscheme://x", "data_loader": {"batch_size": 1}}
     assert [e.path for e in validate(config)] == ["data_path"]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("timeout", [1e7, 1e308])
+def test_a_long_worker_timeout_that_validate_accepts_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], timeout: float
+) -> None:
+    # Before: validate() accepted timeout 1e7 s (any finite positive number), and the
+    # run failed in the loader: poll() takes at most 2**31-1 ms ("timeout is too large",
+    # or OverflowError from infinity for 1e308).
+    from framework.cli import main
+
+    (tmp_path / "corpus.txt").write_text("a b\nc d\ne f\n")
+    loader = {"batch_size": 1, "num_workers": 1, "timeout": timeout}
+    config = {"dataset_reader": "text", "data_path": "corpus.txt", "data_loader": loader}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert validate(config) == []
+    assert main(["run", str(tmp_path / "config.json"), "--no-progress", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["instances"] == 3

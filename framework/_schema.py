@@ -30,7 +30,7 @@ from framework._signatures import (
     parameter_docs,
     signature_of,
 )
-from framework._validate import FLOAT_MAX, INT_KEY, META_KEYS, unhashable, unwrap
+from framework._validate import FLOAT_MAX, INT_KEY, META_KEYS, is_builtin, unhashable, unwrap
 from framework.config import (
     _MAPPINGS,
     _NONE,
@@ -304,7 +304,7 @@ class _Builder:
             return {"type": "object"}
         if issubclass(cls, Registrable):
             return {"$ref": self.registrable(cls, provided, explicit)}
-        if _is_constructible(cls) and cls.__module__ != "builtins":
+        if _is_constructible(cls) and not is_builtin(cls):
             key = self.key(cls, provided, explicit=explicit)
             if key not in self.defs:
                 self.defs[key] = {}  # claimed first: a class may nest itself
@@ -450,4 +450,6 @@ class _Builder:
             result["required"] = required
         if not signature.accepts_extra:
             result["additionalProperties"] = False
+        elif signature.reserved:  # **kwargs cannot take the name of self
+            result["propertyNames"] = {"not": {"enum": sorted(signature.reserved)}}
         return result

@@ -142,6 +142,8 @@ class Signature:
     owner: str
     parameters: dict[str, Parameter]
     accepts_extra: bool
+    # names ``**kwargs`` cannot take: each ``__init__``'s own first parameter (``self``)
+    reserved: frozenset[str] = frozenset()
 
 
 @functools.lru_cache(maxsize=4096)
@@ -171,18 +173,29 @@ def _class_signature(cls: type) -> Signature:
     forwards to the component."""
     owner = cls.__name__
     parameters: dict[str, Parameter] = {}
+    reserved: set[str] = set()
     definers = [klass for klass in cls.__mro__ if "__init__" in vars(klass)]
     for index, klass in enumerate(definers):
         if klass is object:  # no __init__ at all; or a **kwargs that nothing forwards
-            return Signature(owner, parameters, index > 0)
+            return Signature(owner, parameters, index > 0, frozenset(reserved - set(parameters)))
         step = _function_signature(klass.__init__, klass.__name__, skip_first=True)  # type: ignore[misc]
         if step is None:  # a builtin without a signature: accept anything
-            return Signature(owner, parameters, True)
+            return Signature(owner, parameters, True, frozenset(reserved - set(parameters)))
+        reserved.update(_first_parameter(klass.__init__))  # type: ignore[misc]
         for name, spec in step.parameters.items():
             parameters.setdefault(name, spec)
         if not step.accepts_extra:
             break
     return Signature(owner, parameters, False)
+
+
+def _first_parameter(function: Callable[..., Any]) -> list[str]:
+    """The name ``self`` has in `function` (a keyword of that name would collide with it)."""
+    try:
+        first = next(iter(inspect.signature(function).parameters.values()), None)
+    except (TypeError, ValueError):
+        return []
+    return [first.name] if first is not None and first.kind is not first.VAR_POSITIONAL else []
 
 
 def _function_signature(function: Callable[..., Any], owner: str, skip_first: bool) -> Optional[Signature]:

@@ -265,7 +265,12 @@ class _Walk:
         built = walk.dispatch(annotation, value, path)
         for limit in (m for m in metadata if isinstance(m, AtLeast)):
             size = _size(value)
-            if len(self.errors) == before and size is not None and size < limit.minimum:
+            if typing.get_origin(unwrap(annotation)) in _SETS and isinstance(value, (list, tuple)):
+                try:  # a set holds each item once: [1, 1] is one item
+                    size = len(set(value))
+                except TypeError:  # unhashable items: an error of their own
+                    pass
+            if len(self.errors) == before and size is not None and not size >= limit.minimum:  # NaN too
                 self.fail(_mismatch(path, _describe_at_least(annotation, limit, value), value))
         return built
 
@@ -298,7 +303,9 @@ class _Walk:
             return cls(value)
         if issubclass(cls, Registrable) and isinstance(value, str):
             value = {"type": value}
-        if isinstance(value, Mapping) and _is_constructible(cls):
+        # a builtin class (type, bytearray, an exception) is never made from a mapping of
+        # keys: its signature cannot be read, so no key could be checked (the schema agrees)
+        if isinstance(value, Mapping) and _is_constructible(cls) and not is_builtin(cls):
             return self.instance(cls, value, path, {})
         if cls.__module__ == "builtins" or issubclass(cls, collections.abc.Callable):  # type: ignore[arg-type]
             return self.fail(_mismatch(path, cls.__name__, value))
@@ -492,6 +499,14 @@ class _Walk:
                     )
                 )
         if signature.accepts_extra:
+            for key in [key for key in params if not isinstance(key, str) or key in signature.reserved]:
+                params.pop(key)  # Python cannot pass it as a keyword: the call would fail
+                why = "it names self" if isinstance(key, str) else "its name must be a string"
+                self.fail(
+                    ConfigError(
+                        _join(path, key), f"{owner} cannot take this key through **kwargs ({why}): remove it"
+                    )
+                )
             kwargs.update(params)  # what **kwargs takes as it is
         else:
             known = [name for name in signature.parameters if name not in explicit]
@@ -623,6 +638,13 @@ def typed_dict_fields(cls: type) -> tuple[dict[str, Any], set[str]]:
             annotation = typing.get_args(annotation)[0]
         fields[name] = annotation
     return fields, required
+
+
+def is_builtin(cls: type) -> bool:
+    """One of Python's builtin classes (a class made by ``exec`` has that module name too)."""
+    import builtins
+
+    return getattr(builtins, cls.__qualname__, None) is cls
 
 
 def _is_constructible(cls: type) -> bool:

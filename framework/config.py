@@ -38,6 +38,7 @@ from framework.registry import Registrable
 
 __all__ = ["AtLeast", "ConfigChecks", "Lazy", "check", "construct", "json_schema", "load_config", "validate"]
 
+MAX_CONFIG_BYTES = 64 * 2**20  # a config file larger than this is a mistake (or /dev/zero)
 RUN_CONFIG_META_KEYS = META_KEYS  # allowed in a run config and in every component's, for editors
 
 
@@ -47,7 +48,16 @@ def load_config(path: Union[str, PathLike[str]]) -> dict[str, Any]:
         raise ConfigError("", f"expected a config mapping, or a JSON or YAML file's path, got {_shown(path)}")
     try:
         path = pathlib.Path(path)
-        text = path.read_text(encoding="utf-8")
+        with path.open("rb") as file:  # a pipe works too; /dev/zero would never end
+            data = file.read(MAX_CONFIG_BYTES + 1)
+        if len(data) > MAX_CONFIG_BYTES:
+            raise ConfigError(
+                "",
+                f"config file {path} is larger than {MAX_CONFIG_BYTES // 2**20} MiB: no config is so large",
+            )
+        text = data.decode("utf-8")
+    except ConfigError:
+        raise
     except OSError as error:
         raise ConfigError("", f"cannot read config file {path}: {error.strerror or error}") from error
     except UnicodeDecodeError as error:
@@ -156,7 +166,7 @@ def json_schema(base: Union[str, type, None] = None, *, given: Iterable[str] = (
 def resolve_base(base: Union[str, type]) -> type[Registrable]:
     """A `Registrable` base class from itself, its class name, or a dotted path."""
     from framework.errors import UnknownNameError
-    from framework.registry import all_entries, import_target
+    from framework.registry import all_entries, describe_error, import_target
 
     if isinstance(base, type) and issubclass(base, Registrable):
         return base
@@ -170,6 +180,8 @@ def resolve_base(base: Union[str, type]) -> type[Registrable]:
             target = import_target(base)
         except (ImportError, AttributeError) as error:
             raise ConfigError("base", f"cannot import {base!r}: {error}") from error
+        except (Exception, SystemExit) as error:  # the module is someone else's code
+            raise ConfigError("base", f"cannot import {base!r}: {describe_error(error)}") from error
         if isinstance(target, type) and issubclass(target, Registrable):
             return target
         raise ConfigError("base", f"{base!r} is {target!r}, not a Registrable subclass")

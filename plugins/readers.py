@@ -167,22 +167,31 @@ class Lines(FileRecords[tuple[str, str]]):
 def _resolve_tokenizer(tokenizer: Optional[str]) -> Optional[Tokenizer]:
     if tokenizer is None:
         return None
-    from framework.registry import import_target
-
-    try:  # the one import gate: refused under FRAMEWORK_REGISTERED_TYPES_ONLY=1
-        target = import_target(tokenizer)
-    except (ImportError, AttributeError) as error:
-        raise ValueError(
-            f"tokenizer {tokenizer!r} could not be imported ({error}); give a dotted path "
-            "to a callable like 'package.module:tokenize' taking a string and returning "
-            "a list of strings"
-        ) from error
+    target = _import_tokenizer(tokenizer)
     if isinstance(target, type):
         target = target()  # a class: its instances are the callables
     if not callable(target):
         raise ValueError(f"tokenizer {tokenizer!r} is {target!r}, which is not callable")
     function: Tokenizer = target
     return function
+
+
+def _import_tokenizer(tokenizer: str) -> Any:
+    """The object at the dotted path `tokenizer`; ValueError if it cannot be imported or called."""
+    from framework.registry import describe_error, import_target
+
+    try:  # the one import gate: refused under FRAMEWORK_REGISTERED_TYPES_ONLY=1
+        target = import_target(tokenizer)
+    except (Exception, SystemExit) as error:  # the module is someone else's code
+        reason = str(error) if isinstance(error, ImportError) else describe_error(error)
+        raise ValueError(
+            f"tokenizer {tokenizer!r} could not be imported ({reason}); give a dotted path "
+            "to a callable like 'package.module:tokenize' taking a string and returning "
+            "a list of strings"
+        ) from error
+    if not callable(target):
+        raise ValueError(f"tokenizer {tokenizer!r} is {target!r}, which is not callable")
+    return target
 
 
 def _sharding_problems(arguments: Mapping[str, Any]) -> list[tuple[str, str]]:
@@ -261,14 +270,15 @@ def _text_problems(arguments: Mapping[str, Any]) -> list[tuple[str, str]]:
     found = []
     if arguments.get("num_buckets") is not None and arguments.get("vocabulary") is not None:
         found.append(("vocabulary", "give num_buckets or vocabulary, not both"))
-    # `framework config validate` refuses a tokenizer path that the import switch
-    # (FRAMEWORK_REGISTERED_TYPES_ONLY) would refuse at construction
-    from framework.registry import import_refusal
-
+    # `framework config validate` refuses a tokenizer path that construction would: one
+    # the import switch (FRAMEWORK_REGISTERED_TYPES_ONLY) refuses, or that cannot be
+    # imported (importing it, as a "type"'s dotted path is; a class is not made here)
     tokenizer = arguments.get("tokenizer")
-    refusal = import_refusal(tokenizer) if isinstance(tokenizer, str) else None
-    if refusal is not None:
-        found.append(("tokenizer", refusal))
+    if isinstance(tokenizer, str):
+        try:
+            _import_tokenizer(tokenizer)
+        except ValueError as error:
+            found.append(("tokenizer", str(error)))
     return found
 
 

@@ -61,9 +61,14 @@ def add_parser(subparsers: Any) -> None:
 
 
 def deep_merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
-    """`base` with `override` merged in: mappings merge key by key, anything else replaces."""
+    """`base` with `override` merged in: mappings merge key by key, anything else replaces.
+
+    A component written as its name alone (``"dataset_reader": "text"``) is the mapping
+    ``{"type": "text"}``: a mapping without ``"type"`` merges into it."""
     merged = copy.deepcopy(dict(base))
     for key, value in override.items():
+        if isinstance(value, Mapping) and "type" not in value and isinstance(merged.get(key), str):
+            merged[key] = {"type": merged[key]}
         if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
             merged[key] = deep_merge(merged[key], value)
         else:
@@ -194,7 +199,10 @@ def _preflight_loader(loader_config: Mapping[str, Any], reader: Any, data_path: 
 def _resolve_data_path(data_path: str, base_dir: Path) -> str:
     if "://" in data_path:
         return data_path
-    path = Path(data_path).expanduser()
+    try:
+        path = Path(data_path).expanduser()
+    except RuntimeError as error:  # "~someone" names no user of this machine
+        raise ConfigError("data_path", f"cannot expand {data_path!r}: {error}") from None
     if not path.is_absolute():
         path = base_dir / path
     return str(path)

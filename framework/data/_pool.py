@@ -49,6 +49,13 @@ GRACE = 1.0  # seconds a stopped worker gets to exit cleanly before it is signal
 START_S = 30.0
 START_ATTEMPTS = 3
 
+_MAX_POLL_MS = 2**31 - 1  # poll() takes a C int of milliseconds: about 24.8 days
+
+
+def _poll_ms(seconds: float) -> int:
+    """`seconds` as poll()'s timeout; a longer wait (a timeout of 1e7 s) polls again."""
+    return math.ceil(min(seconds * 1000, _MAX_POLL_MS))
+
 
 class _Late(Exception):
     """A forked worker's `Ready` did not come within `START_S`."""
@@ -185,7 +192,7 @@ class WorkerPool:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise _Late
-            ready = {ready_fd for ready_fd, _ in poller.poll(math.ceil(remaining * 1000))}
+            ready = {ready_fd for ready_fd, _ in poller.poll(_poll_ms(remaining))}
             if ready and fd not in ready:
                 raise EOFError  # only the sentinel: the worker exited
 
@@ -350,7 +357,7 @@ class WorkerPool:
                     f"{timeout:g}s (timeout={timeout:g}); it may be stuck in the reader",
                     worker_id,
                 )
-            ready = {fd for fd, _ in self._pollers[worker_id].poll(math.ceil(remaining * 1000))}
+            ready = {fd for fd, _ in self._pollers[worker_id].poll(_poll_ms(remaining))}
         if not ready or self.data[worker_id].fileno() in ready:
             return
         # Only sentinels: a worker exited. It may have said why first (a Failed).

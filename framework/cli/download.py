@@ -29,16 +29,21 @@ def run(args: argparse.Namespace) -> int:
     """Fetch and print the path; a failure is a `DownloadError`, which `main` prints as one line."""
     from framework.download import DownloadManager
 
-    if not args.verbose:  # one line, the path or the error: retry warnings are for -v
-        for name in ("urllib3", "framework.download"):
-            logging.getLogger(name).setLevel(logging.ERROR)
-    with DownloadManager(args.cache_dir) as manager:  # closes the backends' connections
-        path = manager.cached_path(
-            args.url,
-            sha256=args.sha256,
-            extract=args.extract,
-            force=args.force,
-            progress=not args.no_progress,
-        )
+    loggers = [] if args.verbose else [logging.getLogger(name) for name in ("urllib3", "framework.download")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:  # one line, the path or the error: retry warnings are for -v
+        logger.setLevel(logging.ERROR)
+    try:
+        with DownloadManager(args.cache_dir) as manager:  # closes the backends' connections
+            path = manager.cached_path(
+                args.url,
+                sha256=args.sha256,
+                extract=args.extract,
+                force=args.force,
+                progress=not args.no_progress,
+            )
+    finally:  # main() may run inside a process that goes on logging (a test, a notebook)
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
     print(path)
     return 0

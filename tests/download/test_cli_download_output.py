@@ -51,3 +51,18 @@ def test_an_unreachable_host_is_one_line(cache: Path) -> None:
     assert result.returncode != 0 and result.stdout == ""
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("framework download: error:"), result.stderr
+
+
+def test_the_download_command_leaves_the_callers_log_levels(tmp_path: Path) -> None:
+    # Before: main(["download", ...]) set urllib3's and framework.download's loggers to
+    # ERROR for good, so a notebook (or the next test) lost their warnings.
+    import logging
+
+    from framework.cli import main
+
+    source = tmp_path / "f.bin"
+    source.write_bytes(b"bytes")
+    names = ("urllib3", "framework.download")
+    before = {name: logging.getLogger(name).level for name in names}
+    assert main(["download", "--cache-dir", str(tmp_path / "cache"), "--no-progress", source.as_uri()]) == 0
+    assert {name: logging.getLogger(name).level for name in names} == before

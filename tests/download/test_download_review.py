@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from dl_helpers import FORK, PART, FaultServer, parts_manager, stray_files, unique_path
+from framework_plugins.http import HttpBackend
 
 from framework.download._cache import HOST, Entry
 from framework.download._extract import ExtractLimits, extract_archive
@@ -18,7 +19,6 @@ from framework.download._parts import _Plan, _save_record
 from framework.download._publish import PartialName
 from framework.download._validators import Validators
 from framework.errors import DownloadError, HTTPStatusError, UnsafeArchiveError
-from plugins.http import HttpBackend
 
 
 def _dead_pid() -> int:

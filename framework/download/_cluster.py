@@ -324,10 +324,10 @@ class _Call(_Collective):
         self.sha256 = _check_sha256(self.url, self.sha256)
         with _cache_writes(self.url, self.root):
             self.root.mkdir(parents=True, exist_ok=True)
+        _sweep(self.root)
         self.marker = _write_marker(self.root)
         if self._looked and self.marker is not None:  # the call gave up meanwhile
             _remove_quietly(self.marker)
-        _sweep_partials(self.root)
         if isinstance(self._device, Exception):
             raise self._device
         self.device = self._device or _transfer_device(self.url)
@@ -735,8 +735,9 @@ def _transfer_device(url: str) -> torch.device:
     return torch.device(kind, current()) if callable(current) else torch.device(kind)
 
 
-def _sweep_partials(root: Path) -> None:
-    """Remove the partial files in `root` that a dead receiver (or any dead writer whose
+def _sweep(root: Path) -> None:
+    """One listing of `root` for what killed calls left: markers older than
+    `_STALE_MARKER_S`, and the partial files a dead receiver (or any dead writer whose
     file no later call could resume) left, whatever their URL: this user's, untagged,
     their writer gone. A URL never asked for again would otherwise keep them forever."""
     try:
@@ -745,10 +746,16 @@ def _sweep_partials(root: Path) -> None:
         return
     now = time.time()
     for found in names:
-        fields = found[: -len(".part")].rsplit(".", 4) if found.endswith(".part") else []
-        if len(fields) != 5 or fields[1] != NO_VALIDATOR:
+        if found.startswith(_MARKER_PREFIX):
+            try:
+                if now - os.lstat(root / found).st_mtime > _STALE_MARKER_S:
+                    os.unlink(root / found)
+            except OSError:
+                pass
+            continue
+        name = PartialName.parse(root, found)
+        if name is None or name.tag != NO_VALIDATOR:
             continue  # a download's: the next plain call adopts it and resumes
-        name = PartialName(root / fields[0], fields[1], ".".join(fields[2:]))
         try:
             info = os.lstat(name.path)
         except OSError:
@@ -760,29 +767,12 @@ def _sweep_partials(root: Path) -> None:
 def _write_marker(root: Path) -> Optional[Path]:
     """A new empty file with a random name in `root`; None if the folder is read-only
     (the rank then only looks for the others' markers)."""
-    _sweep_markers(root)
     marker = root / f"{_MARKER_PREFIX}{secrets.token_hex(16)}"
     try:
         os.close(os.open(marker, NEW_FILE_FLAGS, 0o644))
     except OSError:
         return None
     return marker
-
-
-def _sweep_markers(root: Path) -> None:
-    """Remove the markers of killed calls (older than `_STALE_MARKER_S`)."""
-    try:
-        names = os.listdir(root)
-    except OSError:
-        return
-    now = time.time()
-    for name in names:
-        if name.startswith(_MARKER_PREFIX):
-            try:
-                if now - os.lstat(root / name).st_mtime > _STALE_MARKER_S:
-                    os.unlink(root / name)
-            except OSError:
-                pass
 
 
 def _exists(path: Path) -> bool:

@@ -124,20 +124,23 @@ class PartialName:
         return PartialName(self.final, self.tag, f"{host}.{pid}.{secrets.token_hex(4)}")
 
     @classmethod
+    def parse(cls, folder: Path, name: str) -> Optional[PartialName]:
+        """The partial file called `name` in `folder`; None for any other name.
+        (``FINAL.TAG.HOST.PID.RANDOM.part``: neither a tag nor a host holds a dot.)"""
+        fields = name[: -len(".part")].rsplit(".", 4) if name.endswith(".part") else []
+        if len(fields) != 5 or not fields[0]:
+            return None
+        return cls(folder / fields[0], fields[1], ".".join(fields[2:]))
+
+    @classmethod
     def all(cls, final: Path) -> list[PartialName]:
         """Every partial file of `final`, whoever wrote it."""
-        prefix = final.name + "."
         try:
             names = os.listdir(final.parent)
         except OSError:
             return []
-        found = []
-        for name in names:
-            if name.startswith(prefix) and name.endswith(".part"):
-                fields = name[len(prefix) : -len(".part")].split(".")
-                if len(fields) == 4:
-                    found.append(cls(final, fields[0], ".".join(fields[1:])))
-        return found
+        found = (cls.parse(final.parent, name) for name in names if name.startswith(final.name + "."))
+        return [name for name in found if name is not None and name.final == final]
 
 
 @attrs.frozen

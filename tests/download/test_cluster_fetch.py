@@ -456,12 +456,13 @@ def test_an_answer_of_the_wrong_kind_is_a_download_error_not_a_crash(tmp_path: P
 
 
 def test_a_killed_calls_marker_is_swept_by_a_later_call(tmp_path: Path) -> None:
-    from framework.download._cluster import _MARKER_PREFIX, _write_marker
+    from framework.download._cluster import _MARKER_PREFIX, _sweep, _write_marker
 
     stale, fresh = tmp_path / f"{_MARKER_PREFIX}old", tmp_path / f"{_MARKER_PREFIX}new"
     stale.touch()
     fresh.touch()  # another call's, still running
     os.utime(stale, (0, 0))
+    _sweep(tmp_path)  # what a later call's probe does before it writes its marker
     marker = _write_marker(tmp_path)
     assert marker is not None
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([fresh.name, marker.name])

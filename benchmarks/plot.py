@@ -378,8 +378,15 @@ def resume_table(results: Mapping[str, Any]) -> str:
     ):
         figures = results.get(key)
         if isinstance(figures, Mapping):
-            rows.append([name, f"{figures['fresh_s']:.3f} s", f"{figures['resumed_s']:.3f} s",
-                         f"{figures['ratio']:.2f}x" if figures["ratio"] < 10 else f"{figures['ratio']:.0f}x"])  # fmt: skip
+            ratio = figures["ratio"]
+            rows.append(
+                [
+                    name,
+                    f"{figures['fresh_s']:.3f} s",
+                    f"{figures['resumed_s']:.3f} s",
+                    f"{ratio:.2f}x" if ratio < 10 else f"{ratio:.0f}x",
+                ]
+            )
     return "\n".join([
         f"{results.get('lines', '?'):,} lines, batch size {results.get('batch_size', '?')}, "
         f"{results.get('num_workers', '?')} workers; the state is "
@@ -408,9 +415,9 @@ def config_table(results: Mapping[str, Any]) -> str:
 
 def cluster_table(results: Mapping[str, Any]) -> str:
     rows = [
-        [mode, f"{results[mode]['wall_s']:.2f}", f"{results[mode]['origin_mib']:.0f}", str(results[mode]["gets"])]
-        for mode in ("independent", "cluster")
-        if mode in results
+        [mode, f"{row['wall_s']:.2f}", f"{row['origin_mib']:.0f}", str(row["gets"])]
+        for mode, row in results.items()
+        if mode in ("independent", "cluster")
     ]
     parts = [
         f"{results.get('nodes', '?')} nodes x {results.get('ranks_per_node', '?')} ranks, a "
@@ -419,9 +426,12 @@ def cluster_table(results: Mapping[str, Any]) -> str:
         _table(["mode", "wall (s)", "origin MiB", "GETs"], rows),
     ]
     if "independent" in results and "cluster" in results:
-        parts += ["", f"Cluster over independent: {results['cluster']['wall_s'] / results['independent']['wall_s']:.2f}x "
-                      f"the wall time, {results['cluster']['origin_mib'] / results['independent']['origin_mib']:.2f}x "
-                      "the origin's bytes."]  # fmt: skip
+        alone, together = results["independent"], results["cluster"]
+        parts += [
+            "",
+            f"Cluster over independent: {together['wall_s'] / alone['wall_s']:.2f}x the wall time, "
+            f"{together['origin_mib'] / alone['origin_mib']:.2f}x the origin's bytes.",
+        ]
     return "\n".join(parts)
 
 
@@ -458,13 +468,14 @@ def speed_paragraph(results_dir: Path = RESULTS) -> str:
     resume, parallel = load("resume", results_dir), load("parallel", results_dir)
     cluster = load("cluster", results_dir)
     sentences = []
+    cores = loader["machine"]["cpus"] if loader else "?"
     if loader:
         cheap, heavy = loader["cheap_reader"]["ratios"], loader["cpu_heavy_reader"]
         sentences.append(
             f"with 2 workers our loader moves {_x(cheap['ours_2_vs_torch_2'])} the batches/s of "
             f"torch's `DataLoader` with 2 workers on a transfer-bound reader, and "
             f"{_x(heavy['ratios']['ours_2_vs_torch_2'])} as many on a CPU-heavy one, where ours reaches "
-            f"{_x(heavy['ratios']['ours_2_vs_ours_0'])} its in-process rate on the 2 cores; "
+            f"{_x(heavy['ratios']['ours_2_vs_ours_0'])} its in-process rate on the {cores} cores; "
             f"lazy mode's peak memory (PSS) grows {loader['lazy_memory']['pss_growth'] * 100:.0f}% "
             "as the data grows 10x"
         )
@@ -473,7 +484,7 @@ def speed_paragraph(results_dir: Path = RESULTS) -> str:
             f"resuming at 90% of an epoch costs {_x(resume['framework']['ratio'])} a fresh first "
             f"batch (torchdata's `StatefulDataLoader`: {resume['torchdata']['ratio']:.0f}x)"
         )
-    text = "Measured side by side on this project's 2-core machine (`benchmarks/`, figures and\n"
+    text = f"Measured side by side on this project's {cores}-core machine (`benchmarks/`, figures and\n"
     text += "charts in the docs' benchmarks page): " + "; ".join(sentences) + "."
     if download:
         size = download["size_bytes"] / 2**20

@@ -12,7 +12,8 @@ site's WAN link) or for each connection (``--pace connection``: a per-client cap
   node 1's first rank receives the bytes over the process group.
 
 Reported: wall time (from a barrier after the group is up to the last rank's return) and
-the bytes the origin sent. Not part of ``run_all.py``; it prints its figures.
+the bytes the origin sent. Not part of ``run_all.py``; it prints its figures and writes
+``benchmarks/results/cluster.json``.
 
     python benchmarks/bench_cluster.py [--size-mib 256] [--rate-mib 64] [--pace link]
 """
@@ -23,6 +24,7 @@ import argparse
 import json
 import multiprocessing
 import os
+import platform
 import socket
 import subprocess
 import sys
@@ -36,6 +38,7 @@ from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 FORK = multiprocessing.get_context("fork")
+RESULTS = Path(__file__).resolve().parent / "results" / "cluster.json"
 
 
 def _serve(path: str, port: Any, sent: Any, gets: Any, ready: Any, rate: float, per_connection: bool) -> None:
@@ -187,6 +190,16 @@ def main() -> int:
     for mode, row in results.items():
         print(f"{mode:<12} {row['wall_s']:>9.2f} {row['origin_mib']:>11.1f} {row['gets']:>5}")
     print(json.dumps(results))
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    setup = {
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}",
+        "size_mib": args.size_mib,
+        "rate_mib": args.rate_mib,
+        "pace": args.pace,
+        "nodes": args.nodes,
+        "ranks_per_node": args.ranks_per_node,
+    }
+    RESULTS.write_text(json.dumps({**setup, **results}, indent=2) + "\n", encoding="utf-8")
     return 0
 
 

@@ -3,7 +3,7 @@
 The run config's reader is a composite of 1,000 named readers (``text``, ``jsonl``
 and ``csv`` in turn, each with a few keys), plus the loader and its sampler:
 
-    python benchmarks/bench_config.py              # prints the figures
+    python benchmarks/bench_config.py              # prints and writes results/config.json
     python benchmarks/bench_config.py --repeats 21
 
 In process: the median of `--repeats` calls of `framework.config.validate` after
@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import statistics
 import subprocess
 import sys
@@ -30,6 +31,7 @@ from typing import Any
 from framework.data import DatasetReader
 
 HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results" / "config.json"
 COMPONENTS = 1000
 
 
@@ -120,6 +122,22 @@ def main(argv: list[str] | None = None) -> int:
     print(f"framework config validate (wall), median of {cli_runs}: {cli * 1000:8.1f} ms")
     print(f"framework --version (start-up alone), median of {cli_runs}: {startup * 1000:8.1f} ms")
     print(f"python -c 'import torch', median of {cli_runs}: {torch_import * 1000:8.1f} ms")
+    results = {
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}",
+        "load_average": [round(value, 2) for value in os.getloadavg()],
+        "components": components,
+        "config_kib": len(json.dumps(config)) // 1024,
+        "repeats": args.repeats,
+        "cli_runs": cli_runs,
+        "validate_first_call_ms": round(cold * 1000, 1),
+        "validate_ms": round(warm * 1000, 1),
+        "validate_10_errors_ms": round(with_errors * 1000, 1),
+        "cli_validate_ms": round(cli * 1000, 1),
+        "cli_startup_ms": round(startup * 1000, 1),
+        "import_torch_ms": round(torch_import * 1000, 1),
+    }
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
     return 0
 
 

@@ -430,7 +430,7 @@ def main() -> None:
         seconds = medians[f"{protocol} {name}"]
         share = size / seconds / TOTAL
         # The calibration row's time over this row's: the share of what this machine's
-        # link, proxy and server allow (the two shares drift together between sittings).
+        # link, proxy and server allow (the two shares drift together between runs).
         relative = calibration[protocol] / seconds if protocol in calibration else float("nan")
         results.append(
             {
@@ -469,6 +469,10 @@ def main() -> None:
         json.dumps(
             {
                 "size_mib": args.size_mb,
+                "link_mib_s": TOTAL // MIB,
+                "connection_mib_s": PER_CONNECTION // MIB,
+                "first_byte_ms": round(FIRST_BYTE_S * 1000),
+                "repeats": args.repeats,
                 "paced": results,
                 "unpaced_s": unpaced,
                 "memory": memory,

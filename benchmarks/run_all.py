@@ -5,7 +5,9 @@
     python benchmarks/run_all.py --plot-only
 
 Each benchmark writes ``benchmarks/results/<name>.json``; ``plot.py`` turns those into
-``docs/img/bench_*.png``, and the docs build puts the figures on the benchmarks page.
+``docs/img/bench_*.png`` and the README's speed paragraph, and the docs build puts the
+tables on the benchmarks page. ``bench_parallel.py``, ``bench_config.py`` and
+``bench_cluster.py`` are run on their own (see docs/benchmarks.md).
 """
 
 from __future__ import annotations

@@ -840,7 +840,7 @@ def test_an_import_interrupted_by_ctrl_c_can_be_made_again(
     the package; the next import must still give a whole package, not one missing the
     submodules (``module 'requests' has no attribute 'exceptions'`` for the rest of the
     process)."""
-    from framework._targets import import_target
+    from framework.registry import import_target
 
     package = tmp_path / "interrupted_pkg"
     package.mkdir()

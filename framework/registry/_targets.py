@@ -22,7 +22,7 @@ import attrs
 from framework.errors import DuplicateNameError, PluginError, RegistryError
 
 if TYPE_CHECKING:
-    from framework.registry import Registrable
+    from framework.registry._registrable import Registrable
 
 __all__ = [
     "REGISTERED_TYPES_ONLY_ENV",

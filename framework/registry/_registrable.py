@@ -53,8 +53,10 @@ class Registrable:
     ) -> Callable[[type[_T]], type[_T]]:
         """Register the decorated subclass as `name` for this base class.
 
-        Scans no plugin: a plugin's entry of the same name is replaced only with
-        ``exist_ok=True``, whichever is seen first.
+        Scans no plugin. A name that the program's own code registered already raises
+        `DuplicateNameError` unless ``exist_ok=True``; a plugin's entry of the name is
+        replaced, whichever is seen first, with a `PluginWarning` (none with
+        ``exist_ok=True``). A plugin's own modules registering so count as the plugin.
         """
         _check_name(name, f"{cls.__name__}.register")
 

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import sys
 import threading
+import types
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Literal, Optional, Protocol
 
 from framework.errors import RegistryError
-from framework.registry._targets import RegistryEntry, _duplicate, _same, _skipped, warn_plugin
+from framework.registry._targets import RegistryEntry, _duplicate, _replaced, _same, _skipped, warn_plugin
 
 if TYPE_CHECKING:
     import pluggy
@@ -130,8 +131,9 @@ class Registry:
         try:
             self._discover(self)
             with self._lock:  # replay and publish at once: a registration lands in one or the other
-                for entry, exist_ok, _ in self._decorated:
-                    self._put(self._building, entry, exist_ok, "warn", self._notes)
+                for entry, exist_ok, tag in self._decorated:
+                    in_code = tag is None and not self._in_plugin_package(entry)
+                    self._put(self._building, entry, exist_ok, "warn", self._notes, in_code)
                 self._entries, self._discovered = self._building, True
         finally:  # an interrupt leaves it cold, so the next lookup tries again
             with self._lock:
@@ -217,7 +219,10 @@ class Registry:
         exist_ok: bool,
         on_clash: Literal["raise", "warn"],
         notes: list[str],
+        in_code: bool = False,
     ) -> bool:
+        """Put `entry` in `entries`. `in_code`: registered by the program's own code (not a
+        plugin's), so it replaces a plugin's entry of its name, saying so."""
         existing = entries.get(entry.base, {}).get(entry.name)
         if existing is not None and not exist_ok:
             same = _same(existing, entry)
@@ -225,7 +230,9 @@ class Registry:
                 if all(rival is not entry for rival in existing._rivals):
                     existing._rivals.append(entry)
                 return False
-            if same is False:
+            if same is False and in_code and not self._in_code(existing):
+                notes.append(_replaced(existing, entry))
+            elif same is False:
                 if on_clash == "raise":
                     raise _duplicate(existing, entry)
                 notes.append(_skipped(existing, entry))
@@ -234,7 +241,8 @@ class Registry:
         return True
 
     def register(self, entry: RegistryEntry, exist_ok: bool = False) -> None:
-        """The decorator tier: recorded now, laid over the plugins' entries when they load.
+        """The decorator tier: recorded now, laid over the plugins' entries when they load
+        (the program's own class wins over a plugin's of the same name).
 
         While plugins load in this thread (a plugin module registering its classes), a
         clash only skips that entry, with a `PluginWarning`, as for entry points."""
@@ -242,8 +250,29 @@ class Registry:
             if self._builder == threading.get_ident():
                 self._decorated.append((entry, exist_ok, self._loading_plugin))
                 return
-            self._put(self._entries, entry, exist_ok, "raise", [])
+            notes: list[str] = []
+            self._put(self._entries, entry, exist_ok, "raise", notes, not self._in_plugin_package(entry))
             self._decorated.append((entry, exist_ok, None))
+        for message in notes:
+            warn_plugin(message)
+
+    def _in_code(self, entry: RegistryEntry) -> bool:
+        """Whether `entry` was registered by the program's own code, not by a plugin."""
+        return any(
+            item[0] is entry and item[2] is None and not self._in_plugin_package(entry)
+            for item in self._decorated
+        )
+
+    def _in_plugin_package(self, entry: RegistryEntry) -> bool:
+        """Whether `entry`'s class lives in the package of a loaded plugin module (one that
+        the program imported before the plugins loaded still registers as a plugin)."""
+        if self._manager is None:
+            return False
+        package = entry.target_path.partition(":")[0].split(".")[0]
+        return any(
+            isinstance(plugin, types.ModuleType) and plugin.__name__.split(".")[0] == package
+            for plugin in self._manager.get_plugins()
+        )
 
     def commit(
         self, staged: list[tuple[RegistryEntry, bool]], on_clash: Literal["raise", "warn"] = "raise"

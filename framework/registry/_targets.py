@@ -252,6 +252,15 @@ def _skipped(existing: RegistryEntry, entry: RegistryEntry) -> str:
     )
 
 
+def _replaced(existing: RegistryEntry, entry: RegistryEntry) -> str:
+    return (
+        f"{entry.base.__name__} {entry.name!r}: {entry.target_path} from {entry.provider} "
+        f"replaces {existing.target_path} from {existing.provider}: a class registered in "
+        f"the program's own code wins over a plugin's (choose another name to keep both, "
+        f"or register with exist_ok=True to replace it without this warning)"
+    )
+
+
 def _duplicate(existing: RegistryEntry, entry: RegistryEntry) -> DuplicateNameError:
     return DuplicateNameError(
         entry.base.__name__,

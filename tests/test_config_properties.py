@@ -44,8 +44,8 @@ from jsonschema import Draft202012Validator  # type: ignore[import-untyped]
 from typing_extensions import NotRequired, TypedDict
 
 from framework import Lazy, Registrable
-from framework.config._signatures import EMPTY, signature_of
 from framework.config import AtLeast, is_typed_dict, json_schema, typed_dict_fields, validate
+from framework.config._signatures import EMPTY, signature_of
 from framework.errors import ConfigError
 from framework.testing import fresh_registry
 

@@ -44,7 +44,8 @@ def run_config_shape() -> Callable[..., None]:
     """The signature a ``framework run`` config is checked against (the CLI's)."""
     if _run_config is None:
         importlib.import_module(RUN_CONFIG_MODULE)
-    assert _run_config is not None, f"{RUN_CONFIG_MODULE} installs the run config's shape"
+    if _run_config is None:
+        raise ConfigError("", f"{RUN_CONFIG_MODULE} did not install the run config's shape")
     return _run_config
 
 

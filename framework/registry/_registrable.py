@@ -183,7 +183,8 @@ class Registrable:
         """
         if _builder is None:  # the config layer installs its builder when imported
             importlib.import_module("framework.config")
-        assert _builder is not None, "framework.config installs the config builder"
+        if _builder is None:
+            raise RegistryError("framework.config did not install its config builder")
         get_registry().ensure_discovered()
         built: _R = _builder(cls, config, extras)
         return built

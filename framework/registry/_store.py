@@ -269,10 +269,7 @@ class Registry:
         if self._manager is None:
             return False
         package = entry.target_path.partition(":")[0].split(".")[0]
-        return any(
-            isinstance(plugin, types.ModuleType) and plugin.__name__.split(".")[0] == package
-            for plugin in self._manager.get_plugins()
-        )
+        return package in {_package_of(plugin) for plugin in self._manager.get_plugins()}
 
     def commit(
         self, staged: list[tuple[RegistryEntry, bool]], on_clash: Literal["raise", "warn"] = "raise"
@@ -336,6 +333,14 @@ class Registry:
                 for plugin in self._manager.get_plugins():
                     other.plugin_manager.register(plugin, name=self._manager.get_name(plugin))
             return other
+
+
+def _package_of(plugin: object) -> Optional[str]:
+    """The top-level package a plugin (a module, or an object of a class) comes from."""
+    if isinstance(plugin, types.ModuleType):
+        return plugin.__name__.split(".")[0]
+    module = type(plugin).__module__
+    return None if module in ("builtins", "types") else module.split(".")[0]
 
 
 _default = Registry()

@@ -30,7 +30,7 @@ def _escape(text: str) -> str:
 
 
 def _arg_docs(obj: Any) -> dict[str, str]:
-    from framework._signatures import arg_docs  # the one parser, shared with the JSON Schema
+    from framework.config import arg_docs  # the one parser, shared with the JSON Schema
 
     return arg_docs(obj)
 
@@ -116,7 +116,7 @@ def render_hooks() -> str:
 
 def render_components() -> str:
     """The whole components page as markdown."""
-    from framework import _plugins
+    from framework import registry as _plugins
     from framework.registry import all_entries
 
     out = [_INTRO]
@@ -226,7 +226,7 @@ def _render_subcommands(parser: Any, prefix: str, level: str) -> list[str]:
 def on_files(files: Any, config: Any, **kwargs: Any) -> Any:
     from mkdocs.structure.files import File
 
-    from framework import _plugins
+    from framework import registry as _plugins
 
     _plugins.ensure_loaded()
     for plugin, error in _plugins.failures().items():

@@ -12,13 +12,16 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BatchSampler",
+    "ConfigError",
     "DataCollator",
     "DataLoader",
     "DatasetReader",
     "DefaultDataCollator",
     "DistributedInfo",
     "DownloadBackend",
+    "DownloadError",
     "DownloadManager",
+    "FrameworkError",
     "Lazy",
     "MultiProcessDataLoader",
     "Registrable",
@@ -31,13 +34,16 @@ __all__ = [
 
 _LOCATIONS = {
     "BatchSampler": "framework.data",
+    "ConfigError": "framework.errors",
     "DataCollator": "framework.data",
     "DataLoader": "framework.data",
     "DatasetReader": "framework.data",
     "DefaultDataCollator": "framework.data",
     "DistributedInfo": "framework.data",
     "DownloadBackend": "framework.download.backend",
+    "DownloadError": "framework.errors",
     "DownloadManager": "framework.download.manager",
+    "FrameworkError": "framework.errors",
     "Lazy": "framework.config",
     "MultiProcessDataLoader": "framework.data",
     "Registrable": "framework.registry",
@@ -62,7 +68,7 @@ if _TYPE_CHECKING:
     )
     from framework.download.backend import DownloadBackend
     from framework.download.manager import DownloadManager, cached_path
-    from framework.errors import WorkerError
+    from framework.errors import ConfigError, DownloadError, FrameworkError, WorkerError
     from framework.hookspecs import hookimpl, hookspec
     from framework.registry import Registrable
 

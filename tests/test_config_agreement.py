@@ -97,7 +97,7 @@ def test_config_checks_that_raise_are_an_error_not_a_crash() -> None:
 
 
 def test_a_bug_in_the_checks_is_reported_as_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    from framework import _validate
+    from framework.config import _construct as _validate
 
     def broken(self: Any, cls: Any, value: Any, path: str) -> Any:
         raise KeyError("a bug")

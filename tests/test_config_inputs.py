@@ -51,7 +51,7 @@ def _laughs(levels: int, copies: int) -> str:
 @pytest.fixture
 def counted_walk(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """How many values the config walk dispatches on."""
-    from framework._validate import _Walk
+    from framework.config._construct import _Walk
 
     calls = [0]
     original = _Walk.dispatch

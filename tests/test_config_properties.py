@@ -44,8 +44,8 @@ from jsonschema import Draft202012Validator  # type: ignore[import-untyped]
 from typing_extensions import NotRequired, TypedDict
 
 from framework import Lazy, Registrable
-from framework._signatures import EMPTY, signature_of
 from framework.config import AtLeast, is_typed_dict, json_schema, typed_dict_fields, validate
+from framework.config._signatures import EMPTY, signature_of
 from framework.errors import ConfigError
 from framework.testing import fresh_registry
 
@@ -73,7 +73,7 @@ pytestmark = [
 @contextlib.contextmanager
 def without_config_checks() -> Iterator[None]:
     """`validate` with no component's `config_checks`: what JSON Schema can say at most."""
-    from framework import _validate
+    from framework.config import _construct as _validate
 
     original = _validate._Walk.config_checks
     _validate._Walk.config_checks = lambda *args, **kwargs: None  # type: ignore[method-assign]
@@ -188,7 +188,7 @@ GARBAGE = st.one_of(JSON_LEAVES, st.sampled_from([[], {}, [1, "x"], {"k": 1}]).m
 
 
 def _unwrap(annotation: Any) -> Any:
-    from framework._validate import unwrap
+    from framework.config._construct import unwrap
 
     return unwrap(annotation)
 
@@ -268,7 +268,7 @@ class Values:
     def component(self, base: type[Registrable], depth: int) -> st.SearchStrategy[Any]:
         entries = base.registry_entries()
         if not entries and not inspect.isabstract(base):
-            from framework._schema import _subclass_entries
+            from framework.config._json_schema import _subclass_entries
 
             entries = _subclass_entries(base)
             if not entries:
@@ -486,7 +486,7 @@ def test_the_three_judges_agree_on_built_in_component_configs(base_name: str, tm
 
 def test_the_three_judges_agree_on_run_configs(tmp_path: Any) -> None:
     """A run config has no from_config: validate() and the schema agree on it."""
-    from framework._runconfig import run_config
+    from framework.cli.run_config import run_config
     from framework.data import DataLoader
 
     validator = Draft202012Validator(json_schema())

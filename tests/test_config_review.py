@@ -148,9 +148,9 @@ def test_a_config_file_that_never_ends_is_an_error_not_a_memory_blowup(
 ) -> None:
     # Before: `framework config validate /dev/zero` read until memory ran out. A file
     # past the cap (shrunk here, so the test is fast) is one ConfigError.
-    import framework.config
+    import framework.config._load
 
-    monkeypatch.setattr(framework.config, "MAX_CONFIG_BYTES", 1000)
+    monkeypatch.setattr(framework.config._load, "MAX_CONFIG_BYTES", 1000)
     big = tmp_path / "big.json"
     big.write_text(json.dumps({"data_path": "x" * 2000}))
     for path in (big, Path("/dev/zero")):

@@ -6,8 +6,9 @@ import framework
 import framework.errors
 
 CONTRACT = {
-    "BatchSampler", "DataCollator", "DataLoader", "DatasetReader", "DefaultDataCollator",
-    "DistributedInfo", "DownloadBackend", "DownloadManager", "Lazy", "MultiProcessDataLoader",
+    "BatchSampler", "ConfigError", "DataCollator", "DataLoader", "DatasetReader",
+    "DefaultDataCollator", "DistributedInfo", "DownloadBackend", "DownloadError", "DownloadManager",
+    "FrameworkError", "Lazy", "MultiProcessDataLoader",
     "Registrable", "WorkerError", "WorkerInfo", "cached_path", "hookimpl", "hookspec",
 }  # fmt: skip
 

@@ -376,15 +376,42 @@ def test_decorator_and_plugin_clash_resolve_the_same_whatever_the_order(discover
         Sampler.register("bucket", exist_ok=True)(Mine)
         assert Sampler.by_name("bucket") is Mine
     with use_registry(Registry(_plugin_tier)) as registry:
-        if discover_first:
-            registry.ensure_discovered()
-            with pytest.raises(DuplicateNameError):
-                Sampler.register("bucket")(Mine)
-        else:
-            Sampler.register("bucket")(Mine)
-            with pytest.warns(UserWarning, match="someplugin 1.0"):
+        # without exist_ok, the program's own class still wins, and says whose it replaced
+        with pytest.warns(UserWarning, match="someplugin 1.0"):
+            if discover_first:
                 registry.ensure_discovered()
-        assert Sampler.by_name("bucket") is FromPlugin
+            Sampler.register("bucket")(Mine)
+            registry.ensure_discovered()
+        assert Sampler.by_name("bucket") is Mine
+        with pytest.raises(DuplicateNameError):  # twice in code is still a duplicate
+            Sampler.register("bucket")(FromPlugin)
+
+
+@pytest.mark.parametrize("register_first", [True, False])
+def test_the_programs_own_class_wins_over_an_installed_plugins_name(
+    tmp_path: Path, register_first: bool
+) -> None:
+    body = 'registrar.add(DatasetReader, "squares", "squares_impl:PluginSquares")'
+    make_dist(tmp_path, "squares-plugin",
+              {"squares_plugin": hooks(body), "squares_impl": READER.format(cls="PluginSquares")},
+              {"squares": "squares_plugin"})  # fmt: skip
+    lookup = "print(DatasetReader.list_available()[:0])\n"  # loads the plugins first
+    code = (
+        "import warnings\nwarnings.simplefilter('always')\n"
+        "from framework import DatasetReader\n"
+        + ("" if register_first else lookup)
+        + "@DatasetReader.register('squares')\n"
+        "class MySquares(DatasetReader):\n"
+        "    def _read(self, file_path):\n"
+        "        yield {}\n"
+        "print(DatasetReader.by_name('squares').__name__)\n"
+        "print(DatasetReader.from_config({'type': 'squares'}).__class__.__name__)\n"
+    )
+    result = run_python(tmp_path, code)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split()[-2:] == ["MySquares", "MySquares"]
+    assert "PluginWarning" in result.stderr and "squares_impl:PluginSquares" in result.stderr
+    assert "__main__:MySquares" in result.stderr
 
 
 def test_a_fresh_registry_discovers_once_on_first_lookup() -> None:
@@ -840,7 +867,7 @@ def test_an_import_interrupted_by_ctrl_c_can_be_made_again(
     the package; the next import must still give a whole package, not one missing the
     submodules (``module 'requests' has no attribute 'exceptions'`` for the rest of the
     process)."""
-    from framework._targets import import_target
+    from framework.registry import import_target
 
     package = tmp_path / "interrupted_pkg"
     package.mkdir()

@@ -84,7 +84,8 @@ def load_run_config(config_path: Optional[str], overrides: list[str]) -> tuple[d
     """The merged, checked config and the folder a relative ``data_path`` resolves against:
     the config file's folder for a path written in the file, the current folder for one
     given in an ``--override``."""
-    from framework.config import MAX_DEPTH, _shown, load_config
+    from framework.config import MAX_DEPTH, load_config
+    from framework.config import shown as _shown
 
     file = _bundled_examples() / DEFAULT_CONFIG if config_path is None else Path(config_path)
     config = load_config(file)
@@ -126,9 +127,8 @@ def _converted(config: dict[str, Any]) -> dict[str, Any]:
     (``"epochs": 2.0`` is the int 2, as JSON and the schema read it): the run uses the
     values `validate` judged, never the raw ones. Components are built later, from
     their configs, by the same walk."""
-    from framework._runconfig import run_config
-    from framework._signatures import signature_of
-    from framework.config import construct
+    from framework.cli.run_config import run_config
+    from framework.config import construct, signature_of
 
     parameters = signature_of(run_config).parameters
     for key in ("data_path", "epochs"):
@@ -145,7 +145,7 @@ def _prefixed(prefix: str, error: ConfigError) -> ConfigError:
 def _build_loader(loader_config: Mapping[str, Any], reader: Any, data_path: str) -> Any:
     """The loader, through the run config's own annotation of ``data_loader``: `reader`
     and `data_path` are passed as the run's, so a config that sets them is rejected."""
-    from framework._runconfig import LOADER
+    from framework.cli.run_config import LOADER
     from framework.config import construct
 
     return construct(
@@ -157,7 +157,7 @@ def _loader_parameters(loader_config: Mapping[str, Any]) -> set[str]:
     """The config keys of the loader type the config names (empty if unknown): its
     constructor's parameters, with those it forwards through ``**kwargs`` to its parent."""
     from framework import DataLoader
-    from framework._signatures import signature_of
+    from framework.config import signature_of
 
     type_name = loader_config.get("type", DataLoader.default_implementation)
     try:
@@ -191,7 +191,7 @@ def _preflight_loader(loader_config: Mapping[str, Any], reader: Any, data_path: 
         ours = f"data_loader.{_LAZY_KEY}"
         kept = [each for each in error.errors if each.path != ours]
         if kept:
-            from framework._validate import _combined
+            from framework.config import combined_errors as _combined
 
             raise _combined(kept) from None
 

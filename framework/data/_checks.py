@@ -9,7 +9,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any, Optional
 
-from framework._signatures import ConfigChecks
+from framework.config import ConfigChecks
 from framework.data._transfer import TRANSFERS
 from framework.data.reader import DatasetReader, current_distributed_info
 from framework.data.sampler import BatchSampler

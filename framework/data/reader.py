@@ -19,7 +19,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Dict, List, Optional, TypeVar, Union
 
-from framework._signatures import ConfigChecks
+from framework.config import ConfigChecks
 from framework.data._shards import Seekable, ShardPlan
 from framework.registry import Registrable
 

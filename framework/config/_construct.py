@@ -1,9 +1,9 @@
-"""The walk behind `framework.config`: checking and building values against annotations.
+"""`construct` and `Lazy`: the walk that checks and builds values against annotations.
 
 `_Walk` makes one pass over a config: checking (it records every error, builds
 nothing) or building (on a config that checked clean). `construct` and `Lazy` run
 it twice, check then build. Also here: the annotation helpers that the walk and
-the JSON Schema (`framework._schema`) share, and the error texts' formatting.
+the JSON Schema (`framework.config._json_schema`) share, and the error texts' formatting.
 `framework.config` is the public face and re-exports what callers use.
 """
 
@@ -23,7 +23,15 @@ import typing
 from collections.abc import Callable, Mapping
 from typing import Any, Generic, Optional, TypeVar, Union
 
-from framework._signatures import EMPTY, AtLeast, Given, Unresolved, accepts_anything, signature_of
+from framework.config._signatures import (
+    EMPTY,
+    AtLeast,
+    Given,
+    Signature,
+    Unresolved,
+    accepts_anything,
+    signature_of,
+)
 from framework.errors import ConfigError
 from framework.registry import Registrable, describe_error
 
@@ -193,7 +201,7 @@ class _Walk:
         if not isinstance(value, (Mapping, list, tuple)):
             return self.dispatch(annotation, value, path)
         if not self.open:  # the top of a walk: refuse a config that shared nodes blow up
-            from framework._shared import MAX_SHARED_EXPANSION, shared_expansion
+            from framework.config._shared import MAX_SHARED_EXPANSION, shared_expansion
 
             if shared_expansion(value, MAX_DEPTH) > MAX_SHARED_EXPANSION:
                 return self.fail(
@@ -460,24 +468,7 @@ class _Walk:
             if not isinstance(meta, str):
                 self.fail(_mismatch(_join(path, key), "str (a schema's URL)", meta))
         kwargs: dict[str, Any] = dict(explicit)
-        if not signature.accepts_extra:
-            for name in [key for key in explicit if key not in signature.parameters]:
-                accepted = ", ".join(signature.parameters) or "none"
-                self.fail(
-                    ConfigError(
-                        _join(path, name),
-                        f"{owner} takes no argument {name!r} (given in code). Accepted keys: {accepted}",
-                    )
-                )
-        for name in [key for key in params if key in explicit]:
-            params.pop(name)
-            self.fail(
-                ConfigError(
-                    _join(path, name),
-                    f"{owner} receives {name!r} from the code that builds it, not from the config: "
-                    "remove this key",
-                )
-            )
+        self._check_explicit(signature, params, path, explicit)
         given = dict(explicit)  # what the constructor gets, as configs (for its config_checks)
         for name, parameter in signature.parameters.items():
             if name in kwargs:
@@ -498,28 +489,7 @@ class _Walk:
                         expected=_describe(parameter.annotation),
                     )
                 )
-        if signature.accepts_extra:
-            for key in [key for key in params if not isinstance(key, str) or key in signature.reserved]:
-                params.pop(key)  # Python cannot pass it as a keyword: the call would fail
-                why = "it names self" if isinstance(key, str) else "its name must be a string"
-                self.fail(
-                    ConfigError(
-                        _join(path, key), f"{owner} cannot take this key through **kwargs ({why}): remove it"
-                    )
-                )
-            kwargs.update(params)  # what **kwargs takes as it is
-        else:
-            known = [name for name in signature.parameters if name not in explicit]
-            what = "top-level key" if top_level else f"key for {owner}"
-            for key in params:
-                close = difflib.get_close_matches(key, known, n=1) if isinstance(key, str) else []
-                hint = f" Did you mean {close[0]!r}?" if close else ""
-                self.fail(
-                    ConfigError(
-                        _join(path, key),
-                        f"unknown {what}.{hint} Accepted keys: {', '.join(known) or 'none'}",
-                    )
-                )
+        kwargs.update(self._leftover(signature, params, path, explicit, top_level))
         if not self.build and not self.lazy:  # building, the constructor runs them itself
             self.config_checks(factory, given, path, before)
         if not self.build or len(self.errors) > before:
@@ -533,6 +503,63 @@ class _Walk:
             raise
         except (TypeError, ValueError) as error:
             raise ConfigError(path, f"{owner}: {error}") from error
+
+    def _check_explicit(
+        self, signature: Signature, params: dict[str, Any], path: str, explicit: Mapping[str, Any]
+    ) -> None:
+        """Arguments code passes (`explicit`) must be parameters, and not in the config too."""
+        owner = signature.owner
+        if not signature.accepts_extra:
+            for name in [key for key in explicit if key not in signature.parameters]:
+                accepted = ", ".join(signature.parameters) or "none"
+                self.fail(
+                    ConfigError(
+                        _join(path, name),
+                        f"{owner} takes no argument {name!r} (given in code). Accepted keys: {accepted}",
+                    )
+                )
+        for name in [key for key in params if key in explicit]:
+            params.pop(name)
+            self.fail(
+                ConfigError(
+                    _join(path, name),
+                    f"{owner} receives {name!r} from the code that builds it, not from the config: "
+                    "remove this key",
+                )
+            )
+
+    def _leftover(
+        self,
+        signature: Signature,
+        params: dict[str, Any],
+        path: str,
+        explicit: Mapping[str, Any],
+        top_level: bool,
+    ) -> dict[str, Any]:
+        """The keys no parameter took: for ``**kwargs`` if the factory has it, else errors."""
+        owner = signature.owner
+        if signature.accepts_extra:
+            for key in [key for key in params if not isinstance(key, str) or key in signature.reserved]:
+                params.pop(key)  # Python cannot pass it as a keyword: the call would fail
+                why = "it names self" if isinstance(key, str) else "its name must be a string"
+                self.fail(
+                    ConfigError(
+                        _join(path, key), f"{owner} cannot take this key through **kwargs ({why}): remove it"
+                    )
+                )
+            return params  # what **kwargs takes as it is
+        known = [name for name in signature.parameters if name not in explicit]
+        what = "top-level key" if top_level else f"key for {owner}"
+        for key in params:
+            close = difflib.get_close_matches(key, known, n=1) if isinstance(key, str) else []
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            self.fail(
+                ConfigError(
+                    _join(path, key),
+                    f"unknown {what}.{hint} Accepted keys: {', '.join(known) or 'none'}",
+                )
+            )
+        return {}
 
     def config_checks(
         self, factory: Callable[..., Any], given: Mapping[str, Any], path: str, before: int

@@ -1,6 +1,6 @@
 """JSON Schema (draft 2020-12) of configs, from the registry and constructor annotations.
 
-It reads constructors through `framework._signatures`, the module config checking
+It reads constructors through `framework.config._signatures`, the module config checking
 reads them through, so the schema and `validate` agree on every key. It is the
 looser of the two where JSON Schema cannot say what a constructor checks (a value
 that only code can make is accepted as anything).
@@ -20,7 +20,24 @@ from typing import Any, Optional, Union
 
 import attrs
 
-from framework._signatures import (
+from framework.config._construct import (
+    _MAPPINGS,
+    _NONE,
+    _SEQUENCES,
+    _SETS,
+    _UNION_TYPES,
+    FLOAT_MAX,
+    INT_KEY,
+    META_KEYS,
+    Lazy,
+    _is_constructible,
+    is_builtin,
+    is_typed_dict,
+    typed_dict_fields,
+    unhashable,
+    unwrap,
+)
+from framework.config._signatures import (
     EMPTY,
     AtLeast,
     Given,
@@ -30,25 +47,16 @@ from framework._signatures import (
     parameter_docs,
     signature_of,
 )
-from framework._validate import FLOAT_MAX, INT_KEY, META_KEYS, is_builtin, unhashable, unwrap
-from framework.config import (
-    _MAPPINGS,
-    _NONE,
-    _SEQUENCES,
-    _SETS,
-    _UNION_TYPES,
+from framework.config._validate import (
     RUN_CONFIG_META_KEYS,
-    Lazy,
-    _is_constructible,
     errors_in,
     given_for,
-    is_typed_dict,
     resolve_base,
-    typed_dict_fields,
+    run_config_shape,
 )
 from framework.registry import Registrable, RegistryEntry, get_registry
 
-__all__ = ["DRAFT", "build_schema"]
+__all__ = ["DRAFT", "build_schema", "json_schema"]
 
 DRAFT = "https://json-schema.org/draft/2020-12/schema"
 # a class named by import path instead of a registered name
@@ -67,11 +75,21 @@ _PRIMITIVES: dict[Any, dict[str, Any]] = {
 _Provided = Optional[frozenset[str]]
 
 
+def json_schema(base: Union[str, type, None] = None, *, given: Iterable[str] = ()) -> dict[str, Any]:
+    """A JSON Schema (draft 2020-12) of run configs, or of configs of one `Registrable` base.
+
+    Every registered name is a ``"type"`` choice with its own parameters, from the
+    registry (this process's registrations and installed plugins) and the
+    constructors' annotations. Components it could not describe are listed, with
+    the reason, under ``"x-framework-undescribed"``. `given`: as for `validate`.
+    """
+    return build_schema(base, given)
+
+
 def build_schema(base: Union[str, type, None] = None, given: Iterable[str] = ()) -> dict[str, Any]:
     builder = _Builder()
     if base is None:
-        from framework._runconfig import run_config
-
+        run_config = run_config_shape()
         root = builder.arguments(run_config, frozenset(given))
         root["title"] = "framework run config"
         meta = {

@@ -1,7 +1,7 @@
 """What a constructor accepts: its parameters, their resolved annotations, its docs.
 
 Config checking and building (`framework.config`) and the JSON Schema
-(`framework._schema`) read constructors through this one module, so the two can
+(`framework.config._json_schema`) read constructors through this one module, so the two can
 never disagree about which keys a component takes.
 """
 

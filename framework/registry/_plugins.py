@@ -24,7 +24,9 @@ from typing import Final, Optional
 import pluggy
 
 from framework import hookspecs
-from framework.registry import PluginWarning, Registrar, Registry, describe_error, get_registry
+from framework.registry._registrar import Registrar
+from framework.registry._store import Registry, get_registry
+from framework.registry._targets import PluginWarning, describe_error
 
 __all__ = [
     "ENTRY_POINT_GROUP",

@@ -22,7 +22,7 @@ import attrs
 from framework.errors import DuplicateNameError, PluginError, RegistryError
 
 if TYPE_CHECKING:
-    from framework.registry import Registrable
+    from framework.registry._registrable import Registrable
 
 __all__ = [
     "REGISTERED_TYPES_ONLY_ENV",
@@ -249,6 +249,15 @@ def _skipped(existing: RegistryEntry, entry: RegistryEntry) -> str:
         f"{entry.base.__name__} {entry.name!r}: {entry.target_path} from {entry.provider} "
         f"was skipped: the name is taken by {existing.target_path} from "
         f"{existing.provider} (register with exist_ok=True to replace it on purpose)"
+    )
+
+
+def _replaced(existing: RegistryEntry, entry: RegistryEntry) -> str:
+    return (
+        f"{entry.base.__name__} {entry.name!r}: {entry.target_path} from {entry.provider} "
+        f"replaces {existing.target_path} from {existing.provider}: a class registered in "
+        f"the program's own code wins over a plugin's (choose another name to keep both, "
+        f"or register with exist_ok=True to replace it without this warning)"
     )
 
 

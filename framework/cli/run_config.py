@@ -1,4 +1,8 @@
-"""The shape of a ``framework run`` config, as a signature that checks and schemas read."""
+"""The shape of a ``framework run`` config, as a signature that checks and schemas read.
+
+Importing this module installs it in `framework.config` (`use_run_config`), which
+checks and describes run configs by it but sits below the CLI and the loader it names.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +10,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Annotated, Any
 
-from framework._signatures import AtLeast, Given
+from framework.config import AtLeast, Given, use_run_config
 from framework.data import DataLoader, DatasetReader
 
 __all__ = ["LOADER", "run_config"]
@@ -33,3 +37,6 @@ def run_config(
             `reader` and `data_path` come from the keys above, and may not be set here.
         epochs: how many passes over the data.
     """
+
+
+use_run_config(run_config)

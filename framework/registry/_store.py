@@ -1,4 +1,4 @@
-"""`Registrable`: components chosen by name, one namespace per base class.
+"""`Registry`: every base's named components, and which registry is active.
 
 Every name lives in a `Registry`. The active one (`get_registry()`) is a module-level
 default; `use_registry` swaps in another, e.g. a fresh copy per test. A registry has
@@ -8,106 +8,46 @@ scanning nothing) and components from plugins (discovered on the first lookup).
 
 from __future__ import annotations
 
-import difflib
 import sys
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping
+import types
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from os import PathLike
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, Optional, TypeVar, Union
+from typing import TYPE_CHECKING, Literal, Optional, Protocol
 
-import attrs
-
-from framework._targets import (
-    REGISTERED_TYPES_ONLY_ENV,
-    PluginWarning,
-    RegistryEntry,
-    _check_name,
-    _clash,
-    _duplicate,
-    _same,
-    _same_target,
-    _skipped,
-    describe_error,
-    import_refusal,
-    import_target,
-    imports_allowed,
-    warn_plugin,
-)
-from framework.errors import RegistryError, UnknownNameError
+from framework.errors import RegistryError
+from framework.registry._targets import RegistryEntry, _duplicate, _replaced, _same, _skipped, warn_plugin
 
 if TYPE_CHECKING:
     import pluggy
 
-__all__ = [
-    "REGISTERED_TYPES_ONLY_ENV",
-    "PluginWarning",
-    "Registrable",
-    "Registrar",
-    "Registry",
-    "RegistryEntry",
-    "all_entries",
-    "describe_error",
-    "get_registry",
-    "import_refusal",
-    "import_target",
-    "imports_allowed",
-    "registered_bases",
-    "use_registry",
-    "warn_plugin",
-]
+    from framework.registry._registrable import Registrable
 
-_T = TypeVar("_T")
-_R = TypeVar("_R", bound="Registrable")
+__all__ = ["PluginLoading", "Registry", "all_entries", "get_registry", "registered_bases", "use_registry"]
+
 _Entries = dict[type["Registrable"], dict[str, "RegistryEntry"]]
 
 
-@attrs.define
-class Registrar:
-    """What a plugin's ``framework_register_components`` hook receives.
+class PluginLoading(Protocol):
+    """How a registry loads plugins: `framework.registry._plugins`, which builds on this
+    module and so is wired in by the package (`framework.registry`) instead of imported."""
 
-    Entries are staged and committed together, so a plugin that fails halfway
-    registers nothing.
-    """
+    def discover(self, registry: Registry) -> None: ...
 
-    provider: str
-    plugin: Optional[str] = None
-    staged: list[tuple[RegistryEntry, bool]] = attrs.field(factory=list)
-    registry: Optional[Registry] = attrs.field(default=None, repr=False)
+    def add_plugin(self, registry: Registry, plugin: object, name: str, provider: str = ...) -> bool: ...
 
-    def add(
-        self,
-        base: type[Registrable],
-        name: str,
-        target: Union[str, type],
-        *,
-        constructor: Optional[str] = None,
-        exist_ok: bool = False,
-    ) -> None:
-        """Register `target` (``"pkg.module:Class"`` or a class) as `name` for `base`."""
-        if not (isinstance(base, type) and issubclass(base, Registrable)):
-            raise RegistryError(f"registrar.add: {base!r} is not a Registrable base class")
-        _check_name(name, f"registrar.add({base.__name__}, ...) from {self.provider}")
-        if not isinstance(target, (str, type)):
-            raise RegistryError(
-                f"registrar.add: target for {name!r} must be 'package.module:ClassName' or a "
-                f"class, got {target!r}"
-            )
-        entry = RegistryEntry(base, name, target, constructor, self.provider, self.plugin)
-        for staged, _ in self.staged:
-            if staged.base is base and staged.name == name and _clash(staged, entry, exist_ok):
-                raise _duplicate(staged, entry)
-        self.staged.append((entry, exist_ok))
 
-    def commit(self) -> None:
-        """Register every staged entry, or none: a clash raises `DuplicateNameError`."""
-        (self.registry or get_registry()).commit(self.staged, on_clash="raise")
+plugin_loading: Optional[PluginLoading] = None
+
+
+def _loading() -> PluginLoading:
+    if plugin_loading is None:
+        raise RegistryError("framework.registry was not imported: no plugin loading is wired in")
+    return plugin_loading
 
 
 def _discover_entry_points(registry: Registry) -> None:
-    from framework import _plugins
-
-    _plugins.discover(registry)
+    _loading().discover(registry)
 
 
 class Registry:
@@ -191,8 +131,9 @@ class Registry:
         try:
             self._discover(self)
             with self._lock:  # replay and publish at once: a registration lands in one or the other
-                for entry, exist_ok, _ in self._decorated:
-                    self._put(self._building, entry, exist_ok, "warn", self._notes)
+                for entry, exist_ok, tag in self._decorated:
+                    in_code = tag is None and not self._in_plugin_package(entry)
+                    self._put(self._building, entry, exist_ok, "warn", self._notes, in_code)
                 self._entries, self._discovered = self._building, True
         finally:  # an interrupt leaves it cold, so the next lookup tries again
             with self._lock:
@@ -278,7 +219,10 @@ class Registry:
         exist_ok: bool,
         on_clash: Literal["raise", "warn"],
         notes: list[str],
+        in_code: bool = False,
     ) -> bool:
+        """Put `entry` in `entries`. `in_code`: registered by the program's own code (not a
+        plugin's), so it replaces a plugin's entry of its name, saying so."""
         existing = entries.get(entry.base, {}).get(entry.name)
         if existing is not None and not exist_ok:
             same = _same(existing, entry)
@@ -286,7 +230,9 @@ class Registry:
                 if all(rival is not entry for rival in existing._rivals):
                     existing._rivals.append(entry)
                 return False
-            if same is False:
+            if same is False and in_code and not self._in_code(existing):
+                notes.append(_replaced(existing, entry))
+            elif same is False:
                 if on_clash == "raise":
                     raise _duplicate(existing, entry)
                 notes.append(_skipped(existing, entry))
@@ -295,7 +241,8 @@ class Registry:
         return True
 
     def register(self, entry: RegistryEntry, exist_ok: bool = False) -> None:
-        """The decorator tier: recorded now, laid over the plugins' entries when they load.
+        """The decorator tier: recorded now, laid over the plugins' entries when they load
+        (the program's own class wins over a plugin's of the same name).
 
         While plugins load in this thread (a plugin module registering its classes), a
         clash only skips that entry, with a `PluginWarning`, as for entry points."""
@@ -303,8 +250,26 @@ class Registry:
             if self._builder == threading.get_ident():
                 self._decorated.append((entry, exist_ok, self._loading_plugin))
                 return
-            self._put(self._entries, entry, exist_ok, "raise", [])
+            notes: list[str] = []
+            self._put(self._entries, entry, exist_ok, "raise", notes, not self._in_plugin_package(entry))
             self._decorated.append((entry, exist_ok, None))
+        for message in notes:
+            warn_plugin(message)
+
+    def _in_code(self, entry: RegistryEntry) -> bool:
+        """Whether `entry` was registered by the program's own code, not by a plugin."""
+        return any(
+            item[0] is entry and item[2] is None and not self._in_plugin_package(entry)
+            for item in self._decorated
+        )
+
+    def _in_plugin_package(self, entry: RegistryEntry) -> bool:
+        """Whether `entry`'s class lives in the package of a loaded plugin module (one that
+        the program imported before the plugins loaded still registers as a plugin)."""
+        if self._manager is None:
+            return False
+        package = entry.target_path.partition(":")[0].split(".")[0]
+        return package in {_package_of(plugin) for plugin in self._manager.get_plugins()}
 
     def commit(
         self, staged: list[tuple[RegistryEntry, bool]], on_clash: Literal["raise", "warn"] = "raise"
@@ -331,10 +296,8 @@ class Registry:
         """Register `plugin` (a module, an object, or a class made with no arguments)
         through pluggy and add its components, as discovery does for an entry point.
         False, with a `PluginWarning`, if it failed."""
-        from framework import _plugins
-
         self.ensure_discovered()
-        return _plugins.add_plugin(self, plugin, name, provider)
+        return _loading().add_plugin(self, plugin, name, provider)
 
     # -- reading --------------------------------------------------------------------
     def entries(self, base: type[Registrable]) -> dict[str, RegistryEntry]:
@@ -370,6 +333,14 @@ class Registry:
                 for plugin in self._manager.get_plugins():
                     other.plugin_manager.register(plugin, name=self._manager.get_name(plugin))
             return other
+
+
+def _package_of(plugin: object) -> Optional[str]:
+    """The top-level package a plugin (a module, or an object of a class) comes from."""
+    if isinstance(plugin, types.ModuleType):
+        return plugin.__name__.split(".")[0]
+    module = type(plugin).__module__
+    return None if module in ("builtins", "types") else module.split(".")[0]
 
 
 _default = Registry()
@@ -417,159 +388,8 @@ def all_entries() -> list[RegistryEntry]:
 
 def _default_first(base: type[Registrable], names: Iterable[str]) -> list[str]:
     ordered = sorted(names)
-    default = base.default_implementation if base is not Registrable else None
+    default = getattr(base, "default_implementation", None)
     if default in ordered:
         ordered.remove(default)
         ordered.insert(0, default)
     return ordered
-
-
-class Registrable:
-    """A base class whose subclasses can be registered and then chosen by name.
-
-    ``@Base.register("name")`` keeps the decorated class's type; ``Base.by_name``
-    returns the class (or its named constructor); ``Base.from_config`` builds one
-    from a config mapping.
-    """
-
-    default_implementation: ClassVar[Optional[str]] = None
-
-    @classmethod
-    def register(
-        cls, name: str, *, constructor: Optional[str] = None, exist_ok: bool = False
-    ) -> Callable[[type[_T]], type[_T]]:
-        """Register the decorated subclass as `name` for this base class.
-
-        Scans no plugin: a plugin's entry of the same name is replaced only with
-        ``exist_ok=True``, whichever is seen first.
-        """
-        _check_name(name, f"{cls.__name__}.register")
-
-        def decorate(subclass: type[_T]) -> type[_T]:
-            if not (isinstance(subclass, type) and issubclass(subclass, cls)):
-                raise RegistryError(
-                    f"cannot register {subclass!r} as {cls.__name__} {name!r}: "
-                    f"it is not a subclass of {cls.__name__}"
-                )
-            provider = f"module {subclass.__module__}"
-            get_registry().register(RegistryEntry(cls, name, subclass, constructor, provider), exist_ok)
-            return subclass
-
-        return decorate
-
-    @classmethod
-    def registry_entries(cls) -> dict[str, RegistryEntry]:
-        """This base's entries by name (every base's, called on `Registrable` itself)."""
-        registry = get_registry()
-        if cls is Registrable:
-            merged: dict[str, RegistryEntry] = {}
-            for base in registry.bases():
-                merged.update(registry.entries(base))
-            return merged
-        return registry.entries(cls)
-
-    @classmethod
-    def list_available(cls) -> list[str]:
-        """Registered names, the `default_implementation` first; imports nothing."""
-        return _default_first(cls, cls.registry_entries())
-
-    @classmethod
-    def resolve_class_name(
-        cls: type[_R], name: str, *, allow_import: Optional[bool] = None
-    ) -> tuple[type[_R], Optional[str]]:
-        """The class registered as `name` (or at dotted path `name`) and its constructor.
-
-        A dotted path imports its module, so it runs code: with ``allow_import=False``
-        (or ``FRAMEWORK_REGISTERED_TYPES_ONLY=1`` in the environment) only a path that
-        is a registered target is accepted, and nothing else is imported.
-        """
-        entry = cls._find_entry(name)
-        if entry is not None:
-            return entry.load(), entry.constructor
-        if "." in name or ":" in name:
-            if not imports_allowed(allow_import):
-                for registered in cls.registry_entries().values():
-                    if _same_target(registered.target_path, name) and issubclass(registered.load(), cls):
-                        return registered.load(), None
-                raise UnknownNameError(
-                    cls.__name__,
-                    name,
-                    cls.list_available(),
-                    note=f"Dotted paths are limited to registered components "
-                    f"({REGISTERED_TYPES_ONLY_ENV}=1); register it or use a registered name.",
-                )
-            try:
-                target = import_target(name, allow_import=True)  # allowed just above
-            except (Exception, SystemExit) as error:  # the module is someone else's code
-                raise UnknownNameError(
-                    cls.__name__,
-                    name,
-                    cls.list_available(),
-                    note=f"Importing it failed: {describe_error(error)}",
-                ) from error
-            if not (isinstance(target, type) and issubclass(target, cls)):
-                raise RegistryError(f"{name!r} is {target!r}, not a subclass of {cls.__name__}")
-            return target, None
-        raise cls._unknown(name)
-
-    @classmethod
-    def by_name(cls: type[_R], name: str, *, allow_import: Optional[bool] = None) -> Callable[..., _R]:
-        """The class registered as `name` (or its named constructor), or at a dotted path."""
-        subclass, constructor = cls.resolve_class_name(name, allow_import=allow_import)
-        return getattr(subclass, constructor) if constructor else subclass
-
-    @classmethod
-    def _find_entry(cls, name: str) -> Optional[RegistryEntry]:
-        registry = get_registry()
-        if cls is Registrable:
-            owners = [e[name] for e in map(registry.entries, registry.bases()) if name in e]
-            if len(owners) > 1:
-                bases = ", ".join(sorted(e.base.__name__ for e in owners))
-                raise RegistryError(
-                    f"{name!r} is registered for several bases ({bases}); "
-                    f"ask one of them, e.g. {owners[0].base.__name__}.by_name({name!r})"
-                )
-            return owners[0] if owners else None
-        entry = registry.entries(cls).get(name)
-        if entry is not None:
-            return entry
-        # A subclass finds the names registered on the base it derives from.
-        for ancestor in cls.__mro__[1:]:
-            if isinstance(ancestor, type) and issubclass(ancestor, Registrable):
-                entry = registry.entries(ancestor).get(name)
-                if entry is not None and issubclass(entry.load(), cls):
-                    return entry
-        return None
-
-    @classmethod
-    def _unknown(cls, name: str) -> UnknownNameError:
-        available = cls.list_available()
-        swapped = [n for n in (name.replace("-", "_"), name.replace("_", "-")) if n in available]
-        close = difflib.get_close_matches(name, available, n=3, cutoff=0.6)
-        suggestions = list(dict.fromkeys(swapped + close))
-        failures = get_registry().failures()
-        note = ""
-        if failures:
-            note = "Some plugins failed to load: " + "; ".join(
-                f"{plugin}: {describe_error(error)}" for plugin, error in failures.items()
-            )
-        error = UnknownNameError(cls.__name__, name, available, suggestions, note)
-        if failures:
-            error.__cause__ = next(iter(failures.values()))
-        return error
-
-    @classmethod
-    def from_config(cls: type[_R], config: Union[Mapping[str, Any], str, PathLike[str]], **extras: Any) -> _R:
-        """Build an instance from a config mapping (or a JSON/YAML file).
-
-        A ``"type"`` key picks the registered subclass (else `default_implementation`);
-        other keys are matched to ``__init__`` parameters by their annotations,
-        recursively. `extras` go to any constructor, at any depth, that takes them.
-        """
-        from framework.config import construct, load_config
-
-        get_registry().ensure_discovered()
-        if not isinstance(config, Mapping):
-            config = load_config(config)
-        built: _R = construct(cls, config, extras=extras)
-        return built

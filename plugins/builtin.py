@@ -36,8 +36,8 @@ core = BuiltinPlugin(
     (_COLLATOR, "default", "framework.data.collate:DefaultDataCollator"),
 )
 samplers = BuiltinPlugin(
-    (_SAMPLER, "bucket", "framework_plugins.samplers:BucketBatchSampler"),
-    (_SAMPLER, "max_tokens", "framework_plugins.samplers:MaxTokensBatchSampler"),
+    (_SAMPLER, "bucket", "framework.data.sampler:BucketBatchSampler"),
+    (_SAMPLER, "max_tokens", "framework.data.sampler:MaxTokensBatchSampler"),
 )
 readers = BuiltinPlugin(
     (_READER, "jsonl", "framework_plugins.readers:JsonlReader"),

@@ -95,8 +95,8 @@ def build_schema(base: Union[str, type, None] = None, given: Iterable[str] = ())
 
 
 def _pointer(key: str) -> str:
-    """The ``$ref`` to ``$defs[key]``: a JSON pointer (RFC 6901) in a URI fragment, so
-    percent-encoded (a registered name may hold ``%``, ``#``, quotes, any letter)."""
+    """The `$ref` to `$defs[key]`: a JSON pointer (RFC 6901) in a URI fragment, so
+    percent-encoded (a registered name may hold `%`, `#`, quotes, any letter)."""
     return "#" + urllib.parse.quote("/$defs/" + key.replace("~", "~0").replace("/", "~1"), safe=_FRAGMENT)
 
 
@@ -316,7 +316,7 @@ class _Builder:
     def registrable(
         self, cls: type[Registrable], provided: _Provided, explicit: frozenset[str] = frozenset()
     ) -> str:
-        """The ``$ref`` to `cls`'s definition: its string and mapping forms."""
+        """The `$ref` to `cls`'s definition: its string and mapping forms."""
         key = self.key(cls, provided, explicit=explicit)
         if key in self.defs:
             return _pointer(key)
@@ -381,7 +381,7 @@ class _Builder:
     def component(
         self, base: type, entry: RegistryEntry, provided: _Provided, explicit: frozenset[str] = frozenset()
     ) -> tuple[str, str]:
-        """The ``$ref`` to one registered component's parameters, and its summary."""
+        """The `$ref` to one registered component's parameters, and its summary."""
         key = self.key(base, provided, f".{entry.name}", explicit)
         try:
             factory = entry.factory()

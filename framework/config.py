@@ -1,9 +1,9 @@
 """Checking and building objects from config mappings, guided by constructor annotations.
 
-`validate(config)` walks a ``framework run`` config (or one component's config) and
+`validate(config)` walks a `framework run` config (or one component's config) and
 returns every error, each with its dotted path and a did-you-mean, building nothing.
 `construct(Annotation, value)` runs the same walk to check, then again to build: a
-mapping with ``"type"`` becomes the registered subclass of a `Registrable`; lists,
+mapping with `"type"` becomes the registered subclass of a `Registrable`; lists,
 dicts, tuples, unions, literals, enums and paths are converted element by element;
 `Lazy[T]` defers construction until `Lazy.construct(**extras)`. `json_schema()`
 describes the same configs for editors. Every error is a `ConfigError`.
@@ -43,7 +43,7 @@ RUN_CONFIG_META_KEYS = META_KEYS  # allowed in a run config and in every compone
 
 
 def load_config(path: Union[str, PathLike[str]]) -> dict[str, Any]:
-    """Read a JSON config, or a YAML one (``.yaml``/``.yml``, needs PyYAML)."""
+    """Read a JSON config, or a YAML one (`.yaml`/`.yml`, needs PyYAML)."""
     if not isinstance(path, (str, PathLike)):
         raise ConfigError("", f"expected a config mapping, or a JSON or YAML file's path, got {_shown(path)}")
     try:
@@ -98,15 +98,15 @@ def validate(
 ) -> list[ConfigError]:
     """Every error in `config`, in the order met; constructs nothing, reads no data.
 
-    Without `base`, `config` is a ``framework run`` config; with one (a `Registrable`
-    base class or its name, e.g. ``"DatasetReader"``), a config of that base. Names
-    in ``"type"`` are looked up in the registry (importing the component's module
+    Without `base`, `config` is a `framework run` config; with one (a `Registrable`
+    base class or its name, e.g. `"DatasetReader"`), a config of that base. Names
+    in `"type"` are looked up in the registry (importing the component's module
     to read its signature); no constructor runs and no connection is opened.
 
     A string or path `config` is a JSON or YAML file, read as `Registrable.from_config`
     reads it (a file that cannot be read is the one error). `given` names the arguments
-    that code passes to ``from_config`` (its extras), so the config need not hold them;
-    a base may declare its usual ones (``DataLoader.config_given``: reader, data_path).
+    that code passes to `from_config` (its extras), so the config need not hold them;
+    a base may declare its usual ones (`DataLoader.config_given`: reader, data_path).
     """
     if isinstance(config, (str, PathLike)):
         try:
@@ -144,7 +144,7 @@ def errors_in(annotation: Any, value: Any) -> list[ConfigError]:
 
 
 def check(config: Any, base: Union[str, type, None] = None) -> None:
-    """`validate`, raising one `ConfigError` (the first, its ``errors`` holding all)."""
+    """`validate`, raising one `ConfigError` (the first, its `errors` holding all)."""
     errors = validate(config, base)
     if errors:
         raise _combined(errors)
@@ -153,10 +153,10 @@ def check(config: Any, base: Union[str, type, None] = None) -> None:
 def json_schema(base: Union[str, type, None] = None, *, given: Iterable[str] = ()) -> dict[str, Any]:
     """A JSON Schema (draft 2020-12) of run configs, or of configs of one `Registrable` base.
 
-    Every registered name is a ``"type"`` choice with its own parameters, from the
+    Every registered name is a `"type"` choice with its own parameters, from the
     registry (this process's registrations and installed plugins) and the
     constructors' annotations. Components it could not describe are listed, with
-    the reason, under ``"x-framework-undescribed"``. `given`: as for `validate`.
+    the reason, under `"x-framework-undescribed"`. `given`: as for `validate`.
     """
     from framework._schema import build_schema
 

@@ -2,7 +2,7 @@
 
 Every name lives in a `Registry`. The active one (`get_registry()`) is a module-level
 default; `use_registry` swaps in another, e.g. a fresh copy per test. A registry has
-two tiers: classes registered with ``@Base.register`` (recorded at once, importing and
+two tiers: classes registered with `@Base.register` (recorded at once, importing and
 scanning nothing) and components from plugins (discovered on the first lookup).
 """
 
@@ -64,7 +64,7 @@ _Entries = dict[type["Registrable"], dict[str, "RegistryEntry"]]
 
 @attrs.define
 class Registrar:
-    """What a plugin's ``framework_register_components`` hook receives.
+    """What a plugin's `framework_register_components` hook receives.
 
     Entries are staged and committed together, so a plugin that fails halfway
     registers nothing.
@@ -84,7 +84,7 @@ class Registrar:
         constructor: Optional[str] = None,
         exist_ok: bool = False,
     ) -> None:
-        """Register `target` (``"pkg.module:Class"`` or a class) as `name` for `base`."""
+        """Register `target` (`"pkg.module:Class"` or a class) as `name` for `base`."""
         if not (isinstance(base, type) and issubclass(base, Registrable)):
             raise RegistryError(f"registrar.add: {base!r} is not a Registrable base class")
         _check_name(name, f"registrar.add({base.__name__}, ...) from {self.provider}")
@@ -113,8 +113,8 @@ def _discover_entry_points(registry: Registry) -> None:
 class Registry:
     """Every base's named components, safe to share between threads.
 
-    ``@Base.register`` adds to the decorator tier and scans nothing. The first lookup
-    runs `discover` once (by default: every ``framework.plugins`` entry point), builds
+    `@Base.register` adds to the decorator tier and scans nothing. The first lookup
+    runs `discover` once (by default: every `framework.plugins` entry point), builds
     the plugin tier on the side, lays the decorator tier over it, and only then
     publishes the result; other threads wait for it. A plugin module that looks names
     up while it loads sees the entries committed so far.
@@ -252,7 +252,7 @@ class Registry:
 
     def registered_by(self, plugin: str, module: Optional[str]) -> bool:
         """Whether plugin `plugin` (or module `module`, imported earlier) registered a class
-        with ``@Base.register``: a plugin may consist of decorated classes alone."""
+        with `@Base.register`: a plugin may consist of decorated classes alone."""
         with self._lock:
             return any(
                 tag == plugin
@@ -309,7 +309,7 @@ class Registry:
     def commit(
         self, staged: list[tuple[RegistryEntry, bool]], on_clash: Literal["raise", "warn"] = "raise"
     ) -> None:
-        """Add a plugin's entries. ``"raise"``: all or nothing. ``"warn"``: a clashing entry
+        """Add a plugin's entries. `"raise"`: all or nothing. `"warn"`: a clashing entry
         is skipped with a `PluginWarning` naming both providers, the others are added."""
         for entry, _ in staged:
             if not isinstance(entry, RegistryEntry):
@@ -427,8 +427,8 @@ def _default_first(base: type[Registrable], names: Iterable[str]) -> list[str]:
 class Registrable:
     """A base class whose subclasses can be registered and then chosen by name.
 
-    ``@Base.register("name")`` keeps the decorated class's type; ``Base.by_name``
-    returns the class (or its named constructor); ``Base.from_config`` builds one
+    `@Base.register("name")` keeps the decorated class's type; `Base.by_name`
+    returns the class (or its named constructor); `Base.from_config` builds one
     from a config mapping.
     """
 
@@ -441,7 +441,7 @@ class Registrable:
         """Register the decorated subclass as `name` for this base class.
 
         Scans no plugin: a plugin's entry of the same name is replaced only with
-        ``exist_ok=True``, whichever is seen first.
+        `exist_ok=True`, whichever is seen first.
         """
         _check_name(name, f"{cls.__name__}.register")
 
@@ -479,8 +479,8 @@ class Registrable:
     ) -> tuple[type[_R], Optional[str]]:
         """The class registered as `name` (or at dotted path `name`) and its constructor.
 
-        A dotted path imports its module, so it runs code: with ``allow_import=False``
-        (or ``FRAMEWORK_REGISTERED_TYPES_ONLY=1`` in the environment) only a path that
+        A dotted path imports its module, so it runs code: with `allow_import=False`
+        (or `FRAMEWORK_REGISTERED_TYPES_ONLY=1` in the environment) only a path that
         is a registered target is accepted, and nothing else is imported.
         """
         entry = cls._find_entry(name)
@@ -562,8 +562,8 @@ class Registrable:
     def from_config(cls: type[_R], config: Union[Mapping[str, Any], str, PathLike[str]], **extras: Any) -> _R:
         """Build an instance from a config mapping (or a JSON/YAML file).
 
-        A ``"type"`` key picks the registered subclass (else `default_implementation`);
-        other keys are matched to ``__init__`` parameters by their annotations,
+        A `"type"` key picks the registered subclass (else `default_implementation`);
+        other keys are matched to `__init__` parameters by their annotations,
         recursively. `extras` go to any constructor, at any depth, that takes them.
         """
         from framework.config import construct, load_config

@@ -14,7 +14,7 @@ __all__ = ["BuiltinPlugin", "core", "fsspec", "http", "local", "readers", "s3", 
 
 
 class BuiltinPlugin:
-    """Registers ``(base path, name, target path)`` triples through the plugin hook."""
+    """Registers `(base path, name, target path)` triples through the plugin hook."""
 
     def __init__(self, *components: tuple[str, str, str]) -> None:
         self.components = components

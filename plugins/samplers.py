@@ -1,4 +1,4 @@
-"""The first-party batch samplers, ``"bucket"`` and ``"max_tokens"``, by their old path.
+"""The first-party batch samplers, `"bucket"` and `"max_tokens"`, by their old path.
 
 They live in `framework.data.sampler` (import them from `framework.data`);
 `framework_plugins.builtin:samplers` registers them through the plugin hook.

@@ -54,7 +54,7 @@ def rates(instances: int, batches: int, seconds: float) -> dict[str, Optional[fl
 def combined(per_rank: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """The job's summary from each rank's (in rank order): rank 0's paths, counts
     summed, the slowest rank's time (and first batch: the job trains once every rank
-    has one), the largest rank's memory, and each rank's counts under ``"per_rank"``."""
+    has one), the largest rank's memory, and each rank's counts under `"per_rank"`."""
     job = dict(per_rank[0])
     instances = sum(each["instances"] for each in per_rank)
     batches = sum(each["batches"] for each in per_rank)

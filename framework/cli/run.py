@@ -1,15 +1,15 @@
-"""``framework run [CONFIG]``: fetch the data, read it, batch it, and report.
+"""`framework run [CONFIG]`: fetch the data, read it, batch it, and report.
 
-A config names a ``dataset_reader``, a ``data_path`` (a URL any download backend
-serves, or a local path), a ``data_loader`` (``"multiprocess"`` by default) and
-``epochs``. A local path (or a ``file://`` URL) is read in place; a URL of any other
+A config names a `dataset_reader`, a `data_path` (a URL any download backend
+serves, or a local path), a `data_loader` (`"multiprocess"` by default) and
+`epochs`. A local path (or a `file://` URL) is read in place; a URL of any other
 scheme is fetched into the cache once. Everything is built, and so checked, before
 any data is fetched or read: a config error prints the dotted path of the bad key and
-stops. Without CONFIG the bundled example (``framework/examples/default.json``) runs
+stops. Without CONFIG the bundled example (`framework/examples/default.json`) runs
 on a bundled corpus. Under torchrun, rank 0 prints the job's summary.
 
-A relative ``data_path`` written in a config file is relative to that file's folder (so
-a config and its data move together); one given with ``--override`` is relative to the
+A relative `data_path` written in a config file is relative to that file's folder (so
+a config and its data move together); one given with `--override` is relative to the
 current folder, like any path typed on a command line.
 """
 
@@ -68,8 +68,8 @@ def add_parser(subparsers: Any) -> None:
 def deep_merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
     """`base` with `override` merged in: mappings merge key by key, anything else replaces.
 
-    A component written as its name alone (``"dataset_reader": "text"``) is the mapping
-    ``{"type": "text"}``: a mapping without ``"type"`` merges into it."""
+    A component written as its name alone (`"dataset_reader": "text"`) is the mapping
+    `{"type": "text"}`: a mapping without `"type"` merges into it."""
     merged = copy.deepcopy(dict(base))
     for key, value in override.items():
         if isinstance(value, Mapping) and "type" not in value and isinstance(merged.get(key), str):
@@ -86,9 +86,9 @@ def _bundled_examples() -> Path:
 
 
 def load_run_config(config_path: Optional[str], overrides: list[str]) -> tuple[dict[str, Any], Path]:
-    """The merged, checked config and the folder a relative ``data_path`` resolves against:
+    """The merged, checked config and the folder a relative `data_path` resolves against:
     the config file's folder for a path written in the file, the current folder for one
-    given in an ``--override``."""
+    given in an `--override`."""
     from framework.config import MAX_DEPTH, _shown, load_config
 
     file = _bundled_examples() / DEFAULT_CONFIG if config_path is None else Path(config_path)
@@ -128,7 +128,7 @@ def _check_top_level(config: Mapping[str, Any]) -> None:
 
 def _converted(config: dict[str, Any]) -> dict[str, Any]:
     """`config` (checked) with its plain top-level values as their annotations make them
-    (``"epochs": 2.0`` is the int 2, as JSON and the schema read it): the run uses the
+    (`"epochs": 2.0` is the int 2, as JSON and the schema read it): the run uses the
     values `validate` judged, never the raw ones. Components are built later, from
     their configs, by the same walk."""
     from framework._runconfig import run_config
@@ -148,7 +148,7 @@ def _prefixed(prefix: str, error: ConfigError) -> ConfigError:
 
 
 def _build_loader(loader_config: Mapping[str, Any], reader: Any, data_path: str) -> Any:
-    """The loader, through the run config's own annotation of ``data_loader``: `reader`
+    """The loader, through the run config's own annotation of `data_loader`: `reader`
     and `data_path` are passed as the run's, so a config that sets them is rejected."""
     from framework._runconfig import LOADER
     from framework.config import construct
@@ -160,7 +160,7 @@ def _build_loader(loader_config: Mapping[str, Any], reader: Any, data_path: str)
 
 def _loader_parameters(loader_config: Mapping[str, Any]) -> set[str]:
     """The config keys of the loader type the config names (empty if unknown): its
-    constructor's parameters, with those it forwards through ``**kwargs`` to its parent."""
+    constructor's parameters, with those it forwards through `**kwargs` to its parent."""
     from framework import DataLoader
     from framework._signatures import signature_of
 
@@ -179,7 +179,7 @@ def _preflight_loader(loader_config: Mapping[str, Any], reader: Any, data_path: 
     """Build the loader once without reading anything, so a bad key fails before any work.
 
     An eager loader reads all its data while it is built; this one is built lazy (with
-    an unbounded ``max_instances_in_memory``), which checks every key, value and
+    an unbounded `max_instances_in_memory`), which checks every key, value and
     combination the same way and reads nothing until iterated. It is then dropped. The
     config was checked as the user wrote it (`validate`) already: an error about the key
     set here is about this stand-in, never the user's, and is not reported.
@@ -214,7 +214,7 @@ def _resolve_data_path(data_path: str, base_dir: Path) -> str:
 
 
 def _local_path(data_path: str) -> Optional[Path]:
-    """The file or folder a plain path or a ``file://`` URL (of this host) names; None
+    """The file or folder a plain path or a `file://` URL (of this host) names; None
     for any other URL, which the download manager fetches."""
     if "://" not in data_path:
         return Path(data_path)
@@ -252,7 +252,7 @@ def _torch_device(name: Optional[str]) -> Any:
 
 
 def _reader_and_loader_config(config: Mapping[str, Any], *, progress: bool) -> tuple[Any, dict[str, Any]]:
-    """The reader, built, and the loader's config as a mapping with a ``"type"``."""
+    """The reader, built, and the loader's config as a mapping with a `"type"`."""
     from framework import DatasetReader
 
     reader_config = config["dataset_reader"]

@@ -1,6 +1,6 @@
 """`BatchSampler`: groups instance indices into batches, and the first-party samplers.
 
-`BucketBatchSampler` (``"bucket"``) and `MaxTokensBatchSampler` (``"max_tokens"``)
+`BucketBatchSampler` (`"bucket"`) and `MaxTokensBatchSampler` (`"max_tokens"`)
 sort instances by the length of their sorting keys (with a little noise, so batches
 differ between epochs) to keep padding small. They are registered through
 `framework_plugins.builtin:samplers`, the same hook path a third-party plugin uses.
@@ -53,14 +53,14 @@ class BatchSampler(Registrable):
     @classmethod
     def config_batch_size(cls, arguments: Mapping[str, Any]) -> Optional[int]:
         """What `get_batch_size()` returns for a sampler built from `arguments` (a config's
-        keys, ``"type"`` left out), or None: a loader's config is checked against it
-        (``max_instances_in_memory``) before anything is built. A sampler with a fixed
+        keys, `"type"` left out), or None: a loader's config is checked against it
+        (`max_instances_in_memory`) before anything is built. A sampler with a fixed
         batch size taken from its arguments says which."""
         return None
 
 
 def field_length(instance: Any, key: str) -> int:
-    """The length of field `key` of a dict instance: ``len()``, a tensor's first dim."""
+    """The length of field `key` of a dict instance: `len()`, a tensor's first dim."""
     if not isinstance(instance, Mapping):
         raise TypeError(
             f"sorting keys name fields of dict instances, but the instance is a "
@@ -114,7 +114,7 @@ def guess_sorting_keys(instances: Sequence[Any], num_instances: int = 10) -> lis
 
 
 def add_noise(value: float, noise: float) -> float:
-    """`value` moved by up to ``noise * value`` either way, uniformly at random."""
+    """`value` moved by up to `noise * value` either way, uniformly at random."""
     spread = value * noise
     return value + random.uniform(-spread, spread)
 
@@ -124,7 +124,7 @@ class BucketBatchSampler(BatchSampler):
 
     Args:
         batch_size: instances per batch.
-        sorting_keys: dict fields whose lengths to sort by (``len()``, a tensor's first
+        sorting_keys: dict fields whose lengths to sort by (`len()`, a tensor's first
             dimension); None guesses the longest field from the first instances.
         padding_noise: relative noise added to lengths before sorting (0 sorts exactly).
         drop_last: drop a final batch smaller than `batch_size`.

@@ -183,3 +183,16 @@ def test_every_subcommand_is_on_the_command_line_page() -> None:
     for name in subcommands:
         assert f"## `framework {name}`" in page and f"usage: framework {name}" in page
     assert "cli.md" in (REPO_ROOT / "mkdocs.yml").read_text(encoding="utf-8")
+
+
+def test_docstrings_use_markdown_backticks_not_rst() -> None:
+    # mkdocstrings renders docstrings as Markdown, where RST's ``code`` shows literally.
+    rst = re.compile(r"(?<!`)``(?!`)")
+    found = [
+        f"{path.relative_to(REPO_ROOT)}:{text.count(chr(10), 0, match.start()) + 1}"
+        for root in ("framework", "plugins")
+        for path in sorted((REPO_ROOT / root).rglob("*.py"))
+        for text in [path.read_text(encoding="utf-8")]
+        for match in rst.finditer(text)
+    ]
+    assert not found, f"write `code`, not ``code``, in docstrings: {found[:10]}"

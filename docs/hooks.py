@@ -1,28 +1,52 @@
 """mkdocs hook: generate ``components.md`` from the registry at build time.
 
-The page lists every component registered through the plugin path (base, name,
-provider, import target and constructor parameters from ``inspect.signature``) and
-every hook a plugin can implement. It is generated in memory on each build, so it
-can never drift from the code.
+The page lists every component this project's distribution registers through the
+plugin path (base, name, provider, import target and constructor parameters from
+``inspect.signature``) and every hook a plugin can implement; the served JSON Schema
+covers the same components. Both are generated in memory on each build, so they can
+never drift from the code, and third-party plugins installed where the docs are built
+stay off them.
 """
 
 from __future__ import annotations
 
 import inspect
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
+FIRST_PARTY = "framework"  # this project's distribution name (setup.cfg)
 COMPONENTS_PAGE = "components.md"
 log = logging.getLogger("mkdocs.hooks.components")
 
 _INTRO = """\
 # Components
 
-Every component registered through the plugin path, generated from the registry when
-these docs were built. Choose one by name in a config (`{"type": "NAME", ...}`), with
+Every component that comes with `framework`, generated from the registry when these
+docs were built. Choose one by name in a config (`{"type": "NAME", ...}`), with
 `Base.by_name("NAME")`, or list them on your machine (third-party plugins included)
 with `framework plugins`.
 """
+
+
+def is_first_party(entry: Any) -> bool:
+    """Whether this project's distribution registered `entry` (a plugin's provider is
+    ``"DISTRIBUTION VERSION"``)."""
+    return str(entry.provider).partition(" ")[0] == FIRST_PARTY
+
+
+@contextmanager
+def first_party_only() -> Iterator[None]:
+    """Inside the block, the active registry holds this project's components only."""
+    from framework.registry import Registry, all_entries, use_registry
+
+    entries = [entry for entry in all_entries() if is_first_party(entry)]
+    registry = Registry(lambda registry: None)  # nothing to discover: the entries are given
+    for entry in entries:
+        registry.register(entry)
+    with use_registry(registry):
+        yield
 
 
 def _escape(text: str) -> str:
@@ -115,7 +139,12 @@ def render_hooks() -> str:
 
 
 def render_components() -> str:
-    """The whole components page as markdown."""
+    """The whole components page as markdown: this project's components only."""
+    with first_party_only():  # not the plugins installed where the docs are built
+        return _render_components()
+
+
+def _render_components() -> str:
     from framework import registry as _plugins
     from framework.registry import all_entries
 
@@ -167,12 +196,14 @@ SCHEMA_FILE = "schema/framework-run.schema.json"
 
 
 def render_schema() -> str:
-    """The JSON Schema of run configs, served with the site for editors (``"$schema"``)."""
+    """The JSON Schema of run configs with this project's components, served with the
+    site for editors (``"$schema"``)."""
     import json
 
     from framework.config import json_schema
 
-    return json.dumps(json_schema(), indent=2) + "\n"
+    with first_party_only():
+        return json.dumps(json_schema(), indent=2) + "\n"
 
 
 def render_cli() -> str:

@@ -1,6 +1,6 @@
 """framework: fetch research data safely and feed it to PyTorch fast.
 
-Names are imported on first use (PEP 562), so ``import framework`` stays cheap and
+Names are imported on first use (PEP 562), so `import framework` stays cheap and
 does not import torch until something needs it.
 """
 

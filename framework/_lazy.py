@@ -13,8 +13,8 @@ __all__ = ["lazy_exports"]
 def lazy_exports(
     package: str, locations: Mapping[str, str]
 ) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
-    """``__getattr__`` and ``__dir__`` for `package`, importing ``name`` from
-    ``locations[name]`` on first access and caching it in the package namespace."""
+    """`__getattr__` and `__dir__` for `package`, importing `name` from
+    `locations[name]` on first access and caching it in the package namespace."""
 
     def __getattr__(name: str) -> Any:
         module = locations.get(name)

@@ -1,10 +1,10 @@
 """`redact_url`: the one way a URL (or a message quoting one) is shown to people.
 
-URLs carry secrets: user-info (``https://user:pass@host/``) and query tokens
-(presigned ``X-Amz-Signature``/``X-Amz-Credential``, Azure ``sig``, ``token``,
-``api_key``...). Error messages, logs and progress bars pass what they print
+URLs carry secrets: user-info (`https://user:pass@host/`) and query tokens
+(presigned `X-Amz-Signature`/`X-Amz-Credential`, Azure `sig`, `token`,
+`api_key`...). Error messages, logs and progress bars pass what they print
 through `redact_url`, so a secret never reaches a terminal, a log file or a bug
-report. Query parameters whose names do not look secret (``?v=2``) are kept: they
+report. Query parameters whose names do not look secret (`?v=2`) are kept: they
 help tell objects apart.
 """
 
@@ -35,7 +35,7 @@ _SECRET_PARAM: Final = re.compile(
 
 def redact_url(text: str) -> str:
     """`text` (a URL, or a message quoting URLs) with user-info and secret query values
-    replaced by ``***``."""
+    replaced by `***`."""
     text = _USERINFO.sub(r"\g<scheme>***@", text)
     return _SECRET_PARAM.sub(r"\g<name>***", text)
 

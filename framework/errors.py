@@ -144,11 +144,11 @@ class ResumeError(FrameworkError, ValueError):
     """`load_state_dict()` refused a state because resuming from it would repeat or skip
     instances. `reason` says why, one of:
 
-    - ``"malformed"``: not what `state_dict()` returned, or another format version;
-    - ``"files_changed"``: a data file is gone or its content differs;
-    - ``"settings_differ"``: the loader's reader, data or batch settings differ;
-    - ``"not_deterministic"``: the reader yields other instances than when it was saved;
-    - ``"other_split"``: the reader cannot be dealt over another num_workers or world size.
+    - `"malformed"`: not what `state_dict()` returned, or another format version;
+    - `"files_changed"`: a data file is gone or its content differs;
+    - `"settings_differ"`: the loader's reader, data or batch settings differ;
+    - `"not_deterministic"`: the reader yields other instances than when it was saved;
+    - `"other_split"`: the reader cannot be dealt over another num_workers or world size.
     """
 
     def __init__(self, message: str, reason: str) -> None:
@@ -195,7 +195,7 @@ class WorkerError(FrameworkError):
 
 class RanksOutOfStepError(FrameworkError, RuntimeError):
     """Under torch.distributed, ranks met in the loader's collectives at different steps:
-    some in `call` (``"state_dict()"``) while others took a batch, or in it after
+    some in `call` (`"state_dict()"`) while others took a batch, or in it after
     different numbers of batches (`batches`: the fewest and the most, else None)."""
 
     def __init__(
@@ -247,7 +247,7 @@ def _rebuild(cls: type[Exception], state: dict[str, Any], args: tuple[Any, ...])
 
 class HTTPStatusError(DownloadError):
     """The server answered with a status that is final, or still failing after retries.
-    `retry_after`: the seconds its ``Retry-After`` asked to wait, when it said."""
+    `retry_after`: the seconds its `Retry-After` asked to wait, when it said."""
 
     def __init__(self, url: str, status: int, message: str = "", retry_after: Optional[float] = None) -> None:
         self.status = status
@@ -301,7 +301,7 @@ class InvalidArgumentError(DownloadError, ValueError):
 
 class MissingDependencyError(DownloadError, ImportError):
     """The backend for the URL's scheme needs a package that is not installed; the
-    message says what to ``pip install``."""
+    message says what to `pip install`."""
 
 
 class LockTimeoutError(DownloadError):
@@ -319,7 +319,7 @@ class LockTimeoutError(DownloadError):
 
 
 class StepTimeoutError(DownloadError):
-    """A rank of ``cached_path(distributed=True)`` spent longer than the process group's
+    """A rank of `cached_path(distributed=True)` spent longer than the process group's
     timeout in one local step without progress (a hung disk or mount); every rank raises it."""
 
     def __init__(self, url: str, rank: int, step: str, timeout: float) -> None:

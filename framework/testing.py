@@ -1,8 +1,8 @@
 """Test helpers for plugin authors (and this project's own tests).
 
 - `fresh_registry()`: a copy of the active registry for the length of a block, so
-  what a test registers never leaks into the next (pluggy's fresh ``pm`` per test).
-- `MemoryBackend`: a download backend serving ``mem://`` URLs from a dict of bytes,
+  what a test registers never leaks into the next (pluggy's fresh `pm` per test).
+- `MemoryBackend`: a download backend serving `mem://` URLs from a dict of bytes,
   counting how often each URL is opened.
 - `assert_reader_shards_exactly_once(reader, path)`: reads `path` as every worker of
   every rank would, for several worker/rank grids (some always leaving a remainder for
@@ -45,10 +45,10 @@ def fresh_registry(registry: Optional[Registry] = None) -> Iterator[Registry]:
 
 
 class MemoryBackend(DownloadBackend):
-    """Serves ``mem://`` URLs from `objects`; `opens` counts the opens of each URL.
+    """Serves `mem://` URLs from `objects`; `opens` counts the opens of each URL.
 
-    Register it under the scheme's name (``MemoryBackend.register("mem")`` inside
-    `fresh_registry`, or ``registrar.add(DownloadBackend, "mem", MemoryBackend)`` in a
+    Register it under the scheme's name (`MemoryBackend.register("mem")` inside
+    `fresh_registry`, or `registrar.add(DownloadBackend, "mem", MemoryBackend)` in a
     plugin). Both dicts are class-level, since the download manager makes the instance.
     """
 
@@ -125,7 +125,7 @@ def assert_reader_shards_exactly_once(
     """Check that every grid's shards together yield what one unsharded read yields,
     each instance exactly once; returns the unsharded instances.
 
-    `key` identifies an instance (its ``repr`` by default: give one for tensors).
+    `key` identifies an instance (its `repr` by default: give one for tensors).
     `grids` are (num_workers, world_size) pairs: by default `DEFAULT_SHARD_GRIDS` plus
     grids whose shard count does not divide the number of instances.
     Raises AssertionError naming the grid, the shard and the instances that differ.

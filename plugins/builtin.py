@@ -14,7 +14,7 @@ __all__ = ["BuiltinPlugin", "core", "fsspec", "http", "local", "readers", "s3", 
 
 
 class BuiltinPlugin:
-    """Registers ``(base path, name, target path)`` triples through the plugin hook."""
+    """Registers `(base path, name, target path)` triples through the plugin hook."""
 
     def __init__(self, *components: tuple[str, str, str]) -> None:
         self.components = components
@@ -36,8 +36,8 @@ core = BuiltinPlugin(
     (_COLLATOR, "default", "framework.data.collate:DefaultDataCollator"),
 )
 samplers = BuiltinPlugin(
-    (_SAMPLER, "bucket", "framework_plugins.samplers:BucketBatchSampler"),
-    (_SAMPLER, "max_tokens", "framework_plugins.samplers:MaxTokensBatchSampler"),
+    (_SAMPLER, "bucket", "framework.data.sampler:BucketBatchSampler"),
+    (_SAMPLER, "max_tokens", "framework.data.sampler:MaxTokensBatchSampler"),
 )
 readers = BuiltinPlugin(
     (_READER, "jsonl", "framework_plugins.readers:JsonlReader"),

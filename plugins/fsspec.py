@@ -1,17 +1,17 @@
 """`FsspecBackend`: any scheme fsspec knows and no other backend claims
-(``gs://``, ``az://``, ``hf://``, ``memory://``...); ``pip install 'framework[fsspec]'``.
+(`gs://`, `az://`, `hf://`, `memory://`...); `pip install 'framework[fsspec]'`.
 
 It lists no scheme of its own: the manager turns to it (`accepts`) only for a scheme
-that no registered backend declares, so ``http``, ``s3`` and ``file`` stay with their
-own backends unless a manager is given ``backends={"http": FsspecBackend()}``. The
+that no registered backend declares, so `http`, `s3` and `file` stay with their
+own backends unless a manager is given `backends={"http": FsspecBackend()}`. The
 filesystem's own packages (gcsfs, adlfs, huggingface_hub...) are fsspec's business; a
 missing one is a `MissingDependencyError` saying what to install.
 
 A filesystem may read one object as several requests (fsspec's HTTP file asks for 5 MiB
 ranges, none conditional), so a body could mix two versions: after the last chunk the
 object is described again, and a change of its validators or size is a `NetworkError`,
-on which the manager starts over from the new version. Chained URLs (``zip://x::...``)
-are refused. For ``http``/``https``, storage options carrying headers or auth are refused:
+on which the manager starts over from the new version. Chained URLs (`zip://x::...`)
+are refused. For `http`/`https`, storage options carrying headers or auth are refused:
 fsspec would send them to any host a redirect names (use `HttpBackend`). The
 filesystems are made for this backend alone (not fsspec's shared instances), so `close`
 closes their sessions.
@@ -93,7 +93,7 @@ class FsspecBackend(DownloadBackend):
 
     Args:
         storage_options: passed to the filesystem (credentials, a project, an endpoint),
-            as in ``fsspec.open(url, **storage_options)``.
+            as in `fsspec.open(url, **storage_options)`.
         retries, backoff_factor, timeout: as in `DownloadManager` (fsspec's filesystems
             keep their own retry policies).
     """

@@ -1,7 +1,7 @@
-"""`HttpBackend`: ``http://`` and ``https://`` through one pooled `requests` session.
+"""`HttpBackend`: `http://` and `https://` through one pooled `requests` session.
 
 Retries (connection errors, 5xx, 408, 429, with exponential backoff and
-``Retry-After``) are urllib3's `Retry`; other 4xx answers are final. Redirects to
+`Retry-After`) are urllib3's `Retry`; other 4xx answers are final. Redirects to
 another scheme, or from https down to http, are refused. Configured headers and
 auth go only to the URL's host: a redirect to another host drops them, with every
 header the auth object set and the hooks it registered (HTTPDigestAuth answers a 401
@@ -87,7 +87,7 @@ class _Retry(Retry):
 
 class _RecordingAuth(requests.auth.AuthBase):
     """Applies `auth` and remembers the names of the headers it set, so that a redirect to
-    another host can drop them (requests drops only ``Authorization``)."""
+    another host can drop them (requests drops only `Authorization`)."""
 
     def __init__(self, auth: requests.auth.AuthBase) -> None:
         self.auth = auth
@@ -141,8 +141,8 @@ class HttpBackend(DownloadBackend):
     """HTTP(S) with connection pooling, urllib3 retries and 1 MiB streamed chunks.
 
     Args:
-        headers: sent with every request, e.g. ``{"Authorization": "Bearer ..."}``.
-        auth: a ``(user, password)`` pair or a `requests.auth.AuthBase`.
+        headers: sent with every request, e.g. `{"Authorization": "Bearer ..."}`.
+        auth: a `(user, password)` pair or a `requests.auth.AuthBase`.
         retries, backoff_factor, timeout: as in `DownloadManager`.
 
     Headers and auth go to the URL's host only; a redirect elsewhere does not get them.
@@ -230,7 +230,7 @@ class HttpBackend(DownloadBackend):
         refusals_at_once: bool = False,
     ) -> ByteStream:
         """See `DownloadBackend.open`; `refusals_at_once`: a 429 or 503 is raised at once
-        (with the server's ``Retry-After``), not retried: a parallel fetch hands the part
+        (with the server's `Retry-After`), not retried: a parallel fetch hands the part
         to a connection the server serves."""
         # Byte offsets must count stored bytes, so ask for no content encoding.
         headers = {"Accept-Encoding": "identity"}
@@ -328,7 +328,7 @@ def _read_the_last_chunk(raw: Any) -> None:
 
 
 def _retry_after(response: requests.Response) -> Optional[float]:
-    """The seconds an answer's ``Retry-After`` asks to wait (at most `MAX_RETRY_AFTER_S`)."""
+    """The seconds an answer's `Retry-After` asks to wait (at most `MAX_RETRY_AFTER_S`)."""
     value = response.headers.get("Retry-After")
     if value is None:
         return None

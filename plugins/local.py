@@ -1,7 +1,7 @@
-"""`LocalBackend`: plain paths and ``file://`` URLs.
+"""`LocalBackend`: plain paths and `file://` URLs.
 
-A ``file://`` URL is percent-decoded exactly once; a plain path is never decoded
-(the manager turns it into a ``file://`` URL with its ``%`` escaped). Only regular
+A `file://` URL is percent-decoded exactly once; a plain path is never decoded
+(the manager turns it into a `file://` URL with its `%` escaped). Only regular
 files are read: a folder, FIFO or device is refused at once, never waited on.
 """
 
@@ -23,8 +23,8 @@ _CHUNK: Final = 4 << 20
 
 
 def _path(url: str) -> str:
-    """The file a plain path or ``file://`` URL names; any other scheme is refused (read
-    as a path, ``local:///etc/x`` would be the relative ``local:/etc/x``)."""
+    """The file a plain path or `file://` URL names; any other scheme is refused (read
+    as a path, `local:///etc/x` would be the relative `local:/etc/x`)."""
     if "://" not in url:
         return url
     parts = urlsplit(url)
@@ -56,7 +56,7 @@ def _kind(mode: int) -> str:
 
 
 class LocalBackend(DownloadBackend):
-    """Reads a local file (a plain path or a ``file://`` URL)."""
+    """Reads a local file (a plain path or a `file://` URL)."""
 
     schemes: ClassVar[tuple[str, ...]] = ("file",)
 

@@ -1,13 +1,13 @@
-"""First-party readers: ``"jsonl"``, ``"text"`` and ``"csv"``.
+"""First-party readers: `"jsonl"`, `"text"` and `"csv"`.
 
 Each reader shards the raw records (lines or rows) *before* the costly part of
 reading them (JSON parsing, tokenizing, type conversion), so each worker process and
 each distributed rank does only its own share of the work; that is why they set
-both ``manual_*_sharding`` flags and call `shard_iterable` themselves.
+both `manual_*_sharding` flags and call `shard_iterable` themselves.
 
 Every instance is a dict that the default collator batches as it is: strings and
-lists of strings stay lists, numbers become tensors, and token ids (``"text"`` with
-``num_buckets`` or ``vocabulary``) are 1-D ``long`` tensors padded with 0.
+lists of strings stay lists, numbers become tensors, and token ids (`"text"` with
+`num_buckets` or `vocabulary`) are 1-D `long` tensors padded with 0.
 """
 
 from __future__ import annotations
@@ -37,13 +37,13 @@ UNKNOWN_ID = 1
 
 
 def open_text(path: PathLike) -> TextIO:
-    """Open `path` for reading text (UTF-8, a byte-order mark skipped); ``.gz`` files are
+    """Open `path` for reading text (UTF-8, a byte-order mark skipped); `.gz` files are
     decompressed on the fly."""
     return io.TextIOWrapper(open_binary(path), encoding="utf-8-sig", newline="")
 
 
 def open_binary(path: PathLike) -> BinaryIO:
-    """Open `path` for reading bytes; ``.gz`` files are decompressed on the fly (and seek)."""
+    """Open `path` for reading bytes; `.gz` files are decompressed on the fly (and seek)."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"data file not found: {path}")
@@ -67,7 +67,7 @@ class FileRecords(Generic[_R]):
     """The records of one or more files, in order, resumable by byte offset.
 
     The loader's resume hook (`framework.data._shards.Seekable`): `tell()` is
-    ``[file index, byte offset, line number]`` of the record after the last one
+    `[file index, byte offset, line number]` of the record after the last one
     yielded, and `seek(token)` starts the next iteration there, so a resumed epoch
     opens the file at that offset instead of reading what came before it.
     """
@@ -108,9 +108,9 @@ class FileRecords(Generic[_R]):
     def _lines(self, index: int, handle: BinaryIO, offset: int, number: int) -> Generator[str, None, None]:
         """The decoded lines (with their newlines) from `offset`, keeping `position` after each.
 
-        Lines end at ``\n``, ``\r\n`` or a lone ``\r`` (universal newlines, as text mode
-        with ``newline=""`` reads them). A UTF-8 byte-order mark at the file's start is
-        skipped (``utf-8-sig``); anywhere else it is text.
+        Lines end at `\n`, `\r\n` or a lone `\r` (universal newlines, as text mode
+        with `newline=""` reads them). A UTF-8 byte-order mark at the file's start is
+        skipped (`utf-8-sig`); anywhere else it is text.
         """
         if offset:
             # A resume offset starts a line, or is the end of a file whose last line has
@@ -153,7 +153,7 @@ class FileRecords(Generic[_R]):
 
 
 class Lines(FileRecords[tuple[str, str]]):
-    """(``file:line``, line without its newline) for every non-blank line of every file."""
+    """(`file:line`, line without its newline) for every non-blank line of every file."""
 
     def _records(
         self, index: int, name: str, handle: BinaryIO, offset: int, number: int
@@ -248,7 +248,7 @@ class JsonlReader(_ShardedReader):
             yield self.parse_line(line, where)
 
     def parse_line(self, line: str, where: str = "<line>") -> dict[str, Any]:
-        """One line to one instance; errors name `where` (``file:line``)."""
+        """One line to one instance; errors name `where` (`file:line`)."""
         try:
             record = json.loads(line)
         except json.JSONDecodeError as error:
@@ -283,20 +283,20 @@ def _text_problems(arguments: Mapping[str, Any]) -> list[tuple[str, str]]:
 
 
 class TextReader(_ShardedReader):
-    """Lines of text; each becomes ``{"text": line, "tokens": [...]}``.
+    """Lines of text; each becomes `{"text": line, "tokens": [...]}`.
 
     Args:
-        tokenizer: dotted path (``"pkg.mod:function"``) to a callable taking a string
+        tokenizer: dotted path (`"pkg.mod:function"`) to a callable taking a string
             and returning a list of strings (a class is instantiated first); splits
             on whitespace when not given.
         lowercase: lowercase each line before tokenizing.
         max_tokens: keep at most this many tokens of each line.
-        num_buckets: also produce ``"token_ids"``, a ``long`` tensor of token ids by
-            a stable hash (crc32) into ``[2, num_buckets)``; 0 is padding.
-        vocabulary: also produce ``"token_ids"`` from a vocabulary file (one token a
+        num_buckets: also produce `"token_ids"`, a `long` tensor of token ids by
+            a stable hash (crc32) into `[2, num_buckets)`; 0 is padding.
+        vocabulary: also produce `"token_ids"` from a vocabulary file (one token a
             line; a line's number from 2 up is the token's id, 1 is for unknown
             tokens, 0 is padding). A URL is fetched through `framework.cached_path`.
-        keep_text: include the ``"text"`` field.
+        keep_text: include the `"text"` field.
     """
 
     config_checks = _ShardedReader.config_checks.extended(
@@ -396,7 +396,7 @@ _CONVERTERS: dict[str, Callable[[str], Any]] = {"str": str, "int": int, "float":
 
 
 class _Rows(FileRecords[tuple[list[str], str, list[str]]]):
-    """(header, ``file:line``, row) for every row of every file; each file has a header."""
+    """(header, `file:line`, row) for every row of every file; each file has a header."""
 
     def __init__(self, file_path: DatasetReaderInput, reader: CsvReader) -> None:
         super().__init__(file_path)
@@ -439,9 +439,9 @@ class CsvReader(_ShardedReader):
 
     Args:
         fields: keep only these columns (each must be in the header).
-        field_types: convert columns: ``{"label": "int", "score": "float"}``
-            (``"str"``, ``"int"`` or ``"float"``); numbers batch into tensors.
-        delimiter: the column separator (``"\\t"`` for TSV).
+        field_types: convert columns: `{"label": "int", "score": "float"}`
+            (`"str"`, `"int"` or `"float"`); numbers batch into tensors.
+        delimiter: the column separator (`"\\t"` for TSV).
     """
 
     config_checks = _ShardedReader.config_checks.extended(

@@ -1,9 +1,9 @@
-"""`S3Backend`: ``s3://bucket/key`` through boto3 (``pip install framework[s3]``).
+"""`S3Backend`: `s3://bucket/key` through boto3 (`pip install framework[s3]`).
 
 Credentials come from boto3's usual chain (environment, profiles, instance roles),
-or from the profile given; ``endpoint_url`` (else ``AWS_ENDPOINT_URL``) points it at
-any S3-speaking server. The key is everything after ``s3://bucket/``, taken
-literally as the AWS CLI does: ``?``, ``#``, ``%`` and ``//`` are part of it.
+or from the profile given; `endpoint_url` (else `AWS_ENDPOINT_URL`) points it at
+any S3-speaking server. The key is everything after `s3://bucket/`, taken
+literally as the AWS CLI does: `?`, `#`, `%` and `//` are part of it.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ _NEEDS_BOTO3: Final = "s3:// URLs need boto3: pip install 'framework[s3]'"
 
 
 def _split(url: str) -> tuple[str, str]:
-    """(bucket, key); not `urlsplit`, which would cut the key at ``?`` or ``#``."""
+    """(bucket, key); not `urlsplit`, which would cut the key at `?` or `#`."""
     bucket, _, key = url.partition("://")[2].partition("/")
     if "@" in bucket or ":" in bucket:
         # s3://KEY:SECRET@bucket/...: never quote it (botocore would, unredacted).
@@ -58,12 +58,12 @@ def _checksum_error(url: str, error: Exception) -> DownloadError:
 
 
 class S3Backend(DownloadBackend):
-    """S3 objects, read with ranged ``GetObject`` calls.
+    """S3 objects, read with ranged `GetObject` calls.
 
     Args:
-        profile: a profile of ``~/.aws/config``; `None` for boto3's default chain.
+        profile: a profile of `~/.aws/config`; `None` for boto3's default chain.
         endpoint_url: an S3-speaking server (MinIO, Ceph...); `None` reads
-            ``AWS_ENDPOINT_URL``.
+            `AWS_ENDPOINT_URL`.
         region: the bucket's region; `None` for boto3's default.
         retries, backoff_factor, timeout: as in `DownloadManager`.
     """

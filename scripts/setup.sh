@@ -7,4 +7,9 @@ extras="${1:-test,s3,fsspec,docs}"
 python3 -m venv .venv
 .venv/bin/python -m pip install --quiet --upgrade pip
 .venv/bin/python -m pip install --quiet "torch==2.13.0"
-.venv/bin/python -m pip install --quiet -e ".[${extras}]"
+# setuptools warns on every editable install of a project whose packages it maps (here
+# framework_plugins is plugins/) that a folder named like a package in the working
+# folder may shadow the install. Here framework/ IS the installed code, so that one
+# warning is ignored; every other warning and error still shows.
+PYTHONWARNINGS="ignore:Editable installation.:UserWarning" \
+  .venv/bin/python -m pip install --quiet -e ".[${extras}]"

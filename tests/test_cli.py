@@ -91,7 +91,7 @@ def test_plugins_command_never_imports_torch_or_components() -> None:
         "with contextlib.redirect_stdout(io.StringIO()):\n"
         "    main(['plugins'])\n"
         "heavy = [m for m in ('torch', 'requests', 'boto3', 'framework.data.multiprocess',\n"
-        "         'framework_plugins.http', 'framework_plugins.samplers') if m in sys.modules]\n"
+        "         'framework_plugins.http', 'framework_plugins.readers') if m in sys.modules]\n"
         "print(heavy)\n"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)

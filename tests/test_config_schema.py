@@ -215,13 +215,13 @@ def test_a_base_schema_imports_only_that_base_s_components() -> None:
         "from framework.config import json_schema\n"
         "json_schema('BatchSampler')\n"
         "print(json.dumps([m for m in ('framework_plugins.readers', 'framework_plugins.http',\n"
-        "    'framework_plugins.s3', 'framework_plugins.samplers') if m in sys.modules]))\n"
+        "    'framework_plugins.s3', 'framework.data.sampler') if m in sys.modules]))\n"
     )
     result = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO_ROOT
     )
     assert result.returncode == 0, result.stderr
-    assert json.loads(result.stdout) == ["framework_plugins.samplers"]
+    assert json.loads(result.stdout) == ["framework.data.sampler"]
 
 
 def load_plugin_helpers() -> ModuleType:

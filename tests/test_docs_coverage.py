@@ -14,6 +14,7 @@ import pkgutil
 import re
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 import yaml
@@ -62,7 +63,7 @@ def test_every_hook_is_documented(hook: str) -> None:
 
 def test_every_registered_component_is_on_the_components_page() -> None:
     page = load_docs_hooks().render_components()
-    entries = all_entries()
+    entries = [entry for entry in all_entries() if entry.provider.startswith("framework ")]
     assert entries, "nothing is registered"
     missing = []
     for entry in entries:
@@ -72,6 +73,29 @@ def test_every_registered_component_is_on_the_components_page() -> None:
     assert not missing, f"missing from the components page: {missing}"
     assert "Not importable when these docs were built" not in page
     assert "Plugins that failed to load" not in page
+
+
+def test_the_generated_pages_leave_third_party_components_out() -> None:
+    from framework import DatasetReader, hookimpl
+    from framework.testing import fresh_registry
+
+    class ThirdPartyReader(DatasetReader):
+        """A reader some other distribution installed where the docs are built."""
+
+    class OtherPlugin:
+        @hookimpl
+        def framework_register_components(self, registrar: Any) -> None:
+            registrar.add(DatasetReader, "third-party-reader", ThirdPartyReader)
+
+    hooks = load_docs_hooks()
+    with fresh_registry() as registry:
+        assert registry.add_plugin(OtherPlugin(), "other", provider="other-dist 1.0")
+        assert DatasetReader.by_name("third-party-reader") is ThirdPartyReader
+        page, schema = hooks.render_components(), hooks.render_schema()
+        assert DatasetReader.by_name("third-party-reader") is ThirdPartyReader  # still registered
+    assert "### `jsonl`" in page and '"jsonl"' in schema
+    assert "third-party-reader" not in page and "other-dist" not in page
+    assert "third-party-reader" not in schema and "ThirdPartyReader" not in schema
 
 
 def test_every_first_party_component_has_a_docstring() -> None:
@@ -159,3 +183,16 @@ def test_every_subcommand_is_on_the_command_line_page() -> None:
     for name in subcommands:
         assert f"## `framework {name}`" in page and f"usage: framework {name}" in page
     assert "cli.md" in (REPO_ROOT / "mkdocs.yml").read_text(encoding="utf-8")
+
+
+def test_docstrings_use_markdown_backticks_not_rst() -> None:
+    # mkdocstrings renders docstrings as Markdown, where RST's ``code`` shows literally.
+    rst = re.compile(r"(?<!`)``(?!`)")
+    found = [
+        f"{path.relative_to(REPO_ROOT)}:{text.count(chr(10), 0, match.start()) + 1}"
+        for root in ("framework", "plugins")
+        for path in sorted((REPO_ROOT / root).rglob("*.py"))
+        for text in [path.read_text(encoding="utf-8")]
+        for match in rst.finditer(text)
+    ]
+    assert not found, f"write `code`, not ``code``, in docstrings: {found[:10]}"

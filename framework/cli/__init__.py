@@ -1,7 +1,7 @@
-"""The ``framework`` command: ``plugins``, ``download``, ``run`` and ``config``.
+"""The `framework` command: `plugins`, `download`, `run` and `config`.
 
-Each subcommand lives in its own module with ``add_parser(subparsers)``; heavy
-imports happen inside the handlers, so ``--help`` and ``plugins`` start fast.
+Each subcommand lives in its own module with `add_parser(subparsers)`; heavy
+imports happen inside the handlers, so `--help` and `plugins` start fast.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``framework config schema [BASE]`` and ``framework config validate CONFIG``."""
+"""`framework config schema [BASE]` and `framework config validate CONFIG`."""
 
 from __future__ import annotations
 

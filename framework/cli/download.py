@@ -1,4 +1,4 @@
-"""``framework download URL``: fetch into the cache (once, verified) and print the path."""
+"""`framework download URL`: fetch into the cache (once, verified) and print the path."""
 
 from __future__ import annotations
 

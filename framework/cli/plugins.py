@@ -1,4 +1,4 @@
-"""``framework plugins``: what is registered, under which name, from which package."""
+"""`framework plugins`: what is registered, under which name, from which package."""
 
 from __future__ import annotations
 

@@ -1,13 +1,15 @@
-"""``framework run [CONFIG]``: fetch the data, read it, batch it, and report.
+"""`framework run [CONFIG]`: fetch the data, read it, batch it, and report.
 
-A config names a ``dataset_reader``, a ``data_path`` (a URL any download backend
-serves, or a local path), a ``data_loader`` (``"multiprocess"`` by default) and
-``epochs``. Everything is built, and so checked, before any data is fetched or read:
-a config error prints the dotted path of the bad key and stops. Without CONFIG the
-bundled example (``framework/examples/default.json``) runs on a bundled corpus.
+A config names a `dataset_reader`, a `data_path` (a URL any download backend
+serves, or a local path), a `data_loader` (`"multiprocess"` by default) and
+`epochs`. A local path (or a `file://` URL) is read in place; a URL of any other
+scheme is fetched into the cache once. Everything is built, and so checked, before
+any data is fetched or read: a config error prints the dotted path of the bad key and
+stops. Without CONFIG the bundled example (`framework/examples/default.json`) runs
+on a bundled corpus. Under torchrun, rank 0 prints the job's summary.
 
-A relative ``data_path`` written in a config file is relative to that file's folder (so
-a config and its data move together); one given with ``--override`` is relative to the
+A relative `data_path` written in a config file is relative to that file's folder (so
+a config and its data move together); one given with `--override` is relative to the
 current folder, like any path typed on a command line.
 """
 
@@ -22,7 +24,10 @@ from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
 from typing import Any, Optional
+from urllib.parse import urlsplit
+from urllib.request import url2pathname
 
+from framework.cli._summary import batch_size, combined, peak_memory_mib, print_summary, rates
 from framework.errors import ConfigError, FrameworkError
 
 __all__ = ["TOP_LEVEL_KEYS", "add_parser", "deep_merge", "load_run_config", "main"]
@@ -63,8 +68,8 @@ def add_parser(subparsers: Any) -> None:
 def deep_merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
     """`base` with `override` merged in: mappings merge key by key, anything else replaces.
 
-    A component written as its name alone (``"dataset_reader": "text"``) is the mapping
-    ``{"type": "text"}``: a mapping without ``"type"`` merges into it."""
+    A component written as its name alone (`"dataset_reader": "text"`) is the mapping
+    `{"type": "text"}`: a mapping without `"type"` merges into it."""
     merged = copy.deepcopy(dict(base))
     for key, value in override.items():
         if isinstance(value, Mapping) and "type" not in value and isinstance(merged.get(key), str):
@@ -81,9 +86,9 @@ def _bundled_examples() -> Path:
 
 
 def load_run_config(config_path: Optional[str], overrides: list[str]) -> tuple[dict[str, Any], Path]:
-    """The merged, checked config and the folder a relative ``data_path`` resolves against:
+    """The merged, checked config and the folder a relative `data_path` resolves against:
     the config file's folder for a path written in the file, the current folder for one
-    given in an ``--override``."""
+    given in an `--override`."""
     from framework.config import MAX_DEPTH, load_config
     from framework.config import shown as _shown
 
@@ -124,7 +129,7 @@ def _check_top_level(config: Mapping[str, Any]) -> None:
 
 def _converted(config: dict[str, Any]) -> dict[str, Any]:
     """`config` (checked) with its plain top-level values as their annotations make them
-    (``"epochs": 2.0`` is the int 2, as JSON and the schema read it): the run uses the
+    (`"epochs": 2.0` is the int 2, as JSON and the schema read it): the run uses the
     values `validate` judged, never the raw ones. Components are built later, from
     their configs, by the same walk."""
     from framework.cli.run_config import run_config
@@ -143,7 +148,7 @@ def _prefixed(prefix: str, error: ConfigError) -> ConfigError:
 
 
 def _build_loader(loader_config: Mapping[str, Any], reader: Any, data_path: str) -> Any:
-    """The loader, through the run config's own annotation of ``data_loader``: `reader`
+    """The loader, through the run config's own annotation of `data_loader`: `reader`
     and `data_path` are passed as the run's, so a config that sets them is rejected."""
     from framework.cli.run_config import LOADER
     from framework.config import construct
@@ -155,7 +160,7 @@ def _build_loader(loader_config: Mapping[str, Any], reader: Any, data_path: str)
 
 def _loader_parameters(loader_config: Mapping[str, Any]) -> set[str]:
     """The config keys of the loader type the config names (empty if unknown): its
-    constructor's parameters, with those it forwards through ``**kwargs`` to its parent."""
+    constructor's parameters, with those it forwards through `**kwargs` to its parent."""
     from framework import DataLoader
     from framework.config import signature_of
 
@@ -174,7 +179,7 @@ def _preflight_loader(loader_config: Mapping[str, Any], reader: Any, data_path: 
     """Build the loader once without reading anything, so a bad key fails before any work.
 
     An eager loader reads all its data while it is built; this one is built lazy (with
-    an unbounded ``max_instances_in_memory``), which checks every key, value and
+    an unbounded `max_instances_in_memory`), which checks every key, value and
     combination the same way and reads nothing until iterated. It is then dropped. The
     config was checked as the user wrote it (`validate`) already: an error about the key
     set here is about this stand-in, never the user's, and is not reported.
@@ -208,52 +213,48 @@ def _resolve_data_path(data_path: str, base_dir: Path) -> str:
     return str(path)
 
 
-def _batch_size(batch: Any) -> int:
-    """How many instances a collated batch holds (the first dimension of its fields)."""
-    if isinstance(batch, Mapping):
-        for value in batch.values():
-            size = _batch_size(value)
-            if size:
-                return size
-        return 0
-    shape = getattr(batch, "shape", None)
-    if shape is not None:
-        return int(shape[0]) if len(shape) else 1
-    if isinstance(batch, (list, tuple)):
-        return len(batch)
-    return 1
+def _local_path(data_path: str) -> Optional[Path]:
+    """The file or folder a plain path or a `file://` URL (of this host) names; None
+    for any other URL, which the download manager fetches."""
+    if "://" not in data_path:
+        return Path(data_path)
+    parts = urlsplit(data_path)
+    if parts.scheme.lower() != "file" or parts.netloc not in ("", "localhost"):
+        return None
+    return Path(url2pathname(parts.path))  # which percent-decodes, once
 
 
-def _peak_memory_mib() -> dict[str, float]:
-    try:
-        import resource
-    except ImportError:  # Windows
-        return {"main_mib": 0.0, "largest_worker_mib": 0.0}
-    # ru_maxrss is in KiB on Linux (bytes on macOS).
-    scale = 1024 * 1024 if sys.platform == "darwin" else 1024
-    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale / 2**20
-    children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * scale / 2**20
-    return {"main_mib": round(own, 1), "largest_worker_mib": round(children, 1)}
+def _data_to_read(data_path: str, *, progress: bool, distributed: bool) -> Path:
+    """Where the data is read from: a local file or folder in place (copying it into the
+    cache would only double it), anything else fetched into the cache."""
+    local = _local_path(data_path)
+    if local is not None:
+        return local
+    from framework import cached_path
+
+    return cached_path(data_path, progress=progress, distributed=distributed)
 
 
-def main(args: argparse.Namespace) -> int:
-    config, base_dir = load_run_config(args.config, args.override)
-    progress = not args.no_progress
-
+def _torch_device(name: Optional[str]) -> Any:
+    """The torch device `--device` names (None without one); a bad name or an absent
+    CUDA is an error of `--device`."""
+    if not name:
+        return None
     import torch
 
-    from framework import DatasetReader, cached_path
+    try:
+        device = torch.device(name)
+    except RuntimeError as error:
+        raise ConfigError("--device", f"{error}") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("--device", f"{name} asked for, but CUDA is not available")
+    return device
 
-    device: Optional[torch.device] = None
-    if args.device:
-        try:
-            device = torch.device(args.device)
-        except RuntimeError as error:
-            raise ConfigError("--device", f"{error}") from None
-        if device.type == "cuda" and not torch.cuda.is_available():
-            raise ConfigError("--device", f"{args.device} asked for, but CUDA is not available")
 
-    # Build everything before any work: a bad key fails here, before the download.
+def _reader_and_loader_config(config: Mapping[str, Any], *, progress: bool) -> tuple[Any, dict[str, Any]]:
+    """The reader, built, and the loader's config as a mapping with a `"type"`."""
+    from framework import DatasetReader
+
     reader_config = config["dataset_reader"]
     try:
         reader = DatasetReader.from_config(
@@ -265,29 +266,11 @@ def main(args: argparse.Namespace) -> int:
     loader_config = {"type": loader_config} if isinstance(loader_config, str) else dict(loader_config)
     if not progress and "quiet" in _loader_parameters(loader_config):
         loader_config.setdefault("quiet", True)
-    data_path = _resolve_data_path(config["data_path"], base_dir)
-    _preflight_loader(loader_config, reader, data_path)
-    epochs: int = config.get("epochs", 1)
+    return reader, loader_config
 
-    if "://" not in data_path and not Path(data_path).exists():
-        raise FileNotFoundError(f"data_path: {data_path} does not exist")
-    from framework.download._cluster import torchrun_group
 
-    # Under torchrun: join the job's group (gloo), so ranks read disjoint shards and the
-    # whole job fetches data_path once (docs/howto/torchrun.md).
-    distributed = torchrun_group()
-    if "://" not in data_path and Path(data_path).is_dir():
-        cached = Path(data_path)  # a folder of files (for readers that take one): read in place
-    else:
-        cached = cached_path(data_path, progress=progress, distributed=distributed)
-
-    start = time.perf_counter()  # eager loaders read everything while being built
-    loader = _build_loader(loader_config, reader, str(cached))
-    if device is not None:
-        loader.set_target_device(device)
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
-
+def _iterate(loader: Any, epochs: int, start: float, *, progress: bool) -> tuple[int, int, Optional[float]]:
+    """Instances and batches over `epochs`, and the seconds from `start` to the first batch."""
     from tqdm import tqdm
 
     instances = batches = 0
@@ -309,52 +292,81 @@ def main(args: argparse.Namespace) -> int:
             if first_batch is None:
                 first_batch = time.perf_counter() - start
             batches += 1
-            instances += _batch_size(batch)
+            instances += batch_size(batch)
+    return instances, batches, first_batch
+
+
+def _rank() -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def _job_summary(summary: dict[str, Any], distributed: bool) -> Optional[dict[str, Any]]:
+    """Under torchrun, the job's summary on rank 0 and None on the others (so one
+    summary is printed, not one per rank); `summary` itself otherwise."""
+    if not distributed:
+        return summary
+    import torch.distributed as dist
+
+    rank = dist.get_rank()
+    gathered: Optional[list[Any]] = [None] * dist.get_world_size() if rank == 0 else None
+    dist.gather_object(summary, gathered, dst=0)
+    return combined(gathered) if gathered is not None else None
+
+
+def main(args: argparse.Namespace) -> int:
+    config, base_dir = load_run_config(args.config, args.override)
+    progress = not args.no_progress
+    device = _torch_device(args.device)
+
+    # Build everything before any work: a bad key fails here, before the download.
+    reader, loader_config = _reader_and_loader_config(config, progress=progress)
+    data_path = _resolve_data_path(config["data_path"], base_dir)
+    _preflight_loader(loader_config, reader, data_path)
+    epochs: int = config.get("epochs", 1)
+    if (local := _local_path(data_path)) is not None and not local.exists():
+        raise FileNotFoundError(f"data_path: {local} does not exist")
+
+    from framework.download._cluster import torchrun_group
+
+    # Under torchrun: join the job's group (gloo), so ranks read disjoint shards and the
+    # whole job fetches data_path once (docs/howto/torchrun.md).
+    distributed = torchrun_group()
+    data = _data_to_read(data_path, progress=progress, distributed=distributed)
+
+    start = time.perf_counter()  # eager loaders read everything while being built
+    loader = _build_loader(loader_config, reader, str(data))
+    if device is not None:
+        import torch
+
+        loader.set_target_device(device)
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+    instances, batches, first_batch = _iterate(loader, epochs, start, progress=progress and _rank() == 0)
     elapsed = time.perf_counter() - start
 
     summary: dict[str, Any] = {
         "config": args.config or f"(bundled) {_bundled_examples() / DEFAULT_CONFIG}",
         "data_path": data_path,
-        "cached_at": str(cached),
+        "cached_at": str(data),
         "epochs": epochs,
         "instances": instances,
         "batches": batches,
         "seconds": round(elapsed, 3),
-        "instances_per_s": round(instances / elapsed, 1) if elapsed > 0 else None,
-        "batches_per_s": round(batches / elapsed, 1) if elapsed > 0 else None,
+        **rates(instances, batches, elapsed),
         "time_to_first_batch_s": round(first_batch, 4) if first_batch is not None else None,
-        "peak_memory": _peak_memory_mib(),
+        "peak_memory": peak_memory_mib(),
     }
     if device is not None:
         summary["device"] = str(device)
         if device.type == "cuda":
+            import torch
+
             summary["peak_memory"]["cuda_mib"] = round(torch.cuda.max_memory_allocated(device) / 2**20, 1)
-    if args.json:
-        print(json.dumps(summary, indent=2))
-    else:
-        _print_summary(summary)
+    job = _job_summary(summary, distributed)
+    if job is not None and args.json:
+        print(json.dumps(job, indent=2))
+    elif job is not None:
+        print_summary(job)
     return 0
-
-
-def _print_summary(summary: Mapping[str, Any]) -> None:
-    memory = summary["peak_memory"]
-    memory_text = f"{memory['main_mib']} MiB main, {memory['largest_worker_mib']} MiB largest worker"
-    if "cuda_mib" in memory:
-        memory_text += f", {memory['cuda_mib']} MiB on {summary['device']}"
-    first = summary["time_to_first_batch_s"]
-    rows = [
-        ("config", summary["config"]),
-        ("data", summary["data_path"]),
-        ("cached at", summary["cached_at"]),
-        ("epochs", summary["epochs"]),
-        ("instances", summary["instances"]),
-        ("batches", summary["batches"]),
-        ("instances/s", summary["instances_per_s"]),
-        ("batches/s", summary["batches_per_s"]),
-        ("first batch", f"{first * 1000:.1f} ms" if first is not None else "no batches"),
-        ("peak memory", memory_text),
-    ]
-    width = max(len(name) for name, _ in rows)
-    for name, value in rows:
-        print(f"{name.ljust(width)}  {value}")
-    sys.stdout.flush()

@@ -1,4 +1,4 @@
-"""The shape of a ``framework run`` config, as a signature that checks and schemas read.
+"""The shape of a `framework run` config, as a signature that checks and schemas read.
 
 Importing this module installs it in `framework.config` (`use_run_config`), which
 checks and describes run configs by it but sits below the CLI and the loader it names.
@@ -30,10 +30,10 @@ def run_config(
     """A `framework run` config: what to read, from where, how to batch it, how many times.
 
     Args:
-        dataset_reader: the reader, by registered name: ``{"type": "jsonl", ...}``.
-        data_path: a URL that a download backend serves (``https://...``, ``s3://...``)
+        dataset_reader: the reader, by registered name: `{"type": "jsonl", ...}`.
+        data_path: a URL that a download backend serves (`https://...`, `s3://...`)
             or a local file or folder.
-        data_loader: the loader (``"multiprocess"`` when it has no ``"type"``); its
+        data_loader: the loader (`"multiprocess"` when it has no `"type"`); its
             `reader` and `data_path` come from the keys above, and may not be set here.
         epochs: how many passes over the data.
     """

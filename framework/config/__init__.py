@@ -1,9 +1,9 @@
 """Checking and building objects from config mappings, guided by constructor annotations.
 
-`validate(config)` walks a ``framework run`` config (or one component's config) and
+`validate(config)` walks a `framework run` config (or one component's config) and
 returns every error, each with its dotted path and a did-you-mean, building nothing.
 `construct(Annotation, value)` runs the same walk to check, then again to build: a
-mapping with ``"type"`` becomes the registered subclass of a `Registrable`; lists,
+mapping with `"type"` becomes the registered subclass of a `Registrable`; lists,
 dicts, tuples, unions, literals, enums and paths are converted element by element;
 `Lazy[T]` defers construction until `Lazy.construct(**extras)`. `json_schema()`
 describes the same configs for editors. Every error is a `ConfigError`.

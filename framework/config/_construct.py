@@ -75,8 +75,8 @@ MAX_DEPTH = 50  # mappings and lists within each other: more is a mistake, or an
 class Lazy(Generic[T]):
     """A config for a `T` that is built later, when more arguments are known.
 
-    Annotate a parameter ``Lazy[Vocabulary]``; the constructor receives a `Lazy` and
-    calls ``lazy.construct(vocab_size=10)`` when ready. Keyword arguments given to
+    Annotate a parameter `Lazy[Vocabulary]`; the constructor receives a `Lazy` and
+    calls `lazy.construct(vocab_size=10)` when ready. Keyword arguments given to
     `construct` go to the top-level constructor as they are, and down to nested
     constructors that take them.
     """
@@ -167,11 +167,11 @@ def _combined(errors: list[ConfigError]) -> ConfigError:
 class _Walk:
     """One pass over a config against an annotation.
 
-    Checking (``build=False``) records every error and constructs nothing; building
+    Checking (`build=False`) records every error and constructs nothing; building
     runs on a config that checked clean, so it only meets errors that constructors
     raise. `extras` are arguments given in code; while checking only their names
     count, and inside a `Lazy` any missing key may still come from `construct`.
-    `given` (from ``Annotated[.., Given(..)]``) names the extras that the next object
+    `given` (from `Annotated[.., Given(..)]`) names the extras that the next object
     built receives itself: there, a config key of that name is an error.
     """
 
@@ -536,7 +536,7 @@ class _Walk:
         explicit: Mapping[str, Any],
         top_level: bool,
     ) -> dict[str, Any]:
-        """The keys no parameter took: for ``**kwargs`` if the factory has it, else errors."""
+        """The keys no parameter took: for `**kwargs` if the factory has it, else errors."""
         owner = signature.owner
         if signature.accepts_extra:
             for key in [key for key in params if not isinstance(key, str) or key in signature.reserved]:
@@ -583,8 +583,8 @@ class _Walk:
 
 
 def unwrap(annotation: Any) -> Any:
-    """`annotation` as a config gives it: a ``NewType("UserId", int)`` is an int, a bare
-    ``Mapping`` a ``dict[Any, Any]``, ``numbers.Real`` a float."""
+    """`annotation` as a config gives it: a `NewType("UserId", int)` is an int, a bare
+    `Mapping` a `dict[Any, Any]`, `numbers.Real` a float."""
     while isinstance(annotation, typing.NewType):
         annotation = annotation.__supertype__
     try:
@@ -650,9 +650,9 @@ def is_typed_dict(cls: type) -> bool:
 def typed_dict_fields(cls: type) -> tuple[dict[str, Any], set[str]]:
     """A TypedDict's keys with their annotations (unwrapped), and the required keys.
 
-    ``Required``/``NotRequired`` are read from the resolved annotations: with string
-    annotations (``from __future__ import annotations``) the class's own
-    ``__required_keys__`` cannot see them.
+    `Required`/`NotRequired` are read from the resolved annotations: with string
+    annotations (`from __future__ import annotations`) the class's own
+    `__required_keys__` cannot see them.
     """
     fields: dict[str, Any] = {}
     required: set[str] = set(getattr(cls, "__required_keys__", ()))
@@ -668,7 +668,7 @@ def typed_dict_fields(cls: type) -> tuple[dict[str, Any], set[str]]:
 
 
 def is_builtin(cls: type) -> bool:
-    """One of Python's builtin classes (a class made by ``exec`` has that module name too)."""
+    """One of Python's builtin classes (a class made by `exec` has that module name too)."""
     import builtins
 
     return getattr(builtins, cls.__qualname__, None) is cls

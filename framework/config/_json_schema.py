@@ -78,10 +78,10 @@ _Provided = Optional[frozenset[str]]
 def json_schema(base: Union[str, type, None] = None, *, given: Iterable[str] = ()) -> dict[str, Any]:
     """A JSON Schema (draft 2020-12) of run configs, or of configs of one `Registrable` base.
 
-    Every registered name is a ``"type"`` choice with its own parameters, from the
+    Every registered name is a `"type"` choice with its own parameters, from the
     registry (this process's registrations and installed plugins) and the
     constructors' annotations. Components it could not describe are listed, with
-    the reason, under ``"x-framework-undescribed"``. `given`: as for `validate`.
+    the reason, under `"x-framework-undescribed"`. `given`: as for `validate`.
     """
     return build_schema(base, given)
 
@@ -113,8 +113,8 @@ def build_schema(base: Union[str, type, None] = None, given: Iterable[str] = ())
 
 
 def _pointer(key: str) -> str:
-    """The ``$ref`` to ``$defs[key]``: a JSON pointer (RFC 6901) in a URI fragment, so
-    percent-encoded (a registered name may hold ``%``, ``#``, quotes, any letter)."""
+    """The `$ref` to `$defs[key]`: a JSON pointer (RFC 6901) in a URI fragment, so
+    percent-encoded (a registered name may hold `%`, `#`, quotes, any letter)."""
     return "#" + urllib.parse.quote("/$defs/" + key.replace("~", "~0").replace("/", "~1"), safe=_FRAGMENT)
 
 
@@ -334,7 +334,7 @@ class _Builder:
     def registrable(
         self, cls: type[Registrable], provided: _Provided, explicit: frozenset[str] = frozenset()
     ) -> str:
-        """The ``$ref`` to `cls`'s definition: its string and mapping forms."""
+        """The `$ref` to `cls`'s definition: its string and mapping forms."""
         key = self.key(cls, provided, explicit=explicit)
         if key in self.defs:
             return _pointer(key)
@@ -399,7 +399,7 @@ class _Builder:
     def component(
         self, base: type, entry: RegistryEntry, provided: _Provided, explicit: frozenset[str] = frozenset()
     ) -> tuple[str, str]:
-        """The ``$ref`` to one registered component's parameters, and its summary."""
+        """The `$ref` to one registered component's parameters, and its summary."""
         key = self.key(base, provided, f".{entry.name}", explicit)
         try:
             factory = entry.factory()

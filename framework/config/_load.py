@@ -1,4 +1,4 @@
-"""Reading a config file: JSON, or YAML (``.yaml``/``.yml``, needs PyYAML)."""
+"""Reading a config file: JSON, or YAML (`.yaml`/`.yml`, needs PyYAML)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ MAX_CONFIG_BYTES = 64 * 2**20  # a config file larger than this is a mistake (or
 
 
 def load_config(path: Union[str, PathLike[str]]) -> dict[str, Any]:
-    """Read a JSON config, or a YAML one (``.yaml``/``.yml``, needs PyYAML)."""
+    """Read a JSON config, or a YAML one (`.yaml`/`.yml`, needs PyYAML)."""
     if not isinstance(path, (str, PathLike)):
         raise ConfigError("", f"expected a config mapping, or a JSON or YAML file's path, got {_shown(path)}")
     try:

@@ -1,6 +1,6 @@
 """How much larger a config is as walked than as written: nodes it shares (YAML aliases).
 
-``a: &x [...]`` then ``b: [*x, *x]`` writes a list once and uses it twice: the loaded
+`a: &x [...]` then `b: [*x, *x]` writes a list once and uses it twice: the loaded
 config holds one list object at two places. Ten such levels of ten aliases are a few
 hundred bytes of YAML and 10**10 values to any walk that visits each place. Counting
 the places costs one visit per distinct node, so a check can refuse such a config

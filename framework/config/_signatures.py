@@ -56,17 +56,17 @@ class Unresolved:
 
 @attrs.frozen
 class AtLeast:
-    """``Annotated`` metadata: a number of at least `minimum`, or a string that long."""
+    """`Annotated` metadata: a number of at least `minimum`, or a string that long."""
 
     minimum: int
 
 
 @attrs.frozen
 class ConfigChecks:
-    """A component's rules on its arguments together: ``config_checks = ConfigChecks(...)``.
+    """A component's rules on its arguments together: `config_checks = ConfigChecks(...)`.
 
     `problems` takes the arguments (the config's values, defaults filled in, nested
-    components still configs) and returns ``(key, what to change)`` pairs; the
+    components still configs) and returns `(key, what to change)` pairs; the
     constructor raises them and `framework.config.validate` reports them. `json_schema`
     is what of them JSON Schema can say, added to the component's schema.
     """
@@ -92,7 +92,7 @@ class ConfigChecks:
 
     def enforce(self, arguments: Mapping[str, Any]) -> None:
         """Raise what `problems` finds in `arguments`, as a constructor does: a
-        `ConfigError` naming the key (``errors`` holding each, when there are several)."""
+        `ConfigError` naming the key (`errors` holding each, when there are several)."""
         found = [ConfigError(key, problem) for key, problem in self.problems(arguments)]
         if found:
             error = ConfigError(found[0].path, "; ".join(e.reason for e in found))
@@ -101,8 +101,8 @@ class ConfigChecks:
 
 
 def _joined(first: Mapping[str, Any], second: Mapping[str, Any]) -> dict[str, Any]:
-    """Both schemas as one: ``"properties"`` merged name by name (a name in both: each
-    of its schemas under ``allOf``), any other key both give under ``allOf``."""
+    """Both schemas as one: `"properties"` merged name by name (a name in both: each
+    of its schemas under `allOf`), any other key both give under `allOf`."""
     joined = dict(first)
     later: dict[str, Any] = {}
     for key, value in second.items():
@@ -122,7 +122,7 @@ def _joined(first: Mapping[str, Any], second: Mapping[str, Any]) -> dict[str, An
 
 @attrs.frozen
 class Given:
-    """``Annotated`` metadata: these arguments come from code (`from_config` extras)."""
+    """`Annotated` metadata: these arguments come from code (`from_config` extras)."""
 
     names: tuple[str, ...]
 
@@ -137,24 +137,24 @@ class Parameter:
 
 @attrs.frozen
 class Signature:
-    """The keys a factory takes; `accepts_extra`: unknown keys go to its ``**kwargs``."""
+    """The keys a factory takes; `accepts_extra`: unknown keys go to its `**kwargs`."""
 
     owner: str
     parameters: dict[str, Parameter]
     accepts_extra: bool
-    # names ``**kwargs`` cannot take: each ``__init__``'s own first parameter (``self``)
+    # names `**kwargs` cannot take: each `__init__`'s own first parameter (`self`)
     reserved: frozenset[str] = frozenset()
 
 
 @functools.lru_cache(maxsize=4096)
 def signature_of(factory: Callable[..., Any]) -> Signature:
-    """The parameters of a class's ``__init__`` (or of a function), cached per factory.
+    """The parameters of a class's `__init__` (or of a function), cached per factory.
 
-    A constructor that takes ``**kwargs`` is taken to forward them to the next
-    ``__init__`` in the built class's MRO (as AllenNLP assumes; a mixin listed before
+    A constructor that takes `**kwargs` is taken to forward them to the next
+    `__init__` in the built class's MRO (as AllenNLP assumes; a mixin listed before
     the component forwards to the component), so those parameters are its keys too.
-    Keys that no constructor names are passed through to ``**kwargs`` only where the
-    chain ends in a ``**kwargs`` that nothing forwards: anywhere else the parent
+    Keys that no constructor names are passed through to `**kwargs` only where the
+    chain ends in a `**kwargs` that nothing forwards: anywhere else the parent
     would reject them, so they are unknown keys.
     """
     if isinstance(factory, type) and issubclass(factory, tuple) and hasattr(factory, "_fields"):
@@ -166,9 +166,9 @@ def signature_of(factory: Callable[..., Any]) -> Signature:
 
 
 def _class_signature(cls: type) -> Signature:
-    """The keys of `cls`'s ``__init__``, following ``**kwargs`` along `cls`'s own MRO.
+    """The keys of `cls`'s `__init__`, following `**kwargs` along `cls`'s own MRO.
 
-    ``super().__init__(**kwargs)`` reaches the next class in the MRO of the object
+    `super().__init__(**kwargs)` reaches the next class in the MRO of the object
     being built, not of the class that wrote it: a mixin listed before the component
     forwards to the component."""
     owner = cls.__name__
@@ -190,7 +190,7 @@ def _class_signature(cls: type) -> Signature:
 
 
 def _first_parameter(function: Callable[..., Any]) -> list[str]:
-    """The name ``self`` has in `function` (a keyword of that name would collide with it)."""
+    """The name `self` has in `function` (a keyword of that name would collide with it)."""
     try:
         first = next(iter(inspect.signature(function).parameters.values()), None)
     except (TypeError, ValueError):
@@ -220,7 +220,7 @@ def _function_signature(function: Callable[..., Any], owner: str, skip_first: bo
 
 
 def _named_tuple_signature(cls: type) -> Signature:
-    """A NamedTuple's fields (its generated ``__new__`` carries no annotations)."""
+    """A NamedTuple's fields (its generated `__new__` carries no annotations)."""
     hints = _type_hints(cls, cls.__name__)
     defaults: dict[str, Any] = getattr(cls, "_field_defaults", {})
     fields: tuple[str, ...] = cls._fields  # type: ignore[attr-defined]
@@ -261,7 +261,7 @@ def first_paragraph(obj: Any) -> str:
 
 def parameter_docs(factory: Callable[..., Any]) -> dict[str, str]:
     """`factory`'s parameter descriptions; a class's from every class of its MRO (the
-    nearest says it), so the parameters it takes through ``**kwargs`` are described."""
+    nearest says it), so the parameters it takes through `**kwargs` are described."""
     if not isinstance(factory, type):
         return arg_docs(factory)
     docs: dict[str, str] = {}
@@ -273,7 +273,7 @@ def parameter_docs(factory: Callable[..., Any]) -> dict[str, str]:
 
 
 def arg_docs(obj: Any) -> dict[str, str]:
-    """Parameter descriptions from a Google-style ``Args:`` section of `obj`'s docstring."""
+    """Parameter descriptions from a Google-style `Args:` section of `obj`'s docstring."""
     doc = inspect.getdoc(obj) or ""
     described: dict[str, str] = {}
     in_args = False

@@ -1,6 +1,6 @@
 """`validate`: every error of a config, building nothing; `check` raises the first.
 
-A ``framework run`` config is checked against the run config's shape, which belongs
+A `framework run` config is checked against the run config's shape, which belongs
 to the CLI (it names the loader and the reader, above this layer): the CLI installs it
 with `use_run_config`.
 """
@@ -35,13 +35,13 @@ _run_config: Optional[Callable[..., None]] = None
 
 
 def use_run_config(shape: Callable[..., None]) -> None:
-    """Check and describe ``framework run`` configs by `shape`'s signature."""
+    """Check and describe `framework run` configs by `shape`'s signature."""
     global _run_config
     _run_config = shape
 
 
 def run_config_shape() -> Callable[..., None]:
-    """The signature a ``framework run`` config is checked against (the CLI's)."""
+    """The signature a `framework run` config is checked against (the CLI's)."""
     if _run_config is None:
         importlib.import_module(RUN_CONFIG_MODULE)
     if _run_config is None:
@@ -54,15 +54,15 @@ def validate(
 ) -> list[ConfigError]:
     """Every error in `config`, in the order met; constructs nothing, reads no data.
 
-    Without `base`, `config` is a ``framework run`` config; with one (a `Registrable`
-    base class or its name, e.g. ``"DatasetReader"``), a config of that base. Names
-    in ``"type"`` are looked up in the registry (importing the component's module
+    Without `base`, `config` is a `framework run` config; with one (a `Registrable`
+    base class or its name, e.g. `"DatasetReader"`), a config of that base. Names
+    in `"type"` are looked up in the registry (importing the component's module
     to read its signature); no constructor runs and no connection is opened.
 
     A string or path `config` is a JSON or YAML file, read as `Registrable.from_config`
     reads it (a file that cannot be read is the one error). `given` names the arguments
-    that code passes to ``from_config`` (its extras), so the config need not hold them;
-    a base may declare its usual ones (``DataLoader.config_given``: reader, data_path).
+    that code passes to `from_config` (its extras), so the config need not hold them;
+    a base may declare its usual ones (`DataLoader.config_given`: reader, data_path).
     """
     if isinstance(config, (str, PathLike)):
         try:
@@ -98,7 +98,7 @@ def errors_in(annotation: Any, value: Any) -> list[ConfigError]:
 
 
 def check(config: Any, base: Union[str, type, None] = None) -> None:
-    """`validate`, raising one `ConfigError` (the first, its ``errors`` holding all)."""
+    """`validate`, raising one `ConfigError` (the first, its `errors` holding all)."""
     errors = validate(config, base)
     if errors:
         raise _combined(errors)

@@ -12,22 +12,26 @@ from framework._lazy import lazy_exports
 
 __all__ = [
     "BatchSampler",
+    "BucketBatchSampler",
     "DataCollator",
     "DataLoader",
     "DatasetReader",
     "DefaultDataCollator",
     "DistributedInfo",
+    "MaxTokensBatchSampler",
     "MultiProcessDataLoader",
     "WorkerInfo",
 ]
 
 _LOCATIONS = {
     "BatchSampler": "framework.data.sampler",
+    "BucketBatchSampler": "framework.data.sampler",
     "DataCollator": "framework.data.collate",
     "DataLoader": "framework.data.loader",
     "DatasetReader": "framework.data.reader",
     "DefaultDataCollator": "framework.data.collate",
     "DistributedInfo": "framework.data.reader",
+    "MaxTokensBatchSampler": "framework.data.sampler",
     "MultiProcessDataLoader": "framework.data.multiprocess",
     "WorkerInfo": "framework.data.reader",
 }
@@ -37,7 +41,7 @@ if TYPE_CHECKING:
     from framework.data.loader import DataLoader
     from framework.data.multiprocess import MultiProcessDataLoader
     from framework.data.reader import DatasetReader, DistributedInfo, WorkerInfo
-    from framework.data.sampler import BatchSampler
+    from framework.data.sampler import BatchSampler, BucketBatchSampler, MaxTokensBatchSampler
 
 
 __getattr__, __dir__ = lazy_exports(__name__, _LOCATIONS)

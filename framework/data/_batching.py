@@ -1,6 +1,6 @@
 """Turning a stream of instances into lists of instances, one list per batch.
 
-The same code runs in the main process (``num_workers=0``, eager mode) and in each
+The same code runs in the main process (`num_workers=0`, eager mode) and in each
 worker (lazy mode), so a shard batches identically wherever it runs. All randomness
 comes from seeds passed in: the same seed gives the same batches.
 """

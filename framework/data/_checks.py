@@ -55,7 +55,7 @@ def problems(
     timeout: Optional[float],
     cuda_device: Any = None,
 ) -> list[tuple[str, str]]:
-    """Every bad setting as ``(key, what to change)``; empty when the settings are good.
+    """Every bad setting as `(key, what to change)`; empty when the settings are good.
 
     The constructor raises them (`validate`) and `framework.config.validate` reports
     them from a config (`config_checks`), so one rule serves both. There
@@ -137,8 +137,8 @@ def problems(
 
 def device_problem(device: Any) -> Optional[str]:
     """What is wrong with `device` as a loader's target device, or None: a
-    ``torch.device``, a CUDA index of 0 or more (``cuda:N``, as in AllenNLP), or a
-    device string torch parses (``"cuda:0"``, ``"cuda"``, ``"cpu"``). Whether that
+    `torch.device`, a CUDA index of 0 or more (`cuda:N`, as in AllenNLP), or a
+    device string torch parses (`"cuda:0"`, `"cuda"`, `"cpu"`). Whether that
     device exists here is not asked: a config may be checked on another machine."""
     import torch
 
@@ -171,7 +171,7 @@ def _integral(value: Any) -> Any:
 
 
 def as_device(device: Any) -> Any:
-    """`device` (checked by `device_problem`) as a ``torch.device``: an index is CUDA's."""
+    """`device` (checked by `device_problem`) as a `torch.device`: an index is CUDA's."""
     import torch
 
     problem = device_problem(device)

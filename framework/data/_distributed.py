@@ -26,7 +26,7 @@ _DOING = {_BATCH: "taking a batch", _STATE: "in state_dict()"}
 
 
 def _reduce(count: int, failed: bool, kind: int, batches: int) -> list[int]:
-    """MIN over every rank of ``[count, -failed, kind, -kind, batches, -batches]``:
+    """MIN over every rank of `[count, -failed, kind, -kind, batches, -batches]`:
     the loader's collectives all have this shape, so a rank in one of them meets a rank
     in another at once (never a hang until the group's timeout), and both can tell."""
     import torch.distributed as dist
@@ -65,7 +65,7 @@ def in_step(batches: int, same_batches: bool) -> None:
 def agree(count: int, error: Optional[Exception]) -> int:
     """The smallest `count` over every rank; if any rank passes an `error`, all raise.
 
-    One `all_reduce` (`_reduce`: MIN over ``[count, -failed, ...]``). When a rank
+    One `all_reduce` (`_reduce`: MIN over `[count, -failed, ...]`). When a rank
     failed, a second collective shares the errors: a failed rank raises its own, the
     others raise a copy of the lowest failed rank's (same type where it can be rebuilt)
     naming that rank. A rank in `state_dict()` meanwhile: `RanksOutOfStepError`.

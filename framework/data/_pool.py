@@ -217,8 +217,8 @@ class WorkerPool:
     ) -> Iterator[Any]:
         """Yield the `Batch` or `Instances` messages of one pass, round-robin from `position`.
 
-        Worker w serves slot ``rank + world * w`` of ``world * num_workers``. With
-        `prepare`, yield ``prepare(message)`` instead, made before `position` counts the
+        Worker w serves slot `rank + world * w` of `world * num_workers`. With
+        `prepare`, yield `prepare(message)` instead, made before `position` counts the
         message: one whose `prepare` raised is not counted (a resume asks for it again).
         """
         position.begin(self.num_workers)
@@ -474,7 +474,7 @@ def in_process(error: Exception) -> WorkerError:
 
 
 class UserCode:
-    """``with UserCode():`` raises an error of reader, sampler or collator code as
+    """`with UserCode():` raises an error of reader, sampler or collator code as
     `in_process` does (one try per pass: no cost per batch). An error raised under
     `LoaderCode` inside it is the loader's own and passes as it is."""
 
@@ -493,7 +493,7 @@ _OWN = "_framework_loader_own"
 
 
 class LoaderCode:
-    """``with LoaderCode():`` inside `UserCode`: an error raised here is the loader's own
+    """`with LoaderCode():` inside `UserCode`: an error raised here is the loader's own
     work (moving a batch to the device: CUDA out of memory, say), not the reader's or
     collator's, and is raised as it is, never wrapped as `in_process` does."""
 

@@ -18,7 +18,7 @@ __all__ = ["Position"]
 class Position:
     """Where a pass over the data stands (one rank's): enough to resume it exactly.
 
-    Per worker (slot ``rank + world_size * worker``): batches taken, whether it is done,
+    Per worker (slot `rank + world_size * worker`): batches taken, whether it is done,
     the `Point` to restart it after its last batch, the record indexes it yielded at or
     after that point's record (`taken`), and when done, the record below which it read
     everything (`ends`). `base`: the records the epoch yielded before this pass began.

@@ -2,7 +2,7 @@
 
 Readers, samplers and collators draw from the global `random`, numpy and torch
 streams. In a worker the loader owns the process and seeds them; in the main process
-(``num_workers=0``) they belong to the training loop, so the loader swaps its own
+(`num_workers=0`) they belong to the training loop, so the loader swaps its own
 streams in around each call into that code and the caller's back afterwards.
 """
 
@@ -31,8 +31,8 @@ LOCK_WAIT = 10.0
 
 
 def _numpy_random() -> Optional[ModuleType]:
-    """``numpy.random`` if imported and initialised: not half-imported by another thread
-    (after ``fork`` such an import never finishes, and seeding it would fail)."""
+    """`numpy.random` if imported and initialised: not half-imported by another thread
+    (after `fork` such an import never finishes, and seeding it would fail)."""
     module = sys.modules.get("numpy.random")
     if module is None or getattr(getattr(module, "__spec__", None), "_initializing", False):
         return None
@@ -73,9 +73,9 @@ def seed_everything(seed: int, cuda: bool = True) -> None:
     """Seed random, numpy's global RNG (if imported) and torch in this process.
 
     Cheap on purpose (it runs at the start of every worker epoch): torch's CPU
-    generator directly (``torch.manual_seed`` also visits every device backend,
+    generator directly (`torch.manual_seed` also visits every device backend,
     ~3 ms), CUDA's when there is CUDA and `cuda`, and numpy's only when
-    ``numpy.random`` is already imported (touching it first imports it, ~15-25 ms).
+    `numpy.random` is already imported (touching it first imports it, ~15-25 ms).
     """
     random.seed(seed)
     torch.default_generator.manual_seed(seed)
@@ -138,7 +138,7 @@ def unseeded_seed() -> int:
 class PrivateRandom:
     """The loader's own random, numpy and torch (CPU) streams in the main process.
 
-    Seeded as a worker's would be, so ``num_workers=0`` and 1 give the same data;
+    Seeded as a worker's would be, so `num_workers=0` and 1 give the same data;
     independent of the caller's draws, so resuming is exact whatever the training
     loop does with `random` between batches. (CUDA's streams are neither seeded nor
     swapped here: a reader in the main process draws from them as the caller does.)

@@ -1,13 +1,13 @@
 """Resume anywhere: which records a pass has yielded, in terms no topology enters.
 
-Every record of the data (a line, a row, an item of ``_read``'s output) has an index
-``i`` in the reader's full stream. A pass deals the records it has to yield over
-``slots = world_size * num_workers`` slots, record ``i`` to slot ``i % slots``
-(slot ``rank + world_size * worker``, as the reader shards today), and each slot
-batches its share one chunk (``max_instances_in_memory`` instances) at a time.
+Every record of the data (a line, a row, an item of `_read`'s output) has an index
+`i` in the reader's full stream. A pass deals the records it has to yield over
+`slots = world_size * num_workers` slots, record `i` to slot `i % slots`
+(slot `rank + world_size * worker`, as the reader shards today), and each slot
+batches its share one chunk (`max_instances_in_memory` instances) at a time.
 
 - `Consumed` is the set of record indexes already yielded in an epoch: every index
-  below ``below``, plus a bitmap of those above. It says nothing of workers or
+  below `below`, plus a bitmap of those above. It says nothing of workers or
   ranks, so any other topology can deal out what is left (`ShardPlan`).
 - `Point` is where one slot's stream restarts exactly: the chunk, the record (and
   the reader's seek token) it starts at, and how much of it was taken. The same
@@ -62,10 +62,10 @@ class Seekable(Protocol[_T_co]):
 
     Iterating yields records in order; `tell()` is a token (plain JSON data) for where
     the record after the last one yielded starts, and `seek(token)` makes the next
-    iteration start there. Built-in: the ``"text"``, ``"jsonl"`` and ``"csv"`` readers'.
+    iteration start there. Built-in: the `"text"`, `"jsonl"` and `"csv"` readers'.
 
-    Opt-in: the class also sets ``__framework_seekable__ = True`` (`is_seekable`). A
-    file object has ``__iter__``, ``tell`` and ``seek`` too, but cannot tell while it is
+    Opt-in: the class also sets `__framework_seekable__ = True` (`is_seekable`). A
+    file object has `__iter__`, `tell` and `seek` too, but cannot tell while it is
     iterated, so having the methods is not enough.
     """
 
@@ -180,9 +180,9 @@ def _array_bytes(value: Any) -> bytes:
 
 @dataclass
 class Consumed:
-    """Record indexes yielded so far: all of ``[0, below)`` and the bits of `bits` above.
+    """Record indexes yielded so far: all of `[0, below)` and the bits of `bits` above.
 
-    Bit k of `bits` (little-endian within each byte) is record ``below + k``.
+    Bit k of `bits` (little-endian within each byte) is record `below + k`.
     `token` is the reader's seek token for record `below` (None when unknown).
     """
 
@@ -217,7 +217,7 @@ class Consumed:
 
     @classmethod
     def build(cls, low: int, value: int, tokens: Mapping[int, Any]) -> Consumed:
-        """All of ``[0, low)`` and bit k of `value` for record ``low + k``.
+        """All of `[0, low)` and bit k of `value` for record `low + k`.
 
         `below` stays at `low` when `tokens` can seek there (resuming seeks, then skips
         what is marked); else leading marked records join `below`.
@@ -238,9 +238,9 @@ def consumed_by(
 ) -> Consumed:
     """`base` plus what the slots of a pass yielded.
 
-    Slot `p` (of `slots`) yielded every record of its share (``i % slots == p``, not in
-    `base`) below ``limits[p]``, and the records in `taken`. `tokens` gives seek tokens
-    by record index, for the new `below`. Every slot starts at ``base.below`` or later,
+    Slot `p` (of `slots`) yielded every record of its share (`i % slots == p`, not in
+    `base`) below `limits[p]`, and the records in `taken`. `tokens` gives seek tokens
+    by record index, for the new `below`. Every slot starts at `base.below` or later,
     so everything below the lowest limit is consumed.
     """
     low = min(limits.values())
@@ -471,7 +471,7 @@ def fingerprint(path: str) -> Optional[str]:
 
 
 def file_stamps(data_path: Any) -> dict[str, Any]:
-    """``{path: {"size": bytes, "sha256": fingerprint}}`` of the local files `data_path`
+    """`{path: {"size": bytes, "sha256": fingerprint}}` of the local files `data_path`
     names (a path or a list of paths; anything else names none): a state's positions
     (record indexes, byte offsets) hold only for the same data. By content, not by
     mtime: a byte-identical copy (re-staged data) is the same data."""

@@ -4,15 +4,15 @@ A message is one frame: a 16-byte header (frame length, metadata length), a tabl
 of the out-of-band buffers (sizes, and which are tensors), a pickle (protocol 5) of
 the object in which every CPU tensor is replaced by a reference to an out-of-band
 buffer, then the raw tensor bytes, each aligned to 64 bytes. The sender writes the
-parts with one ``writev`` (no copy into a joined buffer); the receiver reads each
-tensor's bytes straight into that tensor's own storage with a scatter ``readv`` (no
+parts with one `writev` (no copy into a joined buffer); the receiver reads each
+tensor's bytes straight into that tensor's own storage with a scatter `readv` (no
 copy, and no tensor keeps another alive: keeping a batch's labels does not keep its
 images). A dense tensor keeps its strides (channels_last stays channels_last), as
-``clone()`` does; other views arrive compacted.
+`clone()` does; other views arrive compacted.
 
-``mode="shared_memory"`` instead pickles with torch's ``ForkingPickler`` reductions
+`mode="shared_memory"` instead pickles with torch's `ForkingPickler` reductions
 (tensors moved to shared memory, file descriptors passed through a socket); it is
-what CUDA tensors need, and the benchmark compares the two. In ``"pickle5"`` frames a
+what CUDA tensors need, and the benchmark compares the two. In `"pickle5"` frames a
 CUDA tensor is copied to the CPU by the sender.
 """
 
@@ -181,8 +181,8 @@ def read_frame(
     (so a caller can also watch the writer's process and a timeout, even in the
     middle of a frame, where another holder of the pipe would keep EOF from coming);
     `moved()` whenever bytes came (so a timeout can measure silence, not frames).
-    `rebuild(load)` runs the unpickling (``"shared_memory"`` frames ask the sender's
-    process for file descriptors then, so a caller may bound it); default: ``load()``.
+    `rebuild(load)` runs the unpickling (`"shared_memory"` frames ask the sender's
+    process for file descriptors then, so a caller may bound it); default: `load()`.
     """
     header = bytearray(_HEADER.size)
     _vectored(os.readv, fd, [header], wait, moved)

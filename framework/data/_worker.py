@@ -4,10 +4,10 @@ A worker serves one `Start` at a time from its control pipe, so the same process
 serve many epochs (persistent workers), and checks that pipe between batches, so a
 `Stop` ends even a busy worker cooperatively (its shared-memory segments are released
 by a normal exit, not lost to a signal). It dies with the main process:
-``PR_SET_PDEATHSIG`` on Linux, plus a watchdog thread that notices being re-parented.
+`PR_SET_PDEATHSIG` on Linux, plus a watchdog thread that notices being re-parented.
 
 A worker draws no progress bars and shares no lock with the main process: a lock
-inherited held by ``fork`` (another thread had it) or orphaned by a killed worker
+inherited held by `fork` (another thread had it) or orphaned by a killed worker
 would hang the main process. Progress reaches the main process as messages.
 """
 
@@ -101,7 +101,7 @@ def _die_with_parent(main_pid: int, start_method: str, set_death_signal: bool) -
 def _private_tqdm_lock() -> None:
     """Give tqdm in this process a lock of its own (the reader may draw bars).
 
-    After ``fork`` tqdm's lock is the main process's: its thread lock may have been
+    After `fork` tqdm's lock is the main process's: its thread lock may have been
     copied held, and its cross-process lock would stay held if this worker died
     inside it. Only done if tqdm is already imported (importing it costs time).
     """

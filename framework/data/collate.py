@@ -1,6 +1,6 @@
 """Collators turn a list of instances into one batch.
 
-`DefaultDataCollator` (registered as ``"default"``) understands dicts (nested too)
+`DefaultDataCollator` (registered as `"default"`) understands dicts (nested too)
 of tensors, numbers, strings and lists of those. torch is imported inside the
 functions: this module is imported by plugin listing, which must stay fast.
 """

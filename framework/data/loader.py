@@ -1,4 +1,4 @@
-"""`DataLoader`: the registrable base of loaders (``"multiprocess"`` by default).
+"""`DataLoader`: the registrable base of loaders (`"multiprocess"` by default).
 
 It must not import torch at import time: plugin listing imports this module.
 """

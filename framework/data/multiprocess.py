@@ -83,8 +83,8 @@ class MultiProcessDataLoader(DataLoader):
         start_method: "fork", "spawn" or "forkserver".
         cuda_device: put batches on this device (in the worker under spawn/forkserver,
             in the main process under fork, where CUDA cannot be used in workers): a CUDA
-            index (0 is ``cuda:0``), a device string (``"cuda:1"``, ``"cpu"``) or a
-            ``torch.device``; anything else (-1, ``"gpu0"``, ``"1"``) is a `ConfigError`.
+            index (0 is `cuda:0`), a device string (`"cuda:1"`, `"cpu"`) or a
+            `torch.device`; anything else (-1, `"gpu0"`, `"1"`) is a `ConfigError`.
         quiet: no tqdm progress bars.
         collate_fn: turns a list of instances into a batch.
         seed: seeds shuffling, samplers and the workers' random/numpy/torch (from
@@ -330,10 +330,10 @@ class MultiProcessDataLoader(DataLoader):
         exception, Ctrl-C) is not over, and the state describes its rest (which the
         next `iter()` yields too); after a pass that ran to its end, the next epoch.
         Under torch.distributed this is a collective (every rank calls it after the
-        same batch; one small ``all_reduce`` and one ``all_gather_object``) and every
+        same batch; one small `all_reduce` and one `all_gather_object`) and every
         rank returns the same whole-job state; ranks out of step raise
-        `RanksOutOfStepError` at once. Its ``"loop_epoch"`` is the training loop's epoch
-        to restart at (the next `iter()` yields it, or its rest); ``"epoch"`` counts
+        `RanksOutOfStepError` at once. Its `"loop_epoch"` is the training loop's epoch
+        to restart at (the next `iter()` yields it, or its rest); `"epoch"` counts
         passes over the data, which differ with `batches_per_epoch`.
         """
         return whole_state(self)

@@ -107,8 +107,8 @@ class DatasetReader(Registrable):
     # The rules on the arguments that annotations cannot state, as (key, what to change)
     # pairs: each constructor raises its own, and `framework.config.validate` reports
     # them all from a config before anything is built. A subclass with rules of its
-    # own sets ``config_checks = Parent.config_checks.extended(its_problems)`` and
-    # calls ``ConfigChecks(its_problems).enforce(...)`` in its ``__init__``.
+    # own sets `config_checks = Parent.config_checks.extended(its_problems)` and
+    # calls `ConfigChecks(its_problems).enforce(...)` in its `__init__`.
     config_checks: ClassVar[ConfigChecks] = _OWN_CHECKS
 
     def __init__(
@@ -223,8 +223,8 @@ class DatasetReader(Registrable):
         Resuming (the reader hook): `iterable` is the reader's stream of records, one
         instance each (or none), yielded by a generator that takes the next record
         only when it needs it; the loader counts records to know which ones a resumed
-        epoch still owes. If `iterable` opts into `Seekable` (``tell()``, ``seek(token)``
-        and the class attribute ``__framework_seekable__ = True``; the built-in readers'
+        epoch still owes. If `iterable` opts into `Seekable` (`tell()`, `seek(token)`
+        and the class attribute `__framework_seekable__ = True`; the built-in readers'
         records do; an open file does not), a
         resumed epoch seeks there instead of reading the records it skips.
         """

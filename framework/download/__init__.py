@@ -10,12 +10,12 @@ from framework import cached_path
 path = cached_path("https://example.org/corpus.tar.gz", sha256="9f86d0...", extract=True)
 ```
 
-Each entry in the cache folder (``$FRAMEWORK_CACHE``, else ``~/.cache/framework``)
+Each entry in the cache folder (`$FRAMEWORK_CACHE`, else `~/.cache/framework`)
 is named by a hash of its URL plus the file name, with files next to it:
-``<name>`` (the bytes), ``<name>.json`` (url, etag, size, sha256, time),
-``<name>.lock`` (and ``.lock.owner``: who is downloading), ``<name>-extracted/``
-(and ``<name>-extracted.json``: the sha256 of the archive it was extracted from),
-and, while a download runs, ``<name>.<etag>.<host>.<pid>.<token>.part``.
+`<name>` (the bytes), `<name>.json` (url, etag, size, sha256, time),
+`<name>.lock` (and `.lock.owner`: who is downloading), `<name>-extracted/`
+(and `<name>-extracted.json`: the sha256 of the archive it was extracted from),
+and, while a download runs, `<name>.<etag>.<host>.<pid>.<token>.part`.
 """
 
 from __future__ import annotations

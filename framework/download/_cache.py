@@ -1,16 +1,16 @@
 """Cache entries: where a URL's file, sidecar, lock and extracted folder live.
 
 An entry is named by a stable hash of the URL plus a readable suffix taken from
-the file name, so ``ls`` in the cache folder still tells entries apart. The
+the file name, so `ls` in the cache folder still tells entries apart. The
 sidecar JSON (url, validators, size, sha256, time) is what makes a cache hit cheap: a
-``stat`` of the file and one small read, never a re-hash. The sidecar names the
+`stat` of the file and one small read, never a re-hash. The sidecar names the
 file's inode, size and mtime, so it vouches only for the very file it was written
 for: it is written before that file is renamed into place, and a crash (or a reader)
 between the two sees a sidecar that matches nothing, never old metadata on new bytes.
 
 Anything in the cache folder may have been planted by another user of a shared
-cache: small files are read with ``O_NOFOLLOW | O_NONBLOCK`` (a symlink is refused,
-a FIFO never blocks) and written through fresh ``O_EXCL`` names.
+cache: small files are read with `O_NOFOLLOW | O_NONBLOCK` (a symlink is refused,
+a FIFO never blocks) and written through fresh `O_EXCL` names.
 """
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ RELEASED_PID: Final = 0
 
 
 def unique_token() -> str:
-    """``host.pid.random``: names temporary files so that each process owns its own."""
+    """`host.pid.random`: names temporary files so that each process owns its own."""
     return f"{HOST}.{os.getpid()}.{secrets.token_hex(4)}"
 
 
@@ -130,7 +130,7 @@ def is_alive_local(host: str, pid: int) -> bool:
 
 
 def dead_leftovers(target: Path, suffixes: tuple[str, ...]) -> list[Path]:
-    """Temporary siblings of `target` (``target.<token>.<suffix>``) of this user whose
+    """Temporary siblings of `target` (`target.<token>.<suffix>`) of this user whose
     owner process, on this host, is dead: safe to remove. Another user's files are never
     swept, whatever their name says (a pid of ours may have been theirs)."""
     prefix = target.name + "."
@@ -159,7 +159,7 @@ def _owned(path: Path) -> bool:
 def _readable_suffix(url: str) -> str:
     """A hint for people listing the cache (the digest is the identity). File names are
     readable by every user of a shared cache and appear in logs and progress bars: a
-    URL's ``;params`` (``;jsessionid=``) are dropped, and what `redact_url` would hide
+    URL's `;params` (`;jsessionid=`) are dropped, and what `redact_url` would hide
     stays hidden."""
     path = unquote(urlsplit(url).path) if "://" in url else url
     name = path.rstrip("/").rsplit("/", 1)[-1]
@@ -187,7 +187,7 @@ class Entry:
         """The sidecar if the published file is a regular file and is the very file
         the sidecar was written for (inode, size, mtime), and `sha256` matches.
 
-        Costs one ``lstat`` and one small read; the file itself is never read, unless
+        Costs one `lstat` and one small read; the file itself is never read, unless
         `sha256` is given and the file or its sidecar belongs to another user: anyone
         who can write the cache folder could have put both there, so the file is then
         hashed (once per process and file version, see `digest_of`) before it is trusted.
@@ -209,7 +209,7 @@ class Entry:
 
     def rebind(self, sha256: Optional[str]) -> Optional[Metadata]:
         """The sidecar, bound anew to the published file, when it names another file of
-        the same size: a cache copied with ``cp -a``, rsync or a restore (new inodes), or
+        the same size: a cache copied with `cp -a`, rsync or a restore (new inodes), or
         written by an older release (no inode). The file is hashed (once per process and
         file version); only when its digest is the sidecar's, and `sha256` when given, is
         the sidecar rewritten for it (if the folder is writable) and returned."""
@@ -231,7 +231,7 @@ class Entry:
         return bound
 
     def _bound(self) -> Optional[tuple[Metadata, os.stat_result, bool]]:
-        """The sidecar bound to the published file, the file's ``lstat``, and whether
+        """The sidecar bound to the published file, the file's `lstat`, and whether
         either belongs to another user."""
         try:
             info = os.lstat(self.final)
@@ -289,8 +289,8 @@ _DIGESTS: dict[tuple[int, int, int, int], str] = {}
 
 def digest_of(path: Path, info: os.stat_result) -> Optional[str]:
     """The sha256 of the regular file at `path` that `info` describes; None if it is
-    no longer that file (or cannot be read). Opened with ``O_NOFOLLOW | O_NONBLOCK`` and
-    checked with ``fstat``, so a link or FIFO swapped in is never followed or waited on."""
+    no longer that file (or cannot be read). Opened with `O_NOFOLLOW | O_NONBLOCK` and
+    checked with `fstat`, so a link or FIFO swapped in is never followed or waited on."""
     key = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
     digest = _DIGESTS.get(key)
     if digest is not None:
@@ -308,7 +308,7 @@ def digest_of(path: Path, info: os.stat_result) -> Optional[str]:
 
 
 def _read_small(path: Path) -> Optional[tuple[bytes, os.stat_result]]:
-    """The bytes and ``fstat`` of a small regular file; None for anything else (missing,
+    """The bytes and `fstat` of a small regular file; None for anything else (missing,
     a symlink, a FIFO, a folder, too large), without ever blocking."""
     try:
         fd = os.open(path, _READ_FLAGS)
@@ -377,7 +377,7 @@ def _parse_metadata(raw: Optional[bytes]) -> Optional[Metadata]:
 
 
 def write_json_atomic(path: Path, data: dict[str, Any], durable: bool = True) -> None:
-    """Write JSON to a unique temporary name (fsynced if `durable`), then ``os.replace``."""
+    """Write JSON to a unique temporary name (fsynced if `durable`), then `os.replace`."""
     temp = path.with_name(f"{path.name}.{unique_token()}.tmp")
     try:
         with os.fdopen(os.open(temp, NEW_FILE_FLAGS, 0o644), "w", encoding="utf-8") as file:

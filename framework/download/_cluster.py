@@ -1,4 +1,4 @@
-"""``cached_path(..., distributed=True)``: one fetch from the origin for a whole job.
+"""`cached_path(..., distributed=True)`: one fetch from the origin for a whole job.
 
 Every rank of torch.distributed's default group calls it with the same arguments:
 
@@ -11,7 +11,7 @@ Every rank of torch.distributed's default group calls it with the same arguments
    could write, else the lowest): a rank that alone sees the folder read-only, or is
    offline, does not lead.
 2. **Who already holds a verified copy** is agreed on next: a leader whose entry needs
-   re-binding (a cache copied with ``cp -a`` or rsync, restored, baked into an image)
+   re-binding (a cache copied with `cp -a` or rsync, restored, baked into an image)
    hashes it first, as a plain call would. When every folder holds the same sha256,
    nothing moves and no connection is opened.
 3. **One rank gets the file**: the holder of the newest copy (by the server's
@@ -21,13 +21,13 @@ Every rank of torch.distributed's default group calls it with the same arguments
    the first leader that can write and is online.
 4. **The leader of each other folder receives the bytes** from it over the process group
    (per `CHUNK_BYTES` piece: a point-to-point send to each receiving leader, one copy per
-   folder whatever its number of ranks, then a one-byte ``all_reduce`` that every rank
+   folder whatever its number of ranks, then a one-byte `all_reduce` that every rank
    joins; the tensors live on the device the group has a backend for, see
    `_device_type`) and publishes them like a download: a private partial file hashed
    while written, checked against the sender's sha256 (and the caller's), fsynced, the
-   sidecar, then ``os.replace``. Partial files of dead receivers are swept by every
+   sidecar, then `os.replace`. Partial files of dead receivers are swept by every
    later call.
-5. ``extract=True``: each leader then extracts its own copy through the ordinary path.
+5. `extract=True`: each leader then extracts its own copy through the ordinary path.
 
 **Failures.** Every local step runs to its end on every rank and its outcome is
 gathered; a failure anywhere is raised on every rank as the same `DownloadError`
@@ -36,8 +36,8 @@ whose write fails keeps taking part in the transfer, dropping the bytes, so the 
 collectives never diverge.
 
 **Bounds.** Local steps run in a thread while the rank takes part in a heartbeat
-``all_gather`` every `POLL_S` seconds, so a download may last longer than the process
-group's timeout (``init_process_group(timeout=...)``), while no single collective waits
+`all_gather` every `POLL_S` seconds, so a download may last longer than the process
+group's timeout (`init_process_group(timeout=...)`), while no single collective waits
 longer than that timeout unless a rank stopped answering. A step that makes no progress
 (its thread's reads and writes, a download's bytes) for longer than the timeout (a
 hung disk, a hard NFS mount) is given up on every rank alike, in the same heartbeat:
@@ -401,7 +401,7 @@ class _Call(_Collective):
     ) -> None:
         """Each chunk goes from the source to each receiver (one rank per receiving
         folder: a node's ingress is one copy, whatever its number of ranks), then every
-        rank of the default group joins a one-byte ``all_reduce``: each wait is one chunk
+        rank of the default group joins a one-byte `all_reduce`: each wait is one chunk
         long and bounded by the group's timeout (a subgroup would get torch's default
         one), and no rank sits in one collective for the whole transfer. A receiver
         posts the next chunk's receive before it writes this one (two buffers), so the
@@ -688,7 +688,7 @@ def _digest(held: Optional[_Held]) -> Optional[str]:
 
 def _device_type(config: str, accelerators: Collection[str]) -> Optional[str]:
     """The device type for the transfer's tensors, from the default group's backend
-    config (``"cpu:gloo,cuda:nccl"``, or a bare ``"nccl"``): an accelerator this process
+    config (`"cpu:gloo,cuda:nccl"`, or a bare `"nccl"`): an accelerator this process
     has whose backend is not gloo (NCCL's fast interconnect), else the CPU when it has
     a backend, else an accelerator that has one; None when none will do."""
     pairs = []
@@ -791,7 +791,7 @@ def _remove_quietly(path: Path) -> None:
 
 
 def torchrun_group() -> bool:
-    """Join the process group torchrun describes (gloo, ``env://``) unless one exists;
+    """Join the process group torchrun describes (gloo, `env://`) unless one exists;
     whether a group of more than one rank is there. A group joined here is left at exit."""
     if not dist.is_available():
         return False

@@ -1,5 +1,5 @@
-"""The step plumbing of ``cached_path(distributed=True)``: a base class whose `_step` runs
-a rank's local work in a thread while answering a heartbeat ``all_gather`` every `POLL_S`
+"""The step plumbing of `cached_path(distributed=True)`: a base class whose `_step` runs
+a rank's local work in a thread while answering a heartbeat `all_gather` every `POLL_S`
 seconds (giving up on every rank alike when one rank's work makes no progress for the
 process group's timeout) and gathers every rank's outcome, and the encoding of a failure as plain values
 (rebuilt from `framework.errors` on every rank)."""

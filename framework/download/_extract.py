@@ -3,7 +3,7 @@
 An archive is untrusted input. The format is chosen by the file's first bytes, never
 by its name. Each member is checked twice before it is written: by name (no absolute
 paths, nothing that normalises outside the target, compared with
-`os.path.commonpath` so a sibling such as ``data-evil`` next to ``data`` does not
+`os.path.commonpath` so a sibling such as `data-evil` next to `data` does not
 pass as a prefix) and against the real extracted tree (no folder on its path may be
 a symlink, nothing is written through an existing symlink, link targets are resolved
 with `os.path.realpath`), so a chain of links cannot lead outside even where
@@ -13,7 +13,7 @@ sparse members are refused; the member count, the total size and the expansion r
 are capped, counting declared sizes before writing and, for zip, the bytes really
 written. A damaged archive raises `CorruptArchiveError`. Everything is extracted into
 a temporary folder next to the target, which appears at the target only through
-``os.replace``. A marker next to the folder (``<folder>.json``) records the sha256 of
+`os.replace`. A marker next to the folder (`<folder>.json`) records the sha256 of
 the archive it came from, so a folder left from an older archive is never served for
 a newer one; the old marker goes before the old folder does.
 """
@@ -98,13 +98,13 @@ def _tar_header(head: bytes) -> bool:
 
 
 def archive_format(archive: Union[Path, IO[bytes]]) -> Optional[str]:
-    """``"zip"``, ``"tar"``, ``"ambiguous"`` or `None`, from the file's content (its name
+    """`"zip"`, `"tar"`, `"ambiguous"` or `None`, from the file's content (its name
     is ignored).
 
-    A valid tar header is checked first: a tar whose first member is named ``PK\x03\x04``
+    A valid tar header is checked first: a tar whose first member is named `PK\x03\x04`
     starts with the zip magic, and a zip appended as its last member would then be read in
     its place. A file that is both a valid tar header and starts like a zip is
-    ``"ambiguous"``, which the extractor refuses."""
+    `"ambiguous"`, which the extractor refuses."""
     if isinstance(archive, Path):
         with open(archive, "rb") as file:
             head = file.read(512)
@@ -208,7 +208,7 @@ def _check_link(root: str, member: str, path: str, link: str, url: str, *, hard:
 
 
 def _check_links_stay_inside(root: str, url: str) -> None:
-    """Links made early can be redirected by later ones (``a -> .``): check the final tree."""
+    """Links made early can be redirected by later ones (`a -> .`): check the final tree."""
     for folder, dirs, files in os.walk(root):
         for name in dirs + files:
             path = os.path.join(folder, name)
@@ -322,7 +322,7 @@ def _extract_tar_members(archive: IO[bytes], root: str, limits: ExtractLimits, u
 def _checked_member(member: tarfile.TarInfo, name: str, linkname: str) -> tarfile.TarInfo:
     """A copy of `member` that writes exactly what was checked, with safe attributes.
 
-    tarfile joins the raw name (``a/../x``) and the kernel resolves it through links made
+    tarfile joins the raw name (`a/../x`) and the kernel resolves it through links made
     earlier, so the copy carries the normalised name and hard-link target. Without the data
     filter, modes and owners are applied as the archive says: no setuid/setgid/sticky bits,
     no group or other write, folders 0o755, owned by us (chown happens only as root)."""

@@ -111,7 +111,7 @@ class PrefixHasher:
 class ProgressRecorder:
     """Records progress on its own thread, every `EVERY_S` while it changes or sooner
     once parts of `EVERY_BYTES` have completed since the last record, and when the fetch
-    stops short. One ``fdatasync`` covers every byte written before it, then the record
+    stops short. One `fdatasync` covers every byte written before it, then the record
     is rewritten: complete parts, and how far the others got. Workers never wait on the
     disk; bytes count (for a later resume) only once they are durable. (Not at each
     part: on a fast link that would put an fdatasync in the way every few milliseconds.

@@ -1,7 +1,7 @@
 """The entry lock: one process fetches, the others wait and then read the cache.
 
 The lock only saves work; correctness never depends on it (every process
-publishes through its own temporary file and ``os.replace``), so a filesystem
+publishes through its own temporary file and `os.replace`), so a filesystem
 whose locks silently do nothing still ends up with complete, identical bytes. For
 the same reason a lock path that is not a regular file (a symlink, FIFO or folder
 someone planted) is never opened: the call goes on without the lock.

@@ -1,13 +1,13 @@
 """Parallel fetch: a large object comes as byte-range parts over several connections.
 
-One partial file (preallocated, sparse) is written with ``pwrite`` at each part's
+One partial file (preallocated, sparse) is written with `pwrite` at each part's
 offset. The first answer decides everything: it is a request for the whole object as a
-range (``bytes=0-`` and a last byte past any end), and
+range (`bytes=0-` and a last byte past any end), and
 
 - a 206 naming the total size and a strong validator, for an object larger than one
   part, makes the plan: that answer goes on as the first connection's stream, and the
   ramp (`Ramp`) decides whether more connections are worth it; every later request is
-  conditioned on that validator (HTTP ``If-Range``, S3 ``IfMatch``);
+  conditioned on that validator (HTTP `If-Range`, S3 `IfMatch`);
 - anything else (a 200 from a server that ignores Range, a small object, no strong
   validator) is streamed as the single-stream path does, so it costs one copy.
 
@@ -22,12 +22,12 @@ encoded body aborts the parallel attempt: what was written is dropped and the
 single-stream path starts over from byte 0; two versions' bytes never mix.
 
 Which parts are complete, and how far each begun part got, is recorded next to the
-partial file (``<final>.P<tag>.<host>.<pid>.<random>.parts``, JSON written
+partial file (`<final>.P<tag>.<host>.<pid>.<random>.parts`, JSON written
 atomically) every quarter second and when the fetch stops, only after those bytes are
 fsynced; a later call, with any number of connections, adopts both (the same rules as
 a single-stream partial: regular files of this user whose writer is gone) and asks
 only for what is not recorded, each part from where it got to. Parallel partial files
-carry a ``P`` tag, so the single-stream path never takes their holes for bytes. The
+carry a `P` tag, so the single-stream path never takes their holes for bytes. The
 plan and its record are in `_parts`, the ramp in `_ramp`, the threads that hash and
 record in `_followers`, the engine's threads in `_engine`.
 
@@ -87,7 +87,7 @@ _NOT_THERE: Final = frozenset({401, 403, 404, 407, 410})
 _TO_THE_END: Final = 1 << 62
 
 def connections_from(value: Optional[int]) -> int:
-    """The connection cap: `value`, else ``$FRAMEWORK_CONNECTIONS``, else the default; an
+    """The connection cap: `value`, else `$FRAMEWORK_CONNECTIONS`, else the default; an
     `InvalidArgumentError` (a `ValueError`) for a setting that is not a whole number of at
     least 1."""
     if value is None:
@@ -135,8 +135,8 @@ def fetch_parts(
 ) -> tuple[Optional[Any], int]:
     """Fetch `url` into `partial` in parts.
 
-    Returns an object with ``close()`` and ``abandon()``, as `_download` does, once the
-    partial file holds the whole object (``close`` waits for its hash); or None when
+    Returns an object with `close()` and `abandon()`, as `_download` does, once the
+    partial file holds the whole object (`close` waits for its hash); or None when
     the single-stream path is to go on (with `partial` empty, or holding the bytes of a
     whole answer it resumes), with the attempts already spent (a first answer that
     broke off counts as one)."""
@@ -162,7 +162,7 @@ def fetch_parts(
             logger.info("%s refused a ranged request (%s); fetching it in one stream", url, error)
             return None, 0
         if first.status == 206 and (first.size is None or first.encoding is not None):
-            # A range of an object of unknown size (``bytes 0-n/*``, or a Content-Range
+            # A range of an object of unknown size (`bytes 0-n/*`, or a Content-Range
             # that contradicts itself) cannot say it is the whole object, nor can encoded
             # bytes (their range counts encoded bytes): the single-stream path asks for it
             # without a Range.

@@ -2,11 +2,11 @@
 
 A plan cuts an object of a known size and version into byte ranges of one part
 size. Which parts are complete, and how far the others got, is recorded next to the
-partial file (``<final>.P<tag>.<host>.<pid>.<random>.parts``, JSON written
+partial file (`<final>.P<tag>.<host>.<pid>.<random>.parts`, JSON written
 atomically), only after those bytes are fsynced; `adopt_parts` takes over an orphaned parallel
 partial file together with its record (the same rules as a single-stream partial:
 regular files of this user whose writer is gone). Parallel partial files carry a
-``P`` tag, so the single-stream path never takes their holes for bytes.
+`P` tag, so the single-stream path never takes their holes for bytes.
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ def _save_record(name: PartialName, plan: _Plan, done: set[int], reached: dict[i
 
 
 def _runs(indices: set[int]) -> list[list[int]]:
-    """`indices` as runs ``[first, last]``: parts complete lowest first, so a record stays
+    """`indices` as runs `[first, last]`: parts complete lowest first, so a record stays
     small whatever the object's size."""
     runs: list[list[int]] = []
     for index in sorted(indices):

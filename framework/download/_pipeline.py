@@ -4,7 +4,7 @@ Receiving, writing to the page cache and sha256 each cost about the same per byt
 done one after the other they would make a cold download ~2x slower than a raw
 copy. `hashlib` releases the GIL on large updates, so a worker thread hashes while
 the receiving thread writes. Writeback to disk is started early (Linux
-``sync_file_range``), so the final ``fsync`` has little left to wait for.
+`sync_file_range`), so the final `fsync` has little left to wait for.
 """
 
 from __future__ import annotations

@@ -8,8 +8,8 @@ call adopts it by renaming it to its own name first, so two processes never appe
 to one file.
 
 The cache folder may be shared with people we do not trust: only a regular file
-owned by this user is adopted, it is opened with ``O_NOFOLLOW`` and checked with
-``fstat`` on the descriptor that is then written, so a planted symlink, FIFO or
+owned by this user is adopted, it is opened with `O_NOFOLLOW` and checked with
+`fstat` on the descriptor that is then written, so a planted symlink, FIFO or
 folder is never followed, written through or waited on.
 
 Range answers are decided here, once, for every backend (`_place`): a body is
@@ -98,7 +98,7 @@ def resumable(error: BaseException) -> bool:
 @attrs.frozen
 class PartialName:
     """The one place that knows a partial file's name:
-    ``<final>.<tag>.<host>.<pid>.<random>.part`` (see `unique_token`)."""
+    `<final>.<tag>.<host>.<pid>.<random>.part` (see `unique_token`)."""
 
     final: Path
     tag: str
@@ -126,7 +126,7 @@ class PartialName:
     @classmethod
     def parse(cls, folder: Path, name: str) -> Optional[PartialName]:
         """The partial file called `name` in `folder`; None for any other name.
-        (``FINAL.TAG.HOST.PID.RANDOM.part``: neither a tag nor a host holds a dot.)"""
+        (`FINAL.TAG.HOST.PID.RANDOM.part`: neither a tag nor a host holds a dot.)"""
         fields = name[: -len(".part")].rsplit(".", 4) if name.endswith(".part") else []
         if len(fields) != 5 or not fields[0]:
             return None
@@ -145,7 +145,7 @@ class PartialName:
 
 @attrs.frozen
 class Fetched:
-    """A verified partial file, ready for `publish_file`; `info` is its ``fstat``."""
+    """A verified partial file, ready for `publish_file`; `info` is its `fstat`."""
 
     temp: Path
     size: int
@@ -225,7 +225,7 @@ class _Partial:
         # adopted file until the server confirms its tag).
         self.validators: Optional[Validators] = None
         # That version's size, once an answer said it: what a later answer that does not
-        # say it (``bytes 1000-1999/*``) is counted against, and one that says another
+        # say it (`bytes 1000-1999/*`) is counted against, and one that says another
         # size is not resumed after.
         self.size: Optional[int] = None
         # Where a range of that version and of unknown total ended, in this process: a 416
@@ -490,7 +490,7 @@ def _receive(
             if bar is not None:
                 bar.update(len(chunk))
         pipeline.flush()
-        # A range of an unknown total (``bytes a-b/*``), of a version no answer gave the
+        # A range of an unknown total (`bytes a-b/*`), of a version no answer gave the
         # size of, may end before the object does: the next request says (a 416 at the
         # end, whose size or a HEAD confirms it).
         unknown_end = size is None and stream.status == 206

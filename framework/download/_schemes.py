@@ -1,13 +1,13 @@
 """Which registered backend serves a URL's scheme, asked of the backend classes.
 
-No scheme is written down here: `HttpBackend` says it serves ``http`` and
-``https``, `LocalBackend` ``file``, and so on (`DownloadBackend.schemes`). The
+No scheme is written down here: `HttpBackend` says it serves `http` and
+`https`, `LocalBackend` `file`, and so on (`DownloadBackend.schemes`). The
 order, most specific first: a backend registered under the scheme's own name (when
-its class lists that scheme, or lists none: ``local``, `LocalBackend`'s name, is not
-the scheme ``local://``), then one whose class lists the scheme, then one whose class
+its class lists that scheme, or lists none: `local`, `LocalBackend`'s name, is not
+the scheme `local://`), then one whose class lists the scheme, then one whose class
 `accepts` any scheme nobody claims (the fsspec backend). Two classes listing the same
 scheme are a conflict: the built-in one wins (a plugin takes a built-in scheme over
-only by registering under the scheme's name, or through ``backends=``), and a warning
+only by registering under the scheme's name, or through `backends=`), and a warning
 names them.
 """
 
@@ -34,14 +34,14 @@ _SCHEME: Final = re.compile(r"[A-Za-z][A-Za-z0-9+.-]+")
 
 
 def split_scheme(text: str) -> Optional[str]:
-    """The lower-case scheme of ``scheme://...``; `None` for a plain path. Reads only the
-    text before ``://``, so a URL that `urlsplit` rejects still names its scheme."""
+    """The lower-case scheme of `scheme://...`; `None` for a plain path. Reads only the
+    text before `://`, so a URL that `urlsplit` rejects still names its scheme."""
     head, separator, _ = text.partition("://")
     return head.lower() if separator and _SCHEME.fullmatch(head) else None
 
 
 def url_scheme(url: str) -> str:
-    """`url`'s scheme in lower case; ``file`` for a plain path."""
+    """`url`'s scheme in lower case; `file` for a plain path."""
     return split_scheme(url) or "file"
 
 

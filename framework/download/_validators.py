@@ -39,7 +39,7 @@ class Validators:
 
     @property
     def if_range(self) -> Optional[str]:
-        """The value for ``If-Range``, None when no validator can vouch for byte ranges.
+        """The value for `If-Range`, None when no validator can vouch for byte ranges.
 
         A strong ETag, else a strong Last-Modified (RFC 9110 8.8.2.2: one at least a
         second older than the answer's Date; an object rewritten within the second it

@@ -42,8 +42,8 @@ _CONTENT_RANGE = re.compile(r"bytes\s+(?:(\d+)-(\d+)|\*)/(\d+|\*)\s*$", re.IGNOR
 def parse_content_range(
     value: Optional[str], length: Optional[int] = None
 ) -> tuple[Optional[int], Optional[int]]:
-    """(first byte, total size) of a ``Content-Range`` value; None where it says ``*``
-    or cannot be read (``bytes 5-9/10``, ``bytes 5-9/*``, ``bytes */10``). A range that
+    """(first byte, total size) of a `Content-Range` value; None where it says `*`
+    or cannot be read (`bytes 5-9/10`, `bytes 5-9/*`, `bytes */10`). A range that
     contradicts itself (its last byte before its first, or at or past the total), or
     the answer's `length` (Content-Length), says nothing: (None, None), so it is never
     taken for the object's bytes or size."""
@@ -60,15 +60,15 @@ def parse_content_range(
 
 
 def range_place(value: Optional[str], length: Optional[int] = None) -> tuple[int, Optional[int]]:
-    """(start, total size) of a 206's body from its ``Content-Range`` (and `length`, its
-    Content-Length): ``(UNPLACED, None)`` where the range names no first byte (``bytes
-    */N``, missing, unreadable, or contradicting itself or `length`)."""
+    """(start, total size) of a 206's body from its `Content-Range` (and `length`, its
+    Content-Length): `(UNPLACED, None)` where the range names no first byte (`bytes
+    */N`, missing, unreadable, or contradicting itself or `length`)."""
     first, total = parse_content_range(value, length)
     return (UNPLACED, None) if first is None else (first, total)
 
 
 def range_body_length(value: Optional[str]) -> Optional[int]:
-    """How many bytes a ``Content-Range`` (``bytes 5-9/10``: 5) says its body holds; None
+    """How many bytes a `Content-Range` (`bytes 5-9/10`: 5) says its body holds; None
     where it names no range. What a body without a Content-Length is counted against:
     one that ends before is cut off, not a server's cap."""
     parsed = _parse_range(value)
@@ -78,7 +78,7 @@ def range_body_length(value: Optional[str]) -> Optional[int]:
 
 
 def _parse_range(value: Optional[str]) -> Optional[tuple[Optional[int], Optional[int], Optional[int]]]:
-    """(first, last, total) as a ``Content-Range`` writes them, None for each ``*``; None
+    """(first, last, total) as a `Content-Range` writes them, None for each `*`; None
     if it cannot be read."""
     match = _CONTENT_RANGE.match(value or "")
     if match is None:
@@ -106,12 +106,12 @@ class ByteStream:
     request), or `UNPLACED` for a 206 whose Content-Range cannot be read or
     contradicts itself. `size` is the object's total size when known. `etag` and
     `last_modified` identify the version the body belongs to; `date` is the answer's
-    ``Date`` (a Last-Modified is a strong validator only when Date is at least one
-    second later). `encoding` is the HTTP ``Content-Encoding`` the server applied
+    `Date` (a Last-Modified is a strong validator only when Date is at least one
+    second later). `encoding` is the HTTP `Content-Encoding` the server applied
     (None for identity): a whole body (200) is then handed over decoded, the object's
     own bytes; a range (206) of encoded bytes is never appended to them. An offset the
     backend cannot serve is reported, not handled: an empty `chunks` with
-    ``status=416`` (and `size` when the answer says it). The manager decides what
+    `status=416` (and `size` when the answer says it). The manager decides what
     to do about ranges, once, for every backend.
     """
 
@@ -161,12 +161,12 @@ def _backend_problems(arguments: Mapping[str, Any]) -> list[tuple[str, str]]:
 
 
 class DownloadBackend(Registrable):
-    """Reads objects of the URL schemes in `schemes`; registered by name (``"http"``, ...).
+    """Reads objects of the URL schemes in `schemes`; registered by name (`"http"`, ...).
 
     The manager serves a URL's scheme with, in this order: the instance given for it
-    in ``DownloadManager(backends={scheme: instance})``; the backend registered under
+    in `DownloadManager(backends={scheme: instance})`; the backend registered under
     the scheme's own name; the registered backend whose class lists the scheme in
-    `schemes` (``HttpBackend.schemes == ("http", "https")``); a registered backend
+    `schemes` (`HttpBackend.schemes == ("http", "https")`); a registered backend
     whose `accepts` takes any scheme nobody claims (the fsspec backend). So a plugin
     adds a scheme by listing it in `schemes`, or by registering under its name.
 
@@ -201,7 +201,7 @@ class DownloadBackend(Registrable):
         """Open `url` for reading from byte `offset` (see `ByteStream.start`).
 
         `if_range` (an ETag or a Last-Modified date) asks for the range only if the
-        object is still that version, else for the whole object (HTTP ``If-Range``);
+        object is still that version, else for the whole object (HTTP `If-Range`);
         a backend without such a condition may ignore it: the manager also compares
         the stream's validators with the ones its partial file was made from.
         """

@@ -1,9 +1,9 @@
 """`DownloadManager` and `cached_path`: fetch once, verify, publish atomically.
 
-A cache hit costs a ``stat`` and a sidecar read. A miss takes the entry's lock,
+A cache hit costs a `stat` and a sidecar read. A miss takes the entry's lock,
 looks again (another process may have just published it), streams the bytes into
 a private temporary file with the backend chosen by the URL's scheme, verifies
-and publishes them with ``os.replace``, then writes the sidecar.
+and publishes them with `os.replace`, then writes the sidecar.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ PathOrUrl = Union[str, os.PathLike[str]]
 
 
 def default_cache_dir() -> Path:
-    """``$FRAMEWORK_CACHE``, else ``~/.cache/framework``."""
+    """`$FRAMEWORK_CACHE`, else `~/.cache/framework`."""
     value = os.environ.get("FRAMEWORK_CACHE")
     return Path(value).expanduser() if value else Path.home() / ".cache" / "framework"
 
@@ -57,7 +57,7 @@ def _env_offline() -> bool:
 
 
 def _normalize(url_or_path: PathOrUrl) -> str:
-    """A URL for the cache key; plain paths become absolute ``file://`` URLs."""
+    """A URL for the cache key; plain paths become absolute `file://` URLs."""
     text = os.fspath(url_or_path)
     if "\x00" in text:  # no path or URL holds one; the OS would raise a bare ValueError
         raise InvalidArgumentError(text, "a NUL byte in the path or URL; check where it came from")
@@ -107,31 +107,31 @@ class DownloadManager:
     """The settings for fetching into a cache, and the method that does it.
 
     Args:
-        cache_dir: where entries live; `None` reads ``$FRAMEWORK_CACHE`` at each call.
-        lock: ``"filelock"`` (flock), ``"softfilelock"`` (a marker file, for filesystems
-            without working ``flock``), or ``"none"``. Correctness never depends on it.
+        cache_dir: where entries live; `None` reads `$FRAMEWORK_CACHE` at each call.
+        lock: `"filelock"` (flock), `"softfilelock"` (a marker file, for filesystems
+            without working `flock`), or `"none"`. Correctness never depends on it.
         lock_timeout: seconds a waiter tolerates without the holder making progress.
         retries: attempts per download (connection errors, 5xx, 408, 429, broken bodies).
         backoff_factor: exponential backoff base between attempts, in seconds.
         timeout: seconds a connection may stay silent.
-        offline: serve only the cache; `None` reads ``FRAMEWORK_OFFLINE`` at each call.
+        offline: serve only the cache; `None` reads `FRAMEWORK_OFFLINE` at each call.
         progress: show tqdm bars (only when stderr is a terminal).
         max_extract_size, max_extract_ratio, max_extract_members: caps on what an
             archive may expand to (bytes, bytes per archive byte, members).
         backends: configured backends by URL scheme, as httpx takes transports:
-            ``{"s3": S3Backend(profile="lab"), "https": HttpBackend(headers={...})}``.
+            `{"s3": S3Backend(profile="lab"), "https": HttpBackend(headers={...})}`.
             They are used as given (their own retries and timeouts); other schemes get
             the registered backend, made with this manager's settings.
         connections: the most connections that fetch one object, in byte ranges, from
             a server that serves them (HTTP, S3); 1 = one stream. How many are used is
             adaptive: one stream that would bring the object in under half a second
             stays alone, else connections are added while throughput grows. `None`
-            reads ``FRAMEWORK_CONNECTIONS`` at each call (default 16).
+            reads `FRAMEWORK_CONNECTIONS` at each call (default 16).
         part_size: the most bytes one ranged request of a parallel fetch asks for
             (an object with fewer such parts than `connections` is cut finer, down
             to 1 MiB parts); at least 64 KiB.
 
-    The manager is a context manager; `close` (or leaving the ``with`` block) closes
+    The manager is a context manager; `close` (or leaving the `with` block) closes
     every backend it holds, the ones given to it included. A closed backend opens new
     connections when used again, so the manager, and a backend shared with another
     manager, stay usable.
@@ -185,7 +185,7 @@ class DownloadManager:
 
     @property
     def connections(self) -> int:
-        """The cap on connections per object (`connections`, else ``FRAMEWORK_CONNECTIONS``)."""
+        """The cap on connections per object (`connections`, else `FRAMEWORK_CONNECTIONS`)."""
         return connections_from(self._connections)
 
     @property
@@ -245,24 +245,24 @@ class DownloadManager:
         """The local path of `url_or_path`'s verified bytes inside the cache folder.
 
         Args:
-            url_or_path: ``http(s)://``, ``s3://``, ``file://``, a plain path, or any
+            url_or_path: `http(s)://`, `s3://`, `file://`, a plain path, or any
                 scheme a plugin registered a backend for.
             cache_dir: overrides the manager's cache folder for this call.
             sha256: expected hex digest; a cached copy with another digest is refetched,
                 a download that does not match raises `ChecksumError`.
             extract: unpack the tar/zip archive and return the extracted folder.
             force: fetch (and extract) again even when cached. Processes racing with
-                ``force=True`` fetch once: a copy another one published after this call
+                `force=True` fetch once: a copy another one published after this call
                 began counts as fetched again.
             progress: overrides the manager's setting for this call.
             revalidate: ask the server whether a cached copy is still current (one
-                ``stat``, e.g. an HTTP HEAD); refetch when its etag or size changed.
+                `stat`, e.g. an HTTP HEAD); refetch when its etag or size changed.
                 A cached copy with the `sha256` asked for is served without asking:
                 those bytes are what the caller pinned.
             distributed: a collective over torch.distributed's default group (every
                 rank calls it with the same arguments): one rank fetches from the origin,
                 ranks with their own cache folder get the bytes over the process group
-                (see ``docs/howto/torchrun.md``). A plain call when torch.distributed is
+                (see `docs/howto/torchrun.md`). A plain call when torch.distributed is
                 not initialized.
 
         Raises:
@@ -436,7 +436,7 @@ def _digest(entry: Entry) -> Optional[str]:
 
 @contextmanager
 def _open_published(entry: Entry) -> Iterator[tuple[BinaryIO, str]]:
-    """The published file, opened once and checked with ``fstat`` to be the very file its
+    """The published file, opened once and checked with `fstat` to be the very file its
     sidecar names, and its sha256: what is extracted is what was verified, never a link
     or a file renamed over it since (by another user), and never a FIFO waited on."""
     meta = entry.cached()
@@ -537,7 +537,7 @@ def cached_path(
     distributed: bool = False,
 ) -> Path:
     """`DownloadManager.cached_path` on a default manager (settings from the environment);
-    ``distributed=True`` makes it a collective with one fetch per job (see there)."""
+    `distributed=True` makes it a collective with one fetch per job (see there)."""
     global _default_manager
     if _default_manager is None:
         _default_manager = DownloadManager()

@@ -2,7 +2,7 @@
 
 Every name lives in a `Registry`. The active one (`get_registry()`) is a module-level
 default; `use_registry` swaps in another, e.g. a fresh copy per test. A registry has
-two tiers: classes registered with ``@Base.register`` (recorded at once, importing and
+two tiers: classes registered with `@Base.register` (recorded at once, importing and
 scanning nothing) and components from plugins (discovered on the first lookup), which
 add theirs through a `Registrar`.
 

@@ -1,4 +1,4 @@
-"""Loading plugins: entry points of the ``framework.plugins`` group, through pluggy.
+"""Loading plugins: entry points of the `framework.plugins` group, through pluggy.
 
 Plugins load once, lazily, on the first lookup in a `Registry` (and again in each
 spawned worker process, which starts with an empty registry). The first-party
@@ -7,7 +7,7 @@ components come through this very path: they are entry points of this distributi
 Conflicts resolve the same way whatever order the environment lists entry points in:
 this distribution's plugins load first, then third-party ones sorted by (distribution,
 entry-point name). A later entry replaces an earlier one of the same name only with
-``exist_ok=True``; otherwise only that entry is skipped, with a `PluginWarning`.
+`exist_ok=True`; otherwise only that entry is skipped, with a `PluginWarning`.
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ def ensure_loaded() -> None:
 
 def _entry_points(registry: Registry) -> list[tuple[str, str, EntryPoint]]:
     """(distribution, version, entry point) of the group, read one distribution at a
-    time: a damaged ``.dist-info`` (no name, a bad line, bad bytes) is skipped with a
+    time: a damaged `.dist-info` (no name, a bad line, bad bytes) is skipped with a
     `PluginWarning`, and the others still load. The first of a name on sys.path wins."""
     found: list[tuple[str, str, EntryPoint]] = []
     seen: set[str] = set()
@@ -107,8 +107,8 @@ def _ordered(found: list[tuple[str, str, EntryPoint]]) -> list[tuple[str, str, E
 def discover(registry: Registry) -> None:
     """Load every allowed entry point of the group into `registry`.
 
-    `FRAMEWORK_PLUGINS` / `FRAMEWORK_DISABLE_PLUGINS` list entry-point names (``core``:
-    every distribution's ``core``) or ``distribution:name`` (``other-dist:core``: that
+    `FRAMEWORK_PLUGINS` / `FRAMEWORK_DISABLE_PLUGINS` list entry-point names (`core`:
+    every distribution's `core`) or `distribution:name` (`other-dist:core`: that
     one alone, as warnings name a third-party entry point sharing a built-in's name).
     """
     manager = registry.plugin_manager

@@ -40,8 +40,8 @@ def install_config_builder(builder: ConfigBuilder) -> None:
 class Registrable:
     """A base class whose subclasses can be registered and then chosen by name.
 
-    ``@Base.register("name")`` keeps the decorated class's type; ``Base.by_name``
-    returns the class (or its named constructor); ``Base.from_config`` builds one
+    `@Base.register("name")` keeps the decorated class's type; `Base.by_name`
+    returns the class (or its named constructor); `Base.from_config` builds one
     from a config mapping.
     """
 
@@ -54,9 +54,9 @@ class Registrable:
         """Register the decorated subclass as `name` for this base class.
 
         Scans no plugin. A name that the program's own code registered already raises
-        `DuplicateNameError` unless ``exist_ok=True``; a plugin's entry of the name is
+        `DuplicateNameError` unless `exist_ok=True`; a plugin's entry of the name is
         replaced, whichever is seen first, with a `PluginWarning` (none with
-        ``exist_ok=True``). A plugin's own modules registering so count as the plugin.
+        `exist_ok=True`). A plugin's own modules registering so count as the plugin.
         """
         _check_name(name, f"{cls.__name__}.register")
 
@@ -94,8 +94,8 @@ class Registrable:
     ) -> tuple[type[_R], Optional[str]]:
         """The class registered as `name` (or at dotted path `name`) and its constructor.
 
-        A dotted path imports its module, so it runs code: with ``allow_import=False``
-        (or ``FRAMEWORK_REGISTERED_TYPES_ONLY=1`` in the environment) only a path that
+        A dotted path imports its module, so it runs code: with `allow_import=False`
+        (or `FRAMEWORK_REGISTERED_TYPES_ONLY=1` in the environment) only a path that
         is a registered target is accepted, and nothing else is imported.
         """
         entry = cls._find_entry(name)
@@ -177,8 +177,8 @@ class Registrable:
     def from_config(cls: type[_R], config: Union[Mapping[str, Any], str, PathLike[str]], **extras: Any) -> _R:
         """Build an instance from a config mapping (or a JSON/YAML file).
 
-        A ``"type"`` key picks the registered subclass (else `default_implementation`);
-        other keys are matched to ``__init__`` parameters by their annotations,
+        A `"type"` key picks the registered subclass (else `default_implementation`);
+        other keys are matched to `__init__` parameters by their annotations,
         recursively. `extras` go to any constructor, at any depth, that takes them.
         """
         if _builder is None:  # the config layer installs its builder when imported

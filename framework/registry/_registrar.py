@@ -16,7 +16,7 @@ __all__ = ["Registrar"]
 
 @attrs.define
 class Registrar:
-    """What a plugin's ``framework_register_components`` hook receives.
+    """What a plugin's `framework_register_components` hook receives.
 
     Entries are staged and committed together, so a plugin that fails halfway
     registers nothing.
@@ -36,7 +36,7 @@ class Registrar:
         constructor: Optional[str] = None,
         exist_ok: bool = False,
     ) -> None:
-        """Register `target` (``"pkg.module:Class"`` or a class) as `name` for `base`."""
+        """Register `target` (`"pkg.module:Class"` or a class) as `name` for `base`."""
         if not (isinstance(base, type) and issubclass(base, Registrable)):
             raise RegistryError(f"registrar.add: {base!r} is not a Registrable base class")
         _check_name(name, f"registrar.add({base.__name__}, ...) from {self.provider}")

@@ -2,7 +2,7 @@
 
 Every name lives in a `Registry`. The active one (`get_registry()`) is a module-level
 default; `use_registry` swaps in another, e.g. a fresh copy per test. A registry has
-two tiers: classes registered with ``@Base.register`` (recorded at once, importing and
+two tiers: classes registered with `@Base.register` (recorded at once, importing and
 scanning nothing) and components from plugins (discovered on the first lookup).
 """
 
@@ -53,8 +53,8 @@ def _discover_entry_points(registry: Registry) -> None:
 class Registry:
     """Every base's named components, safe to share between threads.
 
-    ``@Base.register`` adds to the decorator tier and scans nothing. The first lookup
-    runs `discover` once (by default: every ``framework.plugins`` entry point), builds
+    `@Base.register` adds to the decorator tier and scans nothing. The first lookup
+    runs `discover` once (by default: every `framework.plugins` entry point), builds
     the plugin tier on the side, lays the decorator tier over it, and only then
     publishes the result; other threads wait for it. A plugin module that looks names
     up while it loads sees the entries committed so far.
@@ -193,7 +193,7 @@ class Registry:
 
     def registered_by(self, plugin: str, module: Optional[str]) -> bool:
         """Whether plugin `plugin` (or module `module`, imported earlier) registered a class
-        with ``@Base.register``: a plugin may consist of decorated classes alone."""
+        with `@Base.register`: a plugin may consist of decorated classes alone."""
         with self._lock:
             return any(
                 tag == plugin
@@ -274,7 +274,7 @@ class Registry:
     def commit(
         self, staged: list[tuple[RegistryEntry, bool]], on_clash: Literal["raise", "warn"] = "raise"
     ) -> None:
-        """Add a plugin's entries. ``"raise"``: all or nothing. ``"warn"``: a clashing entry
+        """Add a plugin's entries. `"raise"`: all or nothing. `"warn"`: a clashing entry
         is skipped with a `PluginWarning` naming both providers, the others are added."""
         for entry, _ in staged:
             if not isinstance(entry, RegistryEntry):

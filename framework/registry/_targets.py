@@ -1,7 +1,7 @@
 """Registered targets: the import gate for dotted paths and `RegistryEntry`.
 
 `import_target` is the one place a dotted path from a config is imported, behind
-`imports_allowed` (``FRAMEWORK_REGISTERED_TYPES_ONLY``). A `RegistryEntry` names one
+`imports_allowed` (`FRAMEWORK_REGISTERED_TYPES_ONLY`). A `RegistryEntry` names one
 registered class, imported on first `load()`; the helpers here tell whether two entries
 are the same class and word the clash when they are not. `framework.registry`
 re-exports the public names.
@@ -45,7 +45,7 @@ class PluginWarning(UserWarning):
 
 
 def describe_error(error: BaseException) -> str:
-    """``Type: message``, even for an exception whose ``__str__`` itself raises."""
+    """`Type: message`, even for an exception whose `__str__` itself raises."""
     try:
         return f"{type(error).__name__}: {error}"
     except Exception:  # a plugin's broken exception class must not break loading
@@ -66,7 +66,7 @@ def warn_plugin(message: str) -> None:
 
 def imports_allowed(allow_import: Optional[bool] = None) -> bool:
     """Whether a dotted path from a config may be imported: `allow_import` if given,
-    else unless ``FRAMEWORK_REGISTERED_TYPES_ONLY`` is set (empty and ``0`` mean unset)."""
+    else unless `FRAMEWORK_REGISTERED_TYPES_ONLY` is set (empty and `0` mean unset)."""
     if allow_import is not None:
         return allow_import
     return os.environ.get(REGISTERED_TYPES_ONLY_ENV, "") in ("", "0")
@@ -75,7 +75,7 @@ def imports_allowed(allow_import: Optional[bool] = None) -> bool:
 def import_refusal(path: str, allow_import: Optional[bool] = None) -> Optional[str]:
     """Why `import_target` would refuse `path` now, or None if it would import it.
 
-    For checks that must refuse without importing (``framework config validate``)."""
+    For checks that must refuse without importing (`framework config validate`)."""
     if imports_allowed(allow_import):
         return None
     return (
@@ -92,12 +92,12 @@ def _split(path: str) -> tuple[str, str, str]:
 
 
 def import_target(path: str, *, allow_import: Optional[bool] = None) -> Any:
-    """Import ``pkg.mod:Attr`` or ``pkg.mod.Attr`` and return the attribute.
+    """Import `pkg.mod:Attr` or `pkg.mod.Attr` and return the attribute.
 
     Importing runs the module's code, so this is the one gate for every path that comes
-    from a config: with ``FRAMEWORK_REGISTERED_TYPES_ONLY=1`` (or ``allow_import=False``)
+    from a config: with `FRAMEWORK_REGISTERED_TYPES_ONLY=1` (or `allow_import=False`)
     it raises ImportError and imports nothing. Installed code (a registered target, a
-    plugin naming its bases) passes ``allow_import=True``.
+    plugin naming its bases) passes `allow_import=True`.
     """
     refusal = import_refusal(path, allow_import)
     if refusal is not None:
@@ -121,8 +121,8 @@ def _drop_orphans(added: set[str]) -> None:
 
     Python forgets a package whose import failed (a Ctrl-C in the middle of it) but not
     the submodules it had imported, so the next import of the package finds them already
-    there and never binds them to it again (``module 'requests' has no attribute
-    'exceptions'`` for the rest of the process). Without them, it imports them anew."""
+    there and never binds them to it again (`module 'requests' has no attribute
+    'exceptions'` for the rest of the process). Without them, it imports them anew."""
     while True:
         orphans = [name for name in added if name in sys.modules and _parent_gone(name)]
         if not orphans:
@@ -143,7 +143,7 @@ def _describe(target: Union[str, type]) -> str:
 
 
 def _same_target(a: str, b: str) -> bool:
-    """``pkg.mod.Cls`` and ``pkg.mod:Cls`` name the same class."""
+    """`pkg.mod.Cls` and `pkg.mod:Cls` name the same class."""
     return a.replace(":", ".") == b.replace(":", ".")
 
 

@@ -68,7 +68,8 @@ def test_default_config_runs_the_bundled_example(
     assert summary["instances"] == 2 * BUNDLED_LINES
     assert summary["batches"] >= summary["instances"] // 32
     assert summary["time_to_first_batch_s"] > 0
-    assert Path(summary["cached_at"]).is_relative_to(isolated_cache)
+    assert summary["cached_at"] == str(REPO_ROOT / "framework" / "examples" / "corpus.txt")
+    assert list(isolated_cache.iterdir()) == []  # the bundled corpus is read in place
 
 
 def test_default_config_through_the_real_command(
@@ -84,7 +85,7 @@ def test_default_config_through_the_real_command(
                   "peak memory", "cached at"):  # fmt: skip
         assert label in result.stdout
     assert f"instances    {2 * BUNDLED_LINES}" in result.stdout
-    assert str(isolated_cache) in result.stdout
+    assert "cached at    (a local path, read in place)" in result.stdout
 
 
 def test_json_config_file(capsys: pytest.CaptureFixture[str], tmp_path: Path, data_file: Path) -> None:
@@ -240,6 +241,28 @@ def test_url_data_path_is_fetched_once_and_cached(
         assert summary["instances"] == 100
         assert Path(summary["cached_at"]).is_relative_to(isolated_cache)
     assert gets == ["/data.jsonl"]  # the second run was a cache hit
+
+
+@pytest.mark.parametrize("as_url", [False, True], ids=["path", "file-url"])
+def test_a_local_file_is_read_in_place(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, data_file: Path, isolated_cache: Path, as_url: bool
+) -> None:
+    """A local file (a path or a ``file://`` URL) is read where it is, never copied."""
+    config = write_config(tmp_path, data_file.as_uri() if as_url else str(data_file))
+    code, summary, err = run_cli(capsys, str(config))
+    assert code == 0, err
+    assert summary["instances"] == 100
+    assert summary["cached_at"] == str(data_file)
+    assert list(isolated_cache.rglob("*")) == []
+
+
+def test_a_missing_file_url_is_a_clear_error(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, isolated_cache: Path
+) -> None:
+    config = write_config(tmp_path, (tmp_path / "missing.jsonl").as_uri())
+    code, _, err = run_cli(capsys, str(config))
+    assert code != 0
+    assert "missing.jsonl" in err and "does not exist" in err
 
 
 def test_url_that_does_not_exist(

@@ -36,6 +36,35 @@ def test_samplers_come_from_the_plugin_path() -> None:
     assert isinstance(built, BucketBatchSampler) and built.batch_size == 3
 
 
+def test_samplers_are_importable_from_framework_data() -> None:
+    import framework_plugins.samplers
+
+    import framework.data
+    from framework.data import BucketBatchSampler, MaxTokensBatchSampler
+
+    assert BatchSampler.by_name("bucket") is BucketBatchSampler
+    assert BatchSampler.by_name("max_tokens") is MaxTokensBatchSampler
+    assert framework_plugins.samplers.BucketBatchSampler is BucketBatchSampler  # the old path
+    assert framework_plugins.samplers.MaxTokensBatchSampler is MaxTokensBatchSampler
+    assert {"BucketBatchSampler", "MaxTokensBatchSampler"} <= set(framework.data.__all__)
+    assert framework.data.__all__ == sorted(framework.data.__all__)
+
+
+def test_the_core_never_imports_the_plugins_package() -> None:
+    import ast
+    from pathlib import Path
+
+    import framework
+
+    root = Path(framework.__file__).parent
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.level == 0:
+                names = [node.module or ""]
+            assert not any(n.split(".")[0] == "framework_plugins" for n in names), path
+
+
 def test_bucket_groups_instances_of_similar_length() -> None:
     sampler = bucket(batch_size=2, sorting_keys=["text"], padding_noise=0, shuffle=False)
     batches = list(sampler.get_batch_indices(instances()))

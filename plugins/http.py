@@ -22,7 +22,7 @@ import urllib3.exceptions
 from requests.adapters import HTTPAdapter
 from urllib3.util.retry import Retry
 
-from framework._redact import RedactingFilter
+from framework.download import RedactingFilter
 from framework.download.backend import (
     POOL_SIZE,
     ByteStream,
@@ -149,6 +149,8 @@ class HttpBackend(DownloadBackend):
     """
 
     schemes: ClassVar[tuple[str, ...]] = ("http", "https")
+    supports_ranges: ClassVar[bool] = True
+    takes_refusals_at_once: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -225,8 +227,8 @@ class HttpBackend(DownloadBackend):
         url: str,
         offset: int = 0,
         *,
-        if_range: Optional[str] = None,
         end: Optional[int] = None,
+        if_range: Optional[str] = None,
         refusals_at_once: bool = False,
     ) -> ByteStream:
         """See `DownloadBackend.open`; `refusals_at_once`: a 429 or 503 is raised at once

@@ -120,8 +120,7 @@ class MaxTokensBatchSampler(BucketBatchSampler):
         for index, size in zip(indices, sizes):
             if size > self.max_tokens:
                 logger.warning(
-                    "instance %d has %d tokens, more than max_tokens=%d: it gets a batch of "
-                    "its own",
+                    "instance %d has %d tokens, more than max_tokens=%d: it gets a batch of its own",
                     index,
                     size,
                     self.max_tokens,

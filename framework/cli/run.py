@@ -271,7 +271,7 @@ def main(args: argparse.Namespace) -> int:
 
     if "://" not in data_path and not Path(data_path).exists():
         raise FileNotFoundError(f"data_path: {data_path} does not exist")
-    from framework.download._cluster import torchrun_group
+    from framework.distributed import torchrun_group
 
     # Under torchrun: join the job's group (gloo), so ranks read disjoint shards and the
     # whole job fetches data_path once (docs/howto/torchrun.md).

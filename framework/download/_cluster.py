@@ -50,7 +50,6 @@ ends, and publishes nothing.
 
 from __future__ import annotations
 
-import atexit
 import logging
 import os
 import secrets
@@ -90,7 +89,8 @@ from framework.errors import ChecksumError, DownloadError, InvalidArgumentError
 if TYPE_CHECKING:
     from framework.download.manager import DownloadManager
 
-__all__ = ["CHUNK_BYTES", "POLL_S", "cluster_cached_path", "torchrun_group"]
+__all__ = ["CHUNK_BYTES", "POLL_S", "cluster_cached_path"]
+
 
 logger = logging.getLogger("framework.download")
 
@@ -786,16 +786,3 @@ def _remove_quietly(path: Path) -> None:
         os.unlink(path)
     except OSError:
         pass
-
-
-def torchrun_group() -> bool:
-    """Join the process group torchrun describes (gloo, ``env://``) unless one exists;
-    whether a group of more than one rank is there. A group joined here is left at exit."""
-    if not dist.is_available():
-        return False
-    if not dist.is_initialized():
-        if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or "MASTER_ADDR" not in os.environ:
-            return False
-        dist.init_process_group("gloo")
-        atexit.register(dist.destroy_process_group)
-    return dist.get_world_size() > 1

@@ -25,7 +25,7 @@ from dl_helpers import FORK, FaultServer, Route, sha256, stray_files, wait_for
 from framework.download import DownloadManager
 from framework.download._cache import HOST, Entry, unique_token
 from framework.download._lock import EntryLock
-from framework.download._publish import partial_bytes
+from framework.download._partial import partial_bytes
 from framework.download._validators import NO_VALIDATOR, Validators
 from framework.download.backend import parse_content_range
 from framework.errors import (
@@ -175,7 +175,7 @@ def test_old_sidecar_never_vouches_for_new_bytes(
 
 
 def _crash_before_rename(cache: str, url: str) -> None:
-    from framework.download import _publish
+    from framework.download import _partial as _publish
 
     def crash(temp: Path, final: Path) -> None:
         os._exit(3)  # the sidecar is written, the file not yet renamed into place
@@ -1172,15 +1172,15 @@ def test_complete_partial_and_a_server_refusing_head_starts_over(
 
 
 def _interrupted_while_adopting(cache: str, url: str, results: Any) -> None:
-    from framework.download import _publish
+    from framework.download import _partial as _publish
 
-    real = _publish._new_hasher
+    real = _publish.new_hasher
 
     class Interrupted:
         def update(self, data: bytes) -> None:
             raise KeyboardInterrupt  # Ctrl-C while the adopted file is hashed again
 
-    _publish._new_hasher = Interrupted  # type: ignore[assignment]
+    _publish.new_hasher = Interrupted  # type: ignore[assignment]
     manager = DownloadManager(cache, progress=False, backoff_factor=0.01)
     try:
         manager.cached_path(url)
@@ -1188,7 +1188,7 @@ def _interrupted_while_adopting(cache: str, url: str, results: Any) -> None:
         return
     except KeyboardInterrupt:
         pass
-    _publish._new_hasher = real
+    _publish.new_hasher = real
     path = manager.cached_path(url)  # the same process, a later call
     results.put(hashlib.sha256(path.read_bytes()).hexdigest())
 

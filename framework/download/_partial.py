@@ -395,7 +395,7 @@ class Partial:
 
 
 def _record_of(path: Path) -> Path:
-    """A parallel partial file's record of parts (as `parallel._parts.record_path`)."""
+    """A parallel partial file's record of parts (as `parallel._parts._record_path`)."""
     return path.with_name(path.name[: -len(".part")] + ".parts")
 
 

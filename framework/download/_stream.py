@@ -34,19 +34,17 @@ def open_stream(
     *,
     end: Optional[int] = None,
     if_range: Optional[str] = None,
-    **extra: Any,
 ) -> ByteStream:
     """``backend.open(url, offset, end=end, if_range=if_range)``, each keyword passed
     only when set: a backend written before `end` existed (``open(url, offset, *,
     if_range)``) is never handed one, and it is never asked for a bounded range
-    unless it declares `DownloadBackend.supports_ranges`. `extra` are a backend's own
-    keywords (set only for a backend that declares them)."""
+    unless it declares `DownloadBackend.supports_ranges`."""
     if end is not None and not backend.supports_ranges:
         raise range_unsupported(url, backend, offset, end)
     keywords: dict[str, Any] = {
         key: value for key, value in (("end", end), ("if_range", if_range)) if value is not None
     }
-    return backend.open(url, offset, **keywords, **extra)
+    return backend.open(url, offset, **keywords)
 
 
 def place(backend: DownloadBackend, url: str, stream: ByteStream, partial: Partial) -> bool:

@@ -8,7 +8,9 @@ and progress all live once, in `DownloadManager`.
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from types import TracebackType
 from typing import Any, Callable, ClassVar, Final, Optional
 
@@ -28,6 +30,8 @@ __all__ = [
     "range_body_length",
     "range_place",
     "range_unsupported",
+    "refusals_at_once",
+    "refusals_wanted_at_once",
 ]
 
 # Connections a backend keeps open per host: room for two objects fetched at once at the
@@ -162,6 +166,27 @@ def _backend_problems(arguments: Mapping[str, Any]) -> list[tuple[str, str]]:
     return problems
 
 
+_HINTS = threading.local()
+
+
+@contextmanager
+def refusals_at_once() -> Iterator[None]:
+    """Within the block, this thread's `DownloadBackend.open` calls are asked to raise a
+    refusal (429, 503) at once, with its Retry-After, not wait it out in retries: a
+    parallel fetch then hands the part to a connection the server serves. A hint that a
+    backend reads with `refusals_wanted_at_once`, or ignores."""
+    _HINTS.at_once = True
+    try:
+        yield
+    finally:
+        _HINTS.at_once = False
+
+
+def refusals_wanted_at_once() -> bool:
+    """Whether this thread is inside `refusals_at_once`."""
+    return bool(getattr(_HINTS, "at_once", False))
+
+
 def range_unsupported(url: str, backend: DownloadBackend, offset: int, end: int) -> DownloadError:
     """The error for a bounded range asked of a backend that does not serve one
     (`DownloadBackend.supports_ranges` is False)."""
@@ -190,7 +215,9 @@ class DownloadBackend(Registrable):
       may then fetch a large object in parts over several connections. Left False, the
       manager never passes `end`, and fetches over one stream, resumed from `offset`;
     - optionally `stat` (size and validators without reading; by default from a
-      stream opened at 0), `close` (release connections) and `schemes`/`accepts`.
+      stream opened at 0), `close` (release connections) and `schemes`/`accepts`; a
+      backend with retries of its own may raise a refusal at once when
+      `refusals_wanted_at_once()` says a parallel fetch asks for that.
 
     Failures are raised as `framework.errors.DownloadError` subclasses naming the URL:
     `HTTPStatusError` for a final refusal, `NetworkError` for a connection that failed
@@ -202,9 +229,7 @@ class DownloadBackend(Registrable):
     schemes: ClassVar[tuple[str, ...]] = ()
     # Whether `open` honours `end`: the manager asks for bounded ranges only then.
     supports_ranges: ClassVar[bool] = False
-    # Whether `open` takes ``refusals_at_once=True`` (raise a 429 or 503 at once with its
-    # Retry-After, not retried): a parallel fetch then hands the part to another connection.
-    takes_refusals_at_once: ClassVar[bool] = False
+
     # A retry count below 0 or a timeout of 0 would fail at the first request instead:
     # refused by the constructor and by `framework config validate` alike.
     config_checks: ClassVar[ConfigChecks] = ConfigChecks(

@@ -281,9 +281,9 @@ def test_a_silent_parallel_writer_that_wakes_never_changes_the_published_file(
     asked for), and what the writer then does through its descriptor never reaches the
     published file."""
     from framework.download._cache import Entry
-    from framework.download.parallel._parts import _Plan, _save_record
     from framework.download._partial import PARALLEL_TAG
     from framework.download._validators import Validators
+    from framework.download.parallel._parts import _Plan, _save_record
 
     data = os.urandom(8 * PART)
     url = http_server.add(unique_path("paused-parallel-writer"), data)
@@ -309,11 +309,11 @@ def test_a_writer_whose_partial_was_taken_over_publishes_nothing(tmp_path: Path)
     """The silent writer wakes at its very end: its partial file was renamed away (and
     copied) by another process; it neither publishes nor writes the entry's sidecar."""
     from framework.download._cache import Entry
-    from framework.download._partial import Partial as _Partial, publish_fetched
+    from framework.download._partial import Partial, publish_fetched
 
     entry = Entry(tmp_path, "http://127.0.0.1:9/taken.bin")
     tmp_path.mkdir(exist_ok=True)
-    partial = _Partial.create(entry.final)
+    partial = Partial.create(entry.final)
     os.write(partial.fd, b"old bytes")
     partial.offset = 9
     partial.hasher.update(b"old bytes")

@@ -397,8 +397,13 @@ def test_a_cut_range_without_a_content_length_is_a_failure_not_a_cap(
     is, so each is a network failure, retried up to `retries` times per part with
     backoff, not a server's cap that is followed by another request at once."""
     url = http_server.add(
-        unique_path("close-delimited"), _data(6), etag='"cd"', close_delimited=True,
-        drop_after=100_000, drops=1000, drop_kind="short",
+        unique_path("close-delimited"),
+        _data(6),
+        etag='"cd"',
+        close_delimited=True,
+        drop_after=100_000,
+        drops=1000,
+        drop_kind="short",
     )
     with pytest.raises(NetworkError, match="of the range's"):
         parts_manager(tmp_path, retries=3).cached_path(url)
@@ -850,7 +855,7 @@ def test_an_engine_that_cannot_start_leaves_no_descriptor(
 
     data = _data(8)
     url = http_server.add(unique_path("no-engine"), data, **SLOW)
-    monkeypatch.setattr(_followers, "_new_hasher", broken)
+    monkeypatch.setattr(_followers, "new_hasher", broken)
 
     def partial_fds() -> list[str]:
         found = []
@@ -921,8 +926,10 @@ def test_a_thread_that_cannot_start_means_fewer_connections(
     real_start = threading.Thread.start
 
     def start(thread: threading.Thread) -> None:
-        if thread.name.startswith("framework-parallel-") and thread.name[-1].isdigit() and thread.name != (
-            "framework-parallel-1"
+        if (
+            thread.name.startswith("framework-parallel-")
+            and thread.name[-1].isdigit()
+            and thread.name != ("framework-parallel-1")
         ):
             raise RuntimeError("can't start new thread")
         real_start(thread)
@@ -1033,9 +1040,9 @@ def test_a_record_of_a_huge_object_stays_small_and_reads_back(tmp_path: Path) ->
     """Parts complete lowest first, so the record keeps runs: 1.27 TiB in 8 MiB parts,
     all but ten done, is a few hundred bytes (a list of indices was over 1 MiB and was
     refused on resume)."""
-    from framework.download.parallel._parts import _load_record, _Plan, _record_path, _save_record
     from framework.download._partial import PartialName
     from framework.download._validators import Validators
+    from framework.download.parallel._parts import _load_record, _Plan, _record_path, _save_record
 
     plan = _Plan(166_400 * (8 << 20), 8 << 20, Validators('"big"', None, None))
     done = set(range(166_390)) | {166_395}
@@ -1048,9 +1055,9 @@ def test_a_record_of_a_huge_object_stays_small_and_reads_back(tmp_path: Path) ->
 def _dead_writer(final: str, size: int, done: list[int], reached: dict[int, int], record: bool) -> None:
     """In a child (whose pid is dead afterwards): leave a parallel partial file of `final`,
     with a record of `done` and `reached` parts of PART bytes (or no record)."""
-    from framework.download.parallel._parts import _Plan, _save_record
     from framework.download._partial import PartialName
     from framework.download._validators import Validators
+    from framework.download.parallel._parts import _Plan, _save_record
 
     plan = _Plan(size, PART, Validators('"v1"', None, None))
     name = PartialName(Path(final), "P" + plan.validators.tag)
@@ -1294,7 +1301,9 @@ def test_s3_swap_mid_fetch_is_refused_by_if_match(bucket: str, s3_env: str, tmp_
             client.put_object(Bucket=bucket, Key="swap.bin", Body=new)
 
     backend = _s3_backend(swap)
-    path = parts_manager(tmp_path, connections=2, backends={"s3": backend}).cached_path(f"s3://{bucket}/swap.bin")
+    path = parts_manager(tmp_path, connections=2, backends={"s3": backend}).cached_path(
+        f"s3://{bucket}/swap.bin"
+    )
     assert sha256(path.read_bytes()) == sha256(new)
     assert stray_files(tmp_path) == []
 

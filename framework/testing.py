@@ -99,8 +99,9 @@ def check_backend(backend: DownloadBackend, url: str, data: bytes) -> None:
     bytes are `data` (two bytes or more): `open` takes the declared arguments, serves
     the object from 0 and resumes from an offset (or answers whole from 0), gives no
     byte past the end, `stat` agrees with it, a stream closes twice, and the backend
-    works after `close`. With `supports_ranges`, `end` bounds the range, an `end` past
-    the object ends at its end, and `if_range` naming the version serves the range.
+    works after `close`. With `supports_ranges`, `end` bounds the range (answered
+    with status 206), an `end` past the object ends at its end, and `if_range` naming
+    the version serves the range.
 
     Raises AssertionError saying which promise was broken."""
     name = type(backend).__name__
@@ -136,6 +137,7 @@ def check_backend(backend: DownloadBackend, url: str, data: bytes) -> None:
 @attrs.frozen
 class _Read:
     start: int
+    status: Optional[int]
     size: Optional[int]
     etag: Optional[str]
     if_range: Optional[str]
@@ -148,7 +150,9 @@ class _Read:
 def _read(backend: DownloadBackend, url: str, offset: int, **keywords: Any) -> _Read:
     with backend.open(url, offset, **keywords) as stream:
         body = b"".join(stream.chunks)
-        return _Read(stream.start, stream.size, stream.etag, stream.etag or stream.last_modified, body)
+        return _Read(
+            stream.start, stream.status, stream.size, stream.etag, stream.etag or stream.last_modified, body
+        )
 
 
 def _check_ranges(backend: DownloadBackend, url: str, data: bytes, version: Optional[str]) -> None:
@@ -158,6 +162,9 @@ def _check_ranges(backend: DownloadBackend, url: str, data: bytes, version: Opti
         _expect(
             got.start == start and got.body == data[start:end],
             f"{name} asked for [{start}, {end}) gave {got}",
+        )
+        _expect(
+            got.status == 206, f"{name} answered the range [{start}, {end}) with status {got.status}, not 206"
         )
     if version is not None:
         got = _read(backend, url, 1, end=middle + 1, if_range=version)

@@ -255,9 +255,11 @@ class DownloadBackend(Registrable):
         """Open `url` for reading from byte `offset` (see `ByteStream.start`).
 
         `end` (exclusive), only ever given when `supports_ranges` is True, bounds the
-        range: the stream ends there, or at the object's end if that comes first. A
-        backend that does not serve ranges leaves `supports_ranges` False and never
-        sees one (raise `range_unsupported` if it is given one anyway).
+        range: the stream ends there, or at the object's end if that comes first; the
+        answer to a range says ``status=206`` (a parallel fetch needs a first answer
+        that is a range of known `size` with a validator). A backend that does not
+        serve ranges leaves `supports_ranges` False and never sees one (raise
+        `range_unsupported` if it is given one anyway).
 
         `if_range` (an ETag or a Last-Modified date) asks for the range only if the
         object is still that version, else for the whole object (HTTP ``If-Range``);

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Any, ClassVar, Optional
@@ -149,9 +150,42 @@ def test_the_howto_backend_passes_check_backend() -> None:
 
 def test_the_howto_backend_serves_the_manager_in_parts(tmp_path: Path) -> None:
     cls = _howto_namespace()["NumbersBackend"]
+
+    class Counting(cls):  # type: ignore[misc, valid-type]
+        ends: ClassVar[list[Optional[int]]] = []
+
+        def open(self, url: str, offset: int = 0, **keywords: Any) -> ByteStream:
+            self.ends.append(keywords.get("end"))
+            return super().open(url, offset, **keywords)  # type: ignore[no-any-return]
+
     body = "".join(f"{n}\n" for n in range(200_000)).encode()
     manager = DownloadManager(
-        tmp_path, connections=4, part_size=64 << 10, progress=False, backends={"numbers": cls()}
+        tmp_path, connections=4, part_size=64 << 10, progress=False, backends={"numbers": Counting()}
     )
     path = manager.cached_path("numbers://200000")
     assert path.read_bytes() == body
+    assert Counting.ends and all(end is not None for end in Counting.ends)  # the parallel path
+
+
+def test_the_first_party_backends_pass_check_backend(http_server: Any, s3_env: str, tmp_path: Path) -> None:
+    import boto3
+    from dl_helpers import unique_path
+    from framework_plugins.http import HttpBackend
+    from framework_plugins.local import LocalBackend
+    from framework_plugins.s3 import S3Backend
+
+    url = http_server.add(unique_path("contract"), DATA, etag='"contract"')
+    with HttpBackend(backoff_factor=0.01) as http:
+        assert http.supports_ranges
+        check_backend(http, url, DATA)
+    bucket = f"contract-{os.getpid()}-{os.urandom(3).hex()}"
+    client = boto3.client("s3", endpoint_url=s3_env)
+    client.create_bucket(Bucket=bucket)
+    client.put_object(Bucket=bucket, Key="contract.bin", Body=DATA)
+    with S3Backend() as s3:
+        assert s3.supports_ranges
+        check_backend(s3, f"s3://{bucket}/contract.bin", DATA)
+    local = tmp_path / "contract.bin"
+    local.write_bytes(DATA)
+    assert not LocalBackend.supports_ranges
+    check_backend(LocalBackend(), local.as_uri(), DATA)

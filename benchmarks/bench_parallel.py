@@ -284,7 +284,8 @@ def main() -> None:
 
     from framework_plugins.s3 import S3Backend
 
-    from framework.download import DownloadManager, _followers
+    from framework.download import DownloadManager
+    from framework.download.parallel import _followers
 
     def fresh() -> Path:
         folder = Path(tempfile.mkdtemp(dir=work))

@@ -4,6 +4,8 @@
   what a test registers never leaks into the next (pluggy's fresh `pm` per test).
 - `MemoryBackend`: a download backend serving `mem://` URLs from a dict of bytes,
   counting how often each URL is opened.
+- `check_backend(backend, url, data)`: checks a download backend against the
+  `DownloadBackend` contract on one object, ranges included when it declares them.
 - `assert_reader_shards_exactly_once(reader, path)`: reads `path` as every worker of
   every rank would, for several worker/rank grids (some always leaving a remainder for
   this data), and checks the shards together yield each instance exactly once.
@@ -14,12 +16,15 @@ Importing this module imports no torch.
 from __future__ import annotations
 
 import collections
+import inspect
 from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, ClassVar, Optional
 
+import attrs
+
 from framework.data.reader import DatasetReader, DatasetReaderInput, DistributedInfo, Instance, WorkerInfo
-from framework.download.backend import ByteStream, DownloadBackend, RemoteInfo
+from framework.download.backend import ByteStream, DownloadBackend, RemoteInfo, range_unsupported
 from framework.errors import DownloadError, HTTPStatusError
 from framework.registry import Registry, get_registry, use_registry
 
@@ -27,6 +32,7 @@ __all__ = [
     "DEFAULT_SHARD_GRIDS",
     "MemoryBackend",
     "assert_reader_shards_exactly_once",
+    "check_backend",
     "fresh_registry",
     "read_shards",
 ]
@@ -63,7 +69,11 @@ class MemoryBackend(DownloadBackend):
         cls.objects.clear()
         cls.opens.clear()
 
-    def open(self, url: str, offset: int = 0, *, if_range: Optional[str] = None) -> ByteStream:
+    def open(
+        self, url: str, offset: int = 0, *, end: Optional[int] = None, if_range: Optional[str] = None
+    ) -> ByteStream:
+        if end is not None:  # one stream (`supports_ranges` is False): never asked for a range
+            raise range_unsupported(url, self, offset, end)
         data = self.objects.get(url)
         if data is None:
             raise HTTPStatusError(url, 404, "no such object in MemoryBackend.objects")
@@ -82,6 +92,89 @@ class MemoryBackend(DownloadBackend):
         import hashlib
 
         return '"' + hashlib.sha256(self.objects[url]).hexdigest()[:16] + '"'
+
+
+def check_backend(backend: DownloadBackend, url: str, data: bytes) -> None:
+    """Check `backend` against the `DownloadBackend` contract on `url`, an object whose
+    bytes are `data` (two bytes or more): `open` takes the declared arguments, serves
+    the object from 0 and resumes from an offset (or answers whole from 0), gives no
+    byte past the end, `stat` agrees with it, a stream closes twice, and the backend
+    works after `close`. With `supports_ranges`, `end` bounds the range (answered
+    with status 206), an `end` past the object ends at its end, and `if_range` naming
+    the version serves the range.
+
+    Raises AssertionError saying which promise was broken."""
+    name = type(backend).__name__
+    if len(data) < 2:
+        raise ValueError("check_backend needs an object of two bytes or more")
+    try:
+        inspect.signature(backend.open).bind(url, 0, end=None, if_range=None)
+    except TypeError as error:
+        raise AssertionError(
+            f"{name}.open must take (url, offset=0, *, end=None, if_range=None): {error}"
+        ) from None
+    whole = _read(backend, url, 0)
+    _expect(whole.start == 0 and whole.body == data, f"{name} opened at 0 gave {whole}, not the object")
+    _expect(whole.size in (None, len(data)), f"{name} says the object is {whole.size} bytes, not {len(data)}")
+    for offset in (1, len(data) // 2, len(data)):
+        got = _read(backend, url, offset)
+        resumed = got.start == offset and got.body == data[offset:]
+        _expect(resumed or (got.start == 0 and got.body == data), f"{name} opened at {offset} gave {got}")
+    past = _read(backend, url, len(data) + 1)
+    _expect(past.body == b"", f"{name} opened past the end gave bytes ({past})")
+    info = backend.stat(url)
+    _expect(info.size in (None, len(data)), f"{name}.stat says {info.size} bytes, not {len(data)}")
+    _expect(None in (info.etag, whole.etag) or info.etag == whole.etag, f"{name}.stat names another version")
+    if backend.supports_ranges:
+        _check_ranges(backend, url, data, whole.if_range)
+    stream = backend.open(url, 0)
+    stream.close()
+    stream.close()
+    backend.close()
+    _expect(_read(backend, url, 0).body == data, f"{name} does not work after close()")
+
+
+@attrs.frozen
+class _Read:
+    start: int
+    status: Optional[int]
+    size: Optional[int]
+    etag: Optional[str]
+    if_range: Optional[str]
+    body: bytes
+
+    def __str__(self) -> str:
+        return f"start={self.start}, size={self.size}, {len(self.body)} bytes"
+
+
+def _read(backend: DownloadBackend, url: str, offset: int, **keywords: Any) -> _Read:
+    with backend.open(url, offset, **keywords) as stream:
+        body = b"".join(stream.chunks)
+        return _Read(
+            stream.start, stream.status, stream.size, stream.etag, stream.etag or stream.last_modified, body
+        )
+
+
+def _check_ranges(backend: DownloadBackend, url: str, data: bytes, version: Optional[str]) -> None:
+    name, middle = type(backend).__name__, len(data) // 2
+    for start, end in ((0, 1), (1, middle + 1), (middle, len(data)), (1, len(data) + 100)):
+        got = _read(backend, url, start, end=end)
+        _expect(
+            got.start == start and got.body == data[start:end],
+            f"{name} asked for [{start}, {end}) gave {got}",
+        )
+        _expect(
+            got.status == 206, f"{name} answered the range [{start}, {end}) with status {got.status}, not 206"
+        )
+    if version is not None:
+        got = _read(backend, url, 1, end=middle + 1, if_range=version)
+        wanted = got.start == 1 and got.body == data[1 : middle + 1]
+        _expect(wanted, f"{name} asked for [1, {middle + 1}) if still {version} gave {got}")
+
+
+def _expect(condition: bool, message: str) -> None:
+    if not condition:
+        raise AssertionError(message)
 
 
 def read_shards(

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any, BinaryIO, Final, Optional
 
-from framework.download.backend import ByteStream, DownloadBackend, RemoteInfo
+from framework.download.backend import ByteStream, DownloadBackend, RemoteInfo, range_unsupported
 from framework.errors import (
     DownloadError,
     HTTPStatusError,
@@ -167,9 +167,13 @@ class FsspecBackend(DownloadBackend):
             raise InvalidArgumentError(url, f"{path} is a {info['type']}, not a file")
         return info
 
-    def open(self, url: str, offset: int = 0, *, if_range: Optional[str] = None) -> ByteStream:
+    def open(
+        self, url: str, offset: int = 0, *, end: Optional[int] = None, if_range: Optional[str] = None
+    ) -> ByteStream:
         # `if_range` is not sent: the validators read from `info` name the version, and
         # the manager compares them with the ones its partial file was made from.
+        if end is not None:
+            raise range_unsupported(url, self, offset, end)
         fs, path = self._filesystem(url)
         info = self._describe(url, fs, path)
         size, etag, modified = version = _validators(info)

@@ -22,7 +22,7 @@ import urllib3.exceptions
 from requests.adapters import HTTPAdapter
 from urllib3.util.retry import Retry
 
-from framework._redact import RedactingFilter
+from framework.download import RedactingFilter
 from framework.download.backend import (
     POOL_SIZE,
     ByteStream,
@@ -31,6 +31,7 @@ from framework.download.backend import (
     parse_content_range,
     range_body_length,
     range_place,
+    refusals_wanted_at_once,
 )
 from framework.errors import DownloadError, HTTPStatusError, InvalidArgumentError, NetworkError
 
@@ -149,6 +150,7 @@ class HttpBackend(DownloadBackend):
     """
 
     schemes: ClassVar[tuple[str, ...]] = ("http", "https")
+    supports_ranges: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -187,7 +189,7 @@ class HttpBackend(DownloadBackend):
     def _request(
         self, method: str, url: str, headers: dict[str, str], refusals_at_once: bool = False
     ) -> requests.Response:
-        _REFUSALS_AT_ONCE.on = refusals_at_once
+        _REFUSALS_AT_ONCE.on = refusals_at_once or refusals_wanted_at_once()
         try:
             response = self.session.request(
                 method,
@@ -225,11 +227,12 @@ class HttpBackend(DownloadBackend):
         url: str,
         offset: int = 0,
         *,
-        if_range: Optional[str] = None,
         end: Optional[int] = None,
+        if_range: Optional[str] = None,
         refusals_at_once: bool = False,
     ) -> ByteStream:
-        """See `DownloadBackend.open`; `refusals_at_once`: a 429 or 503 is raised at once
+        """See `DownloadBackend.open`; `refusals_at_once` (also inside
+        `framework.download.backend.refusals_at_once`): a 429 or 503 is raised at once
         (with the server's `Retry-After`), not retried: a parallel fetch hands the part
         to a connection the server serves."""
         # Byte offsets must count stored bytes, so ask for no content encoding.

@@ -14,7 +14,7 @@ from typing import BinaryIO, ClassVar, Final, Optional
 from urllib.parse import urlsplit
 from urllib.request import url2pathname
 
-from framework.download.backend import ByteStream, DownloadBackend, RemoteInfo
+from framework.download.backend import ByteStream, DownloadBackend, RemoteInfo, range_unsupported
 from framework.errors import DownloadError, InvalidArgumentError
 
 __all__ = ["LocalBackend"]
@@ -59,6 +59,7 @@ class LocalBackend(DownloadBackend):
     """Reads a local file (a plain path or a `file://` URL)."""
 
     schemes: ClassVar[tuple[str, ...]] = ("file",)
+    supports_ranges: ClassVar[bool] = False  # one stream: a local read gains nothing from parts
 
     def _open_file(self, url: str) -> BinaryIO:
         path = _path(url)
@@ -76,8 +77,12 @@ class LocalBackend(DownloadBackend):
         os.set_blocking(fd, True)
         return open(fd, "rb")
 
-    def open(self, url: str, offset: int = 0, *, if_range: Optional[str] = None) -> ByteStream:
+    def open(
+        self, url: str, offset: int = 0, *, end: Optional[int] = None, if_range: Optional[str] = None
+    ) -> ByteStream:
         # A local file has no validator, so `if_range` never comes (accepted for the signature).
+        if end is not None:
+            raise range_unsupported(url, self, offset, end)
         file = self._open_file(url)
         size = os.fstat(file.fileno()).st_size
         file.seek(min(offset, size))

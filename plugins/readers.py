@@ -132,7 +132,7 @@ class FileRecords(Generic[_R]):
                     bom = False
                     if raw.startswith(codecs.BOM_UTF8):
                         self._offset += len(codecs.BOM_UTF8)
-                        raw = raw[len(codecs.BOM_UTF8):]
+                        raw = raw[len(codecs.BOM_UTF8) :]
                 cr = raw.find(b"\r")
                 size = len(raw)
                 if cr == -1 or cr == size - 1 or (cr == size - 2 and raw[-1:] == b"\n"):

@@ -69,6 +69,7 @@ class S3Backend(DownloadBackend):
     """
 
     schemes: ClassVar[tuple[str, ...]] = ("s3",)
+    supports_ranges: ClassVar[bool] = True  # a parallel fetch asks for parts (`end`)
 
     def __init__(
         self,
@@ -135,7 +136,7 @@ class S3Backend(DownloadBackend):
             raise DownloadError(url, f"S3: {type(error).__name__}: {error}") from error
 
     def open(
-        self, url: str, offset: int = 0, *, if_range: Optional[str] = None, end: Optional[int] = None
+        self, url: str, offset: int = 0, *, end: Optional[int] = None, if_range: Optional[str] = None
     ) -> ByteStream:
         # S3 has no If-Range, and every answer's ETag names the version its bytes belong
         # to, which the manager compares. A part of a parallel fetch (`end`, exclusive)

@@ -328,7 +328,7 @@ def main(args: argparse.Namespace) -> int:
     if (local := _local_path(data_path)) is not None and not local.exists():
         raise FileNotFoundError(f"data_path: {local} does not exist")
 
-    from framework.download._cluster import torchrun_group
+    from framework.distributed import torchrun_group
 
     # Under torchrun: join the job's group (gloo), so ranks read disjoint shards and the
     # whole job fetches data_path once (docs/howto/torchrun.md).

@@ -13,6 +13,7 @@ from typing import Any, Optional
 
 import torch
 
+from framework.distributed import portable_error as _portable
 from framework.errors import RanksOutOfStepError
 
 __all__ = ["agree", "even", "in_step"]
@@ -102,20 +103,6 @@ def agree(count: int, error: Optional[Exception]) -> int:
             copy.add_note(message)  # at least the traceback names the failed rank
         raise copy
     raise RuntimeError(message)
-
-
-def _portable(error: Exception) -> tuple[str, str, Optional[bytes]]:
-    """(type name, message, pickled error or None): always picklable, so never a hang."""
-    try:
-        text = str(error)
-    except Exception:
-        text = "<str() of the error failed>"
-    try:
-        blob = pickle.dumps(error)
-        pickle.loads(blob)  # some exceptions pickle but cannot be rebuilt
-    except Exception:
-        return type(error).__name__, text, None
-    return type(error).__name__, text, blob
 
 
 def even(stream: Iterator[Any]) -> Iterator[Any]:

@@ -2,7 +2,8 @@
 
 `cached_path` fetches a URL once into a cache folder, however many processes ask
 at the same time, and returns the path of verified bytes; nobody ever sees a
-partial file. `DownloadBackend` is the small interface a URL scheme implements.
+partial file. `DownloadBackend` is the small interface a URL scheme implements;
+`RedactingFilter` keeps URL secrets out of a backend's logs.
 
 ```python
 from framework import cached_path
@@ -20,6 +21,7 @@ and, while a download runs, `<name>.<etag>.<host>.<pid>.<token>.part`.
 
 from __future__ import annotations
 
+from framework._redact import RedactingFilter
 from framework.download.backend import ByteStream, DownloadBackend, RemoteInfo
 from framework.download.manager import DownloadManager, cached_path, default_cache_dir
 
@@ -27,6 +29,7 @@ __all__ = [
     "ByteStream",
     "DownloadBackend",
     "DownloadManager",
+    "RedactingFilter",
     "RemoteInfo",
     "cached_path",
     "default_cache_dir",

@@ -116,7 +116,7 @@ def is_alive_local(host: str, pid: int) -> bool:
     PID namespace."""
     if host != HOST:
         return True
-    if pid == RELEASED_PID:  # a file its writer let go of (see `_publish._Partial.close`)
+    if pid == RELEASED_PID:  # a file its writer let go of (see `_partial.Partial.close`)
         return False
     if pid == os.getpid():
         return True

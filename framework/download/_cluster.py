@@ -50,7 +50,6 @@ ends, and publishes nothing.
 
 from __future__ import annotations
 
-import atexit
 import logging
 import os
 import secrets
@@ -69,27 +68,29 @@ import torch
 import torch.distributed as dist
 
 from framework.download._cache import NEW_FILE_FLAGS, Entry, Metadata, file_identity
+from framework.download._call import cache_writes, check_sha256, extracted, normalize
 from framework.download._collective import POLL_S as POLL_S
 from framework.download._collective import _Collective, _group_failed
 from framework.download._collective import _decode as _decode
 from framework.download._collective import _encode as _encode
-from framework.download._pipeline import write_all
-from framework.download._publish import (
+from framework.download._partial import (
+    Partial,
     PartialName,
-    _orphaned,
-    _ours,
-    _Partial,
+    orphaned,
+    ours,
     partial_bytes,
     publish_fetched,
     remove_quietly,
 )
+from framework.download._pipeline import write_all
 from framework.download._validators import NO_VALIDATOR, Validators
 from framework.errors import ChecksumError, DownloadError, InvalidArgumentError
 
 if TYPE_CHECKING:
     from framework.download.manager import DownloadManager
 
-__all__ = ["CHUNK_BYTES", "POLL_S", "cluster_cached_path", "torchrun_group"]
+__all__ = ["CHUNK_BYTES", "POLL_S", "cluster_cached_path"]
+
 
 logger = logging.getLogger("framework.download")
 
@@ -312,7 +313,6 @@ class _Call(_Collective):
         return path[rank]
 
     def _probe(self) -> _Probe:
-        from framework.download.manager import _cache_writes, _check_sha256, _normalize
 
         if not self._url_ok:
             raise InvalidArgumentError(
@@ -320,9 +320,9 @@ class _Call(_Collective):
                 f"rank {dist.get_rank()} passed url_or_path={self.url} ({type(self.given).__name__}); "
                 "pass a URL or a path (str or os.PathLike), the same on every rank",
             )
-        self.url = _normalize(self.url)
-        self.sha256 = _check_sha256(self.url, self.sha256)
-        with _cache_writes(self.url, self.root):
+        self.url = normalize(self.url)
+        self.sha256 = check_sha256(self.url, self.sha256)
+        with cache_writes(self.url, self.root):
             self.root.mkdir(parents=True, exist_ok=True)
         _sweep(self.root)
         self.marker = _write_marker(self.root)
@@ -446,9 +446,8 @@ class _Call(_Collective):
         self._verified(digest)
         if not self.extract:
             return self.entry.final
-        from framework.download.manager import _extracted
 
-        if not _extracted(self.entry):
+        if not extracted(self.entry):
             raise DownloadError(self.url, f"the extracted folder {self.entry.extracted} went away meanwhile")
         return self.entry.extracted
 
@@ -566,17 +565,16 @@ class _Receiver(_Owned):
     """A leader receiving the file into a private partial file in its cache folder."""
 
     def __init__(self, call: _Call, info: _Source) -> None:
-        from framework.download.manager import _cache_writes
 
         super().__init__()
         self.call = call
         self.info = info
-        self.writes = partial(_cache_writes, call.url, call.root)
-        self.partial: Optional[_Partial] = None
+        self.writes = partial(cache_writes, call.url, call.root)
+        self.partial: Optional[Partial] = None
         self.error: Optional[BaseException] = None
         try:
             with self.writes():
-                self.partial = _Partial.create(call.entry.final)
+                self.partial = Partial.create(call.entry.final)
             self.partial.validators = Validators(info.etag, info.last_modified)
         except BaseException as error:
             self.error = error
@@ -760,7 +758,7 @@ def _sweep(root: Path) -> None:
             info = os.lstat(name.path)
         except OSError:
             continue
-        if _ours(info) and _orphaned(name, info, now):
+        if ours(info) and orphaned(name, info, now):
             remove_quietly(name.path)
 
 
@@ -788,16 +786,3 @@ def _remove_quietly(path: Path) -> None:
         os.unlink(path)
     except OSError:
         pass
-
-
-def torchrun_group() -> bool:
-    """Join the process group torchrun describes (gloo, `env://`) unless one exists;
-    whether a group of more than one rank is there. A group joined here is left at exit."""
-    if not dist.is_available():
-        return False
-    if not dist.is_initialized():
-        if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or "MASTER_ADDR" not in os.environ:
-            return False
-        dist.init_process_group("gloo")
-        atexit.register(dist.destroy_process_group)
-    return dist.get_world_size() > 1

@@ -13,8 +13,8 @@ from typing import Any, Callable, Final, NoReturn, Optional, Union
 
 import torch.distributed as dist
 
-import framework.errors
-from framework.errors import DownloadError, StepTimeoutError, _rebuild
+from framework.distributed import EncodedError, decode_error, encode_error
+from framework.errors import DownloadError, StepTimeoutError
 
 __all__ = ["POLL_S", "Outcome", "group_timeout"]
 
@@ -194,32 +194,17 @@ def _is_outcome(value: Any) -> bool:
     )
 
 
-def _encode(error: BaseException, url: str, rank: int) -> tuple[str, dict[str, Any], tuple[Any, ...]]:
-    """`error` as the name of its nearest class in `framework.errors`, its fields and
-    args; anything else becomes a `DownloadError` that names it."""
+def _encode(error: BaseException, url: str, rank: int) -> EncodedError:
+    """`error` as plain values (`encode_error`); anything but a `DownloadError` becomes
+    one that names it and the rank."""
     if not isinstance(error, DownloadError):
         what = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
         error = DownloadError(url, f"rank {rank} failed: {what}")
-    cls = next(
-        c for c in type(error).__mro__ if getattr(framework.errors, c.__name__, None) is c
-    )  # a plugin's own subclass arrives as the framework class it derives from
-    # Plain values only: a plugin's field (a response, a client, a lock) may not pickle,
-    # and the other ranks may not be able to import its class.
-    state = {k: _plain(v) for k, v in vars(error).items() if k != "__notes__"}
-    return cls.__name__, state, tuple(a if isinstance(a, str) else repr(a) for a in error.args)
-
-
-def _plain(value: Any) -> Union[str, int, float, bool, None]:
-    return value if value is None or isinstance(value, (str, int, float, bool)) else repr(value)
+    return encode_error(error)
 
 
 def _decode(name: str, state: dict[str, Any], args: tuple[Any, ...]) -> DownloadError:
-    cls = getattr(framework.errors, name, DownloadError)
-    if not (isinstance(cls, type) and issubclass(cls, DownloadError)):
-        cls = DownloadError
-    error = _rebuild(cls, state, args)
-    assert isinstance(error, DownloadError)
-    return error
+    return decode_error((name, state, args), DownloadError)
 
 
 def _group_failed(error: BaseException) -> str:

@@ -8,13 +8,16 @@ and progress all live once, in `DownloadManager`.
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from types import TracebackType
 from typing import Any, Callable, ClassVar, Final, Optional
 
 import attrs
 
 from framework.config import ConfigChecks
+from framework.errors import DownloadError
 from framework.registry import Registrable
 
 __all__ = [
@@ -26,6 +29,9 @@ __all__ = [
     "parse_content_range",
     "range_body_length",
     "range_place",
+    "range_unsupported",
+    "refusals_at_once",
+    "refusals_wanted_at_once",
 ]
 
 # Connections a backend keeps open per host: room for two objects fetched at once at the
@@ -160,6 +166,37 @@ def _backend_problems(arguments: Mapping[str, Any]) -> list[tuple[str, str]]:
     return problems
 
 
+_HINTS = threading.local()
+
+
+@contextmanager
+def refusals_at_once() -> Iterator[None]:
+    """Within the block, this thread's `DownloadBackend.open` calls are asked to raise a
+    refusal (429, 503) at once, with its Retry-After, not wait it out in retries: a
+    parallel fetch then hands the part to a connection the server serves. A hint that a
+    backend reads with `refusals_wanted_at_once`, or ignores."""
+    _HINTS.at_once = True
+    try:
+        yield
+    finally:
+        _HINTS.at_once = False
+
+
+def refusals_wanted_at_once() -> bool:
+    """Whether this thread is inside `refusals_at_once`."""
+    return bool(getattr(_HINTS, "at_once", False))
+
+
+def range_unsupported(url: str, backend: DownloadBackend, offset: int, end: int) -> DownloadError:
+    """The error for a bounded range asked of a backend that does not serve one
+    (`DownloadBackend.supports_ranges` is False)."""
+    return DownloadError(
+        url,
+        f"{type(backend).__name__} does not serve bounded byte ranges (its supports_ranges is "
+        f"False), asked for bytes {offset}-{end - 1}; open it without `end` for one stream",
+    )
+
+
 class DownloadBackend(Registrable):
     """Reads objects of the URL schemes in `schemes`; registered by name (`"http"`, ...).
 
@@ -170,14 +207,29 @@ class DownloadBackend(Registrable):
     whose `accepts` takes any scheme nobody claims (the fsspec backend). So a plugin
     adds a scheme by listing it in `schemes`, or by registering under its name.
 
-    Subclasses implement `open` and may override `stat` and `close`. Failures are
-    raised as `framework.errors.DownloadError` subclasses naming the URL:
+    What a plugin author implements:
+
+    - `open(url, offset=0, *, end=None, if_range=None)`: a `ByteStream` of the object
+      from byte `offset` (see `open` for each argument and what an answer reports);
+    - `supports_ranges = True` if `open` honours `end` (a bounded range): the manager
+      may then fetch a large object in parts over several connections. Left False, the
+      manager never passes `end`, and fetches over one stream, resumed from `offset`;
+    - optionally `stat` (size and validators without reading; by default from a
+      stream opened at 0), `close` (release connections) and `schemes`/`accepts`; a
+      backend with retries of its own may raise a refusal at once when
+      `refusals_wanted_at_once()` says a parallel fetch asks for that.
+
+    Failures are raised as `framework.errors.DownloadError` subclasses naming the URL:
     `HTTPStatusError` for a final refusal, `NetworkError` for a connection that failed
     or broke off (the manager resumes from the bytes it already has). A backend is a
-    context manager whose exit closes it.
+    context manager whose exit closes it. `framework.testing.check_backend` checks a
+    backend against this contract.
     """
 
     schemes: ClassVar[tuple[str, ...]] = ()
+    # Whether `open` honours `end`: the manager asks for bounded ranges only then.
+    supports_ranges: ClassVar[bool] = False
+
     # A retry count below 0 or a timeout of 0 would fail at the first request instead:
     # refused by the constructor and by `framework config validate` alike.
     config_checks: ClassVar[ConfigChecks] = ConfigChecks(
@@ -197,13 +249,25 @@ class DownloadBackend(Registrable):
         self.backoff_factor = backoff_factor
         self.timeout = timeout
 
-    def open(self, url: str, offset: int = 0, *, if_range: Optional[str] = None) -> ByteStream:
+    def open(
+        self, url: str, offset: int = 0, *, end: Optional[int] = None, if_range: Optional[str] = None
+    ) -> ByteStream:
         """Open `url` for reading from byte `offset` (see `ByteStream.start`).
+
+        `end` (exclusive), only ever given when `supports_ranges` is True, bounds the
+        range: the stream ends there, or at the object's end if that comes first; the
+        answer to a range says `status=206` (a parallel fetch needs a first answer
+        that is a range of known `size` with a validator). A backend that does not
+        serve ranges leaves `supports_ranges` False and never sees one (raise
+        `range_unsupported` if it is given one anyway).
 
         `if_range` (an ETag or a Last-Modified date) asks for the range only if the
         object is still that version, else for the whole object (HTTP `If-Range`);
         a backend without such a condition may ignore it: the manager also compares
         the stream's validators with the ones its partial file was made from.
+
+        An offset past the object's end is reported, not raised: an empty
+        stream with `status=416` (and `size` when known).
         """
         raise NotImplementedError
 

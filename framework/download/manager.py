@@ -10,40 +10,36 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import sys
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
-from typing import Any, BinaryIO, Callable, Optional, Union
-from urllib.parse import urlsplit
+from typing import Any, BinaryIO, Callable, Optional
 
 from framework._redact import RedactingFilter
 from framework.download._cache import Entry, Metadata, binds
+from framework.download._call import PathOrUrl, cache_writes, check_sha256, extracted, normalize
 from framework.download._extract import (
     DEFAULT_MAX_MEMBERS,
     DEFAULT_MAX_RATIO,
     DEFAULT_MAX_SIZE,
     ExtractLimits,
     extract_archive,
-    extracted_from,
 )
+from framework.download._fetch import fetch
 from framework.download._lock import EntryLock, LockKind
-from framework.download._parallel import DEFAULT_PART_SIZE, MIN_PART_SIZE, connections_from
-from framework.download._pipeline import no_room
-from framework.download._publish import fetch, partial_bytes, publish_fetched
-from framework.download._schemes import backend_name_for, describe_schemes, split_scheme, url_scheme
+from framework.download._partial import partial_bytes, publish_fetched
+from framework.download._schemes import backend_name_for, describe_schemes, url_scheme
 from framework.download._validators import Validators
 from framework.download.backend import DownloadBackend, RemoteInfo
-from framework.errors import DownloadError, InvalidArgumentError, OfflineError
+from framework.download.parallel import DEFAULT_PART_SIZE, MIN_PART_SIZE, connections_from
+from framework.errors import DownloadError, OfflineError
 
 __all__ = ["DownloadManager", "backend_name_for", "cached_path", "default_cache_dir"]
 
 logger = logging.getLogger("framework.download")
 logger.addFilter(RedactingFilter())  # no URL's password or token reaches a log
-
-PathOrUrl = Union[str, os.PathLike[str]]
 
 
 def default_cache_dir() -> Path:
@@ -54,37 +50,6 @@ def default_cache_dir() -> Path:
 
 def _env_offline() -> bool:
     return os.environ.get("FRAMEWORK_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
-
-
-def _normalize(url_or_path: PathOrUrl) -> str:
-    """A URL for the cache key; plain paths become absolute `file://` URLs."""
-    text = os.fspath(url_or_path)
-    if "\x00" in text:  # no path or URL holds one; the OS would raise a bare ValueError
-        raise InvalidArgumentError(text, "a NUL byte in the path or URL; check where it came from")
-    if split_scheme(text) is not None:
-        try:
-            urlsplit(text)  # the cache entry's name is read from it
-        except ValueError as error:
-            raise InvalidArgumentError(text, f"not a valid URL: {error}") from error
-        return text
-    return Path(text).expanduser().resolve().as_uri()
-
-
-def _check_sha256(url: str, sha256: Optional[str]) -> Optional[str]:
-    """`sha256` in lower case; an `InvalidArgumentError` (before any request) unless it
-    is 64 hex digits."""
-    if sha256 is None:
-        return None
-    if not isinstance(sha256, str) or _SHA256.fullmatch(sha256) is None:
-        raise InvalidArgumentError(
-            url,
-            f"sha256 must be 64 hexadecimal digits (the output of sha256sum), got {sha256!r}; "
-            "pass the file's full hex digest, or None to skip the check",
-        )
-    return sha256.lower()
-
-
-_SHA256 = re.compile(r"[0-9a-fA-F]{64}")
 
 
 def _check_backends(backends: Optional[Mapping[str, DownloadBackend]]) -> dict[str, DownloadBackend]:
@@ -271,7 +236,9 @@ class DownloadManager:
                 `LockTimeoutError`); nothing is published when one is raised.
         """
         if distributed:
-            from framework.download._cluster import cluster_cached_path  # imports torch
+            # The one deferred import of the download package: `_cluster` imports torch,
+            # which a plain call never pays for.
+            from framework.download._cluster import cluster_cached_path
 
             return cluster_cached_path(
                 self,
@@ -283,10 +250,26 @@ class DownloadManager:
                 progress=progress,
                 revalidate=revalidate,
             )
-        url = _normalize(url_or_path)
-        sha256 = _check_sha256(url, sha256)
+        url = normalize(url_or_path)
+        sha256 = check_sha256(url, sha256)
         root = Path(cache_dir).expanduser() if cache_dir is not None else self.cache_dir
-        entry = Entry(root, url)
+        show = (self.progress if progress is None else progress) and sys.stderr.isatty()
+        options = {"extract": extract, "force": force, "show": show, "revalidate": revalidate}
+        return self._cached(Entry(root, url), root, sha256, **options)
+
+    def _cached(
+        self,
+        entry: Entry,
+        root: Path,
+        sha256: Optional[str],
+        *,
+        extract: bool,
+        force: bool,
+        show: bool,
+        revalidate: bool,
+    ) -> Path:
+        """`cached_path` for the entry of `root` a plain (not distributed) call asks for."""
+        url = entry.url
         # The server's current version when it differs from the cached copy: whoever
         # gets the lock first fetches it, the others find it published.
         newer = self._stale(entry, sha256) if revalidate and not force and not self.offline else None
@@ -309,11 +292,10 @@ class DownloadManager:
         if not force and (current() or (self.offline and rebound())):
             if not extract:
                 return entry.final
-            if _extracted(entry):
+            if extracted(entry):
                 return entry.extracted
         if self.offline and (force or not (current() or rebound())):  # extracting a cached copy is fine
             raise OfflineError(url, _offline_reason(entry, sha256, force, root, self._offline is None))
-        show = (self.progress if progress is None else progress) and sys.stderr.isatty()
         try:
             root.mkdir(parents=True, exist_ok=True)
         except OSError as error:
@@ -326,16 +308,16 @@ class DownloadManager:
         def done() -> bool:  # another process published what we need: stop waiting
             if refetch() or not current():
                 return False
-            return not extract or _extracted(entry)
+            return not extract or extracted(entry)
 
-        with _cache_writes(url, root), self._lock(entry, show, done) as lock, lock.working():
+        with cache_writes(url, root), self._lock(entry, show, done) as lock, lock.working():
             fetched = refetch()
             if fetched or not (current() or rebound()):
                 self._fetch(entry, sha256, show, lock)
                 fetched = True
             if not extract:
                 return entry.final
-            if fetched or not _extracted(entry):
+            if fetched or not extracted(entry):
                 logger.info("extracting %s to %s", entry.final, entry.extracted)
                 with _open_published(entry) as (archive, digest):
                     extract_archive(archive, entry.extracted, url, self.limits, replace=True, digest=digest)
@@ -428,12 +410,6 @@ def _published_identity(entry: Entry) -> Optional[tuple[int, int, int, int]]:
     return info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns
 
 
-def _digest(entry: Entry) -> Optional[str]:
-    """The sha256 of the file published now, from its sidecar."""
-    meta = entry.cached()
-    return meta["sha256"] if meta is not None else None
-
-
 @contextmanager
 def _open_published(entry: Entry) -> Iterator[tuple[BinaryIO, str]]:
     """The published file, opened once and checked with `fstat` to be the very file its
@@ -458,30 +434,6 @@ def _open_published(entry: Entry) -> Iterator[tuple[BinaryIO, str]]:
 
 
 _READ_PUBLISHED = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-
-
-def _extracted(entry: Entry) -> bool:
-    """Whether the extracted folder came from the file published now (not an older one)."""
-    digest = _digest(entry)
-    return digest is not None and extracted_from(entry.extracted, digest)
-
-
-@contextmanager
-def _cache_writes(url: str, root: Path) -> Iterator[None]:
-    """Turn a failed write in the cache folder (read-only, no permission, no room) into
-    a `DownloadError` that says which."""
-    try:
-        yield
-    except OSError as error:
-        full = no_room(url, root, error)
-        if full is not None:
-            raise full from error
-        where = f" ({error.filename})" if error.filename else ""
-        raise DownloadError(
-            url,
-            f"cannot write in the cache folder {root}: {error.strerror or error}{where}; "
-            "set FRAMEWORK_CACHE (or cache_dir) to a writable folder",
-        ) from error
 
 
 def _no_backend(scheme: str) -> str:

@@ -49,7 +49,7 @@ def _inject(kind: str, spec: dict[str, Any], stack: ExitStack) -> None:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
         patch(_pipeline, "_writev", full)
-        from framework.download import _engine
+        from framework.download.parallel import _engine
 
         patch(_engine, "_pwrite", lambda fd, data, offset: full(fd, [data]))
     elif kind in ("corrupt", "die", "slow", "stall"):

@@ -547,7 +547,7 @@ def _dead_pid() -> int:
 def _plant_orphan(cache: Path, url: str) -> Path:
     """The partial file a receiver killed mid-transfer leaves (its process is dead)."""
     from framework.download._cache import HOST
-    from framework.download._publish import PartialName
+    from framework.download._partial import PartialName
     from framework.download._validators import NO_VALIDATOR
 
     cache.mkdir(parents=True, exist_ok=True)

@@ -176,7 +176,7 @@ def test_default_cache_dir_and_top_level_names(tmp_path: Path, monkeypatch: pyte
 def test_exported_members() -> None:
     assert framework.download.__all__ == sorted(framework.download.__all__)
     public = {n for n in vars(framework.download) if not n.startswith("_")}
-    modules = {"backend", "manager"}
+    modules = {"backend", "manager", "parallel"}
     assert public - modules - {"annotations"} == set(framework.download.__all__)
 
 

@@ -79,7 +79,7 @@ def test_an_invalid_connections_setting_is_refused_when_the_manager_is_made(
 def test_one_odd_progress_entry_is_dropped_not_the_record(tmp_path: Path, odd: dict[str, Any]) -> None:
     """The security page: a progress entry that makes no sense is dropped (its part is
     fetched whole); the record's other entries still count."""
-    from framework.download._parts import _load_record
+    from framework.download.parallel._parts import _load_record
 
     part = 1000
     record: dict[str, Any] = {"size": 4 * part, "part_size": part, "etag": '"v1"', "last_modified": None}
@@ -226,7 +226,7 @@ def _stale_foreign_partial(
     """A partial file of `final` written by a process on another host (or in another PID
     namespace), silent for longer than `STALE_AFTER_S`, that still holds it open: its
     name and its descriptor (the writer, paused)."""
-    from framework.download._publish import STALE_AFTER_S, PartialName
+    from framework.download._partial import STALE_AFTER_S, PartialName
 
     final.parent.mkdir(parents=True, exist_ok=True)
     name = PartialName(final, tag, token="elsewhere-ns7.4242.0badcafe")
@@ -281,9 +281,9 @@ def test_a_silent_parallel_writer_that_wakes_never_changes_the_published_file(
     asked for), and what the writer then does through its descriptor never reaches the
     published file."""
     from framework.download._cache import Entry
-    from framework.download._parts import _Plan, _save_record
-    from framework.download._publish import PARALLEL_TAG
+    from framework.download._partial import PARALLEL_TAG
     from framework.download._validators import Validators
+    from framework.download.parallel._parts import _Plan, _save_record
 
     data = os.urandom(8 * PART)
     url = http_server.add(unique_path("paused-parallel-writer"), data)
@@ -309,11 +309,11 @@ def test_a_writer_whose_partial_was_taken_over_publishes_nothing(tmp_path: Path)
     """The silent writer wakes at its very end: its partial file was renamed away (and
     copied) by another process; it neither publishes nor writes the entry's sidecar."""
     from framework.download._cache import Entry
-    from framework.download._publish import _Partial, publish_fetched
+    from framework.download._partial import Partial, publish_fetched
 
     entry = Entry(tmp_path, "http://127.0.0.1:9/taken.bin")
     tmp_path.mkdir(exist_ok=True)
-    partial = _Partial.create(entry.final)
+    partial = Partial.create(entry.final)
     os.write(partial.fd, b"old bytes")
     partial.offset = 9
     partial.hasher.update(b"old bytes")
@@ -327,13 +327,13 @@ def test_a_writer_whose_partial_was_taken_over_publishes_nothing(tmp_path: Path)
 
 def _adopt_then_die(final: str) -> None:
     """An adopter killed between taking a stale partial file (its rename) and copying it."""
-    from framework.download import _publish
+    from framework.download import _partial as _publish
 
     def killed(*args: Any) -> None:
         os._exit(9)
 
-    _publish._Partial._copy = killed  # type: ignore[method-assign]
-    _publish._Partial.adopt(Path(final))
+    _publish.Partial._copy = killed  # type: ignore[method-assign]
+    _publish.Partial.adopt(Path(final))
     os._exit(0)  # not reached: the copy "kills" it
 
 

@@ -15,9 +15,9 @@ from framework_plugins.http import HttpBackend
 
 from framework.download._cache import HOST, Entry
 from framework.download._extract import ExtractLimits, extract_archive
-from framework.download._parts import _Plan, _save_record
-from framework.download._publish import PartialName
+from framework.download._partial import PartialName
 from framework.download._validators import Validators
+from framework.download.parallel._parts import _Plan, _save_record
 from framework.errors import DownloadError, HTTPStatusError, UnsafeArchiveError
 
 

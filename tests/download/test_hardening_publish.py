@@ -25,7 +25,7 @@ from dl_helpers import FORK, FaultServer, Route, sha256, stray_files, wait_for
 from framework.download import DownloadManager
 from framework.download._cache import HOST, Entry, unique_token
 from framework.download._lock import EntryLock
-from framework.download._publish import partial_bytes
+from framework.download._partial import partial_bytes
 from framework.download._validators import NO_VALIDATOR, Validators
 from framework.download.backend import parse_content_range
 from framework.errors import (
@@ -175,7 +175,7 @@ def test_old_sidecar_never_vouches_for_new_bytes(
 
 
 def _crash_before_rename(cache: str, url: str) -> None:
-    from framework.download import _publish
+    from framework.download import _partial as _publish
 
     def crash(temp: Path, final: Path) -> None:
         os._exit(3)  # the sidecar is written, the file not yet renamed into place
@@ -290,7 +290,12 @@ def test_a_resume_of_unknown_total_is_counted_against_the_size_first_said(
     server capping its ranges, bring 100 kB each: they go on until that size, never
     taken for the rest of the object (no sha256 given: nothing else would catch it)."""
     url = http_server.add(
-        f"/star/total-{capped}.bin", payload, etag='"v1"', star_total=True, drop_after=300_000, drops=1,
+        f"/star/total-{capped}.bin",
+        payload,
+        etag='"v1"',
+        star_total=True,
+        drop_after=300_000,
+        drops=1,
         range_cap=100_000 if capped else None,
     )
     assert manager.cached_path(url).read_bytes() == payload
@@ -309,8 +314,14 @@ def test_a_resume_of_unknown_total_for_a_size_never_said_goes_on_to_the_end(
     server says the end (416)."""
     resumes = {"star_total": True, "range_cap": 100_000, "chunked": False}
     url = http_server.add(
-        f"/star/never-said-{chunked}.bin", payload, etag='"v1"', drop_after=300_000, drops=1,
-        chunked=chunked, swap_at_get=2, then=resumes,
+        f"/star/never-said-{chunked}.bin",
+        payload,
+        etag='"v1"',
+        drop_after=300_000,
+        drops=1,
+        chunked=chunked,
+        swap_at_get=2,
+        then=resumes,
     )
     if not chunked:  # a call that fails leaves its partial file to the next one
         with pytest.raises(NetworkError):
@@ -329,8 +340,14 @@ def test_a_server_that_never_says_the_size_is_resumed_to_the_end(
     with no HEAD. The 416 for the byte where a range of that version ended says the
     object ends there: resumed, not fetched again."""
     url = http_server.add(
-        "/size-unknown/object.bin", payload, etag='"v1"', chunked=True, drop_after=300_000, drops=1,
-        swap_at_get=2, then={"star_total": True, "size_unknown": True, "head_status": 405},
+        "/size-unknown/object.bin",
+        payload,
+        etag='"v1"',
+        chunked=True,
+        drop_after=300_000,
+        drops=1,
+        swap_at_get=2,
+        then={"star_total": True, "size_unknown": True, "head_status": 405},
     )
     manager = DownloadManager(cache, connections=1, retries=3, backoff_factor=0.01, progress=False)
     assert manager.cached_path(url).read_bytes() == payload
@@ -387,8 +404,14 @@ def test_a_stalled_last_chunk_does_not_hold_a_range_whose_bytes_are_here(
     closed rather than kept), not after the wait, nor after the read timeout."""
     payload = os.urandom(400_000)
     url = http_server.add(
-        "/chunked/stalls.bin", payload, etag='"v1"', chunked=True, range_cap=100_000, last_chunk_wait=3.0,
-        drop_after=50_000, drops=1,
+        "/chunked/stalls.bin",
+        payload,
+        etag='"v1"',
+        chunked=True,
+        range_cap=100_000,
+        last_chunk_wait=3.0,
+        drop_after=50_000,
+        drops=1,
     )
     manager = DownloadManager(tmp_path, connections=1, retries=2, backoff_factor=0.01, progress=False)
     started = time.monotonic()
@@ -403,7 +426,12 @@ def test_a_resume_that_names_another_total_starts_over(
     """The same ETag, but the resume's Content-Range names another total than the first
     answer's Content-Length: not the same object, so not resumed after."""
     url = http_server.add(
-        "/total/changes.bin", payload, etag='"v1"', drop_after=300_000, drops=1, swap_at_get=2,
+        "/total/changes.bin",
+        payload,
+        etag='"v1"',
+        drop_after=300_000,
+        drops=1,
+        swap_at_get=2,
         then={"total_delta": 1000},
     )
     assert manager.cached_path(url).read_bytes() == payload
@@ -448,7 +476,11 @@ def _racer_child(url: str, cache: str, barrier: Any, results: Any, options: dict
 
 
 def _race_on_a_changed_object(
-    http_server: FaultServer, manager: DownloadManager, payload: bytes, name: str, racers: int,
+    http_server: FaultServer,
+    manager: DownloadManager,
+    payload: bytes,
+    name: str,
+    racers: int,
     **options: Any,
 ) -> tuple[str, Route]:
     """Cache `payload`, change the object on the server, then let `racers` processes ask
@@ -474,9 +506,7 @@ def _race_on_a_changed_object(
 def test_revalidate_in_two_processes_fetches_a_changed_object_once(
     http_server: FaultServer, manager: DownloadManager, payload: bytes
 ) -> None:
-    _, route = _race_on_a_changed_object(
-        http_server, manager, payload, "revalidate.bin", 2, revalidate=True
-    )
+    _, route = _race_on_a_changed_object(http_server, manager, payload, "revalidate.bin", 2, revalidate=True)
     # The first fetch, then one for the new version (not two). Fetches, not requests: the
     # racers' manager has the default connections, and on a slowed server a fetch's ramp
     # may add ranged requests (a full run in CI once counted 3 GETs for 2 fetches).
@@ -763,7 +793,10 @@ def test_capped_answers_that_bring_nothing_new_are_failures(
     as a failure only while each goes further into the object, so this one ends after
     the retries instead of asking forever."""
     url = http_server.add(
-        f"/capped-from-zero/{etag is not None}.bin", os.urandom(5000), etag=etag, range_mode="from_zero",
+        f"/capped-from-zero/{etag is not None}.bin",
+        os.urandom(5000),
+        etag=etag,
+        range_mode="from_zero",
         range_cap=1000,
     )
     manager = DownloadManager(cache, connections=1, retries=3, backoff_factor=0.01, progress=False)
@@ -1172,15 +1205,15 @@ def test_complete_partial_and_a_server_refusing_head_starts_over(
 
 
 def _interrupted_while_adopting(cache: str, url: str, results: Any) -> None:
-    from framework.download import _publish
+    from framework.download import _partial as _publish
 
-    real = _publish._new_hasher
+    real = _publish.new_hasher
 
     class Interrupted:
         def update(self, data: bytes) -> None:
             raise KeyboardInterrupt  # Ctrl-C while the adopted file is hashed again
 
-    _publish._new_hasher = Interrupted  # type: ignore[assignment]
+    _publish.new_hasher = Interrupted  # type: ignore[assignment]
     manager = DownloadManager(cache, progress=False, backoff_factor=0.01)
     try:
         manager.cached_path(url)
@@ -1188,7 +1221,7 @@ def _interrupted_while_adopting(cache: str, url: str, results: Any) -> None:
         return
     except KeyboardInterrupt:
         pass
-    _publish._new_hasher = real
+    _publish.new_hasher = real
     path = manager.cached_path(url)  # the same process, a later call
     results.put(hashlib.sha256(path.read_bytes()).hexdigest())
 

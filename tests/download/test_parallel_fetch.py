@@ -106,7 +106,7 @@ def test_the_ramp_grows_while_throughput_grows(http_server: FaultServer, tmp_pat
 )
 def test_ramp_decisions(rates: list[float], wanted: list[int]) -> None:
     """Each rate (bytes/s) is what one measurement window saw, with 1 MB still to come."""
-    from framework.download._ramp import Ramp
+    from framework.download.parallel._ramp import Ramp
 
     ramp, now, received, seen = Ramp(cap=16), 0.0, 0, []
     for rate in rates:
@@ -124,7 +124,7 @@ def test_the_probe_does_not_count_the_bytes_that_came_with_the_answer() -> None:
     is measured from it, 200 kB more in 20 ms (10 MB/s: 30 MB alone would take 3 s, so
     6 connections), not 300 kB in 20 ms (which would make it 4). 3 s is near enough
     the line to be measured for all of PROBE_S."""
-    from framework.download._ramp import Ramp
+    from framework.download.parallel._ramp import Ramp
 
     ramp = Ramp(cap=64)
     assert ramp.update(0.0, 0.0, 10**5, 3 * 10**7, ready=True) == 1  # the first chunk: a measurement begins
@@ -149,7 +149,7 @@ def test_the_first_chunks_second_write_begins_the_probe() -> None:
     """The packet that brought the answer can reach the file as two writes a fraction of
     a millisecond apart: the second one's 56 kB took no time to come either. Counted,
     10 MB/s would look like 20 MB/s, and 100 MB would get 10 connections, not 20."""
-    from framework.download._ramp import Ramp
+    from framework.download.parallel._ramp import Ramp
 
     writes = [(0.05, 0.0, 7000), (0.5, 0.2, 63000), *_steady(0.2, 63000, 5.2, 1e7)]
     assert _replay(Ramp(cap=64), writes, 10**8) == [1] * 6 + [20]
@@ -159,7 +159,7 @@ def test_a_clearly_slow_stream_ends_the_probe_early() -> None:
     """A stream that would take 10 s alone (20 times ALONE_S), its writes coming steadily,
     is known once they span PROBE_MIN_S: the first step comes 15 ms sooner than PROBE_S
     would have it."""
-    from framework.download._ramp import Ramp
+    from framework.download.parallel._ramp import Ramp
 
     ramp = Ramp(cap=64)
     writes = [(0.05, 0.0, 10**5), *_steady(0.0, 10**5, 5.0, 1e7)]
@@ -173,7 +173,7 @@ def test_a_fast_stream_that_lost_the_cpu_is_not_taken_for_a_slow_one() -> None:
     fast), then the reader had no CPU for 7.7 ms and wrote 8 kB. Over that one gap the
     rate looks 2,000 times too slow; it opened 16 connections at 8.7 ms and took 1.2 s
     instead of 0.35 s. One long gap is not a steady trickle: the probe goes on."""
-    from framework.download._ramp import Ramp
+    from framework.download.parallel._ramp import Ramp
 
     ramp = Ramp(cap=16)
     writes = [(0.058, 0.0, 7968), (1.163, 0.857, 1048576), (4.394, 0.857, 1048576), (8.686, 8.565, 1056544)]
@@ -193,7 +193,7 @@ def test_the_probe_does_not_decide_from_writes_that_span_a_moment() -> None:
     packet) and 53 B at 1.36 ms; then the server stalled. At PROBE_S, 53 bytes over
     1.25 ms said 42 kB/s: 16 connections. Writes that span less than half the probe say
     too little: it waits for more."""
-    from framework.download._ramp import Ramp
+    from framework.download.parallel._ramp import Ramp
 
     ramp = Ramp(cap=16)
     writes = [(0.05, 0.0, 7971), (1.16, 0.11, 65483), (2.25, 1.36, 65536), (20.79, 1.36, 65536)]
@@ -222,7 +222,7 @@ def test_the_probe_does_not_decide_from_writes_that_span_a_moment() -> None:
 def test_when_the_probe_may_end(
     writes: list[tuple[float, float, int]], remaining: int, wanted: list[int]
 ) -> None:
-    from framework.download._ramp import Ramp
+    from framework.download.parallel._ramp import Ramp
 
     assert _replay(Ramp(cap=64), writes, remaining) == wanted
 
@@ -230,7 +230,7 @@ def test_when_the_probe_may_end(
 def test_a_stream_near_the_line_is_measured_for_all_of_the_probe() -> None:
     """2.5 s alone (5 times ALONE_S, under CLEARLY_SLOW): a short measurement could be
     wrong by that much, so the probe runs its PROBE_S, polled every millisecond."""
-    from framework.download._ramp import Ramp
+    from framework.download.parallel._ramp import Ramp
 
     ramp = Ramp(cap=64)
     assert ramp.poll_s == 0.005  # before the first byte: nothing is measured yet
@@ -256,7 +256,7 @@ def test_requests_ask_for_a_shrinking_share_of_what_is_left(
     """Parts of 64 KiB and requests of at most 1 MiB (16 parts), 2 connections: the
     first requests ask for runs of several parts, the last ones for one part each, so
     both connections finish together and little is left to hash at the end."""
-    from framework.download import _parallel
+    from framework.download.parallel import _fetch as _parallel
 
     monkeypatch.setattr(_parallel, "_PART", 64 * 1024)
     data = os.urandom(4 << 20)
@@ -280,7 +280,7 @@ def test_a_server_slow_to_answer_gets_fewer_larger_requests(
     before each answer (a server far away): from the far one, the last requests still
     shrink (so both connections finish together) but not down to one part each, as a
     request that small would spend most of its time waiting."""
-    from framework.download import _parallel
+    from framework.download.parallel import _fetch as _parallel
 
     monkeypatch.setattr(_parallel, "_PART", 64 * 1024)
     data = os.urandom(4 << 20)
@@ -310,7 +310,7 @@ def test_a_request_retried_after_a_refusal_does_not_count_as_the_servers_wait() 
     of a near server stay small. A far server's waits make them larger."""
     from types import SimpleNamespace
 
-    from framework.download._engine import Engine
+    from framework.download.parallel._engine import Engine
 
     def paying_run(waits: list[float]) -> int:
         # 8 MiB/s over 2 connections, 1 MiB parts
@@ -327,7 +327,7 @@ def test_a_request_retried_after_a_refusal_does_not_count_as_the_servers_wait() 
 
 
 def test_ramp_waits_for_the_new_connections_first_bytes() -> None:
-    from framework.download._ramp import Ramp
+    from framework.download.parallel._ramp import Ramp
 
     ramp = Ramp(cap=16)
     ramp.update(0.0, 0.0, 0, 10**9, ready=True)
@@ -397,8 +397,13 @@ def test_a_cut_range_without_a_content_length_is_a_failure_not_a_cap(
     is, so each is a network failure, retried up to `retries` times per part with
     backoff, not a server's cap that is followed by another request at once."""
     url = http_server.add(
-        unique_path("close-delimited"), _data(6), etag='"cd"', close_delimited=True,
-        drop_after=100_000, drops=1000, drop_kind="short",
+        unique_path("close-delimited"),
+        _data(6),
+        etag='"cd"',
+        close_delimited=True,
+        drop_after=100_000,
+        drops=1000,
+        drop_kind="short",
     )
     with pytest.raises(NetworkError, match="of the range's"):
         parts_manager(tmp_path, retries=3).cached_path(url)
@@ -629,7 +634,7 @@ def test_progress_is_recorded_every_few_parts_on_a_fast_link(
     """Parts of `EVERY_BYTES` completed since the last record bring the next one forward
     (here every 2 parts, with `EVERY_S` a minute): the publishing fsync has little left
     to write, and a kill loses little. The child inherits the settings (forked)."""
-    from framework.download._followers import ProgressRecorder
+    from framework.download.parallel._followers import ProgressRecorder
 
     monkeypatch.setattr(ProgressRecorder, "EVERY_S", 60.0)
     monkeypatch.setattr(ProgressRecorder, "EVERY_BYTES", 2 * PART)
@@ -699,7 +704,7 @@ def _slowly_hashed_child(url: str, cache: str, results: Any, slow_fsync: bool = 
     import threading
     import time
 
-    from framework.download import _followers
+    from framework.download.parallel import _followers
 
     class SlowHash:
         updates = 0
@@ -717,7 +722,7 @@ def _slowly_hashed_child(url: str, cache: str, results: Any, slow_fsync: bool = 
             return self.real.hexdigest()
 
     _followers.HASH_AS_PARTS_COMPLETE = False
-    _followers._new_hasher = SlowHash  # type: ignore[assignment]
+    _followers.new_hasher = SlowHash  # type: ignore[assignment]
     real_fsync = os.fsync
 
     def fsync(fd: int) -> None:
@@ -795,7 +800,7 @@ def test_ctrl_c_during_the_publishing_fsync_keeps_the_parts(http_server: FaultSe
 def test_a_failing_connection_ends_the_fetch_without_waiting_for_a_stalled_one(
     http_server: FaultServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from framework.download import _engine
+    from framework.download.parallel import _engine
     from framework.errors import DownloadError
 
     data = _data(16)
@@ -843,14 +848,14 @@ def test_an_object_larger_than_a_file_can_be_is_a_clear_error(
 def test_an_engine_that_cannot_start_leaves_no_descriptor(
     http_server: FaultServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from framework.download import _followers
+    from framework.download.parallel import _followers
 
     def broken() -> Any:
         raise RuntimeError("no hasher today")
 
     data = _data(8)
     url = http_server.add(unique_path("no-engine"), data, **SLOW)
-    monkeypatch.setattr(_followers, "_new_hasher", broken)
+    monkeypatch.setattr(_followers, "new_hasher", broken)
 
     def partial_fds() -> list[str]:
         found = []
@@ -875,7 +880,7 @@ def test_a_failed_sync_stops_the_fetch_at_once(
 ) -> None:
     """The recorder's fdatasync fails (the disk is full): the fetch fails then, with the
     space hint, not after every byte has come."""
-    from framework.download import _followers
+    from framework.download.parallel import _followers
     from framework.errors import DownloadError
 
     def full(fd: int) -> None:
@@ -896,7 +901,7 @@ def test_a_failing_close_of_the_recorders_descriptor_is_an_error_not_a_hang(
     import threading as real_threading
     import types
 
-    from framework.download import _followers
+    from framework.download.parallel import _followers
     from framework.errors import DownloadError
 
     def close(fd: int) -> None:
@@ -921,8 +926,10 @@ def test_a_thread_that_cannot_start_means_fewer_connections(
     real_start = threading.Thread.start
 
     def start(thread: threading.Thread) -> None:
-        if thread.name.startswith("framework-parallel-") and thread.name[-1].isdigit() and thread.name != (
-            "framework-parallel-1"
+        if (
+            thread.name.startswith("framework-parallel-")
+            and thread.name[-1].isdigit()
+            and thread.name != ("framework-parallel-1")
         ):
             raise RuntimeError("can't start new thread")
         real_start(thread)
@@ -947,7 +954,7 @@ def test_ctrl_c_while_starting_connections_leaves_no_thread_waiting(
     (and the last closes the descriptor)."""
     import threading
 
-    from framework.download._ramp import Ramp
+    from framework.download.parallel._ramp import Ramp
 
     real_start = threading.Thread.start
 
@@ -981,7 +988,7 @@ def test_ctrl_c_while_starting_connections_leaves_no_thread_waiting(
 def test_the_settled_steering_loop_does_not_wake_for_every_write(
     http_server: FaultServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from framework.download import _engine
+    from framework.download.parallel import _engine
 
     counts = {"steer": 0, "write": 0}
     real_steer, real_pwrite = _engine.Engine._steer, _engine._pwrite
@@ -1033,9 +1040,9 @@ def test_a_record_of_a_huge_object_stays_small_and_reads_back(tmp_path: Path) ->
     """Parts complete lowest first, so the record keeps runs: 1.27 TiB in 8 MiB parts,
     all but ten done, is a few hundred bytes (a list of indices was over 1 MiB and was
     refused on resume)."""
-    from framework.download._parts import _load_record, _Plan, _record_path, _save_record
-    from framework.download._publish import PartialName
+    from framework.download._partial import PartialName
     from framework.download._validators import Validators
+    from framework.download.parallel._parts import _load_record, _Plan, _record_path, _save_record
 
     plan = _Plan(166_400 * (8 << 20), 8 << 20, Validators('"big"', None, None))
     done = set(range(166_390)) | {166_395}
@@ -1048,9 +1055,9 @@ def test_a_record_of_a_huge_object_stays_small_and_reads_back(tmp_path: Path) ->
 def _dead_writer(final: str, size: int, done: list[int], reached: dict[int, int], record: bool) -> None:
     """In a child (whose pid is dead afterwards): leave a parallel partial file of `final`,
     with a record of `done` and `reached` parts of PART bytes (or no record)."""
-    from framework.download._parts import _Plan, _save_record
-    from framework.download._publish import PartialName
+    from framework.download._partial import PartialName
     from framework.download._validators import Validators
+    from framework.download.parallel._parts import _Plan, _save_record
 
     plan = _Plan(size, PART, Validators('"v1"', None, None))
     name = PartialName(Path(final), "P" + plan.validators.tag)
@@ -1061,7 +1068,7 @@ def _dead_writer(final: str, size: int, done: list[int], reached: dict[int, int]
 
 
 def test_the_orphan_with_the_most_progress_is_adopted_and_the_others_go(tmp_path: Path) -> None:
-    from framework.download._parts import adopt_parts
+    from framework.download.parallel._parts import adopt_parts
 
     final = tmp_path / "object.bin"
     size = 8 * PART
@@ -1095,7 +1102,7 @@ def test_the_orphan_with_the_most_progress_is_adopted_and_the_others_go(tmp_path
     ids=["deep", "huge-plan", "done-not-runs"],
 )
 def test_a_planted_or_broken_record_is_a_miss(tmp_path: Path, text: str) -> None:
-    from framework.download._parts import _load_record
+    from framework.download.parallel._parts import _load_record
 
     path = tmp_path / "x.parts"
     path.write_text(text)
@@ -1107,7 +1114,7 @@ def test_a_reached_entry_that_makes_no_sense_is_dropped_not_the_record(tmp_path:
     again whole; the rest of the record still counts."""
     import json
 
-    from framework.download._parts import _load_record
+    from framework.download.parallel._parts import _load_record
 
     path = tmp_path / "x.parts"
     record = {"size": 4 * PART, "part_size": PART, "etag": '"v1"', "last_modified": None, "date": None}
@@ -1294,7 +1301,9 @@ def test_s3_swap_mid_fetch_is_refused_by_if_match(bucket: str, s3_env: str, tmp_
             client.put_object(Bucket=bucket, Key="swap.bin", Body=new)
 
     backend = _s3_backend(swap)
-    path = parts_manager(tmp_path, connections=2, backends={"s3": backend}).cached_path(f"s3://{bucket}/swap.bin")
+    path = parts_manager(tmp_path, connections=2, backends={"s3": backend}).cached_path(
+        f"s3://{bucket}/swap.bin"
+    )
     assert sha256(path.read_bytes()) == sha256(new)
     assert stray_files(tmp_path) == []
 
@@ -1367,7 +1376,7 @@ def test_waiters_see_the_parts_arrive(http_server: FaultServer, tmp_path: Path) 
     """The partial file is preallocated sparse: a waiter's view counts bytes written, not
     the file's length (which is the whole object from the start)."""
     from framework.download._cache import Entry
-    from framework.download._publish import partial_bytes
+    from framework.download._partial import partial_bytes
 
     data = _data(16)
     url = http_server.add(unique_path("progress"), data, delay=0.01)

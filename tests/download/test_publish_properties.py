@@ -242,9 +242,9 @@ class Zombie:
     wake_after: int
 
     def plant(self, final: Path, script: Script) -> Sleeper:
-        from framework.download._parts import _Plan, _save_record
-        from framework.download._publish import PARALLEL_TAG, STALE_AFTER_S, PartialName
+        from framework.download._partial import PARALLEL_TAG, STALE_AFTER_S, PartialName
         from framework.download._validators import Validators
+        from framework.download.parallel._parts import _Plan, _save_record
 
         data = script.versions[0]
         validators = Validators(script.headers_of(0)["ETag"])

@@ -8,6 +8,7 @@ publish, cache), exactly as for HTTP.
 from __future__ import annotations
 
 import hashlib
+from typing import ClassVar, Optional
 from urllib.parse import urlsplit
 
 from framework.download.backend import ByteStream, DownloadBackend
@@ -24,9 +25,15 @@ def _body(url: str) -> bytes:
 class NumbersBackend(DownloadBackend):
     """Serves ``numbers://COUNT``: the integers below COUNT, one a line."""
 
-    def open(self, url: str, offset: int = 0) -> ByteStream:
+    supports_ranges: ClassVar[bool] = True  # `open` honours `end`
+
+    def open(
+        self, url: str, offset: int = 0, *, end: Optional[int] = None, if_range: Optional[str] = None
+    ) -> ByteStream:
+        # The body is made from the URL alone, so `if_range` always names this version.
         body = _body(url)
-        rest = body[offset:]
+        rest = body[offset:end]
         chunks = (rest[i : i + 65536] for i in range(0, len(rest), 65536))
-        etag = hashlib.sha256(body).hexdigest()[:16]
-        return ByteStream(chunks, start=offset, size=len(body), etag=etag)
+        etag = '"' + hashlib.sha256(body).hexdigest()[:16] + '"'
+        status = 206 if offset or end is not None else 200  # a range is a 206, as in HTTP
+        return ByteStream(chunks, start=offset, size=len(body), etag=etag, status=status)

@@ -1,12 +1,12 @@
 """The engine of a parallel fetch: the threads that fetch a plan's missing parts into
-one partial file, steered by the ramp (see `_parallel` for the whole design)."""
+one partial file, steered by the ramp (see `_fetch` for the whole design)."""
 
 from __future__ import annotations
 
 import bisect
 import collections
+import contextlib
 import errno
-import inspect
 import logging
 import math
 import os
@@ -17,13 +17,14 @@ from typing import Any, Final, Iterator, Optional
 
 import attrs
 
-from framework.download._followers import PrefixHasher, ProgressRecorder
-from framework.download._parts import _Plan, discard_record
+from framework.download._partial import Partial, resumable
 from framework.download._pipeline import no_room
-from framework.download._publish import _Partial, resumable
-from framework.download._ramp import Ramp
+from framework.download._stream import open_stream
 from framework.download._validators import Validators
-from framework.download.backend import ByteStream, DownloadBackend
+from framework.download.backend import ByteStream, DownloadBackend, refusals_at_once
+from framework.download.parallel._followers import PrefixHasher, ProgressRecorder
+from framework.download.parallel._parts import _Plan, discard_record
+from framework.download.parallel._ramp import Ramp
 from framework.errors import DownloadError, HTTPStatusError, NetworkError
 
 __all__ = ["STOP_WAIT_S", "Engine", "VersionChanged"]
@@ -42,11 +43,8 @@ _WAITS_KEPT: Final = 64
 _pwrite = os.pwrite
 
 
-
 class VersionChanged(Exception):
     """A part did not come from the version the plan was made for."""
-
-
 
 
 @attrs.define(eq=False)  # identity: kept in `Engine.connections`
@@ -81,7 +79,7 @@ class Engine:
         self,
         backend: DownloadBackend,
         url: str,
-        partial: _Partial,
+        partial: Partial,
         plan: _Plan,
         done: set[int],
         reached: dict[int, int],
@@ -113,7 +111,6 @@ class Engine:
         # when it asked): when others join, it claims a run first and goes on uncut.
         self.open_ended: Optional[_Connection] = None
         self.done_with_fd = False  # the engine no longer needs `fd`: the last worker out closes it
-        self.refusals_at_once = _takes(backend, "refusals_at_once")
         self.hasher = PrefixHasher(url, partial, plan, done)
         try:
             self.recorder = ProgressRecorder(partial, plan, done, self._reached, self._recorder_failed)
@@ -462,9 +459,10 @@ class Engine:
         if_range = self.plan.validators.if_range
         # A refusal (429, 503) comes back at once where the backend can say so: a
         # connection that would sleep in its retries holds its parts while others idle.
-        flag = {"refusals_at_once": True} if at_once and self.refusals_at_once else {}
+        hint = refusals_at_once() if at_once else contextlib.nullcontext()
         try:
-            return self.backend.open(self.url, position, if_range=if_range, end=end, **flag)  # type: ignore[call-arg]
+            with hint:
+                return open_stream(self.backend, self.url, position, end=end, if_range=if_range)
         except HTTPStatusError as error:
             if error.status == 412:  # S3 IfMatch: the object is another version now
                 raise VersionChanged(str(error)) from error
@@ -564,14 +562,6 @@ class Engine:
     def _complete(self, index: int) -> None:
         self.recorder.completed(index)
         self.hasher.complete(index)
-
-
-def _takes(backend: DownloadBackend, keyword: str) -> bool:
-    """Whether `backend.open` takes `keyword`."""
-    try:
-        return keyword in inspect.signature(backend.open).parameters
-    except (TypeError, ValueError):
-        return False
 
 
 def _read_the_end(chunks: Iterator[bytes]) -> None:

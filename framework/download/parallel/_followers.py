@@ -9,8 +9,8 @@ import os
 import threading
 from typing import Any, Callable, Final, Optional
 
-from framework.download._parts import _Plan, _save_record
-from framework.download._publish import _READ_CHUNK, _new_hasher, _Partial
+from framework.download._partial import READ_CHUNK, Partial, new_hasher
+from framework.download.parallel._parts import _Plan, _save_record
 from framework.errors import DownloadError
 
 __all__ = ["HASH_AS_PARTS_COMPLETE", "PrefixHasher", "ProgressRecorder"]
@@ -29,9 +29,9 @@ class PrefixHasher:
     """Hashes the file's contiguous prefix of complete parts, on its own thread, reading
     it back through a descriptor checked to be the partial file."""
 
-    def __init__(self, url: str, partial: _Partial, plan: _Plan, done: set[int]) -> None:
+    def __init__(self, url: str, partial: Partial, plan: _Plan, done: set[int]) -> None:
         self.url, self.plan = url, plan
-        self.hasher = _new_hasher()
+        self.hasher = new_hasher()
         self.read_fd = os.open(partial.name.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
         mine, seen = os.fstat(partial.fd), os.fstat(self.read_fd)
         if (mine.st_dev, mine.st_ino) != (seen.st_dev, seen.st_ino):
@@ -74,7 +74,7 @@ class PrefixHasher:
                     index = self._next
                 start, end = self.plan.bounds(index)
                 while start < end:
-                    chunk = os.pread(self.read_fd, min(_READ_CHUNK, end - start), start)
+                    chunk = os.pread(self.read_fd, min(READ_CHUNK, end - start), start)
                     if not chunk:
                         raise DownloadError(self.url, "the partial file shrank while it was hashed")
                     self.hasher.update(chunk)
@@ -124,7 +124,7 @@ class ProgressRecorder:
 
     def __init__(
         self,
-        partial: _Partial,
+        partial: Partial,
         plan: _Plan,
         done: set[int],
         reached: Callable[[], dict[int, int]],

@@ -1,21 +1,19 @@
-"""Streaming a remote object into a partial file, and publishing it atomically.
+"""The partial file a download writes, and publishing it atomically.
 
 Bytes go to a partial file that only this process writes (`PartialName`: named
 with the version's tag, its host, pid and a random token), are hashed in the same
 pass, checked against the expected size and sha256, fsynced, and only then renamed
-to the final path. An interrupted download leaves its partial file behind; a later
-call adopts it by renaming it to its own name first, so two processes never append
-to one file.
+to the final path (`publish_fetched`). An interrupted download leaves its partial
+file behind; a later call adopts it by renaming it to its own name first, so two
+processes never append to one file.
 
 The cache folder may be shared with people we do not trust: only a regular file
 owned by this user is adopted, it is opened with `O_NOFOLLOW` and checked with
 `fstat` on the descriptor that is then written, so a planted symlink, FIFO or
 folder is never followed, written through or waited on.
 
-Range answers are decided here, once, for every backend (`_place`): a body is
-appended to a partial file only when it starts at the partial's offset and carries
-the same version tag (ETag, else Last-Modified); without a validator a partial is
-never resumed, since two versions' bytes must never mix.
+This is the bottom layer of a fetch: the single-stream path (`_stream`) and the
+parallel one (`parallel`) write through `Partial`, and `_fetch` picks between them.
 """
 
 from __future__ import annotations
@@ -26,10 +24,8 @@ import os
 import secrets
 import stat
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Final, Optional
+from typing import Any, Final, Optional
 
 import attrs
 
@@ -43,18 +39,25 @@ from framework.download._cache import (
     parse_owner,
     unique_token,
 )
-from framework.download._pipeline import Pipeline
 from framework.download._validators import NO_VALIDATOR, Validators
-from framework.download.backend import UNPLACED, ByteStream, DownloadBackend, RemoteInfo
 from framework.errors import ChecksumError, DownloadError, HTTPStatusError, NetworkError
 
 __all__ = [
+    "ACTIVE",
+    "NEW_PARTIAL_FLAGS",
+    "PARALLEL_TAG",
+    "READ_CHUNK",
     "RESUMABLE",
+    "STALE_AFTER_S",
     "TRANSIENT_STATUSES",
     "Fetched",
+    "Partial",
     "PartialName",
     "discard",
-    "fetch",
+    "foreign",
+    "new_hasher",
+    "orphaned",
+    "ours",
     "partial_bytes",
     "publish_fetched",
     "publish_file",
@@ -64,20 +67,20 @@ __all__ = [
 
 logger = logging.getLogger("framework.download")
 
-_READ_CHUNK: Final = 1 << 20
+READ_CHUNK: Final = 1 << 20
 # A partial file of another host's process, untouched this long, is taken to be orphaned;
 # longer than any read timeout, so a stalled but live writer is not robbed.
 STALE_AFTER_S: Final = 300.0
 PARALLEL_TAG: Final = "P"  # prefixes the tag of a parallel partial file (never resumed as contiguous)
 
 
-def _new_hasher() -> Any:
+def new_hasher() -> Any:
     return hashlib.sha256()  # looked up at each call, so a test can inject a failing hash
 
 
 # Partial files this process is writing right now; any other partial of this process
 # is left over from an interrupted call (Ctrl-C) and may be adopted like a dead one's.
-_ACTIVE: set[str] = set()
+ACTIVE: set[str] = set()
 # What may interrupt a fetch that a later call resumes: the partial file (and a parallel
 # fetch's record of its parts) is kept. A status the server may answer otherwise later
 # (an outage: 5xx after retries, 408, 429) is one too (see `resumable`).
@@ -179,29 +182,29 @@ def remove_quietly(path: Path) -> None:
 
 def discard(temp: Path) -> None:
     """Remove a fetched file that will not be published."""
-    _ACTIVE.discard(str(temp))
+    ACTIVE.discard(str(temp))
     remove_quietly(temp)
 
 
-def _ours(info: os.stat_result) -> bool:
+def ours(info: os.stat_result) -> bool:
     """A plain file of this user, with no other name (a hard link to elsewhere)."""
     return stat.S_ISREG(info.st_mode) and info.st_uid == os.geteuid() and info.st_nlink == 1
 
 
-def _orphaned(name: PartialName, info: os.stat_result, now: float) -> bool:
+def orphaned(name: PartialName, info: os.stat_result, now: float) -> bool:
     """Whether nobody writes `name` any more. A pid is only checked on this host and in
     this PID namespace; elsewhere, a file untouched for `STALE_AFTER_S` is orphaned."""
     owner = name.owner
     if owner is None:
         return False
     if owner == (HOST, os.getpid()):
-        return str(name.path) not in _ACTIVE
+        return str(name.path) not in ACTIVE
     if owner[0] == HOST:
         return not is_alive_local(*owner)
     return now - info.st_mtime >= STALE_AFTER_S
 
 
-def _foreign(name: PartialName) -> bool:
+def foreign(name: PartialName) -> bool:
     """Whether `name`'s writer is on another host or in another PID namespace: one we
     cannot tell is dead, only silent (`STALE_AFTER_S`), and may wake."""
     owner = name.owner
@@ -209,16 +212,16 @@ def _foreign(name: PartialName) -> bool:
 
 
 # A new partial file: read back too (a parallel fetch hashes it as its prefix grows).
-_NEW_PARTIAL_FLAGS: Final = (NEW_FILE_FLAGS & ~os.O_WRONLY) | os.O_RDWR
+NEW_PARTIAL_FLAGS: Final = (NEW_FILE_FLAGS & ~os.O_WRONLY) | os.O_RDWR
 
 
-class _Partial:
+class Partial:
     """The partial file this process writes: its name, checked descriptor, hash and length."""
 
     def __init__(self, name: PartialName, fd: int) -> None:
         self.name = name
         self.fd = fd
-        self.hasher = _new_hasher()
+        self.hasher = new_hasher()
         self.offset = 0
         self._verified = False  # a verified file stays active until it is published
         # The version the bytes belong to, once a response said so (unknown for an
@@ -233,17 +236,17 @@ class _Partial:
         self.open_end: Optional[int] = None
 
     @classmethod
-    def create(cls, final: Path) -> _Partial:
+    def create(cls, final: Path) -> Partial:
         name = PartialName(final, NO_VALIDATOR)
-        _ACTIVE.add(str(name.path))
+        ACTIVE.add(str(name.path))
         try:
             return cls(name, os.open(name.path, NEW_FILE_FLAGS, 0o644))
         except BaseException:
-            _ACTIVE.discard(str(name.path))
+            ACTIVE.discard(str(name.path))
             raise
 
     @classmethod
-    def adopt(cls, final: Path) -> Optional[_Partial]:
+    def adopt(cls, final: Path) -> Optional[Partial]:
         """Take over the largest orphaned partial file by renaming it to our own name.
 
         Only regular files of this user, written for a version a validator names,
@@ -258,14 +261,14 @@ class _Partial:
                 info = os.lstat(name.path)
             except OSError:
                 continue
-            if _ours(info) and _orphaned(name, info, now):
+            if ours(info) and orphaned(name, info, now):
                 orphans.append((info.st_size, name))
         for leftover in dead_leftovers(final, (".tmp", ".parts")):  # a parallel partial's record too
             remove_quietly(leftover)
         orphans.sort(key=lambda pair: pair[0], reverse=True)
-        adopted: Optional[_Partial] = None
+        adopted: Optional[Partial] = None
         for _size, name in orphans:
-            # A parallel partial file has holes: only `_parts.adopt_parts`, with its record, takes it.
+            # A parallel partial file has holes: only `parallel.adopt_parts`, with its record, takes it.
             if adopted is None and name.tag != NO_VALIDATOR and not name.tag.startswith(PARALLEL_TAG):
                 adopted = cls._take(name)
                 if adopted is not None:
@@ -274,34 +277,34 @@ class _Partial:
         return adopted
 
     @classmethod
-    def _take(cls, name: PartialName) -> Optional[_Partial]:
-        mine = name.claimed() if _foreign(name) else name.renamed()
-        _ACTIVE.add(str(mine.path))
+    def _take(cls, name: PartialName) -> Optional[Partial]:
+        mine = name.claimed() if foreign(name) else name.renamed()
+        ACTIVE.add(str(mine.path))
         try:
             os.rename(name.path, mine.path)  # atomic: at most one adopter wins
             fd = os.open(mine.path, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
         except OSError:
-            _ACTIVE.discard(str(mine.path))
+            ACTIVE.discard(str(mine.path))
             return None
-        if not _ours(os.fstat(fd)):  # swapped between the lstat and the open
+        if not ours(os.fstat(fd)):  # swapped between the lstat and the open
             os.close(fd)
-            _ACTIVE.discard(str(mine.path))
+            ACTIVE.discard(str(mine.path))
             return None
-        if _foreign(name):  # its writer may wake: its bytes go to a file it never had open
+        if foreign(name):  # its writer may wake: its bytes go to a file it never had open
             return cls._copy(mine, fd)
         try:
             partial = cls(mine, fd)
-            while chunk := os.read(fd, _READ_CHUNK):
+            while chunk := os.read(fd, READ_CHUNK):
                 partial.hasher.update(chunk)
                 partial.offset += len(chunk)
         except BaseException:  # Ctrl-C while hashing: a later call (of ours too) adopts it
             os.close(fd)
-            _ACTIVE.discard(str(mine.path))
+            ACTIVE.discard(str(mine.path))
             raise
         return partial
 
     @classmethod
-    def _copy(cls, taken: PartialName, fd: int) -> Optional[_Partial]:
+    def _copy(cls, taken: PartialName, fd: int) -> Optional[Partial]:
         """Copy the bytes of a stale partial file (`fd`, renamed to `taken`) into a new
         file of ours, hashing them, and remove it: its writer, silent but maybe alive
         (another host or PID namespace), still holds its inode and may write through it
@@ -310,11 +313,11 @@ class _Partial:
         writer's host and pid (`PartialName.claimed`), so it is copied again, never
         renamed into use."""
         copy = PartialName(taken.final, taken.tag)  # ours
-        _ACTIVE.add(str(copy.path))
-        partial: Optional[_Partial] = None
+        ACTIVE.add(str(copy.path))
+        partial: Optional[Partial] = None
         try:
-            partial = cls(copy, os.open(copy.path, _NEW_PARTIAL_FLAGS, 0o644))
-            while chunk := os.read(fd, _READ_CHUNK):
+            partial = cls(copy, os.open(copy.path, NEW_PARTIAL_FLAGS, 0o644))
+            while chunk := os.read(fd, READ_CHUNK):
                 partial.hasher.update(chunk)
                 view = memoryview(chunk)
                 while view:
@@ -337,14 +340,24 @@ class _Partial:
         """Start the file over, empty, for the version `validators` name."""
         if self.offset:
             os.ftruncate(self.fd, 0)
-            self.offset, self.hasher = 0, _new_hasher()
+            self.offset, self.hasher = 0, new_hasher()
         self.validators, self.size, self.open_end = validators, None, None
         if validators.tag != self.name.tag:
-            renamed = self.name.renamed(validators.tag)
-            _ACTIVE.add(str(renamed.path))
-            os.rename(self.name.path, renamed.path)
-            _ACTIVE.discard(str(self.name.path))
-            self.name = renamed
+            self.retag(validators.tag)
+
+    def empty(self) -> None:
+        """Make the file empty, with no version (its bytes cannot be trusted)."""
+        os.ftruncate(self.fd, 0)
+        self.offset, self.hasher = 0, new_hasher()
+        self.restart(Validators())
+
+    def retag(self, tag: str) -> None:
+        """Rename the file to carry `tag` (as `restart` does for a validator's tag)."""
+        renamed = self.name.renamed(tag)
+        ACTIVE.add(str(renamed.path))
+        os.rename(self.name.path, renamed.path)
+        ACTIVE.discard(str(self.name.path))
+        self.name = renamed
 
     def close(self, keep: bool) -> None:
         """Close the descriptor; remove the file unless `keep` (a resumable failure, or
@@ -370,7 +383,7 @@ class _Partial:
             os.rename(self.name.path, released.path)
         except OSError:
             pass
-        _ACTIVE.discard(str(self.name.path))
+        ACTIVE.discard(str(self.name.path))
 
     def verified(self, url: str, sha256: Optional[str]) -> Fetched:
         info = os.fstat(self.fd)
@@ -382,268 +395,8 @@ class _Partial:
 
 
 def _record_of(path: Path) -> Path:
-    """A parallel partial file's record of parts (as `_parts._record_path`)."""
+    """A parallel partial file's record of parts (as `parallel._parts._record_path`)."""
     return path.with_name(path.name[: -len(".part")] + ".parts")
-
-
-def _place(backend: DownloadBackend, url: str, stream: ByteStream, partial: _Partial) -> bool:
-    """Make `partial` ready for `stream`'s body: True if the body goes on at the
-    partial's offset, False to ask again from byte 0.
-
-    The one place where range answers are decided for every backend: 416, a 200
-    for a Range request (or If-Range finding another version), and a body of
-    another version are all told apart here. Asking again from 0 sends no Range,
-    so it happens at most once per attempt.
-    """
-    offset = partial.offset
-    if stream.status == 416:
-        if offset == 0:  # no Range was sent: a final status, as any other 4xx
-            raise HTTPStatusError(
-                url, 416, "HTTP 416 (range not satisfiable) answered to a request without a Range"
-            )
-        got, size = Validators.of(stream), stream.size
-        # A 416 naming this version at the byte where a range of it of unknown total ended
-        # says the object ends there: what a server that never says its size can tell.
-        ended_here = offset == partial.open_end and got.if_range is not None and got.tag == partial.name.tag
-        if got.if_range is None or size is None:  # a 416 need not name the version: ask
-            try:
-                info = backend.stat(url)
-            except DownloadError as error:  # no HEAD (405), a presigned GET-only URL (403)
-                if resumable(error):  # a broken connection or an outage: the bytes are kept
-                    raise
-                if not ended_here:
-                    logger.info("cannot ask %s which version it has (%s); starting over", url, error)
-                    partial.restart(Validators())
-                    return False
-                info = RemoteInfo()
-            if info.size is not None or not ended_here:  # a size from HEAD wins
-                got, size = Validators.of(info), info.size
-            else:
-                size = offset
-        if size == offset and got.tag == partial.name.tag != NO_VALIDATOR:
-            partial.validators = got
-            return True  # the partial file is the whole object
-        logger.info("cannot resume %s at byte %d (416); starting over", url, offset)
-        partial.restart(got)
-        return False
-    got = Validators.of(stream)
-    if stream.start == 0:  # the whole object: the first request, or a Range not honoured
-        if offset:
-            logger.info("%s came whole instead of from byte %d; starting over", url, offset)
-        partial.restart(got)
-        return True
-    if offset == 0:
-        if stream.start == UNPLACED:
-            raise DownloadError(
-                url, "asked for the whole object, the server sent a range whose Content-Range cannot be read "
-                "or contradicts itself or its Content-Length"
-            )
-        raise DownloadError(url, f"asked for the whole object, the server sent bytes from {stream.start} on")
-    same = got.tag == partial.name.tag != NO_VALIDATOR
-    # An encoded range counts encoded bytes: it cannot go after the object's bytes we have.
-    if (
-        stream.encoding is None
-        and stream.start == offset
-        and same
-        and (stream.size is None or offset <= stream.size)
-        and (stream.size is None or partial.size is None or stream.size == partial.size)
-    ):
-        partial.validators = got
-        return True
-    logger.info("cannot resume %s at byte %d (another version); starting over", url, offset)
-    partial.restart(got)
-    return False
-
-
-class _EndedShort(NetworkError):
-    """A ranged answer (206) that brought bytes and ended whole by its own account
-    (backends count a body against its Content-Length, or against its range's length
-    without one) before the object's end: a server that caps its ranged answers. What
-    is left is asked for, and, as in a parallel fetch, that is not a failure as long as
-    each such answer goes further into the object than any before it."""
-
-
-def _receive(
-    stream: ByteStream,
-    partial: _Partial,
-    url: str,
-    bar: Any,
-    on_size: Optional[Callable[[int], None]],
-) -> Pipeline:
-    """Write `stream`'s body after the partial's bytes, hashing on the side. Returns
-    the pipeline, whose hash thread may still be working through its backlog."""
-    if stream.size is not None:
-        partial.size = stream.size
-        if on_size is not None:
-            on_size(stream.size)
-        if bar is not None:
-            bar.total, bar.n = stream.size, partial.offset
-            bar.refresh()
-    size = partial.size
-    os.lseek(partial.fd, partial.offset, os.SEEK_SET)
-    began = partial.offset
-    pipeline = Pipeline(partial.fd, partial.hasher, partial.offset, url, partial.name.path)
-    try:
-        for chunk in stream.chunks:
-            pipeline.put(chunk)
-            partial.offset += len(chunk)
-            if bar is not None:
-                bar.update(len(chunk))
-        pipeline.flush()
-        # A range of an unknown total (`bytes a-b/*`), of a version no answer gave the
-        # size of, may end before the object does: the next request says (a 416 at the
-        # end, whose size or a HEAD confirms it).
-        unknown_end = size is None and stream.status == 206
-        if unknown_end and stream.encoding is None:  # a decoded body's end is no byte of its range
-            partial.open_end = partial.offset
-        if unknown_end or (size is not None and partial.offset != size):
-            pipeline.finish()  # file, offset and digest agree before a retry resumes
-            if size is not None and partial.offset > size:
-                raise ChecksumError(url, str(size), str(partial.offset), what="size")
-            capped = stream.status == 206 and partial.offset > began and partial.name.tag != NO_VALIDATOR
-            ended = _EndedShort if capped else NetworkError
-            of = "an unknown number of" if size is None else size
-            raise ended(url, f"connection closed after {partial.offset} of {of} bytes")
-    except BaseException as error:
-        # Keep what arrived before a network failure (the retry resumes after it),
-        # and wait for the hash: file, offset and digest agree.
-        pipeline.finish(flush=isinstance(error, NetworkError))
-        raise
-    return pipeline
-
-
-def _download(
-    backend: DownloadBackend,
-    url: str,
-    partial: _Partial,
-    attempts: int,
-    backoff_factor: float,
-    bar: Any,
-    on_size: Optional[Callable[[int], None]],
-) -> Pipeline:
-    """The retry loop: a body that breaks off is resumed, up to `attempts` times."""
-    failures, furthest = 0, partial.offset
-    while True:
-        if partial.offset and partial.name.tag == NO_VALIDATOR:
-            partial.restart(Validators())  # no validator can vouch for the bytes we have
-        if_range = partial.validators.if_range if partial.offset and partial.validators else None
-        # A NetworkError from open is final: the backend already retried opening.
-        # `if_range` goes only to backends that are given one, so older backends still work.
-        opened = (
-            backend.open(url, partial.offset, if_range=if_range)
-            if if_range
-            else backend.open(url, partial.offset)
-        )
-        with opened as stream:
-            if not _place(backend, url, stream, partial):
-                continue
-            try:
-                return _receive(stream, partial, url, bar, on_size)
-            except NetworkError as error:
-                if isinstance(error, _EndedShort) and partial.offset > furthest:
-                    furthest = partial.offset
-                    logger.info("%s; asking for the rest", error)
-                    continue
-                failures += 1
-                if failures >= attempts:
-                    raise
-                broken = error
-        delay = backoff_factor * (2 ** (failures - 1))
-        logger.warning(
-            "%s; resuming from byte %d in %.1fs (attempt %d of %d)",
-            broken,
-            partial.offset,
-            delay,
-            failures + 1,
-            attempts,
-        )
-        time.sleep(delay)
-
-
-@contextmanager
-def _progress_bar(enabled: bool, total: Optional[int], desc: str) -> Iterator[Any]:
-    if not enabled:
-        yield None
-        return
-    from tqdm.auto import tqdm
-
-    with tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=desc) as bar:
-        yield bar
-
-
-def fetch(
-    backend: DownloadBackend,
-    url: str,
-    final: Path,
-    *,
-    sha256: Optional[str],
-    attempts: int,
-    backoff_factor: float,
-    progress: bool,
-    on_size: Optional[Callable[[int], None]] = None,
-    connections: int = 1,
-    part_size: int = 8 << 20,
-) -> Fetched:
-    """Download `url` into a partial file next to `final`, resuming where possible.
-
-    With `connections` > 1 and a backend that reads bounded ranges, an object larger
-    than `part_size` comes in parts over several connections (`_parallel`).
-    On a network failure or Ctrl-C the partial file is kept for a later call (of
-    this or another process); on any other failure it is removed.
-    """
-    from framework.download import _parallel  # it builds on this module
-
-    ranged = _parallel.serves_parts(backend)
-    resumed = _parallel.adopt_parts(final) if ranged else None  # with one connection too
-    parallel = resumed is not None or (connections > 1 and ranged)
-    partial = resumed.partial if resumed is not None else _Partial.adopt(final)
-    if partial is not None:
-        logger.info("resuming %s from byte %d", url, partial.offset)
-    else:
-        partial = _Partial.create(final)
-    keep = False
-    try:
-        with _progress_bar(progress, None, final.name.split("-", 1)[-1]) as bar:
-            pending, failed = None, 0
-            if parallel:
-                pending, failed = _parallel.fetch_parts(
-                    backend,
-                    url,
-                    partial,
-                    resumed,
-                    connections=connections,
-                    part_size=part_size,
-                    attempts=attempts,
-                    backoff_factor=backoff_factor,
-                    bar=bar,
-                    on_size=on_size,
-                )
-            if pending is None:
-                pending = _download(backend, url, partial, attempts - failed, backoff_factor, bar, on_size)
-        try:
-            os.fsync(partial.fd)  # meanwhile the hash thread works through its backlog
-        except BaseException as error:
-            pending.abandon(error)  # the hash thread never stays blocked
-            raise
-        pending.close()
-        result = partial.verified(url, sha256)
-        keep = True
-        return result
-    except FileNotFoundError as error:
-        if os.path.lexists(partial.name.path) or not final.parent.is_dir():
-            raise
-        # This process was silent long enough (another host's view) for another to take
-        # its partial file over: that one publishes; this one stops, with nothing kept.
-        raise DownloadError(
-            url,
-            f"{partial.name.path} was taken over by another process while this one was silent "
-            f"(longer than {STALE_AFTER_S:g}s); nothing published by this one",
-        ) from error
-    except BaseException as error:
-        keep = resumable(error)
-        raise
-    finally:
-        partial.close(keep)
 
 
 def publish_file(temp: Path, final: Path) -> None:
@@ -651,7 +404,7 @@ def publish_file(temp: Path, final: Path) -> None:
     try:
         os.replace(temp, final)  # a symlink at `final` is replaced itself, never followed
     finally:
-        _ACTIVE.discard(str(temp))
+        ACTIVE.discard(str(temp))
     try:
         dir_fd = os.open(final.parent, os.O_RDONLY)
     except OSError:
@@ -664,7 +417,7 @@ def publish_file(temp: Path, final: Path) -> None:
         os.close(dir_fd)
 
 
-def _still_ours(url: str, result: Fetched) -> None:
+def _stillours(url: str, result: Fetched) -> None:
     """Refuse to publish a partial file that another process took over (renamed away)
     while this one was silent: it must not write the sidecar of the file that one
     publishes."""
@@ -688,7 +441,7 @@ def publish_fetched(entry: Entry, result: Fetched) -> None:
     for new bytes (or new metadata for old ones). On failure the file is removed.
     """
     try:
-        _still_ours(entry.url, result)
+        _stillours(entry.url, result)
         validators = result.validators
         entry.publish_metadata(
             validators.etag, validators.last_modified, result.sha256, result.info, result.fetched

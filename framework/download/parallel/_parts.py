@@ -20,16 +20,16 @@ from typing import Final, Optional
 import attrs
 
 from framework.download._cache import dead_leftovers, parse_json, write_json_atomic
-from framework.download._publish import (
-    _ACTIVE,
-    _NEW_PARTIAL_FLAGS,
+from framework.download._partial import (
+    ACTIVE,
+    NEW_PARTIAL_FLAGS,
     PARALLEL_TAG,
+    Partial,
     PartialName,
-    _foreign,
-    _orphaned,
-    _ours,
-    _Partial,
     discard,
+    foreign,
+    orphaned,
+    ours,
     remove_quietly,
 )
 from framework.download._validators import Validators
@@ -105,7 +105,7 @@ def _load_record(path: Path) -> Optional[tuple[_Plan, set[int], dict[int, int]]]
     except OSError:
         return None
     try:
-        if not _ours(os.fstat(fd)):
+        if not ours(os.fstat(fd)):
             return None
         with os.fdopen(os.dup(fd), "rb") as file:
             data = parse_json(file.read(_LARGEST_RECORD))
@@ -167,7 +167,7 @@ def _recorded_bytes(plan: _Plan, done: set[int], reached: dict[int, int]) -> int
 class Resumed:
     """A parallel partial file taken over from a writer that is gone, with its record."""
 
-    partial: _Partial
+    partial: Partial
     plan: _Plan
     done: set[int]
     reached: dict[int, int]  # parts begun: the first byte not yet written
@@ -177,10 +177,10 @@ def adopt_parts(final: Path) -> Optional[Resumed]:
     """Take over an orphaned parallel partial file and its record (renamed to ours).
 
     Only regular files of this user whose writer is gone, with a readable record for
-    their version and size, are candidates: the same rules as `_Partial.adopt`.
+    their version and size, are candidates: the same rules as `Partial.adopt`.
     The one with the most recorded progress is taken. Records whose partial file is
     gone, dead writers' temporary files and, once one is taken, the other dead writers'
-    parallel partial files are removed (otherwise `_Partial.adopt` sweeps them)."""
+    parallel partial files are removed (otherwise `Partial.adopt` sweeps them)."""
     for leftover in dead_leftovers(final, (_RECORD_SUFFIX, ".tmp")):
         partial = leftover.with_name(leftover.name[: -len(_RECORD_SUFFIX)] + ".part")
         if leftover.name.endswith(".tmp") or not os.path.lexists(partial):
@@ -194,7 +194,7 @@ def adopt_parts(final: Path) -> Optional[Resumed]:
             info = os.lstat(name.path)
         except OSError:
             continue
-        if _ours(info) and _orphaned(name, info, now):
+        if ours(info) and orphaned(name, info, now):
             loaded = _load_record(_record_path(name))
             if loaded is not None and PARALLEL_TAG + loaded[0].validators.tag != name.tag:
                 loaded = None
@@ -213,32 +213,32 @@ def adopt_parts(final: Path) -> Optional[Resumed]:
 
 
 def _take(name: PartialName, plan: _Plan, done: set[int], reached: dict[int, int]) -> Optional[Resumed]:
-    mine = name.claimed() if _foreign(name) else name.renamed()
-    _ACTIVE.add(str(mine.path))
+    mine = name.claimed() if foreign(name) else name.renamed()
+    ACTIVE.add(str(mine.path))
     try:
         os.rename(name.path, mine.path)  # atomic: at most one adopter wins
     except OSError:
-        _ACTIVE.discard(str(mine.path))
+        ACTIVE.discard(str(mine.path))
         return None
     try:
         os.rename(_record_path(name), _record_path(mine))
         fd = os.open(mine.path, _ADOPT_FLAGS)
     except OSError:
         remove_quietly(_record_path(mine))
-        _ACTIVE.discard(str(mine.path))
+        ACTIVE.discard(str(mine.path))
         return None  # the file stays, a later single-stream adoption starts it over
     info = os.fstat(fd)
-    if not _ours(info) or info.st_size != plan.size:  # swapped since the lstat, or not ours
+    if not ours(info) or info.st_size != plan.size:  # swapped since the lstat, or not ours
         os.close(fd)
         remove_quietly(_record_path(mine))
-        _ACTIVE.discard(str(mine.path))
+        ACTIVE.discard(str(mine.path))
         return None
-    if _foreign(name):  # its writer may wake: its parts go to a file it never had open
+    if foreign(name):  # its writer may wake: its parts go to a file it never had open
         copied = _copy(mine, fd, plan, done, reached)
         if copied is None:
             return None
         mine, fd = copied
-    partial = _Partial(mine, fd)
+    partial = Partial(mine, fd)
     partial.validators = plan.validators
     partial.offset = _recorded_bytes(plan, done, reached)
     return Resumed(partial, plan, done, reached)
@@ -249,14 +249,14 @@ def _copy(
 ) -> Optional[tuple[PartialName, int]]:
     """Copy the recorded bytes of a stale parallel partial file (`fd`, renamed to
     `taken`) into a new sparse file of ours with its own record, and remove it (see
-    `_Partial._copy`). A part that comes short (its writer woke and truncated it) is
+    `Partial._copy`). A part that comes short (its writer woke and truncated it) is
     dropped from `done` and `reached`: it is fetched again. None (both files gone) if
     the copy fails."""
     copy = PartialName(taken.final, taken.tag)
-    _ACTIVE.add(str(copy.path))
+    ACTIVE.add(str(copy.path))
     out: Optional[int] = None
     try:
-        out = os.open(copy.path, _NEW_PARTIAL_FLAGS, 0o644)
+        out = os.open(copy.path, NEW_PARTIAL_FLAGS, 0o644)
         os.ftruncate(out, plan.size)
         for index in sorted(done | set(reached)):
             start, end = plan.bounds(index)
@@ -301,5 +301,5 @@ def _copy_range(source: int, target: int, start: int, end: int) -> int:
     return position
 
 
-def discard_record(partial: _Partial) -> None:
+def discard_record(partial: Partial) -> None:
     remove_quietly(_record_path(partial.name))

@@ -38,27 +38,18 @@ one chunk per connection.
 
 from __future__ import annotations
 
-import inspect
 import logging
 import os
 import time
 from typing import Any, Callable, Final, Optional
 
-from framework.download._engine import Engine, VersionChanged
-from framework.download._parts import MOST_PARTS, PARALLEL_TAG, Resumed, _Plan, adopt_parts, discard_record
+from framework.download._partial import PARALLEL_TAG, TRANSIENT_STATUSES, Partial, resumable
 from framework.download._pipeline import no_room
-from framework.download._publish import (
-    _ACTIVE,
-    TRANSIENT_STATUSES,
-    _EndedShort,
-    _new_hasher,
-    _Partial,
-    _place,
-    _receive,
-    resumable,
-)
+from framework.download._stream import EndedShort, open_stream, place, receive
 from framework.download._validators import Validators
 from framework.download.backend import ByteStream, DownloadBackend
+from framework.download.parallel._engine import Engine, VersionChanged
+from framework.download.parallel._parts import MOST_PARTS, Resumed, _Plan, adopt_parts, discard_record
 from framework.errors import DownloadError, HTTPStatusError, InvalidArgumentError, NetworkError
 
 __all__ = [
@@ -68,7 +59,6 @@ __all__ = [
     "adopt_parts",
     "connections_from",
     "fetch_parts",
-    "serves_parts",
 ]
 
 logger = logging.getLogger("framework.download")
@@ -85,6 +75,7 @@ _NOT_THERE: Final = frozenset({401, 403, 404, 407, 410})
 # A range end past any object: a server reads it as "to the end" (RFC 9110, 14.1.2), so the
 # first request is one stream for the whole object that still tells whether ranges are served.
 _TO_THE_END: Final = 1 << 62
+
 
 def connections_from(value: Optional[int]) -> int:
     """The connection cap: `value`, else `$FRAMEWORK_CONNECTIONS`, else the default; an
@@ -112,18 +103,10 @@ def connections_from(value: Optional[int]) -> int:
     return value
 
 
-def serves_parts(backend: DownloadBackend) -> bool:
-    """Whether `backend.open` takes an `end` (reads a bounded byte range)."""
-    try:
-        return "end" in inspect.signature(backend.open).parameters
-    except (TypeError, ValueError):
-        return False
-
-
 def fetch_parts(
     backend: DownloadBackend,
     url: str,
-    partial: _Partial,
+    partial: Partial,
     resumed: Optional[Resumed],
     *,
     connections: int,
@@ -135,83 +118,106 @@ def fetch_parts(
 ) -> tuple[Optional[Any], int]:
     """Fetch `url` into `partial` in parts.
 
-    Returns an object with `close()` and `abandon()`, as `_download` does, once the
-    partial file holds the whole object (`close` waits for its hash); or None when
-    the single-stream path is to go on (with `partial` empty, or holding the bytes of a
-    whole answer it resumes), with the attempts already spent (a first answer that
-    broke off counts as one)."""
+    Returns an object with `close()` and `abandon()`, as `_stream.download` does,
+    once the partial file holds the whole object (`close` waits for its hash); or
+    None when the single-stream path is to go on (with `partial` empty, or holding the
+    bytes of a whole answer it resumes), with the attempts already spent (a first
+    answer that broke off counts as one)."""
     first: Optional[ByteStream] = None
     reached: dict[int, int] = {}
     if resumed is not None:
         plan, done, reached = resumed.plan, resumed.done, resumed.reached
         logger.info("resuming %s: %d of %d parts are here", url, len(done), plan.count)
     else:
-        if partial.name.tag.startswith(PARALLEL_TAG):
-            _empty(partial)  # parts without their record: nothing says which bytes are real
-        if partial.offset:
-            return None, 0  # a single-stream partial file: that path resumes it
-        try:
-            first = backend.open(url, 0, end=_TO_THE_END)  # type: ignore[call-arg]
-        except HTTPStatusError as error:
-            if error.status in _NOT_THERE or error.status in TRANSIENT_STATUSES:
-                # The object, or an outage the backend's retries already waited out (5xx,
-                # 408, 429), not the Range: one stream would fail alike, after as many again.
-                raise
-            # 416 (an empty object), or a server that refuses this Range (400, 501, ...):
-            # the single-stream path asks without one.
-            logger.info("%s refused a ranged request (%s); fetching it in one stream", url, error)
-            return None, 0
-        if first.status == 206 and (first.size is None or first.encoding is not None):
-            # A range of an object of unknown size (`bytes 0-n/*`, or a Content-Range
-            # that contradicts itself) cannot say it is the whole object, nor can encoded
-            # bytes (their range counts encoded bytes): the single-stream path asks for it
-            # without a Range.
-            first.close()
+        first = _first_answer(backend, url, partial)
+        if first is None:
             return None, 0
         try:
-            validators = Validators.of(first)
-            size = first.size or 0
-            unit = max(min(part_size, _PART), -(-size // MOST_PARTS))  # a huge object: fewer, larger parts
-            if (
-                first.status != 206
-                or first.start != 0
-                or size <= unit
-                or first.encoding is not None
-                or validators.if_range is None
-            ):
-                return _whole(backend, url, first, partial, bar, on_size, attempts, backoff_factor)
-            plan, done = _Plan(size, unit, validators), set()
-            partial.restart(validators)
-            _retag(partial, PARALLEL_TAG + validators.tag)
-            _allocate(partial, plan.size, url)
-            # No record yet: the recorder writes the first one. A P file without one is never
-            # resumed (its holes are not bytes), only swept once its writer is gone.
+            planned = _plan_from(first, partial, part_size, url)
         except BaseException:
-            first.close()  # `_whole` closes it itself (closing twice is nothing)
+            first.close()
             raise
+        if planned is None:
+            return _whole(backend, url, first, partial, bar, on_size, attempts, backoff_factor)
+        plan, done = planned, set()
     try:
-        if on_size is not None:
-            on_size(plan.size)
-        if bar is not None:
-            bar.total, bar.n = plan.size, partial.offset
-            bar.refresh()
+        _report_size(plan.size, partial.offset, bar, on_size)
+        run_parts = max(1, part_size // plan.part_size)  # the most parts one request asks for
         engine = Engine(
-            backend,
-            url,
-            partial,
-            plan,
-            done,
-            reached,
-            attempts,
-            backoff_factor,
-            bar,
-            run_parts=max(1, part_size // plan.part_size),
+            backend, url, partial, plan, done, reached, attempts, backoff_factor, bar, run_parts=run_parts
         )
     except BaseException:
         if first is not None:
             first.close()
         discard_record(partial)
         raise
+    return _run(engine, url, partial, connections, first)
+
+
+def _first_answer(backend: DownloadBackend, url: str, partial: Partial) -> Optional[ByteStream]:
+    """The first request: the whole object as a range; None when the single-stream
+    path is to go on without it (a single-stream partial file, or an answer that
+    cannot start a plan)."""
+    if partial.name.tag.startswith(PARALLEL_TAG):
+        partial.empty()  # parts without their record: nothing says which bytes are real
+    if partial.offset:
+        return None  # a single-stream partial file: that path resumes it
+    try:
+        first = open_stream(backend, url, 0, end=_TO_THE_END)
+    except HTTPStatusError as error:
+        if error.status in _NOT_THERE or error.status in TRANSIENT_STATUSES:
+            # The object, or an outage the backend's retries already waited out (5xx,
+            # 408, 429), not the Range: one stream would fail alike, after as many again.
+            raise
+        # 416 (an empty object), or a server that refuses this Range (400, 501, ...):
+        # the single-stream path asks without one.
+        logger.info("%s refused a ranged request (%s); fetching it in one stream", url, error)
+        return None
+    if first.status == 206 and (first.size is None or first.encoding is not None):
+        # A range of an object of unknown size (`bytes 0-n/*`, or a Content-Range
+        # that contradicts itself) cannot say it is the whole object, nor can encoded
+        # bytes (their range counts encoded bytes): the single-stream path asks for it
+        # without a Range.
+        first.close()
+        return None
+    return first
+
+
+def _plan_from(first: ByteStream, partial: Partial, part_size: int, url: str) -> Optional[_Plan]:
+    """The plan the first answer makes, with `partial` made ready for it (retagged and
+    allocated); None when the answer is to be streamed whole (`_whole`)."""
+    validators = Validators.of(first)
+    size = first.size or 0
+    unit = max(min(part_size, _PART), -(-size // MOST_PARTS))  # a huge object: fewer, larger parts
+    if (
+        first.status != 206
+        or first.start != 0
+        or size <= unit
+        or first.encoding is not None
+        or validators.if_range is None
+    ):
+        return None
+    plan = _Plan(size, unit, validators)
+    partial.restart(validators)
+    partial.retag(PARALLEL_TAG + validators.tag)
+    _allocate(partial, plan.size, url)
+    # No record yet: the recorder writes the first one. A P file without one is never
+    # resumed (its holes are not bytes), only swept once its writer is gone.
+    return plan
+
+
+def _report_size(size: int, offset: int, bar: Any, on_size: Optional[Callable[[int], None]]) -> None:
+    if on_size is not None:
+        on_size(size)
+    if bar is not None:
+        bar.total, bar.n = size, offset
+        bar.refresh()
+
+
+def _run(
+    engine: Engine, url: str, partial: Partial, connections: int, first: Optional[ByteStream]
+) -> tuple[Optional[Any], int]:
+    """Run `engine` (what `fetch_parts` returns: see there)."""
     try:
         # The first stream is the engine's now: its worker closes it. Closing it here could
         # wait on that worker's blocked read (a buffered reader's close takes its lock).
@@ -219,7 +225,7 @@ def fetch_parts(
     except VersionChanged as error:
         logger.info("%s changed while it was fetched in parts (%s); starting over", url, error)
         discard_record(partial)
-        _empty(partial)
+        partial.empty()
         return None, 0
     except BaseException as error:
         if partial.offset == 0 or not resumable(error):
@@ -232,7 +238,7 @@ def _whole(
     backend: DownloadBackend,
     url: str,
     stream: ByteStream,
-    partial: _Partial,
+    partial: Partial,
     bar: Any,
     on_size: Optional[Callable[[int], None]],
     attempts: int,
@@ -242,11 +248,11 @@ def _whole(
     None when that path is to go on (a 416, or a body that broke off: it resumes,
     with one attempt fewer)."""
     with stream:
-        if stream.status == 416 or not _place(backend, url, stream, partial):
+        if stream.status == 416 or not place(backend, url, stream, partial):
             return None, 0
         try:
-            return _receive(stream, partial, url, bar, on_size), 0
-        except _EndedShort:  # a server capping its ranges: the single-stream path asks for the rest
+            return receive(stream, partial, url, bar, on_size), 0
+        except EndedShort:  # a server capping its ranges: the single-stream path asks for the rest
             return None, 0
         except NetworkError as error:  # bytes so far are kept: the single-stream path resumes
             if attempts <= 1:
@@ -256,7 +262,7 @@ def _whole(
     return None, 1
 
 
-def _allocate(partial: _Partial, size: int, url: str) -> None:
+def _allocate(partial: Partial, size: int, url: str) -> None:
     """Make `partial` `size` bytes long, sparse (blocks are allocated as parts arrive); a
     `DownloadError` naming the size if the filesystem refuses it (more than the largest
     file it holds, or a file size limit)."""
@@ -271,19 +277,3 @@ def _allocate(partial: _Partial, size: int, url: str) -> None:
             f"the server says the object is {size} bytes; the filesystem holding "
             f"{partial.name.path.parent} refuses a file that large ({os.strerror(error.errno or 0)})",
         ) from error
-
-
-def _empty(partial: _Partial) -> None:
-    """Make `partial` an empty file with no version (its bytes cannot be trusted)."""
-    os.ftruncate(partial.fd, 0)
-    partial.offset, partial.hasher = 0, _new_hasher()
-    partial.restart(Validators())
-
-
-def _retag(partial: _Partial, tag: str) -> None:
-    """Rename `partial` to carry `tag` (as `_Partial.restart` does for a validator's tag)."""
-    renamed = partial.name.renamed(tag)
-    _ACTIVE.add(str(renamed.path))
-    os.rename(partial.name.path, renamed.path)
-    _ACTIVE.discard(str(partial.name.path))
-    partial.name = renamed

@@ -1,0 +1,191 @@
+"""The backend contract: one call shape, `end` only for a backend that declares
+`supports_ranges`, and the how-to's complete backend passes `check_backend`."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any, ClassVar, Optional
+
+import pytest
+
+from framework.download import DownloadManager
+from framework.download.backend import ByteStream, DownloadBackend, RemoteInfo
+from framework.errors import DownloadError
+from framework.testing import MemoryBackend, check_backend
+
+HOWTO = Path(__file__).resolve().parents[2] / "docs" / "howto" / "download-backend.md"
+DATA = bytes(range(256)) * 4096  # 1 MiB: more than one part at the sizes below
+
+
+class _Ranged(DownloadBackend):
+    """Serves DATA at any URL and honours `end`; records each call's arguments."""
+
+    supports_ranges: ClassVar[bool] = True
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        self.calls: list[tuple[int, Optional[int], Optional[str]]] = []
+
+    def open(
+        self, url: str, offset: int = 0, *, end: Optional[int] = None, if_range: Optional[str] = None
+    ) -> ByteStream:
+        self.calls.append((offset, end, if_range))
+        if offset > len(DATA):
+            return ByteStream(iter(()), start=offset, size=len(DATA), etag='"v1"', status=416)
+        stop = len(DATA) if end is None else min(end, len(DATA))
+        status = 206 if (offset or end is not None) else 200
+        return ByteStream(iter([DATA[offset:stop]]), start=offset, size=len(DATA), etag='"v1"', status=status)
+
+
+class _OneStream(_Ranged):
+    """The same object over one stream only: `end` must never come."""
+
+    supports_ranges: ClassVar[bool] = False
+
+    def open(
+        self, url: str, offset: int = 0, *, end: Optional[int] = None, if_range: Optional[str] = None
+    ) -> ByteStream:
+        assert end is None, "a backend without supports_ranges was asked for a bounded range"
+        return super().open(url, offset, if_range=if_range)
+
+
+class _Legacy(DownloadBackend):
+    """Written against the older signature: no `end` keyword at all."""
+
+    def open(self, url: str, offset: int = 0, *, if_range: Optional[str] = None) -> ByteStream:
+        return ByteStream(iter([DATA[offset:]]), start=offset, size=len(DATA), etag='"v1"')
+
+
+def _manager(tmp_path: Path, backend: DownloadBackend) -> DownloadManager:
+    return DownloadManager(
+        tmp_path, connections=4, part_size=64 << 10, progress=False, backends={"contract": backend}
+    )
+
+
+def test_a_backend_without_ranges_is_never_given_end(tmp_path: Path) -> None:
+    backend = _OneStream()
+    assert _manager(tmp_path, backend).cached_path("contract://one/x.bin").read_bytes() == DATA
+    assert backend.calls and all(end is None for _offset, end, _if_range in backend.calls)
+
+
+def test_a_backend_with_ranges_is_fetched_in_parts_through_the_one_call_shape(tmp_path: Path) -> None:
+    backend = _Ranged()
+    assert _manager(tmp_path, backend).cached_path("contract://ranged/x.bin").read_bytes() == DATA
+    ends = [end for _offset, end, _if_range in backend.calls]
+    # The parallel path: every request bounded (the first asks to past any end; the ramp
+    # may keep that one stream alone when it is fast).
+    assert ends and all(end is not None for end in ends)
+    assert all(if_range == '"v1"' for offset, _end, if_range in backend.calls if offset)
+
+
+def test_a_backend_of_the_older_signature_still_works(tmp_path: Path) -> None:
+    assert _manager(tmp_path, _Legacy()).cached_path("contract://legacy/x.bin").read_bytes() == DATA
+    assert _Legacy.supports_ranges is False
+
+
+def test_asking_a_one_stream_backend_for_a_range_is_a_clear_error() -> None:
+    from framework.download._stream import open_stream
+
+    with pytest.raises(DownloadError, match="does not serve bounded byte ranges"):
+        open_stream(MemoryBackend(), "mem://x", 0, end=10)
+    with pytest.raises(DownloadError, match="supports_ranges is False"):
+        MemoryBackend().open("mem://x", 0, end=10)
+
+
+def test_check_backend_passes_the_first_party_test_backends() -> None:
+    MemoryBackend.objects["mem://contract"] = DATA
+    try:
+        check_backend(MemoryBackend(), "mem://contract", DATA)
+    finally:
+        MemoryBackend.reset()
+    check_backend(_Ranged(), "contract://x", DATA)
+    check_backend(_OneStream(), "contract://x", DATA)
+
+
+def test_check_backend_catches_an_end_that_is_not_honoured() -> None:
+    class IgnoresEnd(_Ranged):
+        def open(
+            self, url: str, offset: int = 0, *, end: Optional[int] = None, if_range: Optional[str] = None
+        ) -> ByteStream:
+            return super().open(url, offset, if_range=if_range)
+
+    with pytest.raises(AssertionError, match=r"asked for \[0, 1\)"):
+        check_backend(IgnoresEnd(), "contract://x", DATA)
+
+
+def test_check_backend_catches_a_signature_without_end() -> None:
+    with pytest.raises(AssertionError, match="must take"):
+        check_backend(_Legacy(), "contract://x", DATA)
+
+
+def test_check_backend_catches_a_wrong_stat() -> None:
+    class WrongStat(_Ranged):
+        def stat(self, url: str) -> RemoteInfo:
+            return RemoteInfo(size=len(DATA) + 1)
+
+    with pytest.raises(AssertionError, match="stat says"):
+        check_backend(WrongStat(), "contract://x", DATA)
+
+
+def _howto_namespace() -> dict[str, Any]:
+    """Run the how-to's Python blocks in order, as a reader would paste them."""
+    blocks = re.findall(r"```python\n(.*?)```", HOWTO.read_text(), re.S)
+    backend = next(block for block in blocks if "class NumbersBackend" in block)
+    check = next(block for block in blocks if "check_backend(" in block)
+    namespace: dict[str, Any] = {"__name__": "howto_backend"}
+    exec(compile(backend, str(HOWTO), "exec"), namespace)
+    exec(compile(check, str(HOWTO), "exec"), namespace)  # raises if the check fails
+    return namespace
+
+
+def test_the_howto_backend_passes_check_backend() -> None:
+    namespace = _howto_namespace()
+    cls = namespace["NumbersBackend"]
+    assert cls.supports_ranges is True
+    body = "".join(f"{n}\n" for n in range(50_000)).encode()
+    check_backend(cls(), "numbers://50000", body)
+
+
+def test_the_howto_backend_serves_the_manager_in_parts(tmp_path: Path) -> None:
+    cls = _howto_namespace()["NumbersBackend"]
+
+    class Counting(cls):  # type: ignore[misc, valid-type]
+        ends: ClassVar[list[Optional[int]]] = []
+
+        def open(self, url: str, offset: int = 0, **keywords: Any) -> ByteStream:
+            self.ends.append(keywords.get("end"))
+            return super().open(url, offset, **keywords)  # type: ignore[no-any-return]
+
+    body = "".join(f"{n}\n" for n in range(200_000)).encode()
+    manager = DownloadManager(
+        tmp_path, connections=4, part_size=64 << 10, progress=False, backends={"numbers": Counting()}
+    )
+    path = manager.cached_path("numbers://200000")
+    assert path.read_bytes() == body
+    assert Counting.ends and all(end is not None for end in Counting.ends)  # the parallel path
+
+
+def test_the_first_party_backends_pass_check_backend(http_server: Any, s3_env: str, tmp_path: Path) -> None:
+    import boto3
+    from dl_helpers import unique_path
+    from framework_plugins.http import HttpBackend
+    from framework_plugins.local import LocalBackend
+    from framework_plugins.s3 import S3Backend
+
+    url = http_server.add(unique_path("contract"), DATA, etag='"contract"')
+    with HttpBackend(backoff_factor=0.01) as http:
+        assert http.supports_ranges
+        check_backend(http, url, DATA)
+    bucket = f"contract-{os.getpid()}-{os.urandom(3).hex()}"
+    client = boto3.client("s3", endpoint_url=s3_env)
+    client.create_bucket(Bucket=bucket)
+    client.put_object(Bucket=bucket, Key="contract.bin", Body=DATA)
+    with S3Backend() as s3:
+        assert s3.supports_ranges
+        check_backend(s3, f"s3://{bucket}/contract.bin", DATA)
+    local = tmp_path / "contract.bin"
+    local.write_bytes(DATA)
+    assert not LocalBackend.supports_ranges
+    check_backend(LocalBackend(), local.as_uri(), DATA)

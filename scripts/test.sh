@@ -10,6 +10,8 @@ echo "== ruff"
 ruff check .
 echo "== mypy (strict on framework/)"
 mypy
+echo "== import layers (import-linter; contracts in pyproject.toml)"
+lint-imports --no-cache
 echo "== pytest"
 status=0
 # Two processes, one test file each at a time: most tests wait on worker processes,

@@ -1,0 +1,258 @@
+"""The layout's rules, checked on the source: ARCHITECTURE.md states them for people.
+
+- no import cycle among the modules of `framework` and `framework_plugins`, counting
+  imports inside functions (only `TYPE_CHECKING` blocks are left out: they never run);
+- a private (underscore) module or name is imported only from inside its own package;
+- no function longer than 80 lines;
+- in the download package the one deferred import is the one that keeps torch out of
+  plain calls.
+
+The layer order itself (cli, then data and download, then config, registry, errors) is
+import-linter's contract in pyproject.toml, run by scripts/test.sh.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = {"framework": ROOT / "framework", "framework_plugins": ROOT / "plugins"}
+MAX_FUNCTION_LINES = 80
+# manager imports the cluster fetch inside `cached_path(..., cluster=True)`: the cluster
+# fetch needs torch.distributed, and a plain call must not import torch.
+DEFERRED_IN_DOWNLOAD = {("framework.download.manager", "framework.download._cluster")}
+# Imports that point up the layers, made late by `importlib.import_module`. Each upper
+# module installs itself in the lower one when imported; the lower one imports it by
+# name only when used before that happened.
+LATE_BOUND = {
+    # `Registrable.from_config` builds through the config layer
+    ("framework.registry._registrable", "framework.config"),
+    # `framework.config.validate(config)` without a base checks a `framework run` config
+    ("framework.config._validate", "framework.cli.run_config"),
+}
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for top, base in PACKAGES.items():
+        for path in sorted(base.rglob("*.py")):
+            parts = [top, *path.relative_to(base).with_suffix("").parts]
+            if parts[-1] == "__init__":
+                parts.pop()
+            found[".".join(parts)] = path
+    return found
+
+
+MODULES = _modules()
+
+
+def _is_package(module: str) -> bool:
+    return MODULES[module].name == "__init__.py"
+
+
+def _runtime_nodes(tree: ast.Module) -> Iterator[tuple[ast.AST, bool]]:
+    """Every node outside `if TYPE_CHECKING:` blocks, with whether it sits in a function."""
+
+    def walk(node: ast.AST, in_function: bool) -> Iterator[tuple[ast.AST, bool]]:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                yield from (pair for sub in child.orelse for pair in walk_one(sub, in_function))
+                continue
+            yield from walk_one(child, in_function)
+
+    def walk_one(node: ast.AST, in_function: bool) -> Iterator[tuple[ast.AST, bool]]:
+        yield node, in_function
+        inner = in_function or isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+        yield from walk(node, inner)
+
+    yield from walk(tree, False)
+
+
+def _constants(tree: ast.Module) -> dict[str, str]:
+    """Module-level `NAME = "text"` assignments."""
+    return {
+        target.id: node.value.value
+        for node in tree.body
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant)
+        for target in node.targets
+        if isinstance(target, ast.Name) and isinstance(node.value.value, str)
+    }
+
+
+def _late_import(node: ast.AST, constants: dict[str, str]) -> str | None:
+    """The module an `importlib.import_module("framework...")` call names, if it is one
+    (given as a literal or a module-level constant)."""
+    if not (isinstance(node, ast.Call) and node.args):
+        return None
+    func = node.func
+    name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+    arg = node.args[0]
+    target = arg.value if isinstance(arg, ast.Constant) else constants.get(getattr(arg, "id", ""))
+    if name == "import_module" and isinstance(target, str) and target.split(".")[0] in PACKAGES:
+        return target
+    return None
+
+
+def _imports(module: str) -> Iterator[tuple[str, bool, int]]:
+    """(dotted name imported, inside a function, line) for each name `module` imports,
+    also by `importlib.import_module` with a literal name."""
+    tree = ast.parse(MODULES[module].read_text(encoding="utf-8"))
+    constants = _constants(tree)
+    for node, in_function in _runtime_nodes(tree):
+        late = _late_import(node, constants)
+        if late:
+            yield late, in_function, node.lineno
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name, in_function, node.lineno
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                package = module.split(".") if _is_package(module) else module.split(".")[:-1]
+                package = package[: len(package) - node.level + 1]
+                base = ".".join(package + ([base] if base else []))
+            for alias in node.names:
+                yield f"{base}.{alias.name}", in_function, node.lineno
+
+
+def _owner(dotted: str) -> str | None:
+    """The module of ours that `dotted` (a module, or a name in one) lives in."""
+    while dotted and dotted not in MODULES:
+        dotted = dotted.rpartition(".")[0]
+    return dotted or None
+
+
+def _graph(leave_out: set[tuple[str, str]] = LATE_BOUND) -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {module: set() for module in MODULES}
+    for module in MODULES:
+        for dotted, _, _ in _imports(module):
+            target = _owner(dotted)
+            if target and target != module and (module, target) not in leave_out:
+                graph[module].add(target)
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected groups of more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for start in graph:
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                group = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    group.append(member)
+                    if member == node:
+                        break
+                if len(group) > 1:
+                    found.append(sorted(group))
+    return found
+
+
+def test_the_cycle_finder_finds_a_cycle() -> None:
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_cycles() -> None:
+    assert _cycles(_graph()) == []
+
+
+def test_the_late_bound_imports_are_the_named_ones() -> None:
+    graph = _graph(leave_out=set())
+    assert all(target in graph[module] for module, target in LATE_BOUND)
+    late = {
+        (module, _owner(dotted))
+        for module in MODULES
+        for dotted, _, _ in _imports(module)
+        if _owner(dotted) and dotted in MODULES and _is_late(module, dotted)
+    }
+    assert late == LATE_BOUND
+
+
+def _is_late(module: str, dotted: str) -> bool:
+    tree = ast.parse(MODULES[module].read_text(encoding="utf-8"))
+    constants = _constants(tree)
+    return any(_late_import(node, constants) == dotted for node, _ in _runtime_nodes(tree))
+
+
+def _package_of(module: str) -> str:
+    return module if _is_package(module) else module.rpartition(".")[0]
+
+
+def _private_owner(dotted: str) -> str | None:
+    """The package a private dotted name belongs to: the part before its first `_name`."""
+    parts = dotted.split(".")
+    for i, part in enumerate(parts):
+        if part.startswith("_") and not part.startswith("__"):
+            owner = ".".join(parts[:i])
+            # a private name inside a module belongs to that module's package
+            return _package_of(owner) if owner in MODULES else owner
+    return None
+
+
+def test_private_names_stay_in_their_package() -> None:
+    crossings = []
+    for module in MODULES:
+        package = _package_of(module)
+        for dotted, _, line in _imports(module):
+            owner = _private_owner(dotted)
+            if owner and not (package == owner or package.startswith(owner + ".")):
+                crossings.append(f"{MODULES[module].relative_to(ROOT)}:{line} imports {dotted}")
+    assert crossings == []
+
+
+def test_the_private_rule_sees_a_crossing() -> None:
+    assert _private_owner("framework.download._cluster.torchrun_group") == "framework.download"
+    assert _private_owner("framework.download.manager._normalize") == "framework.download"
+    assert _private_owner("framework.errors.WorkerError") is None
+
+
+def test_functions_are_short() -> None:
+    long = []
+    for path in MODULES.values():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = (node.end_lineno or node.lineno) - node.lineno + 1
+                if lines > MAX_FUNCTION_LINES:
+                    long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name}: {lines} lines")
+    assert long == []
+
+
+def test_the_download_package_defers_one_import() -> None:
+    deferred = set()
+    for module in MODULES:
+        if not module.startswith("framework.download"):
+            continue
+        for dotted, in_function, _ in _imports(module):
+            target = _owner(dotted)
+            if in_function and target and target.startswith("framework."):
+                deferred.add((module, target))
+    assert deferred == DEFERRED_IN_DOWNLOAD

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import NoReturn, Optional, Union
 
 from framework import __version__
+from framework.cli._text import one_line
 
 __all__ = ["build_parser", "main", "one_line"]
 
@@ -51,12 +52,6 @@ def build_parser() -> argparse.ArgumentParser:
             continue
         module.add_parser(subparsers)
     return parser
-
-
-def one_line(text: str) -> str:
-    """`text` on one printable line: whitespace runs become one space, and control
-    characters (a terminal's escape sequences) are shown escaped, not obeyed."""
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in " ".join(text.split()))
 
 
 def _one_line_warning(

@@ -70,7 +70,7 @@ def print_schema(args: argparse.Namespace) -> int:
 
 
 def check_config(args: argparse.Namespace) -> int:
-    from framework.cli import one_line
+    from framework.cli._text import one_line
     from framework.cli.run import load_run_config
     from framework.errors import ConfigError
 

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import multiprocessing
 import pickle
+import warnings
 from typing import Optional
 
 from framework.data._pool import WorkerPool, closed_error
 from framework.data._settings import LoaderSettings
-from framework.data.reader import DistributedInfo
+from framework.data.reader import DistributedInfo, UnshardedReadWarning
 
 __all__ = ["WorkerPools"]
 
@@ -22,6 +23,7 @@ class WorkerPools:
         self.settings = settings
         self.pool: Optional[WorkerPool] = None
         self.closes = 0  # close() calls: one while workers start (another thread) ends that pass
+        self._advised = False  # the unsharded-read warning, once per loader
 
     def lease(self, info: Optional[DistributedInfo]) -> WorkerPool:
         """A pool for a lazy pass: the persistent one, or a new one."""
@@ -47,6 +49,7 @@ class WorkerPools:
     def start(self, info: Optional[DistributedInfo]) -> WorkerPool:
         """A new pool (not kept: the caller shuts it down or leases it)."""
         settings = self.settings
+        self._advise()
         context = multiprocessing.get_context(settings.start_method)
         closes = self.closes
         try:
@@ -69,3 +72,29 @@ class WorkerPools:
         if self.pool is not None:
             self.pool.shutdown()
             self.pool = None
+
+    def _advise(self) -> None:
+        """Warn, once, when every worker is about to parse every record: a reader that does
+        not shard by worker reads the whole data in each worker and keeps its share."""
+        settings = self.settings
+        if self._advised or settings.num_workers < 2:
+            return
+        if settings.reader.manual_multiprocess_sharding:
+            return
+        self._advised = True
+        reader = type(settings.reader).__name__
+        mode = "" if settings.lazy else "use lazy mode (max_instances_in_memory) and "
+        # Point at the reader's _read, where the fix goes (as the reader's own
+        # unsharded warning does).
+        code = getattr(type(settings.reader)._read, "__code__", None)
+        warnings.warn_explicit(
+            f"each of the {settings.num_workers} loader workers parses every record of "
+            f"{settings.data_path!r} and keeps 1 in {settings.num_workers}, because "
+            f"{reader} does not shard by worker; {mode}let the reader shard: set "
+            "manual_multiprocess_sharding=True and manual_distributed_sharding=True and "
+            "wrap the records in self.shard_iterable(...) inside _read() (or read "
+            "get_worker_info() there)",
+            UnshardedReadWarning,
+            code.co_filename if code else __file__,
+            code.co_firstlineno if code else 0,
+        )

@@ -255,7 +255,11 @@ class MultiProcessDataLoader(DataLoader):
 
     def __iter__(self) -> Iterator[TensorDict]:
         if self.batches_per_epoch is None:
-            yield from self._new_pass()
+            current = self._new_pass()
+            try:
+                yield from current
+            finally:
+                current.close()  # at once, also when an exception is thrown in here
             return
         yield from self._epoch(self.batches_per_epoch)
 

@@ -64,6 +64,40 @@ def problems(
     found: list[tuple[str, str]] = []
     if num_workers is None or num_workers < 0:
         found.append(("num_workers", f"num_workers must be 0 or more, got {num_workers}"))
+    found += _batching_problems(batch_size, drop_last, shuffle, batch_sampler, batches_per_epoch)
+    if max_instances_in_memory is not None:
+        found += _memory_problems(max_instances_in_memory, batch_size, batch_sampler)
+    if start_method not in multiprocessing.get_all_start_methods():
+        found.append(
+            (
+                "start_method",
+                f"start_method must be one of {multiprocessing.get_all_start_methods()}, "
+                f"got {start_method!r}",
+            )
+        )
+    if persistent_workers and num_workers == 0:
+        found.append(("persistent_workers", "persistent_workers=True needs num_workers > 0"))
+    if transfer not in TRANSFERS:
+        found.append(("transfer", f"transfer must be one of {TRANSFERS}, got {transfer!r}"))
+    if timeout is not None and not (timeout > 0 and math.isfinite(timeout)):
+        found.append(
+            ("timeout", f"timeout must be a finite positive number of seconds or None, got {timeout}")
+        )
+    problem = device_problem(cuda_device)
+    if problem is not None:
+        found.append(("cuda_device", problem))
+    return found
+
+
+def _batching_problems(
+    batch_size: Optional[int],
+    drop_last: bool,
+    shuffle: bool,
+    batch_sampler: Any,
+    batches_per_epoch: Optional[int],
+) -> list[tuple[str, str]]:
+    """The batch settings' problems: sizes, and a sampler against the settings it replaces."""
+    found: list[tuple[str, str]] = []
     if batch_size is not None and batch_size < 1:
         found.append(("batch_size", f"batch_size must be at least 1, got {batch_size}"))
     if batch_sampler is not None:
@@ -84,54 +118,42 @@ def problems(
         found.append(
             ("batches_per_epoch", f"batches_per_epoch must be at most {sys.maxsize}, got {batches_per_epoch}")
         )
-    if max_instances_in_memory is not None:
-        if max_instances_in_memory < 1:
-            found.append(
-                (
-                    "max_instances_in_memory",
-                    f"max_instances_in_memory must be at least 1, got {max_instances_in_memory}",
-                )
-            )
-        elif batch_size is not None and batch_size >= 1 and max_instances_in_memory < batch_size:
-            found.append(
-                (
-                    "max_instances_in_memory",
-                    f"max_instances_in_memory ({max_instances_in_memory}) must be at least "
-                    f"batch_size ({batch_size}); raise it (10x batch_size is a good start)",
-                )
-            )
-        # A lazy sampler sees max_instances_in_memory instances at a time, so it could
-        # only make smaller batches (or none, with drop_last).
-        sampler_size = _sampler_batch_size(batch_sampler)
-        if sampler_size is not None and 1 <= max_instances_in_memory < sampler_size:
-            found.append(
-                (
-                    "max_instances_in_memory",
-                    f"max_instances_in_memory ({max_instances_in_memory}) must be at least the "
-                    f"batch_sampler's batch size ({sampler_size}): the sampler sees that many "
-                    "instances at a time. Raise max_instances_in_memory (10x the batch size is a "
-                    "good start) or lower the sampler's batch_size",
-                )
-            )
-    if start_method not in multiprocessing.get_all_start_methods():
+    return found
+
+
+def _memory_problems(
+    max_instances_in_memory: int, batch_size: Optional[int], batch_sampler: Any
+) -> list[tuple[str, str]]:
+    """Lazy mode's problems: a chunk must hold at least one whole batch."""
+    found: list[tuple[str, str]] = []
+    if max_instances_in_memory < 1:
         found.append(
             (
-                "start_method",
-                f"start_method must be one of {multiprocessing.get_all_start_methods()}, "
-                f"got {start_method!r}",
+                "max_instances_in_memory",
+                f"max_instances_in_memory must be at least 1, got {max_instances_in_memory}",
             )
         )
-    if persistent_workers and num_workers == 0:
-        found.append(("persistent_workers", "persistent_workers=True needs num_workers > 0"))
-    if transfer not in TRANSFERS:
-        found.append(("transfer", f"transfer must be one of {TRANSFERS}, got {transfer!r}"))
-    if timeout is not None and not (timeout > 0 and math.isfinite(timeout)):
+    elif batch_size is not None and batch_size >= 1 and max_instances_in_memory < batch_size:
         found.append(
-            ("timeout", f"timeout must be a finite positive number of seconds or None, got {timeout}")
+            (
+                "max_instances_in_memory",
+                f"max_instances_in_memory ({max_instances_in_memory}) must be at least "
+                f"batch_size ({batch_size}); raise it (10x batch_size is a good start)",
+            )
         )
-    problem = device_problem(cuda_device)
-    if problem is not None:
-        found.append(("cuda_device", problem))
+    # A lazy sampler sees max_instances_in_memory instances at a time, so it could
+    # only make smaller batches (or none, with drop_last).
+    sampler_size = _sampler_batch_size(batch_sampler)
+    if sampler_size is not None and 1 <= max_instances_in_memory < sampler_size:
+        found.append(
+            (
+                "max_instances_in_memory",
+                f"max_instances_in_memory ({max_instances_in_memory}) must be at least the "
+                f"batch_sampler's batch size ({sampler_size}): the sampler sees that many "
+                "instances at a time. Raise max_instances_in_memory (10x the batch size is a "
+                "good start) or lower the sampler's batch_size",
+            )
+        )
     return found
 
 

@@ -1,10 +1,11 @@
 """`MultiProcessDataLoader`'s saved state: what `state_dict()` returns and how
 `load_state_dict()` reads it back.
 
-Functions of the loader: the whole-job state (`whole_state`, gathered over ranks
+Functions of a loader's settings, its iteration progress and its instance cache
+(never of the loader itself): the whole-job state (`whole_state`, gathered over ranks
 under torch.distributed), each rank's share of it (`rank_part`), the position a
 saved state resumes at (`resumed_position`, exact in the same split, otherwise a
-new pass over what is left), and the settings a state is valid for (`settings`).
+new pass over what is left), and the settings a state is valid for (`saved_settings`).
 """
 
 from __future__ import annotations
@@ -12,13 +13,15 @@ from __future__ import annotations
 import json
 import zlib
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional
 
 from framework.data._batching import derive_seed
+from framework.data._cache import InstanceCache
 from framework.data._checks import describe
 from framework.data._distributed import in_step
-from framework.data._passes import eager_lists
+from framework.data._pass import Progress
 from framework.data._position import Position
+from framework.data._settings import LoaderSettings
 from framework.data._shards import (
     STATE_VERSION,
     Consumed,
@@ -33,47 +36,41 @@ from framework.data._shards import (
 from framework.data.reader import current_distributed_info
 from framework.errors import ResumeError
 
-if TYPE_CHECKING:
-    from framework.data.multiprocess import MultiProcessDataLoader
-
 __all__ = [
     "rank_part",
     "resumed_position",
     "same_split",
-    "settings",
-    "slots_per_rank",
+    "saved_settings",
     "whole_state",
 ]
 
 
-def whole_state(loader: MultiProcessDataLoader) -> dict[str, Any]:
+def whole_state(settings: LoaderSettings, progress: Progress, cache: InstanceCache) -> dict[str, Any]:
     """`MultiProcessDataLoader.state_dict()`: where iteration stands, as plain data
     (a collective under torch.distributed)."""
-    current = loader._current
-    position = current or loader._next_position()
+    position = progress.current or progress.next_position(settings)
     info = current_distributed_info()
     world, rank = (info.world_size, info.global_rank) if info else (1, 0)
-    mine = rank_part(loader, position, rank, world)
+    mine = rank_part(settings, cache, position, rank, world)
     parts = [mine]
     if world > 1:
         import torch.distributed as dist
 
         # First a collective of the same shape as the per-batch ones: a rank still
         # taking a batch meets this one at once and both raise, rather than wait.
-        in_step(loader._batches, loader._evened())
+        in_step(progress.batches, settings.evened())
 
         # A rank whose epoch ended (uneven ranks) while others are still in it
         # speaks for that epoch with the pass it finished, whether or not it has begun
         # the next (its position there is not part of the epoch the others are in).
-        last = loader._last
+        last = progress.last
         if last is not None and last.epoch == position.epoch - 1:
-            mine["finished"] = rank_part(loader, last, rank, world)
+            mine["finished"] = rank_part(settings, cache, last, rank, world)
         gathered: list[Any] = [None] * world
         dist.all_gather_object(gathered, mine)
         epoch = min(part["position"]["epoch"] for part in gathered)
         parts = [
-            part.get("finished") or part if part["position"]["epoch"] > epoch else part
-            for part in gathered
+            part.get("finished") or part if part["position"]["epoch"] > epoch else part for part in gathered
         ]
     consumed: Optional[Consumed] = None
     if all(part["tracked"] for part in parts):
@@ -85,7 +82,7 @@ def whole_state(loader: MultiProcessDataLoader) -> dict[str, Any]:
         tokens.update({record: token for part in parts for record, token in part["tokens"]})
         consumed = consumed_by(
             base,
-            world * slots_per_rank(loader),
+            world * settings.slots_per_rank(),
             limits,
             [index for part in parts for index in part["taken"]],
             tokens,
@@ -94,14 +91,14 @@ def whole_state(loader: MultiProcessDataLoader) -> dict[str, Any]:
         "version": STATE_VERSION,
         "epoch": parts[0]["position"]["epoch"],
         "world_size": world,
-        "num_workers": loader.num_workers,
-        "settings": settings(loader),
-        "files": file_stamps(loader.data_path),
-        "epoch_batches": loader._epoch_batches,  # batches_per_epoch: already yielded
+        "num_workers": settings.num_workers,
+        "settings": saved_settings(settings),
+        "files": file_stamps(settings.data_path),
+        "epoch_batches": progress.epoch_batches,  # batches_per_epoch: already yielded
         # The training loop's epoch to restart at: the next iter() yields (the rest of)
         # it. Without batches_per_epoch an iter() is a pass, so it is the pass's epoch.
         "loop_epoch": (
-            parts[0]["position"]["epoch"] if loader.batches_per_epoch is None else loader._loop_epoch
+            parts[0]["position"]["epoch"] if settings.batches_per_epoch is None else progress.loop_epoch
         ),
         "ranks": [part["position"] for part in parts],
         "consumed": None if consumed is None else consumed.to_dict(),
@@ -109,34 +106,32 @@ def whole_state(loader: MultiProcessDataLoader) -> dict[str, Any]:
     }
 
 
-def slots_per_rank(loader: MultiProcessDataLoader) -> int:
-    return max(1, loader.num_workers) if loader.max_instances_in_memory is not None else 1
-
-
-def rank_part(loader: MultiProcessDataLoader, position: Position, rank: int, world: int) -> dict[str, Any]:
+def rank_part(
+    settings: LoaderSettings, cache: InstanceCache, position: Position, rank: int, world: int
+) -> dict[str, Any]:
     """This rank's share of the whole-job state: its exact position, and what it
     yielded (eager mode: the first `position.consumed` of the pass's batches, made
     again from its seed when the pass is not the one in progress: loaded, cut short)."""
-    if loader.max_instances_in_memory is None:
-        indexes = loader._indexes
+    if settings.max_instances_in_memory is None:
+        indexes = cache.indexes
         tracked = indexes is not None
         taken = []
         if indexes is not None and position.consumed:
-            lists = eager_lists(loader, position)
+            lists = cache.batch_lists(position)
             taken = [indexes[i] for b in lists[: position.consumed] for i in b]
         limits = [(rank, position.base.below)]
         tokens: list[tuple[int, Any]] = []
     else:
-        position.begin(slots_per_rank(loader))
+        position.begin(settings.slots_per_rank())
         tracked = position.tracked
         taken = [index for listed in position.taken for index in listed]
         limits = list(position.limits(rank, world).items())
         tokens = list(position.tokens().items())
-    cache = loader._instances if loader.max_instances_in_memory is None else None
+    cached = cache.instances if settings.max_instances_in_memory is None else None
     return {
         "position": position.to_dict(),
         # eager: digests of cached instances, to check a resumed cache is the same
-        "samples": {} if cache is None else sample_digests(cache, loader._indexes, rank),
+        "samples": {} if cached is None else sample_digests(cached, cache.indexes, rank),
         "tracked": tracked,
         "taken": taken,
         "limits": limits,
@@ -144,7 +139,7 @@ def rank_part(loader: MultiProcessDataLoader, position: Position, rank: int, wor
     }
 
 
-def resumed_position(loader: MultiProcessDataLoader, state: Mapping[str, Any]) -> Position:
+def resumed_position(settings: LoaderSettings, cache: InstanceCache, state: Mapping[str, Any]) -> Position:
     if not isinstance(state, Mapping) or "version" not in state:
         old = isinstance(state, Mapping) and "position" in state
         raise ResumeError(
@@ -166,18 +161,18 @@ def resumed_position(loader: MultiProcessDataLoader, state: Mapping[str, Any]) -
             "malformed",
         )
     check_files(state.get("files"))  # before the settings: its own clear error
-    check_reader(loader.reader)
+    check_reader(settings.reader)
     saved = state.get("settings")
     if isinstance(saved, Mapping):
         # Outside the try below: a setting that differs is its own clear refusal, not
         # a "mangled" state.
-        check_settings(saved, settings(loader))
+        check_settings(saved, saved_settings(settings))
     try:
-        check_settings(state["settings"], settings(loader))
+        check_settings(state["settings"], saved_settings(settings))
         info = current_distributed_info()
         world, rank = (info.world_size, info.global_rank) if info else (1, 0)
         ranks = list(state["ranks"])
-        exact = state["world_size"] == world and same_split(loader, state)
+        exact = state["world_size"] == world and same_split(settings, state)
         mine = Position.from_dict(dict(ranks[rank])) if exact else None
         first = Position.from_dict(dict(ranks[0]))
         consumed = None if state["consumed"] is None else Consumed.from_dict(state["consumed"])
@@ -192,16 +187,18 @@ def resumed_position(loader: MultiProcessDataLoader, state: Mapping[str, Any]) -
         ) from error
     # The cache the positions point into; under another split a reader's random draws
     # differ (other workers, other seeds), so only the same split can compare instances.
-    if loader.max_instances_in_memory is None and state["world_size"] == world and (
-        max(1, state["num_workers"]) == max(1, loader.num_workers)
+    if (
+        settings.max_instances_in_memory is None
+        and state["world_size"] == world
+        and (max(1, state["num_workers"]) == max(1, settings.num_workers))
     ):
-        check_samples(state.get("samples"), loader._load_instances(), loader._indexes, rank)
+        check_samples(state.get("samples"), cache.load(), cache.indexes, rank)
     if mine is not None:
         return mine  # the same split: exact
     if consumed is None:
         raise ResumeError(
             f"the state was saved with world_size={state['world_size']} and "
-            f"num_workers={state['num_workers']}, and {type(loader.reader).__name__} does "
+            f"num_workers={state['num_workers']}, and {type(settings.reader).__name__} does "
             "not say which record each instance came from (it shards by itself, builds "
             "a list, or yields several instances per record), so the rest of the epoch "
             "cannot be dealt over another split. Resume with the same num_workers and "
@@ -209,31 +206,32 @@ def resumed_position(loader: MultiProcessDataLoader, state: Mapping[str, Any]) -
             "other_split",
         )
     # Another split: a new pass over what is left, seeded from the saved pass.
-    seed = derive_seed(first.seed, "resumed", world, slots_per_rank(loader), rank)
+    seed = derive_seed(first.seed, "resumed", world, settings.slots_per_rank(), rank)
     return Position(epoch=first.epoch, seed=seed, base=consumed)
 
 
-def same_split(loader: MultiProcessDataLoader, state: Mapping[str, Any]) -> bool:
+def same_split(settings: LoaderSettings, state: Mapping[str, Any]) -> bool:
     """Whether this rank's saved position resumes exactly here (same world size given)."""
-    if loader.max_instances_in_memory is not None:
-        return bool(max(1, state["num_workers"]) == slots_per_rank(loader))
+    if settings.max_instances_in_memory is not None:
+        return bool(max(1, state["num_workers"]) == settings.slots_per_rank())
     # Eager mode caches the rank's instances in record order, whatever num_workers,
     # when the reader says which record each came from. A reader that shards by
     # itself (one file per worker, say) caches another order under another num_workers.
-    return bool(state["num_workers"] == loader.num_workers or state["consumed"] is not None)
+    return bool(state["num_workers"] == settings.num_workers or state["consumed"] is not None)
 
 
-def settings(loader: MultiProcessDataLoader) -> dict[str, Any]:
+def saved_settings(settings: LoaderSettings) -> dict[str, Any]:
     """What a saved state is valid for: the same data, batched the same way."""
-    sampler = loader.batch_sampler
+    plan = settings.plan
+    sampler = plan.batch_sampler
     return {
-        "lazy": loader.max_instances_in_memory is not None,
-        "max_instances_in_memory": loader.max_instances_in_memory,
-        "batch_size": loader.batch_size,
-        "drop_last": loader.drop_last,
-        "shuffle": loader.shuffle,
+        "lazy": plan.max_instances_in_memory is not None,
+        "max_instances_in_memory": plan.max_instances_in_memory,
+        "batch_size": plan.batch_size,
+        "drop_last": plan.drop_last,
+        "shuffle": plan.shuffle,
         "batch_sampler": None if sampler is None else describe(sampler),
-        "data_path": json.loads(json.dumps(loader.data_path, default=str)),
-        "reader": describe(loader.reader)["type"],
-        "max_instances": loader.reader.max_instances,  # the reader's, which changes the data
+        "data_path": json.loads(json.dumps(settings.data_path, default=str)),
+        "reader": describe(settings.reader)["type"],
+        "max_instances": settings.reader.max_instances,  # the reader's, which changes the data
     }

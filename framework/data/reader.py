@@ -24,7 +24,8 @@ from framework.data._shards import Seekable, ShardPlan
 from framework.registry import Registrable
 
 __all__ = [
-    "DatasetReader", "DatasetReaderInput", "DistributedInfo", "Instance", "Seekable", "WorkerInfo",
+    "DatasetReader", "DatasetReaderInput", "DistributedInfo", "Instance", "Seekable",
+    "UnshardedReadWarning", "WorkerInfo",
 ]
 
 _T = TypeVar("_T")
@@ -35,6 +36,10 @@ Instance = Any
 PathOrStr = Union[str, os.PathLike]  # type: ignore[type-arg]
 DatasetReaderInput = Union[str, os.PathLike, List[Any], Dict[str, Any]]  # type: ignore[type-arg]
 """What `read()` accepts: a path, or a list or dict of them when a reader supports it."""
+
+
+class UnshardedReadWarning(UserWarning):
+    """Every loader worker parses every record: the reader does not shard by worker."""
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,7 +21,7 @@ from loader_helpers import (
 from framework.data.collate import DataCollator
 from framework.data.loader import DataLoader
 from framework.data.multiprocess import MultiProcessDataLoader
-from framework.data.reader import DatasetReader
+from framework.data.reader import DatasetReader, UnshardedReadWarning
 from framework.data.sampler import BatchSampler
 from framework.errors import WorkerError
 
@@ -279,3 +280,37 @@ def test_manual_sharding_reader_every_mode(options: dict[str, Any]) -> None:
     for _ in range(2):
         ids = flat(batch["id"].tolist() for batch in data)
         assert sorted(ids) == list(range(30))  # each once, every epoch
+
+
+def unsharded_warnings(caught: list[warnings.WarningMessage]) -> list[str]:
+    return [str(w.message) for w in caught if issubclass(w.category, UnshardedReadWarning)]
+
+
+@pytest.mark.parametrize("lazy", [None, 10], ids=["eager", "lazy"])
+def test_workers_that_all_parse_every_record_warn_once_per_loader(lazy: Any) -> None:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        data = loader(batch_size=2, num_workers=2, max_instances_in_memory=lazy)
+        for _ in range(2):
+            assert sorted(flat(ids(data))) == list(range(20))
+    [message] = unsharded_warnings(caught)  # once, not once per epoch
+    assert "CountingReader does not shard by worker" in message
+    assert "shard_iterable" in message and "manual_multiprocess_sharding=True" in message
+    assert ("lazy mode" in message) == (lazy is None)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: MultiProcessDataLoader(ShardingReader(20), "x", batch_size=2, num_workers=2, quiet=True),
+        lambda: loader(batch_size=2, num_workers=0),
+        lambda: loader(batch_size=2, num_workers=1),
+    ],
+    ids=["sharding-reader", "no-workers", "one-worker"],
+)
+def test_no_unsharded_warning_when_no_record_is_parsed_twice(make: Any) -> None:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        data = make()
+        assert sorted(flat(ids(data))) == list(range(20))
+    assert unsharded_warnings(caught) == []

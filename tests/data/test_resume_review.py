@@ -201,9 +201,9 @@ def test_ctrl_c_while_a_batch_moves_to_the_device_keeps_the_batch(
 ) -> None:
     from loader_helpers import CountingReader
 
-    import framework.data.multiprocess as multiprocess
+    import framework.data._settings as settings  # where a batch moves to its device
 
-    real = multiprocess.move_to_device
+    real = settings.move_to_device
     calls = itertools.count(1)
 
     def interrupted_third_move(batch: Any, device: Any, non_blocking: bool = False) -> Any:
@@ -211,7 +211,7 @@ def test_ctrl_c_while_a_batch_moves_to_the_device_keeps_the_batch(
             raise error()  # Ctrl-C (or out of memory) during a host-to-device copy
         return real(batch, device, non_blocking=non_blocking)
 
-    monkeypatch.setattr(multiprocess, "move_to_device", interrupted_third_move)
+    monkeypatch.setattr(settings, "move_to_device", interrupted_third_move)
     loader = MultiProcessDataLoader(
         CountingReader(10), "x", batch_size=2, num_workers=num_workers, quiet=True, seed=0,
         cuda_device="cpu", **options,

@@ -1,0 +1,100 @@
+"""`WorkerPools`: the worker pools of one loader. The loader owns it (and so the
+persistent pool); a pass leases a pool from it and hands it back when it ends."""
+
+from __future__ import annotations
+
+import multiprocessing
+import pickle
+import warnings
+from typing import Optional
+
+from framework.data._pool import WorkerPool, closed_error
+from framework.data._settings import LoaderSettings
+from framework.data.reader import DistributedInfo, UnshardedReadWarning
+
+__all__ = ["WorkerPools"]
+
+
+class WorkerPools:
+    """The persistent pool (`pool`, kept between lazy passes with persistent_workers)
+    and the pools passes and the eager read start."""
+
+    def __init__(self, settings: LoaderSettings) -> None:
+        self.settings = settings
+        self.pool: Optional[WorkerPool] = None
+        self.closes = 0  # close() calls: one while workers start (another thread) ends that pass
+        self._advised = False  # the unsharded-read warning, once per loader
+
+    def lease(self, info: Optional[DistributedInfo]) -> WorkerPool:
+        """A pool for a lazy pass: the persistent one, or a new one."""
+        if self.pool is not None and self.pool.closed:
+            self.pool = None
+        if self.pool is not None and self.pool.busy:
+            # Another iteration of this loader is still open: give this one its own
+            # workers rather than pull the others' out from under it.
+            return self.start(info)
+        if self.pool is None:
+            self.pool = self.start(info)
+        return self.pool
+
+    def release(self, pool: WorkerPool, finished: bool) -> None:
+        """A pass is done with `pool`: keep it for the next pass only when the pass ran to
+        its end, the workers persist and the pool is still the owned one."""
+        owned = pool is self.pool
+        if not finished or not self.settings.persistent_workers or not owned:
+            pool.shutdown()
+            if owned:
+                self.pool = None
+
+    def start(self, info: Optional[DistributedInfo]) -> WorkerPool:
+        """A new pool (not kept: the caller shuts it down or leases it)."""
+        settings = self.settings
+        self._advise()
+        context = multiprocessing.get_context(settings.start_method)
+        closes = self.closes
+        try:
+            pool = WorkerPool(settings.spec(info), settings.num_workers, context, settings.quiet)
+        except (TypeError, AttributeError, ValueError, pickle.PicklingError) as error:
+            if settings.start_method == "fork":
+                raise
+            raise TypeError(
+                f"start_method={settings.start_method!r} pickles the reader, sampler and "
+                f"collate_fn to start each worker, and that failed: {error}. Define them "
+                "at module level (importable), or use start_method='fork'"
+            ) from error
+        if self.closes != closes:  # close() from another thread while the workers started
+            pool.shutdown()
+            raise closed_error()
+        return pool
+
+    def shutdown(self) -> None:
+        """Stop the persistent pool's workers now."""
+        if self.pool is not None:
+            self.pool.shutdown()
+            self.pool = None
+
+    def _advise(self) -> None:
+        """Warn, once, when every worker is about to parse every record: a reader that does
+        not shard by worker reads the whole data in each worker and keeps its share."""
+        settings = self.settings
+        if self._advised or settings.num_workers < 2:
+            return
+        if settings.reader.manual_multiprocess_sharding:
+            return
+        self._advised = True
+        reader = type(settings.reader).__name__
+        mode = "" if settings.lazy else "use lazy mode (max_instances_in_memory) and "
+        # Point at the reader's _read, where the fix goes (as the reader's own
+        # unsharded warning does).
+        code = getattr(type(settings.reader)._read, "__code__", None)
+        warnings.warn_explicit(
+            f"each of the {settings.num_workers} loader workers parses every record of "
+            f"{settings.data_path!r} and keeps 1 in {settings.num_workers}, because "
+            f"{reader} does not shard by worker; {mode}let the reader shard: set "
+            "manual_multiprocess_sharding=True and manual_distributed_sharding=True and "
+            "wrap the records in self.shard_iterable(...) inside _read() (or read "
+            "get_worker_info() there)",
+            UnshardedReadWarning,
+            code.co_filename if code else __file__,
+            code.co_firstlineno if code else 0,
+        )

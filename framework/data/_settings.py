@@ -1,0 +1,141 @@
+"""`LoaderSettings`: what a `MultiProcessDataLoader` was built with, in the shape its
+passes, its instance cache and its saved state need. It never refers to the loader,
+so a pass kept between epochs holds no reference to the loader."""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from typing import Any, Optional, Union
+
+import torch
+
+from framework.data._batching import BatchPlan, derive_seed
+from framework.data._pool import LoaderCode, main_thread
+from framework.data._protocol import Batch, Instances
+from framework.data._rng import scoped
+from framework.data._worker import WorkerSpec
+from framework.data.collate import DataCollator
+from framework.data.loader import move_to_device, pin_memory
+from framework.data.reader import (
+    DatasetReader,
+    DatasetReaderInput,
+    DistributedInfo,
+    current_distributed_info,
+)
+
+__all__ = ["LoaderSettings"]
+
+
+@dataclass
+class LoaderSettings:
+    """A loader's settings, checked already (`framework.data._checks.validate`).
+
+    `seed` is the loader's seed, or the one it took from `random` when given none.
+    `cuda_device` is the one setting that changes after construction
+    (`set_target_device`).
+    """
+
+    reader: DatasetReader
+    data_path: DatasetReaderInput
+    plan: BatchPlan
+    batches_per_epoch: Optional[int]
+    num_workers: int
+    start_method: str
+    quiet: bool
+    collate_fn: DataCollator
+    seed: int
+    persistent_workers: bool
+    pin_memory: bool
+    even_batches: bool
+    transfer: str
+    timeout: Optional[float]
+    cuda_device: Optional[torch.device] = None
+    # the reader's own apply_token_indexers, which the main process runs
+    hook_overridden: bool = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.hook_overridden = (
+            type(self.reader).apply_token_indexers is not DatasetReader.apply_token_indexers
+        )
+
+    @property
+    def max_instances_in_memory(self) -> Optional[int]:
+        return self.plan.max_instances_in_memory
+
+    @property
+    def lazy(self) -> bool:
+        return self.plan.max_instances_in_memory is not None
+
+    def evened(self) -> bool:
+        """Whether ranks agree on batch counts (and so must fail together, never alone)."""
+        info = current_distributed_info()
+        return info is not None and info.world_size > 1 and self.even_batches
+
+    def epoch_seed(self, epoch: int) -> int:
+        info = current_distributed_info()
+        rank = info.global_rank if info else 0
+        return derive_seed(self.seed, "epoch", epoch, "rank", rank)
+
+    def slots_per_rank(self) -> int:
+        """Positions a rank tracks: one per worker in lazy mode, one in eager mode."""
+        return max(1, self.num_workers) if self.lazy else 1
+
+    def batch_size_hint(self) -> Optional[int]:
+        sampler = self.plan.batch_sampler
+        return self.plan.batch_size or (sampler.get_batch_size() if sampler is not None else None)
+
+    def prefetch(self) -> int:
+        # As AllenNLP sizes its queues: about two chunks' worth of batches per worker.
+        chunk = self.max_instances_in_memory or 1024
+        return max(2, 2 * chunk // (self.batch_size_hint() or 1))
+
+    def batches_per_chunk(self) -> int:
+        return max(1, (self.max_instances_in_memory or 1) // (self.batch_size_hint() or 1))
+
+    def spec(self, info: Optional[DistributedInfo]) -> WorkerSpec:
+        """What each worker is started with."""
+        # Only CUDA IPC (shared_memory) carries CUDA tensors between processes; a
+        # pickle-5 frame carries bytes, so then the batch moves in this process. CUDA
+        # can only be initialised in workers that were not forked.
+        device = None
+        if self.start_method in ("spawn", "forkserver") and self.transfer == "shared_memory":
+            device = self.cuda_device
+        return WorkerSpec(
+            reader=self.reader,
+            data_path=self.data_path,
+            plan=self.plan,
+            collate_fn=self.collate_fn,
+            collate_in_worker=not self.hook_overridden,
+            num_workers=self.num_workers,
+            distributed=info,
+            device=device,
+            transfer=self.transfer,  # type: ignore[arg-type]
+            set_death_signal=main_thread(),
+            start_method=self.start_method,
+            prefetch=self.prefetch(),
+            # Progress messages a few times per timeout, so it measures silence only.
+            heartbeat=None if self.timeout is None else self.timeout / 4,
+        )
+
+    def finish(self, batch: Any) -> Any:
+        """`batch` pinned and on `cuda_device`. Every pass calls it before it counts the
+        batch as consumed: an error or Ctrl-C in the copy leaves the batch to the resume.
+        Its errors (CUDA out of memory) are the loader's own, never wrapped as WorkerError."""
+        with LoaderCode():
+            if self.pin_memory and torch.cuda.is_available():
+                batch = pin_memory(batch)
+            if self.cuda_device is not None:
+                batch = move_to_device(batch, self.cuda_device, non_blocking=self.pin_memory)
+            return batch
+
+    def prepared(self, message: Union[Batch, Instances]) -> Any:
+        """A worker's message made a batch: its tensors, or its instances hooked and
+        collated; pinned and moved to the device (`finish`)."""
+        if isinstance(message, Batch):
+            return self.finish(message.payload)
+        with scoped(message.seed) if message.seed is not None else nullcontext():
+            for instance in message.instances:  # in the batch's own streams
+                self.reader.apply_token_indexers(instance)
+            batch = self.collate_fn(message.instances)
+        return self.finish(batch)

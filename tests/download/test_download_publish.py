@@ -13,7 +13,6 @@ import signal
 import stat
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -852,6 +851,7 @@ def test_failed_fsync_never_leaves_the_hash_thread_blocked(
     http_server: FaultServer, manager: DownloadManager, cache: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import errno
+    import threading
 
     url = http_server.add("/fsync/fails.bin", os.urandom(100_000))
 

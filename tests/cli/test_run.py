@@ -323,7 +323,7 @@ def test_ctrl_c_stops_cleanly(tmp_path: Path, cli_env: dict[str, str]) -> None:
     import signal
     import time
 
-    from loader_helpers import alive
+    from tests.support.loader import alive
 
     pids = tmp_path / "pids"
     pids.mkdir()

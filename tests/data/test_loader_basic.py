@@ -9,14 +9,6 @@ from typing import Any
 
 import pytest
 import torch
-from loader_helpers import (
-    CountingReader,
-    HookReader,
-    LeakyReader,
-    PidCollator,
-    ShardingReader,
-    flat,
-)
 
 from framework.data.collate import DataCollator
 from framework.data.loader import DataLoader
@@ -24,6 +16,14 @@ from framework.data.multiprocess import MultiProcessDataLoader
 from framework.data.reader import DatasetReader
 from framework.data.sampler import BatchSampler
 from framework.errors import WorkerError
+from tests.support.loader import (
+    CountingReader,
+    HookReader,
+    LeakyReader,
+    PidCollator,
+    ShardingReader,
+    flat,
+)
 
 pytestmark = pytest.mark.timeout(60)
 

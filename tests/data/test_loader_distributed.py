@@ -7,10 +7,11 @@ from pathlib import Path
 
 import pytest
 import torch.multiprocessing as mp
-from hardening_helpers import CASES, empty_or_failing_rank
-from loader_helpers import distributed_rank, flat
 
-pytestmark = pytest.mark.timeout(100)
+from tests.support.loader import distributed_rank, flat
+from tests.support.ranks import CASES, empty_or_failing_rank
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(100)]
 
 
 @pytest.mark.parametrize("world", [2, 3])

@@ -11,13 +11,13 @@ from collections.abc import Iterator
 from typing import Any, Optional
 
 import pytest
-from loader_helpers import (
-    CountingReader,
-)
 
 from framework.data.multiprocess import MultiProcessDataLoader
 from framework.data.sampler import BatchSampler
 from framework.errors import CollateError, WorkerError
+from tests.support.loader import (
+    CountingReader,
+)
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -10,10 +10,10 @@ from typing import Any
 import numpy.random
 import pytest
 import torch
-from loader_helpers import CountingReader, RandomReader
 
 from framework.data.multiprocess import MultiProcessDataLoader
 from framework.data.reader import DatasetReader
+from tests.support.loader import CountingReader, RandomReader
 
 
 def _loader(reader: DatasetReader | None = None, **options: Any) -> MultiProcessDataLoader:

@@ -15,7 +15,12 @@ from typing import Any
 
 import pytest
 import torch
-from loader_helpers import (
+
+from framework.data._transfer import read_frame, set_pipe_size, write_frame
+from framework.data.multiprocess import MultiProcessDataLoader
+from framework.data.sampler import BatchSampler
+from framework.errors import CollateError, WorkerError
+from tests.support.loader import (
     CountingReader,
     DyingReader,
     EmptyReader,
@@ -31,13 +36,8 @@ from loader_helpers import (
     shm_entries,
 )
 
-from framework.data._transfer import read_frame, set_pipe_size, write_frame
-from framework.data.multiprocess import MultiProcessDataLoader
-from framework.data.sampler import BatchSampler
-from framework.errors import CollateError, WorkerError
-
 pytestmark = pytest.mark.timeout(60)
-HERE = Path(__file__).resolve().parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def make(reader: Any, **kwargs: Any) -> MultiProcessDataLoader:
@@ -52,7 +52,7 @@ def test_worker_exception_carries_its_traceback(lazy: Any, no_leaks: None) -> No
         list(make(FailingReader(40, fail_after=5), num_workers=2, max_instances_in_memory=lazy))
     error = info.value
     assert "reader broke on purpose" in error.message
-    assert "loader_helpers.py" in error.traceback and "_read" in error.traceback
+    assert "tests/support/loader.py" in error.traceback and "_read" in error.traceback
     assert "Traceback from the worker" in str(error)
     assert isinstance(error.__cause__, RuntimeError)
     assert error.worker_id in (0, 1)
@@ -188,7 +188,7 @@ SCRIPT = """
 import faulthandler, os, signal, sys, time
 faulthandler.register(signal.SIGUSR1, all_threads=True)  # a stuck run says where (see below)
 sys.path.insert(0, {here!r})
-from loader_helpers import SlowReader
+from tests.support.loader import SlowReader
 from framework.data.multiprocess import MultiProcessDataLoader
 
 if __name__ == "__main__":
@@ -201,7 +201,7 @@ if __name__ == "__main__":
     except KeyboardInterrupt:
         print("INTERRUPTED", flush=True)
         time.sleep(0.5)
-        from loader_helpers import child_pids, shm_entries
+        from tests.support.loader import child_pids, shm_entries
         print("CHILDREN", len(child_pids()), flush=True)
 """
 
@@ -243,7 +243,7 @@ def assert_workers_die_with(process: subprocess.Popen[str], workers: set[int]) -
 
 @pytest.mark.parametrize("method", ["fork", "spawn"])
 def test_killed_main_process_takes_its_workers(tmp_path: Path, method: str) -> None:
-    process = start_script(tmp_path, textwrap.dedent(SCRIPT.format(here=str(HERE), method=method)))
+    process = start_script(tmp_path, textwrap.dedent(SCRIPT.format(here=str(REPO_ROOT), method=method)))
     workers = child_pids(process.pid)
     assert len(workers) >= 2
     assert_workers_die_with(process, workers)
@@ -252,7 +252,7 @@ def test_killed_main_process_takes_its_workers(tmp_path: Path, method: str) -> N
 THREADED = """
 import signal, sys, threading, time
 sys.path.insert(0, {here!r})
-from loader_helpers import SlowReader
+from tests.support.loader import SlowReader
 from framework.data.multiprocess import MultiProcessDataLoader
 {setup}
 def run():
@@ -295,7 +295,7 @@ worker_module.time = Clock
 def test_each_guard_alone_takes_the_workers_of_a_killed_main_process(
     tmp_path: Path, setup: str, launch: str
 ) -> None:
-    process = start_script(tmp_path, THREADED.format(here=str(HERE), setup=setup, launch=launch))
+    process = start_script(tmp_path, THREADED.format(here=str(REPO_ROOT), setup=setup, launch=launch))
     workers = child_pids(process.pid)
     assert len(workers) == 2
     assert_workers_die_with(process, workers)
@@ -321,8 +321,8 @@ def test_ctrl_c_caught_outside_the_loop_leaves_the_workers_working(tmp_path: Pat
     script = tmp_path / "main.py"
     script.write_text(textwrap.dedent(f"""
         import os, signal, sys, time
-        sys.path.insert(0, {str(HERE)!r})
-        from loader_helpers import CountingReader
+        sys.path.insert(0, {str(REPO_ROOT)!r})
+        from tests.support.loader import CountingReader
         from framework.data.multiprocess import MultiProcessDataLoader
 
         data = MultiProcessDataLoader(CountingReader(40), "x", batch_size=2, num_workers=2,
@@ -376,7 +376,7 @@ def test_a_worker_that_fails_at_start_is_reported_with_its_error(
 def test_ctrl_c_reaps_every_worker(tmp_path: Path) -> None:
 
     before = shm_entries()
-    process = start_script(tmp_path, textwrap.dedent(SCRIPT.format(here=str(HERE), method="fork")))
+    process = start_script(tmp_path, textwrap.dedent(SCRIPT.format(here=str(REPO_ROOT), method="fork")))
     workers = child_pids(process.pid)
     os.killpg(os.getpgid(process.pid), 0)  # the group exists
     process.send_signal(signal.SIGINT)

@@ -16,16 +16,16 @@ from typing import Any
 import numpy
 import pytest
 import torch
-from loader_helpers import (
+
+from framework.data._transfer import read_frame, set_pipe_size, write_frame
+from framework.data.multiprocess import MultiProcessDataLoader
+from tests.support.loader import (
     CountingReader,
     RandomReader,
     child_pids,
     new_shm_entries,
     shm_entries,
 )
-
-from framework.data._transfer import read_frame, set_pipe_size, write_frame
-from framework.data.multiprocess import MultiProcessDataLoader
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -100,7 +100,7 @@ def test_shared_memory_transfer_gives_the_same_batches() -> None:
     assert batches("shared_memory") == batches("pickle5")
 
 
-HERE = Path(__file__).resolve().parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def make(reader: Any, **kwargs: Any) -> MultiProcessDataLoader:
@@ -112,7 +112,7 @@ def make(reader: Any, **kwargs: Any) -> MultiProcessDataLoader:
 def run_script(tmp_path: Path, body: str, timeout: float = 60) -> str:
     """Run `body` in a fresh interpreter; a hang fails the test after `timeout` s."""
     script = tmp_path / "main.py"
-    script.write_text(f"import sys\nsys.path.insert(0, {str(HERE)!r})\n" + textwrap.dedent(body))
+    script.write_text(f"import sys\nsys.path.insert(0, {str(REPO_ROOT)!r})\n" + textwrap.dedent(body))
     try:
         done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                               timeout=timeout)
@@ -256,7 +256,7 @@ def test_shared_memory_frames_of_a_killed_or_stopped_worker(tmp_path: Path, how:
     # stopped one hung the main process despite the timeout.
     out = run_script(tmp_path, f"""
         import os, signal, time
-        from loader_helpers import CountingReader
+        from tests.support.loader import CountingReader
         from framework.data.multiprocess import MultiProcessDataLoader
         from framework.errors import WorkerError
 

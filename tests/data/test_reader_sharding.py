@@ -7,12 +7,12 @@ import warnings
 from collections.abc import Iterator
 from typing import Any
 
-import hardening_helpers
 import pytest
-from hardening_helpers import ForgetfulListReader, ListReader
-from loader_helpers import CountingReader, ShardingReader
 
 from framework.data.reader import DatasetReader, DistributedInfo, WorkerInfo
+from tests.support import ranks
+from tests.support.loader import CountingReader, ShardingReader
+from tests.support.ranks import ForgetfulListReader, ListReader
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -164,7 +164,7 @@ def test_the_unsharded_warning_names_the_reader_once_per_process() -> None:
     messages = [str(w.message) for w in caught if issubclass(w.category, UserWarning)]
     assert len(messages) == 1, messages
     assert "ForgetfulListReader sets manual_multiprocess_sharding=True" in messages[0]
-    assert caught[0].filename == hardening_helpers.__file__  # points at the reader's _read
+    assert caught[0].filename == ranks.__file__  # points at the reader's _read
     other_worker = ForgetfulListReader(8)
     other_worker._set_worker_info(WorkerInfo(2, 1))
     with warnings.catch_warnings():

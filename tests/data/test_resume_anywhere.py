@@ -11,14 +11,14 @@ from typing import Any
 
 import pytest
 import torch.multiprocessing as mp
-from hardening_helpers import ListReader
-from loader_helpers import CountingReader, RandomReader
-from resume_helpers import MODES, PerFileReader, SelfShardingReader, elastic_rank, uneven_rank
 
 from framework.data._shards import file_stamps
 from framework.data.multiprocess import MultiProcessDataLoader
 from framework.data.reader import DatasetReader
 from framework.data.sampler import BatchSampler
+from tests.support.loader import CountingReader, RandomReader
+from tests.support.ranks import ListReader
+from tests.support.resume import MODES, PerFileReader, SelfShardingReader, elastic_rank, uneven_rank
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -212,6 +212,7 @@ def test_builtin_readers_resume_by_seeking_past_what_was_read(tmp_path: Path, ki
 # -- torch.distributed: another world size ---------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("before", "after"), [(2, 3), (3, 2), (2, 2)])
 def test_a_job_of_another_world_size_resumes_the_rest(
     before: int, after: int, free_port: int, tmp_path: Path
@@ -244,6 +245,7 @@ def test_a_mangled_consumed_part_is_a_clear_error(consumed: Any) -> None:
         build(3, 8, "shuffle").load_state_dict({**state, "consumed": consumed})
 
 
+@pytest.mark.slow
 def test_a_rank_whose_epoch_ended_still_counts_in_the_whole_job_state(free_port: int, tmp_path: Path) -> None:
     # Before: rank 1's state_dict() described its next epoch (nothing consumed), so the
     # whole-job state dealt its 24 instances out again on resume (duplicates).

@@ -15,13 +15,6 @@ from typing import Any, Optional
 import pytest
 import torch
 import torch.multiprocessing as mp
-from loader_helpers import CountingReader, HookReader, make_instance
-from resume_helpers import (
-    AHEAD_MODES,
-    ahead_loader,
-    guessing_bucket_loader,
-    two_rank_cases,
-)
 
 from framework.data._shards import Consumed
 from framework.data.collate import DefaultDataCollator
@@ -29,6 +22,13 @@ from framework.data.multiprocess import MultiProcessDataLoader
 from framework.data.reader import DatasetReader
 from framework.data.sampler import BatchSampler
 from framework.errors import WorkerError
+from tests.support.loader import CountingReader, HookReader, make_instance
+from tests.support.resume import (
+    AHEAD_MODES,
+    ahead_loader,
+    guessing_bucket_loader,
+    two_rank_cases,
+)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -331,6 +331,7 @@ def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[int], list
     return head, [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(2)]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)  # the first one to run spawns the ranks
 def test_eager_resume_where_a_rank_has_nothing_left_yields_an_empty_epoch(
     two_ranks: tuple[list[int], list[dict[str, Any]]],
@@ -342,6 +343,7 @@ def test_eager_resume_where_a_rank_has_nothing_left_yields_an_empty_epoch(
     assert sorted(head + [i for tail in tails for batch in tail for i in batch]) == list(range(7))
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)  # the first one to run spawns the ranks
 def test_a_rank_already_in_its_next_epoch_speaks_for_the_one_it_finished(
     two_ranks: tuple[list[int], list[dict[str, Any]]],
@@ -360,6 +362,7 @@ def test_a_rank_already_in_its_next_epoch_speaks_for_the_one_it_finished(
         assert sorted(head + tail) == list(range(49)), name
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)  # the first one to run spawns the ranks
 def test_ranks_calling_state_dict_at_different_batches_get_a_clear_error(
     two_ranks: tuple[list[int], list[dict[str, Any]]],

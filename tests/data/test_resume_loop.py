@@ -11,10 +11,10 @@ from typing import Any, Optional
 
 import pytest
 import torch
-from loader_helpers import make_instance
 
 from framework.data.multiprocess import MultiProcessDataLoader
 from framework.data.reader import DatasetReader
+from tests.support.loader import make_instance
 
 
 def ids(batch: Any) -> list[int]:
@@ -22,7 +22,7 @@ def ids(batch: Any) -> list[int]:
 
 
 def counting(num_workers: int, **options: Any) -> MultiProcessDataLoader:
-    from loader_helpers import CountingReader
+    from tests.support.loader import CountingReader
 
     return MultiProcessDataLoader(
         CountingReader(6), "x", batch_size=2, num_workers=num_workers, quiet=True, seed=0,
@@ -129,9 +129,8 @@ def test_ctrl_c_while_a_batch_moves_to_the_device_keeps_the_batch(
     monkeypatch: pytest.MonkeyPatch, options: dict[str, Any], num_workers: int,
     error: Callable[[], BaseException],
 ) -> None:
-    from loader_helpers import CountingReader
-
     import framework.data.multiprocess as multiprocess
+    from tests.support.loader import CountingReader
 
     real = multiprocess.move_to_device
     calls = itertools.count(1)

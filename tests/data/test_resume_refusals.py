@@ -16,12 +16,12 @@ from typing import Any, Optional
 
 import pytest
 import torch
-from loader_helpers import CountingReader, RandomReader, make_instance
 
 from framework.data._shards import digest_of
 from framework.data.multiprocess import MultiProcessDataLoader
 from framework.data.reader import DatasetReader
 from framework.errors import WorkerError
+from tests.support.loader import CountingReader, RandomReader, make_instance
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -264,7 +264,7 @@ def test_a_state_with_another_setting_is_refused_without_calling_it_mangled(
 ) -> None:
     # The refusal names the setting; before, it was wrapped in "this state lacks or
     # mangles a part ... pass the loader's own state_dict()", which it is not.
-    from loader_helpers import CountingReader
+    from tests.support.loader import CountingReader
 
     def build(**options: Any) -> MultiProcessDataLoader:
         return MultiProcessDataLoader(

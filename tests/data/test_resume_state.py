@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 import torch
-from loader_helpers import CountingReader, ShardingReader
-from resume_helpers import SelfShardingReader
 
 from framework.data.multiprocess import MultiProcessDataLoader
 from framework.data.reader import DatasetReader
+from tests.support.loader import CountingReader, ShardingReader
+from tests.support.resume import SelfShardingReader
 
 
 def _loader(reader: DatasetReader | None = None, **options: Any) -> MultiProcessDataLoader:

@@ -15,16 +15,16 @@ from typing import Any
 
 import pytest
 import torch
-from loader_helpers import (
+
+from framework.data.multiprocess import MultiProcessDataLoader
+from framework.errors import WorkerError
+from tests.support.loader import (
     CountingReader,
     SlowReader,
     child_pids,
 )
 
-from framework.data.multiprocess import MultiProcessDataLoader
-from framework.errors import WorkerError
-
-HERE = Path(__file__).resolve().parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def make(reader: Any, **kwargs: Any) -> MultiProcessDataLoader:
@@ -36,7 +36,7 @@ def make(reader: Any, **kwargs: Any) -> MultiProcessDataLoader:
 def run_script(tmp_path: Path, body: str, timeout: float = 60) -> str:
     """Run `body` in a fresh interpreter; a hang fails the test after `timeout` s."""
     script = tmp_path / "main.py"
-    script.write_text(f"import sys\nsys.path.insert(0, {str(HERE)!r})\n" + textwrap.dedent(body))
+    script.write_text(f"import sys\nsys.path.insert(0, {str(REPO_ROOT)!r})\n" + textwrap.dedent(body))
     try:
         done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                               timeout=timeout)
@@ -55,7 +55,7 @@ def test_tqdm_lock_held_by_another_thread_at_fork_does_not_hang(tmp_path: Path) 
     out = run_script(tmp_path, """
         import sys
         from tqdm import tqdm
-        from loader_helpers import CountingReader, LockHolder
+        from tests.support.loader import CountingReader, LockHolder
         from framework.data.multiprocess import MultiProcessDataLoader
 
         class Says(CountingReader):  # a reader that writes around the bars, as readers do
@@ -79,7 +79,7 @@ def test_worker_killed_holding_tqdm_lock_leaves_main_bars_working(tmp_path: Path
     out = run_script(tmp_path, """
         import os, signal
         from tqdm import tqdm
-        from loader_helpers import CountingReader
+        from tests.support.loader import CountingReader
         from framework.data.multiprocess import MultiProcessDataLoader
         from framework.errors import WorkerError
 
@@ -121,8 +121,8 @@ def test_nested_loader_in_a_worker_says_what_the_limit_is(no_leaks: None) -> Non
 
 NOT_IMPORTABLE = f"""
 import sys
-sys.path.insert(0, {str(HERE)!r})
-from loader_helpers import CountingReader
+sys.path.insert(0, {str(REPO_ROOT)!r})
+from tests.support.loader import CountingReader
 from framework.data.multiprocess import MultiProcessDataLoader
 
 class MainReader(CountingReader):
@@ -185,7 +185,7 @@ def test_numpy_rng_lock_held_by_another_thread_at_fork_does_not_hang(tmp_path: P
     # the loader forks: each worker's seeding waited forever on the copy.
     out = run_script(tmp_path, """
         import numpy.random
-        from loader_helpers import CountingReader, LockHolder
+        from tests.support.loader import CountingReader, LockHolder
         from framework.data.multiprocess import MultiProcessDataLoader
 
         # what a long draw does
@@ -209,7 +209,7 @@ def test_torch_rng_mutex_held_by_another_thread_at_fork_is_an_error_not_a_hang(
     out = run_script(tmp_path, """
         import threading
         import torch
-        from loader_helpers import CountingReader
+        from tests.support.loader import CountingReader
         from framework.data import _rng
         from framework.data.multiprocess import MultiProcessDataLoader
         from framework.errors import WorkerError

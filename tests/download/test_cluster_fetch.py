@@ -2,7 +2,7 @@
 
 Two "nodes" are simulated by cache folders: ranks 0-1 share one, ranks 2-3 another
 (node-local disks), or all four share one (a shared filesystem). Each rank is its own
-Python process (`cluster_rank.py`); the origin is the counting HTTP server of this test
+Python process (`tests/support/cluster_rank.py`); the origin is the counting HTTP server of this test
 process. Every wait has a timeout: a hang fails the test.
 """
 
@@ -21,16 +21,16 @@ from pathlib import Path
 from typing import Any, Optional
 
 import pytest
-from dl_helpers import FaultServer, sha256, stray_files
 
 from framework.download import DownloadManager
 from framework.download._cache import Entry
+from tests.support.download import FaultServer, sha256, stray_files
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
 HERE = Path(__file__).resolve().parent
 REPO_ROOT = HERE.parents[1]
-RANK_SCRIPT = HERE / "cluster_rank.py"
+RANK_SCRIPT = REPO_ROOT / "tests" / "support" / "cluster_rank.py"
 WORLD = 4
 
 

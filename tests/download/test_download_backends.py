@@ -9,7 +9,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from dl_helpers import MemoryPlugin, sha256, stray_files
 
 import framework
 import framework.download
@@ -18,6 +17,7 @@ from framework.download import ByteStream, DownloadBackend, DownloadManager, Rem
 from framework.download._cache import Entry
 from framework.errors import ChecksumError, DownloadError, HTTPStatusError, InvalidArgumentError
 from framework.testing import MemoryBackend
+from tests.support.download import MemoryPlugin, sha256, stray_files
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -15,12 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from dl_helpers import FORK, FaultServer, stray_files, wait_for
 
 from framework.download import DownloadManager
 from framework.download._cache import Entry
 from framework.download._extract import check_member_path
 from framework.errors import DownloadError, UnsafeArchiveError
+from tests.support.download import FORK, FaultServer, stray_files, wait_for
 
 pytestmark = pytest.mark.timeout(30)
 

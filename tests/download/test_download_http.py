@@ -14,13 +14,6 @@ from typing import Any
 
 import pytest
 import requests
-from dl_helpers import (
-    FaultServer,
-    parts_manager,
-    sha256,
-    stray_files,
-    unique_path,
-)
 from framework_plugins.http import HttpBackend
 
 from framework.download import DownloadManager, _pipeline, cached_path
@@ -32,6 +25,13 @@ from framework.errors import (
     HTTPStatusError,
     NetworkError,
     OfflineError,
+)
+from tests.support.download import (
+    FaultServer,
+    parts_manager,
+    sha256,
+    stray_files,
+    unique_path,
 )
 
 pytestmark = pytest.mark.timeout(30)

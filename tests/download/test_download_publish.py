@@ -18,16 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from dl_helpers import (
-    FORK,
-    FaultServer,
-    Route,
-    parts_manager,
-    sha256,
-    stray_files,
-    unique_path,
-    wait_for,
-)
 from framework_plugins.http import HttpBackend
 
 from framework.download import DownloadManager
@@ -40,6 +30,16 @@ from framework.errors import (
     InvalidArgumentError,
     LockTimeoutError,
     OfflineError,
+)
+from tests.support.download import (
+    FORK,
+    FaultServer,
+    Route,
+    parts_manager,
+    sha256,
+    stray_files,
+    unique_path,
+    wait_for,
 )
 
 OLD, V = '"old"', '"v"'

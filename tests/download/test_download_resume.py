@@ -14,15 +14,6 @@ from pathlib import Path
 from typing import Any, Optional
 
 import pytest
-from dl_helpers import (
-    FORK,
-    PART,
-    FaultServer,
-    parts_manager,
-    sha256,
-    stray_files,
-    unique_path,
-)
 from framework_plugins.http import HttpBackend
 
 from framework.download import DownloadManager
@@ -35,6 +26,15 @@ from framework.errors import (
     DownloadError,
     HTTPStatusError,
     NetworkError,
+)
+from tests.support.download import (
+    FORK,
+    PART,
+    FaultServer,
+    parts_manager,
+    sha256,
+    stray_files,
+    unique_path,
 )
 
 

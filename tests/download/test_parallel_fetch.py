@@ -14,7 +14,15 @@ from pathlib import Path
 from typing import Any, Optional
 
 import pytest
-from dl_helpers import (
+from framework_plugins.http import HttpBackend
+
+from framework.download import DownloadManager
+from framework.download._cache import HOST, Entry
+from framework.download._parts import _Plan, _save_record
+from framework.download._publish import PartialName
+from framework.download._validators import Validators
+from framework.errors import ChecksumError, DownloadError, HTTPStatusError, NetworkError
+from tests.support.download import (
     FORK,
     PART,
     SLOW,
@@ -27,14 +35,6 @@ from dl_helpers import (
     unique_path,
     wait_for,
 )
-from framework_plugins.http import HttpBackend
-
-from framework.download import DownloadManager
-from framework.download._cache import HOST, Entry
-from framework.download._parts import _Plan, _save_record
-from framework.download._publish import PartialName
-from framework.download._validators import Validators
-from framework.errors import ChecksumError, DownloadError, HTTPStatusError, NetworkError
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -12,11 +12,11 @@ import time
 from pathlib import Path
 
 import pytest
-from dl_helpers import FaultServer
 
 from framework._redact import redact_url
 from framework.download import DownloadManager
 from framework.errors import DownloadError, HTTPStatusError, InvalidArgumentError, NetworkError
+from tests.support.download import FaultServer
 
 SECRETS = ("hunter2", "sigsecret", "toksecret", "credsecret")
 

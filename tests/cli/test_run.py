@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 
-from framework import DatasetReader
 from framework.cli import main
 from framework.cli.run import deep_merge, load_run_config
 from framework.errors import ConfigError
@@ -297,6 +296,7 @@ def test_a_bad_combination_is_a_config_error_before_any_download(
 def test_a_local_folder_is_read_in_place(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from framework import DatasetReader
 
     folder = tmp_path / "shards"
     folder.mkdir()

@@ -32,8 +32,6 @@ from tests.support.loader import (
     alive,
     child_pids,
     flat,
-    new_shm_entries,
-    shm_entries,
 )
 
 pytestmark = pytest.mark.timeout(60)
@@ -374,6 +372,7 @@ def test_a_worker_that_fails_at_start_is_reported_with_its_error(
 
 
 def test_ctrl_c_reaps_every_worker(tmp_path: Path) -> None:
+    from tests.support.loader import new_shm_entries, shm_entries
 
     before = shm_entries()
     process = start_script(tmp_path, textwrap.dedent(SCRIPT.format(here=str(REPO_ROOT), method="fork")))

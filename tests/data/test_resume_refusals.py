@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any, Optional
 
 import pytest
-import torch
 
 from framework.data._shards import digest_of
 from framework.data.multiprocess import MultiProcessDataLoader
@@ -113,6 +112,7 @@ def test_a_reader_that_declares_itself_non_deterministic_is_refused(
 def test_the_digest_is_the_same_in_another_process_whatever_the_hash_seed() -> None:
     # Sets of strings iterate in another order under another PYTHONHASHSEED: the digest
     # must not see that (a resumed job is another process), or it would refuse in vain.
+    import torch
 
     instance = {"tags": {"a", "b", "c", "d", "e", "f", "g"}, "f": 1.5, "t": ("x", None)}
     code = (

@@ -9,7 +9,6 @@ import signal
 import stat
 import sys
 import tarfile
-import time
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -169,6 +168,7 @@ def _slow_extract(archive: str, cache: str) -> None:
     real = tarfile.TarFile.extract
 
     def slow(self: Any, *args: Any, **kwargs: Any) -> Any:
+        import time
 
         time.sleep(0.02)
         return real(self, *args, **kwargs)

@@ -21,7 +21,7 @@ from framework.download._cache import HOST, Entry
 from framework.download._parts import _Plan, _save_record
 from framework.download._publish import PartialName
 from framework.download._validators import Validators
-from framework.errors import ChecksumError, DownloadError, HTTPStatusError, NetworkError
+from framework.errors import ChecksumError, HTTPStatusError, NetworkError
 from tests.support.download import (
     FORK,
     PART,
@@ -802,6 +802,7 @@ def test_a_failing_connection_ends_the_fetch_without_waiting_for_a_stalled_one(
     http_server: FaultServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from framework.download import _engine
+    from framework.errors import DownloadError
 
     data = _data(16)
     url = http_server.add(
@@ -827,6 +828,7 @@ def test_an_object_larger_than_a_file_can_be_is_a_clear_error(
     """A server that says its object is 16 TiB, on a filesystem whose files cannot be
     that large (EFBIG when the partial file is sized): an error that says there is no
     room, not that the cache folder is not writable, and nothing left behind."""
+    from framework.errors import DownloadError
 
     data = _data(4)
     url = http_server.add(unique_path("huge"), data, total_delta=(1 << 44) - len(data))
@@ -880,6 +882,7 @@ def test_a_failed_sync_stops_the_fetch_at_once(
     """The recorder's fdatasync fails (the disk is full): the fetch fails then, with the
     space hint, not after every byte has come."""
     from framework.download import _followers
+    from framework.errors import DownloadError
 
     def full(fd: int) -> None:
         raise OSError(28, "No space left on device")
@@ -900,6 +903,7 @@ def test_a_failing_close_of_the_recorders_descriptor_is_an_error_not_a_hang(
     import types
 
     from framework.download import _followers
+    from framework.errors import DownloadError
 
     def close(fd: int) -> None:
         os.close(fd)

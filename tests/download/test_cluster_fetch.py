@@ -867,7 +867,6 @@ def test_a_killed_receivers_partial_file_is_swept_by_a_call_for_another_url(tmp_
     on that folder" (security.md), not only by one for the same URL: a URL that is
     never asked for again would otherwise keep its dead partial file forever."""
     import torch.distributed as dist
-    from test_cluster_fetch import _plant_orphan
 
     from framework.download._cluster import _Call
 

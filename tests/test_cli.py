@@ -1,8 +1,11 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -104,3 +107,69 @@ def test_import_framework_does_not_import_torch() -> None:
     code = "import sys, framework\nprint('torch' in sys.modules)\n"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
     assert result.stdout.strip() == "False", result.stderr
+
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_python(
+    site: Path, code: str, *, site_first: bool = True, **env: str
+) -> subprocess.CompletedProcess[str]:
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("FRAMEWORK_")}
+    paths = [str(site), str(REPO_ROOT)] if site_first else [str(REPO_ROOT), str(site)]
+    environ["PYTHONPATH"] = os.pathsep.join(paths)
+    environ.update(env)
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True, text=True, env=environ, timeout=60, cwd=site,
+    )  # fmt: skip
+
+
+# -- the command line: relative paths and hostile inputs ---------------------------------
+
+
+HOSTILE_FILES = {
+    "broken.json": '{"dataset_reader": ',
+    "list.json": "[1, 2]",
+    "typeint.json": '{"dataset_reader": {"type": 5}, "data_path": "x", "data_loader": {"batch_size": 1}}',
+    "notutf8.json": b'{"data_path": "\xff\xfe"}',
+    "exits.json": '{"dataset_reader": {"type": "exiting_type_mod:Reader"}, "data_path": "x", '
+    '"data_loader": {"batch_size": 1}}',
+    "raises.json": '{"dataset_reader": {"type": "raising_type_mod:Reader"}, "data_path": "x", '
+    '"data_loader": {"batch_size": 1}}',
+    "bad.yaml": "dataset_reader: [unclosed\n",
+    "exiting_type_mod.py": "import sys\nsys.exit(4)\n",
+    "raising_type_mod.py": "raise RuntimeError('boom while importing')\n",
+}
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["run", "missing.json"],
+        ["run", "a_folder"],
+        ["run", "broken.json"],
+        ["run", "list.json"],
+        ["run", "typeint.json"],
+        ["run", "notutf8.json"],
+        ["run", "bad.yaml"],
+        ["run", "exits.json"],
+        ["run", "raises.json"],
+        ["run", "--override", "not json"],
+        ["run", "--override", "[1, 2]"],
+        ["run", "--override", '{"data_path": "no_such_file.txt"}'],
+        ["download", "gopher://example.org/x"],
+        ["download", "no_such_file.bin"],
+        ["download", "--sha256", "zz", "raises.json"],
+    ],
+    ids=lambda args: " ".join(args),
+)
+def test_every_bad_input_is_one_line_and_a_failure(tmp_path: Path, args: list[str]) -> None:
+    for name, content in HOSTILE_FILES.items():
+        path = tmp_path / name
+        path.write_bytes(content) if isinstance(content, bytes) else path.write_text(content)
+    (tmp_path / "a_folder").mkdir()
+    result = run_python(tmp_path, f"import sys\nfrom framework.cli import main\nsys.exit(main({args!r}))\n")
+    lines = result.stderr.splitlines()
+    assert result.returncode != 0, result.stdout
+    assert len(lines) == 1 and lines[0].startswith("framework "), result.stderr

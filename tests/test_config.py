@@ -248,3 +248,40 @@ def test_one_unresolvable_annotation_degrades_only_itself() -> None:
         construct(namespace["Thing"], {"size": 2, "other": {"any": "thing"}, "names": ["a"]})
     with pytest.raises(ConfigError, match=r"names\.0: expected str"):
         construct(namespace["Thing"], {"size": 2, "names": [3]}, extras={"other": 1})
+
+
+class Node(Registrable):
+    pass
+
+
+# -- Lazy of a name alone ----------------------------------------------------------------
+
+
+def test_lazy_construct_treats_a_name_alone_as_the_mapping_with_only_type() -> None:
+    from framework.errors import ConfigError
+
+    @Node.register("free")
+    class Free(Node):
+        def __init__(self, size: int = 0, **options: Any) -> None:
+            self.size, self.options = size, options
+
+    @Node.register("strict")
+    class Strict(Node):
+        def __init__(self, size: int = 0) -> None:
+            self.size = size
+
+    @Node.register("box")
+    class Box(Node):
+        def __init__(self, part: Lazy[Node]) -> None:
+            self.part = part
+
+    built = []
+    for form in ({"type": "free"}, "free"):
+        box: Any = Node.from_config({"type": "box", "part": form})
+        part = box.part.construct(size=3, colour="red")
+        built.append((type(part), part.size, part.options))
+    assert built == [(Free, 3, {"colour": "red"})] * 2
+    for form in ({"type": "strict"}, "strict"):
+        box = Node.from_config({"type": "box", "part": form})
+        with pytest.raises(ConfigError, match="colour: Strict takes no argument 'colour'"):
+            box.part.construct(size=3, colour="red")

@@ -133,3 +133,21 @@ def test_a_device_index_is_a_cuda_device_whatever_this_machine_has(
         data_path=str(data),
     )
     assert str(loader.cuda_device) == expected
+
+
+# -- validate knows the value rules that construction enforces ---------------------------
+
+
+def test_loader_cross_field_rules_are_one_function_for_validate_and_the_constructor() -> None:
+    from framework.config import validate
+    from framework.data import MultiProcessDataLoader
+    from framework.errors import ConfigError
+
+    loader = {"batch_sampler": "bucket", "batch_size": 4, "persistent_workers": True}
+    config = {"dataset_reader": "text", "data_path": "x", "data_loader": loader}
+    reasons = {e.path: e.reason for e in validate(config)}
+    assert "mutually exclusive with batch_size" in reasons["data_loader.batch_size"]
+    assert "needs num_workers > 0" in reasons["data_loader.persistent_workers"]
+    with pytest.raises(ConfigError, match=r"mutually exclusive with batch_size.*needs num_workers > 0"):
+        MultiProcessDataLoader.from_config({**loader, "batch_sampler": {"type": "bucket", "batch_size": 2}},
+                                           reader=DatasetReader.by_name("text")(), data_path="x")  # fmt: skip

@@ -232,6 +232,7 @@ def load_plugin_helpers() -> ModuleType:
     return module
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_third_party_plugin_component_appears_in_the_schema(tmp_path: Path) -> None:
     helpers = load_plugin_helpers()

@@ -7,14 +7,16 @@ import multiprocessing
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Annotated, Any, Optional, Union
 
+import jsonschema
 import pytest
 
-from framework import Lazy, Registrable
+from framework import DatasetReader, Lazy, Registrable
 from framework.cli import main
-from framework.config import construct, validate
+from framework.config import AtLeast, construct, json_schema, validate
 from framework.data import BatchSampler
 from framework.errors import ConfigError, UnknownNameError
 
@@ -318,3 +320,198 @@ def test_a_lazy_part_is_checked_up_front_but_may_miss_keys_given_later() -> None
 class Exact(Color):
     def __init__(self, value: int) -> None:
         self.value = value
+
+
+LOADER = {"dataset_reader": "text", "data_path": "x", "data_loader": {"batch_size": 1}}  # a valid config
+
+
+# -- an int too long to print ------------------------------------------------------------
+
+
+def test_an_int_too_long_to_print_is_an_error_that_says_where(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from framework.config import validate
+
+    errors = validate({**LOADER, "data_path": 10**5000})
+    assert [str(e) for e in errors] == ["data_path: expected str, got an int of 5001 digits"]
+    (long_value,) = validate({**LOADER, "epochs": "x" * 10_000})
+    assert str(long_value).endswith("... (10002 characters)") and len(str(long_value)) < 150
+    long_key = validate({**LOADER, "k" * 1000: 1})[0]
+    assert long_key.path.endswith("... (1002 characters)") and len(long_key.path) < 120
+    (tmp_path / "big.json").write_text('{"data_path": ' + "9" * 5000 + "}")
+    (tmp_path / "big.yaml").write_text("data_path: " + "9" * 5000 + "\n")
+    for name in ("big.json", "big.yaml"):
+        assert main(["config", "validate", str(tmp_path / name)]) == 1
+        assert capsys.readouterr().out.startswith(f"<root>: {tmp_path / name} is not valid ")
+    assert (
+        main(["config", "validate", str(tmp_path / "big.json"), "-o", '{"epochs": ' + "9" * 5000 + "}"]) == 1
+    )
+    assert capsys.readouterr().out.startswith(f"<root>: {tmp_path / 'big.json'} is not valid JSON")
+    (tmp_path / "ok.json").write_text(json.dumps(LOADER))
+    assert (
+        main(["config", "validate", str(tmp_path / "ok.json"), "-o", '{"epochs": ' + "9" * 5000 + "}"]) == 1
+    )
+    out = capsys.readouterr().out
+    assert out.startswith("<root>: --override #1 is not valid JSON (Exceeds the limit") and len(out) < 400
+
+
+class Thing(Registrable):
+    pass
+
+
+def judges(config: dict[Any, Any]) -> tuple[list[str], bool, bool]:
+    """What `validate`, `from_config` and the schema say of a `Thing` config."""
+    errors = [str(e) for e in validate(config, Thing)]
+    try:
+        Thing.from_config(config)
+        built = True
+    except ConfigError:
+        built = False
+    schema_ok = jsonschema.Draft202012Validator(json_schema(Thing)).is_valid(config)
+    return errors, built, schema_ok
+
+
+@pytest.fixture
+def forwarding() -> None:
+    @Thing.register("kw")
+    class Kw(Thing):
+        def __init__(self, a: int = 0, **kwargs: Any) -> None:
+            self.kwargs = kwargs
+
+
+@pytest.mark.usefixtures("forwarding")
+@pytest.mark.parametrize("key", ["self", 1])
+def test_a_key_kwargs_cannot_take_is_refused_by_validate_and_the_schema(key: Any) -> None:
+    # Before: validate() and the schema accepted {"self": 1} (and a YAML int key) for a
+    # class whose __init__ ends in **kwargs, while from_config raised (Python cannot pass
+    # self=, nor a keyword that is not a string).
+    errors, built, schema_ok = judges({"type": "kw", key: 1})
+    assert not built
+    assert len(errors) == 1 and errors[0].startswith(f"{key}: Kw cannot take this key through **kwargs")
+    if isinstance(key, str):  # JSON has only string keys
+        assert not schema_ok
+
+
+@pytest.mark.usefixtures("forwarding")
+def test_other_keys_still_go_to_kwargs() -> None:
+    assert judges({"type": "kw", "a": 1, "x-y": 2, "cls": 3}) == ([], True, True)
+
+
+@pytest.fixture
+def tokenizer_modules(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    (tmp_path / "review_broken_tokenizer.py").write_text('raise RuntimeError("boom at import")\n')
+    (tmp_path / "review_tokenizer_value.py").write_text("NOT_CALLABLE = 3\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield
+    for name in ("review_broken_tokenizer", "review_tokenizer_value"):
+        sys.modules.pop(name, None)
+
+
+@pytest.mark.usefixtures("tokenizer_modules")
+@pytest.mark.parametrize(
+    "tokenizer",
+    [
+        "review_missing_module_zz:tokenize",  # not importable
+        "review_broken_tokenizer:tokenize",  # its module raises RuntimeError on import
+        "review_tokenizer_value:NOT_CALLABLE",  # not callable
+    ],
+)
+def test_a_tokenizer_the_constructor_refuses_is_refused_by_validate(tokenizer: str) -> None:
+    # Before: validate() called any tokenizer path valid, while from_config refused it;
+    # and a module raising at import escaped from_config as a RuntimeError.
+    config = {"type": "text", "tokenizer": tokenizer}
+    errors = validate(config, DatasetReader)
+    assert [e.path for e in errors] == ["tokenizer"]
+    assert f"tokenizer {tokenizer!r}" in str(errors[0])
+    with pytest.raises(ConfigError, match=r"^tokenizer: "):
+        DatasetReader.from_config(config)
+
+
+def test_a_good_tokenizer_path_still_passes() -> None:
+    config = {"type": "text", "tokenizer": "builtins:str.split"}
+    assert validate(config, DatasetReader) == []
+    assert DatasetReader.from_config(config) is not None
+
+
+@pytest.fixture
+def builtin_parameters() -> None:
+    @Thing.register("builtins")
+    class Builtins(Thing):
+        def __init__(
+            self,
+            kind: Optional[type[Thing]] = None,
+            buffer: Optional[bytearray] = None,
+            error: Optional[ValueError] = None,
+        ) -> None:
+            pass
+
+
+@pytest.mark.usefixtures("builtin_parameters")
+@pytest.mark.parametrize(
+    ("key", "value"), [("kind", {"type": "builtins"}), ("buffer", {"source": "ab"}), ("error", {"args": 1})]
+)
+def test_a_builtin_class_is_not_made_from_a_mapping(key: str, value: Any) -> None:
+    # Before: validate() took any mapping for a builtin class (its signature cannot be
+    # read, so every key passed), while from_config failed calling it and the schema refused.
+    errors, built, schema_ok = judges({"type": "builtins", key: value})
+    assert (built, schema_ok) == (False, False)
+    assert [e.split(":")[0] for e in errors] == [key]
+
+
+@pytest.mark.usefixtures("tokenizer_modules")
+def test_a_base_whose_module_raises_at_import_is_a_config_error() -> None:
+    # Before: validate(config, base="pkg.mod:Base") and json_schema(...) let the module's
+    # RuntimeError (or SystemExit) escape: only ImportError and AttributeError were caught.
+    with pytest.raises(ConfigError, match=r"^base: cannot import 'review_broken_tokenizer:Base'.*boom"):
+        validate({}, base="review_broken_tokenizer:Base")
+    with pytest.raises(ConfigError, match=r"^base: "):
+        json_schema("review_broken_tokenizer:Base")
+
+
+@pytest.fixture
+def limited_float() -> None:
+    @Thing.register("limited")
+    class Limited(Thing):
+        def __init__(self, rate: Annotated[float, AtLeast(1)] = 1.0) -> None:
+            self.rate = rate
+
+
+@pytest.mark.usefixtures("limited_float")
+def test_nan_is_not_at_least_anything() -> None:
+    # Before: Annotated[float, AtLeast(1)] took NaN (json.loads reads it; NaN < 1 is
+    # false), and the constructor was given it.
+    config = {"type": "limited", "rate": float("nan")}
+    assert [e.path for e in validate(config, Thing)] == ["rate"]
+    with pytest.raises(ConfigError, match=r"^rate: "):
+        Thing.from_config(config)
+    assert validate({"type": "limited", "rate": float("inf")}, Thing) == []
+
+
+@pytest.fixture
+def limited_set() -> None:
+    @Thing.register("pairs")
+    class Pairs(Thing):
+        def __init__(self, ids: Annotated[set[int], AtLeast(2)] = frozenset({1, 2})) -> None:  # type: ignore[assignment]
+            assert len(ids) >= 2
+            self.ids = ids
+
+
+@pytest.mark.usefixtures("limited_set")
+def test_a_set_of_at_least_n_counts_each_item_once() -> None:
+    # Before: [1, 1] passed AtLeast(2) on a set[int] (a list of 2), and the set built
+    # from it held one item.
+    assert [e.path for e in validate({"type": "pairs", "ids": [1, 1]}, Thing)] == ["ids"]
+    assert validate({"type": "pairs", "ids": [1, 2, 2]}, Thing) == []
+    assert Thing.from_config({"type": "pairs", "ids": [1, 2, 2]}).ids == {1, 2}  # type: ignore[attr-defined]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="validate() does not check data_path's URL scheme against the download backends "
+    "(config may not import framework.download); framework run refuses it later with a "
+    "DownloadError, before downloading anything",
+)
+def test_a_data_path_no_backend_serves_is_refused_by_validate() -> None:
+    config = {"dataset_reader": "text", "data_path": "nosuchscheme://x", "data_loader": {"batch_size": 1}}
+    assert [e.path for e in validate(config)] == ["data_path"]

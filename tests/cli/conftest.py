@@ -4,16 +4,12 @@ from __future__ import annotations
 
 import functools
 import http.server
-import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-
-# The loader's test helpers (`loader_helpers.alive`, ...) for the end-to-end runs.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "data"))
 
 
 class _CountingHandler(http.server.SimpleHTTPRequestHandler):

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = REPO_ROOT / "examples" / "framework-example-plugin"
 CONFIG = PACKAGE / "framework_example_plugin" / "squares.json"

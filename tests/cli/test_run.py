@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from framework.cli import main
-from framework.cli.run import deep_merge
+from framework.cli.run import deep_merge, load_run_config
+from framework.errors import ConfigError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BUNDLED_LINES = sum(
@@ -345,7 +346,7 @@ def test_ctrl_c_stops_cleanly(tmp_path: Path, cli_env: dict[str, str]) -> None:
     import signal
     import time
 
-    from loader_helpers import alive
+    from tests.support.loader import alive
 
     pids = tmp_path / "pids"
     pids.mkdir()
@@ -404,3 +405,77 @@ def test_ctrl_c_stops_cleanly(tmp_path: Path, cli_env: dict[str, str]) -> None:
     assert process.returncode == 130, err
     assert "framework run: error: interrupted" in err
     assert not left, "a worker outlived the interrupted run"
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    ("written", "override", "merged"),
+    [
+        ("text", {"lowercase": True}, {"type": "text", "lowercase": True}),
+        ("text", {"type": "jsonl"}, {"type": "jsonl"}),  # a new component replaces it
+        ("text", "jsonl", "jsonl"),
+    ],
+)
+def test_an_override_merges_into_a_component_written_as_its_name(
+    tmp_path: Path, written: str, override: Any, merged: Any
+) -> None:
+    # Before: {"dataset_reader": {"lowercase": true}} replaced "text" (the name alone is
+    # {"type": "text"}), and the run failed with "dataset_reader.type: missing 'type'".
+    file = tmp_path / "config.json"
+    file.write_text(
+        json.dumps({"dataset_reader": written, "data_path": "x", "data_loader": {"batch_size": 1}})
+    )
+    config, _ = load_run_config(str(file), [json.dumps({"dataset_reader": override})])
+    assert config["dataset_reader"] == merged
+
+
+@pytest.mark.timeout(120)
+def test_a_data_path_of_an_unknown_user_is_a_config_error(tmp_path: Path) -> None:
+    # Before: "~no_such_user_zz/x" made `framework run` fail with a RuntimeError from
+    # Path.expanduser, after the config had been called valid.
+    from framework.cli.run import _resolve_data_path
+
+    with pytest.raises(ConfigError, match=r"^data_path: cannot expand '~no_such_user_zz/x'"):
+        _resolve_data_path("~no_such_user_zz/x", tmp_path)
+    assert _resolve_data_path("data.txt", tmp_path) == str(tmp_path / "data.txt")
+
+
+# -- the command line: relative paths and hostile inputs ---------------------------------
+
+
+def _summary(capsys: pytest.CaptureFixture[str], *args: str) -> dict[str, Any]:
+    from framework.cli import main
+
+    code = main(["run", "--no-progress", "--json", *args])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    summary: dict[str, Any] = json.loads(out)
+    return summary
+
+
+@pytest.mark.timeout(120)
+def test_a_relative_data_path_in_an_override_is_relative_to_the_current_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "mine.txt").write_text("one two\nthree four\nfive\n")
+    monkeypatch.chdir(tmp_path)
+    override = '{"data_path": "mine.txt", "epochs": 1, "data_loader": {"num_workers": 0}}'
+    summary = _summary(capsys, "--override", override)
+    assert summary["data_path"] == str(tmp_path / "mine.txt") and summary["instances"] == 3
+
+
+@pytest.mark.timeout(120)
+def test_a_relative_data_path_in_a_config_file_is_relative_to_its_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "lines.txt").write_text("a\nb\n")
+    config = {"dataset_reader": {"type": "text"}, "data_path": "lines.txt",
+              "data_loader": {"batch_size": 1}}  # fmt: skip
+    (project / "config.json").write_text(json.dumps(config))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    summary = _summary(capsys, str(Path("..") / "project" / "config.json"))
+    assert summary["data_path"] == str(project / "lines.txt") and summary["instances"] == 2

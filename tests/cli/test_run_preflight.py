@@ -3,7 +3,13 @@ fail in one line: the values the run uses are the ones the check judged."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -12,9 +18,11 @@ import pytest
 
 from framework import DataLoader, DatasetReader
 from framework.cli import main
+from framework.config import json_schema, validate
 from framework.testing import fresh_registry
 
 pytestmark = pytest.mark.timeout(60)
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def _config(tmp_path: Path, **changes: Any) -> Path:
@@ -134,3 +142,219 @@ def test_a_loader_forwarding_kwargs_is_preflighted_lazy_and_fetches_its_url(
         code, out, err = _run(capsys, str(config))
     assert code == 0, err
     assert json.loads(out)["instances"] == 10 and gets == ["/data.jsonl"]
+
+
+LOADER = {"dataset_reader": "text", "data_path": "x", "data_loader": {"batch_size": 1}}  # a valid config
+
+
+def make_plugin(site: Path, dist: str, modules: dict[str, str], hook_body: str) -> None:
+    """An installed distribution (a dist-info on `site`) whose hook runs `hook_body`."""
+    site.mkdir(exist_ok=True)
+    for name, text in modules.items():
+        (site / f"{name}.py").write_text(textwrap.dedent(text))
+    hooks = (
+        "from framework import hookimpl\n\n@hookimpl\n"
+        "def framework_register_components(registrar):\n"
+        "    from framework.data import DatasetReader\n"
+        f"    {hook_body}\n"
+    )
+    (site / f"{dist}_hooks.py").write_text(hooks)
+    info = site / f"{dist}-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text(f"[framework.plugins]\n{dist} = {dist}_hooks\n")
+
+
+def run_cli(site: Path, *argv: str) -> subprocess.CompletedProcess[str]:
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("FRAMEWORK_")}
+    environ["PYTHONPATH"] = os.pathsep.join([str(site), str(REPO_ROOT)])
+    return subprocess.run(
+        [sys.executable, "-m", "framework", *argv],
+        capture_output=True, text=True, env=environ, timeout=120, cwd=site,
+    )  # fmt: skip
+
+
+def write_json(path: Path, config: Any) -> str:
+    path.write_text(json.dumps(config))
+    return str(path)
+
+
+# -- SystemExit from someone else's code is a failure, never a silent success ------------
+
+
+@pytest.mark.timeout(120)
+def test_a_component_module_calling_sys_exit_fails_validate_schema_and_run(tmp_path: Path) -> None:
+    make_plugin(
+        tmp_path, "exitplug", {"exitplug_comp": "import sys\nsys.exit(0)\n"},
+        "registrar.add(DatasetReader, 'boom', 'exitplug_comp:Boom')",
+    )  # fmt: skip
+    config = write_json(tmp_path / "cfg.json", {"dataset_reader": "boom", "data_path": "x", "bogus": 1})
+    checked = run_cli(tmp_path, "config", "validate", config)
+    assert checked.returncode == 1, checked
+    assert "dataset_reader.type" in checked.stdout and "SystemExit" in checked.stdout
+    assert "bogus" in checked.stdout  # the other errors are still listed
+    schema = run_cli(tmp_path, "config", "schema")
+    assert schema.returncode == 0, schema
+    undescribed = json.loads(schema.stdout)["x-framework-undescribed"]
+    assert any("boom" in item["component"] and "SystemExit" in item["reason"] for item in undescribed)
+    ran = run_cli(tmp_path, "run", config)
+    assert ran.returncode != 0 and "SystemExit" in ran.stderr, ran
+
+
+@pytest.mark.timeout(120)
+def test_sys_exit_inside_a_constructor_fails_the_command(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    @DatasetReader.register("quitter")
+    class Quitter(DatasetReader):
+        def __init__(self) -> None:
+            sys.exit(0)
+
+    (tmp_path / "data.txt").write_text("a b\n")
+    config = write_json(
+        tmp_path / "cfg.json",
+        {"dataset_reader": "quitter", "data_path": "data.txt", "data_loader": {"batch_size": 1}},
+    )
+    assert main(["run", config]) == 1
+    assert "SystemExit(0)" in capsys.readouterr().err
+
+
+def schema_errors(config: Any, base: Any = None, given: tuple[str, ...] | list[str] = ()) -> list[str]:
+    from jsonschema import Draft202012Validator  # type: ignore[import-untyped]
+
+
+    schema = json_schema(base, given=given)
+    return [error.message for error in Draft202012Validator(schema).iter_errors(config)]
+
+
+# -- keys that `framework run` passes the loader itself ----------------------------------
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("key", ["data_path", "reader"])
+def test_a_loader_key_that_run_supplies_is_rejected_by_validate_schema_and_run(
+    key: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from framework.config import validate
+
+    (tmp_path / "corpus.txt").write_text("one\ntwo\n")
+    (tmp_path / "other.txt").write_text("".join(f"line {i}\n" for i in range(7)))
+    value = str(tmp_path / "other.txt") if key == "data_path" else "text"
+    config = {
+        "dataset_reader": "text",
+        "data_path": "corpus.txt",
+        "data_loader": {"batch_size": 1, key: value},
+    }
+    errors = validate(config)
+    assert [e.path for e in errors] == [f"data_loader.{key}"]
+    assert "remove this key" in errors[0].reason
+    assert schema_errors(config)
+    assert main(["run", write_json(tmp_path / "cfg.json", config), "--json", "--no-progress"]) == 2
+    captured = capsys.readouterr()
+    assert f"data_loader.{key}" in captured.err and captured.out == ""
+
+
+# -- validate knows the value rules that construction enforces ---------------------------
+
+
+@pytest.mark.timeout(120)
+def test_validate_reports_what_run_rejects_and_run_reports_it_all_at_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from framework.config import validate
+
+    (tmp_path / "corpus.txt").write_text("a b\nc d\n")
+    no_loader = {"dataset_reader": "text", "data_path": "corpus.txt"}
+    assert [str(e) for e in validate(no_loader)] == [
+        "data_loader.batch_size: batch_size is required when batch_sampler is not given"
+    ]
+    three_wrong = {
+        "dataset_reader": {"type": "text", "num_buckets": 2},
+        "data_path": "corpus.txt",
+        "data_loader": {"batch_sampler": {"type": "bucket", "batch_size": 0}, "num_workers": -1},
+    }
+    paths = ["dataset_reader.num_buckets", "data_loader.batch_sampler.batch_size", "data_loader.num_workers"]
+    assert [e.path for e in validate(three_wrong)] == paths
+    assert main(["config", "validate", write_json(tmp_path / "b.json", three_wrong)]) == 1
+    assert [line.split(":")[0] for line in capsys.readouterr().out.splitlines()] == paths
+    assert main(["run", write_json(tmp_path / "b.json", three_wrong), "--no-progress"]) == 2
+    assert [line.split(": ")[2] for line in capsys.readouterr().err.splitlines()] == paths
+
+
+# -- a value the loader cannot use fails the check, before any download ------------------
+
+
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [
+        ({"batches_per_epoch": 10**23}, "batches_per_epoch must be at most"),
+        ({"timeout": float("inf")}, "timeout must be a finite positive number"),
+        ({"timeout": float("nan")}, "timeout must be a finite positive number"),
+    ],
+)
+def test_an_unusable_loader_value_fails_validate_and_run_before_the_download(
+    setting: dict[str, Any], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from framework.config import validate
+
+    with socket_that_refuses() as url:  # a download attempt would fail differently (exit 1)
+        config = {"dataset_reader": "text", "data_path": url, "data_loader": {"batch_size": 1, **setting}}
+        errors = validate(config)
+        assert [e.path for e in errors] == [f"data_loader.{next(iter(setting))}"]
+        assert message in errors[0].reason
+        assert main(["run", write_json(tmp_path / "cfg.json", config), "--no-progress"]) == 2
+    assert message in capsys.readouterr().err
+
+
+@contextlib.contextmanager
+def socket_that_refuses() -> Iterator[str]:
+    """A local URL whose port nothing accepts on (bound, not listening)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}/corpus.txt"
+
+
+# -- config validate prints one line per error -------------------------------------------
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    ("name", "text", "starts"),
+    [
+        (
+            "key.json",
+            json.dumps({**LOADER, "bad\nkey": 1, "x.y": 2}),
+            ["'bad\\nkey': unknown", "'x.y': unknown"],
+        ),
+        ("ansi.json", json.dumps({**LOADER, "\x1b[2Jboo": 1}), ["'\\x1b[2Jboo': unknown"]),
+        ("bad.yaml", "dataset_reader: text\ndata_path: x\n? [1, 2]\n: 3\n", ["<root>: "]),
+        ("typo.yaml", "dataset_reader: {type: text\ndata_path: x\n", ["<root>: "]),
+    ],
+)
+def test_config_validate_prints_each_error_on_one_line(
+    name: str, text: str, starts: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / name).write_text(text)
+    assert main(["config", "validate", str(tmp_path / name)]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == len(starts) and all(line.isprintable() for line in lines), lines
+    assert [line[: len(start)] for line, start in zip(lines, starts)] == starts
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("timeout", [1e7, 1e308])
+def test_a_long_worker_timeout_that_validate_accepts_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], timeout: float
+) -> None:
+    # Before: validate() accepted timeout 1e7 s (any finite positive number), and the
+    # run failed in the loader: poll() takes at most 2**31-1 ms ("timeout is too large",
+    # or OverflowError from infinity for 1e308).
+    from framework.cli import main
+
+    (tmp_path / "corpus.txt").write_text("a b\nc d\ne f\n")
+    loader = {"batch_size": 1, "num_workers": 1, "timeout": timeout}
+    config = {"dataset_reader": "text", "data_path": "corpus.txt", "data_loader": loader}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert validate(config) == []
+    assert main(["run", str(tmp_path / "config.json"), "--no-progress", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["instances"] == 3

@@ -3,18 +3,12 @@
 from __future__ import annotations
 
 import socket
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-HERE = Path(__file__).resolve().parent
-if str(HERE) not in sys.path:
-    sys.path.insert(0, str(HERE))  # "spawn" children inherit sys.path and import helpers
-
-
-from loader_helpers import child_pids, new_shm_entries, shm_entries  # noqa: E402
+from tests.support.loader import child_pids, new_shm_entries, shm_entries
 
 
 @pytest.fixture

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import warnings
 from collections.abc import Iterator
@@ -9,14 +10,6 @@ from typing import Any
 
 import pytest
 import torch
-from loader_helpers import (
-    CountingReader,
-    HookReader,
-    LeakyReader,
-    PidCollator,
-    ShardingReader,
-    flat,
-)
 
 from framework.data.collate import DataCollator
 from framework.data.loader import DataLoader
@@ -24,6 +17,14 @@ from framework.data.multiprocess import MultiProcessDataLoader
 from framework.data.reader import DatasetReader, UnshardedReadWarning
 from framework.data.sampler import BatchSampler
 from framework.errors import WorkerError
+from tests.support.loader import (
+    CountingReader,
+    HookReader,
+    LeakyReader,
+    PidCollator,
+    ShardingReader,
+    flat,
+)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -280,6 +281,47 @@ def test_manual_sharding_reader_every_mode(options: dict[str, Any]) -> None:
     for _ in range(2):
         ids = flat(batch["id"].tolist() for batch in data)
         assert sorted(ids) == list(range(30))  # each once, every epoch
+
+
+def _loader(reader: DatasetReader | None = None, **options: Any) -> MultiProcessDataLoader:
+    settings: dict[str, Any] = {"batch_size": 2, "quiet": True, "seed": 0}
+    settings.update(options)
+    return MultiProcessDataLoader(reader or CountingReader(40), settings.pop("data_path", "x"), **settings)
+
+
+# -- batches_per_epoch carry-over and checkpoints ----------------------------------------
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("stop", ["islice", "zip"])
+@pytest.mark.parametrize("options", [{}, {"max_instances_in_memory": 4, "num_workers": 2}])
+def test_carry_over_survives_a_consumer_that_stops_at_len(stop: str, options: dict[str, Any]) -> None:
+    # Before: the epoch's generator was still suspended at its last batch, so when it
+    # was collected it closed the carried-over pass: instances 6..9 never came.
+    loader = _loader(CountingReader(10), batch_size=3, batches_per_epoch=2, **options)
+    seen: list[int] = []
+    for _ in range(3):
+        if stop == "islice":
+            batches = list(itertools.islice(loader, len(loader)))
+        else:
+            batches = [batch for _, batch in zip(range(len(loader)), loader)]
+        seen += [i for batch in batches for i in batch["id"].tolist()]
+    assert sorted(seen[:10]) == list(range(10)), seen  # the first pass, every instance once
+    loader.close()
+
+
+# -- validation --------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(120)
+def test_a_sampler_batch_larger_than_max_instances_in_memory_is_refused() -> None:
+    # Before: accepted; the sampler saw 4 instances at a time and made batches of 4
+    # (or none with drop_last) instead of 8.
+    from framework_plugins.samplers import BucketBatchSampler
+
+    sampler = BucketBatchSampler(batch_size=8, sorting_keys=["tokens"], drop_last=True)
+    with pytest.raises(ValueError, match=r"max_instances_in_memory \(4\).*batch size \(8\)"):
+        _loader(batch_size=None, batch_sampler=sampler, max_instances_in_memory=4)
 
 
 def unsharded_warnings(caught: list[warnings.WarningMessage]) -> list[str]:

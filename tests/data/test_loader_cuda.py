@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from loader_helpers import CountingReader
 
 from framework.data.multiprocess import MultiProcessDataLoader
+from tests.support.loader import CountingReader
 
 pytestmark = [
     pytest.mark.timeout(120),

@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 import torch
-from loader_helpers import OwnShardRandomReader, RandomReader
 
 from framework.data.multiprocess import MultiProcessDataLoader
 from framework.data.sampler import BatchSampler
+from tests.support.loader import OwnShardRandomReader, RandomReader
 
 pytestmark = pytest.mark.timeout(90)
 

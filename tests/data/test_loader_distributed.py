@@ -7,9 +7,11 @@ from pathlib import Path
 
 import pytest
 import torch.multiprocessing as mp
-from loader_helpers import distributed_rank, flat
 
-pytestmark = pytest.mark.timeout(100)
+from tests.support.loader import distributed_rank, flat
+from tests.support.ranks import CASES, empty_or_failing_rank
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(100)]
 
 
 @pytest.mark.parametrize("world", [2, 3])
@@ -31,3 +33,24 @@ def test_ranks_read_disjoint_shards_and_yield_equal_batches(
     if world == 3:
         assert len({len(r["lazy_uneven"]) for r in ranks}) > 1
         assert len({len(r["eager_uneven"]) for r in ranks}) > 1
+
+
+@pytest.mark.timeout(120)
+def test_an_empty_or_failing_rank_ends_the_epoch_on_every_rank(free_port: int, tmp_path: Path) -> None:
+    # Before: the empty (or failing) rank raised on its own and the others waited in
+    # the even_batches all_reduce until the process group's timeout.
+    world = 3
+    mp.spawn(empty_or_failing_rank, args=(world, free_port, str(tmp_path)), nprocs=world, join=True)
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
+    for name in CASES:
+        outcomes = [result[name] for result in ranks]
+        assert all("error" in outcome for outcome in outcomes), (name, outcomes)
+        assert len({outcome["error"] for outcome in outcomes}) == 1, (name, outcomes)
+        empty = name.startswith(("eager", "lazy"))
+        # A reader's error is a WorkerError in every mode (0 or N workers): the same on every rank.
+        assert outcomes[0]["error"] == ("ValueError" if empty else "WorkerError"), (name, outcomes)
+        assert all(("no instances" if empty else "cannot open") in o["message"] for o in outcomes)
+        victim = 2 if empty else 1
+        for rank, outcome in enumerate(outcomes):
+            if rank != victim:
+                assert f"rank {victim}" in outcome["message"], (name, outcome)

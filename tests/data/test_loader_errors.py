@@ -11,11 +11,13 @@ from collections.abc import Iterator
 from typing import Any, Optional
 
 import pytest
-from loader_helpers import CountingReader
 
 from framework.data.multiprocess import MultiProcessDataLoader
 from framework.data.sampler import BatchSampler
 from framework.errors import CollateError, WorkerError
+from tests.support.loader import (
+    CountingReader,
+)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -97,3 +99,43 @@ def test_keyboard_interrupt_is_never_wrapped(lazy: Optional[int]) -> None:
 def test_construction_checks_are_not_wrapped() -> None:
     with pytest.raises(ValueError, match="batch_size"):
         MultiProcessDataLoader(CountingReader(4), "x", batch_size=0, quiet=True)
+
+
+def make(reader: Any, **kwargs: Any) -> MultiProcessDataLoader:
+    kwargs.setdefault("quiet", True)
+    kwargs.setdefault("batch_size", 4)
+    return MultiProcessDataLoader(reader, "unused", **kwargs)
+
+
+# -- errors ------------------------------------------------------------------------------
+
+
+class RaisesBrokenPipe(CountingReader):
+    def _read(self, file_path: Any) -> Any:
+        yield from super()._read(file_path)
+        raise BrokenPipeError("the reader's own socket broke")
+
+
+@pytest.mark.parametrize("lazy", [None, 4])
+def test_broken_pipe_raised_by_the_reader_is_reported(lazy: Any, no_leaks: None) -> None:
+    with pytest.raises(WorkerError, match="the reader's own socket broke") as info:
+        list(make(RaisesBrokenPipe(8), num_workers=1, max_instances_in_memory=lazy))
+    assert "_read" in info.value.traceback
+    assert isinstance(info.value.__cause__, BrokenPipeError)
+
+
+class BadStr(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("__str__ is broken too")
+
+
+class RaisesBadStr(CountingReader):
+    def _read(self, file_path: Any) -> Any:
+        yield from super()._read(file_path)
+        raise BadStr()
+
+
+def test_exception_whose_str_raises_keeps_the_traceback(no_leaks: None) -> None:
+    with pytest.raises(WorkerError, match="BadStr") as info:
+        list(make(RaisesBadStr(8), num_workers=1, max_instances_in_memory=4))
+    assert "RaisesBadStr" in info.value.traceback or "_read" in info.value.traceback

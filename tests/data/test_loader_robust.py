@@ -15,7 +15,12 @@ from typing import Any
 
 import pytest
 import torch
-from loader_helpers import (
+
+from framework.data._transfer import read_frame, set_pipe_size, write_frame
+from framework.data.multiprocess import MultiProcessDataLoader
+from framework.data.sampler import BatchSampler
+from framework.errors import CollateError, WorkerError
+from tests.support.loader import (
     CountingReader,
     DyingReader,
     EmptyReader,
@@ -29,12 +34,8 @@ from loader_helpers import (
     flat,
 )
 
-from framework.data.multiprocess import MultiProcessDataLoader
-from framework.data.sampler import BatchSampler
-from framework.errors import CollateError, WorkerError
-
 pytestmark = pytest.mark.timeout(60)
-HERE = Path(__file__).resolve().parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def make(reader: Any, **kwargs: Any) -> MultiProcessDataLoader:
@@ -49,7 +50,7 @@ def test_worker_exception_carries_its_traceback(lazy: Any, no_leaks: None) -> No
         list(make(FailingReader(40, fail_after=5), num_workers=2, max_instances_in_memory=lazy))
     error = info.value
     assert "reader broke on purpose" in error.message
-    assert "loader_helpers.py" in error.traceback and "_read" in error.traceback
+    assert "tests/support/loader.py" in error.traceback and "_read" in error.traceback
     assert "Traceback from the worker" in str(error)
     assert isinstance(error.__cause__, RuntimeError)
     assert error.worker_id in (0, 1)
@@ -185,7 +186,7 @@ SCRIPT = """
 import faulthandler, os, signal, sys, time
 faulthandler.register(signal.SIGUSR1, all_threads=True)  # a stuck run says where (see below)
 sys.path.insert(0, {here!r})
-from loader_helpers import SlowReader
+from tests.support.loader import SlowReader
 from framework.data.multiprocess import MultiProcessDataLoader
 
 if __name__ == "__main__":
@@ -198,7 +199,7 @@ if __name__ == "__main__":
     except KeyboardInterrupt:
         print("INTERRUPTED", flush=True)
         time.sleep(0.5)
-        from loader_helpers import child_pids, shm_entries
+        from tests.support.loader import child_pids, shm_entries
         print("CHILDREN", len(child_pids()), flush=True)
 """
 
@@ -240,7 +241,7 @@ def assert_workers_die_with(process: subprocess.Popen[str], workers: set[int]) -
 
 @pytest.mark.parametrize("method", ["fork", "spawn"])
 def test_killed_main_process_takes_its_workers(tmp_path: Path, method: str) -> None:
-    process = start_script(tmp_path, textwrap.dedent(SCRIPT.format(here=str(HERE), method=method)))
+    process = start_script(tmp_path, textwrap.dedent(SCRIPT.format(here=str(REPO_ROOT), method=method)))
     workers = child_pids(process.pid)
     assert len(workers) >= 2
     assert_workers_die_with(process, workers)
@@ -249,7 +250,7 @@ def test_killed_main_process_takes_its_workers(tmp_path: Path, method: str) -> N
 THREADED = """
 import signal, sys, threading, time
 sys.path.insert(0, {here!r})
-from loader_helpers import SlowReader
+from tests.support.loader import SlowReader
 from framework.data.multiprocess import MultiProcessDataLoader
 {setup}
 def run():
@@ -292,7 +293,7 @@ worker_module.time = Clock
 def test_each_guard_alone_takes_the_workers_of_a_killed_main_process(
     tmp_path: Path, setup: str, launch: str
 ) -> None:
-    process = start_script(tmp_path, THREADED.format(here=str(HERE), setup=setup, launch=launch))
+    process = start_script(tmp_path, THREADED.format(here=str(REPO_ROOT), setup=setup, launch=launch))
     workers = child_pids(process.pid)
     assert len(workers) == 2
     assert_workers_die_with(process, workers)
@@ -318,8 +319,8 @@ def test_ctrl_c_caught_outside_the_loop_leaves_the_workers_working(tmp_path: Pat
     script = tmp_path / "main.py"
     script.write_text(textwrap.dedent(f"""
         import os, signal, sys, time
-        sys.path.insert(0, {str(HERE)!r})
-        from loader_helpers import CountingReader
+        sys.path.insert(0, {str(REPO_ROOT)!r})
+        from tests.support.loader import CountingReader
         from framework.data.multiprocess import MultiProcessDataLoader
 
         data = MultiProcessDataLoader(CountingReader(40), "x", batch_size=2, num_workers=2,
@@ -371,10 +372,10 @@ def test_a_worker_that_fails_at_start_is_reported_with_its_error(
 
 
 def test_ctrl_c_reaps_every_worker(tmp_path: Path) -> None:
-    from loader_helpers import new_shm_entries, shm_entries
+    from tests.support.loader import new_shm_entries, shm_entries
 
     before = shm_entries()
-    process = start_script(tmp_path, textwrap.dedent(SCRIPT.format(here=str(HERE), method="fork")))
+    process = start_script(tmp_path, textwrap.dedent(SCRIPT.format(here=str(REPO_ROOT), method="fork")))
     workers = child_pids(process.pid)
     os.killpg(os.getpgid(process.pid), 0)  # the group exists
     process.send_signal(signal.SIGINT)
@@ -466,3 +467,152 @@ def test_death_of_a_worker_is_seen_while_waiting_on_another(no_leaks: None) -> N
     with pytest.raises(WorkerError, match=r"worker 1.*SIGKILL"):
         list(data)  # the round-robin waits on worker 0 first, which stalls for a minute
     assert time.monotonic() - started < 10
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"num_workers": 2, "max_instances_in_memory": 8}, {"num_workers": 0, "max_instances_in_memory": 8},
+     {"num_workers": 2, "max_instances_in_memory": 8, "persistent_workers": True}],
+)
+def test_a_script_that_ends_with_an_unfinished_iterator_exits_silently(options: dict[str, Any]) -> None:
+    # The pass's generator holds the loader weakly; its cleanup at exit raised
+    # ReferenceError ("Exception ignored in ...") once the loader was gone.
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent(f"""
+        import torch
+        from framework.data.multiprocess import MultiProcessDataLoader
+        from framework.data.reader import DatasetReader
+
+        class Reader(DatasetReader):  # defined in __main__, torn down with it
+            def _read(self, path):
+                for i in range(40):
+                    yield {{"x": torch.tensor([i])}}
+
+        loader = MultiProcessDataLoader(Reader(), "x", batch_size=2, quiet=True, **{options!r})
+        it = iter(loader)
+        first = next(it)  # peek at a batch, then the script ends
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "ReferenceError" not in done.stderr and "Exception ignored" not in done.stderr, done.stderr
+
+
+@pytest.fixture
+def pipe() -> Any:
+    read, write = os.pipe()
+    set_pipe_size(write)
+    yield read, write
+    os.close(read)
+    os.close(write)
+
+
+# -- a grandchild holding the pipe -------------------------------------------------------
+
+
+@pytest.mark.timeout(120)
+def test_worker_dying_mid_frame_while_a_grandchild_holds_the_pipe(
+    pipe: tuple[int, int],
+) -> None:
+    # The frame's writer is gone (its sentinel fired) but another process still holds
+    # the pipe, so no end-of-file ever comes: the reader must ask `wait`, not block.
+    read, write = pipe
+    frame = bytearray()
+    write_frame_to = os.pipe()
+    write_frame(write_frame_to[1], torch.arange(1000))
+    frame = os.read(write_frame_to[0], 1 << 20)
+    os.close(write_frame_to[0])
+    os.close(write_frame_to[1])
+    os.write(write, frame[: len(frame) // 2])
+    os.set_blocking(read, False)
+
+    class WriterDied(Exception):
+        pass
+
+    def wait() -> None:
+        raise WriterDied()
+
+    with pytest.raises(WriterDied):
+        read_frame(read, wait)
+
+
+# -- timeouts ----------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(120)
+def test_timeout_counts_progress_not_frames_in_eager_mode(no_leaks: None) -> None:
+    # 12 instances, one each 0.25 s: never silent for 2 s, though the frame (up to 64
+    # instances) takes 3 s to fill.
+    data = make(SlowReader(n=12, delay=0.25), num_workers=1, timeout=2.0)
+    assert len(list(data)) == 3
+
+
+@pytest.mark.timeout(120)
+def test_sub_second_timeout_on_a_stuck_worker(no_leaks: None) -> None:
+    data = make(SlowReader(delay=30), num_workers=1, max_instances_in_memory=4, timeout=0.3)
+    with pytest.raises(WorkerError, match=r"sent nothing for 0\.3s"):
+        list(data)
+
+
+# -- timeout counts bytes arriving mid-frame as progress ---------------------------------
+
+
+@pytest.mark.timeout(120)
+def test_timeout_counts_bytes_arriving_in_the_middle_of_a_frame() -> None:
+    # A worker steadily writing one large batch (a piece every 20 ms) is never silent for
+    # 0.2 s; the timeout used to run from the frame's first byte. Drives the real
+    # WorkerPool._receive over a real non-blocking pipe, with a live process as the worker.
+    import select
+    import threading
+    import types
+
+    from framework.data._pool import WorkerPool
+
+    r0, w0 = os.pipe()
+    writer = threading.Thread(target=lambda: (write_frame(w0, {"x": torch.ones(1 << 19)}), os.close(w0)))
+    writer.start()
+    frame = bytearray()
+    while chunk := os.read(r0, 1 << 20):
+        frame += chunk
+    writer.join()
+    os.close(r0)
+    r, w = os.pipe()
+    os.set_blocking(r, False)
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    sentinel = os.pidfd_open(alive.pid)
+    poller = select.poll()
+    poller.register(r, select.POLLIN)
+    poller.register(sentinel, select.POLLIN)
+    pool: Any = types.SimpleNamespace(
+        data=[types.SimpleNamespace(fileno=lambda: r)], _pollers=[poller],
+        _sentinels={sentinel: 0}, processes=[types.SimpleNamespace(pid=alive.pid)],
+        transfer="pickle5", closed=False,
+    )
+    pool._wait = lambda wid, deadline, timeout: WorkerPool._wait(pool, wid, deadline, timeout)
+    pool._death = lambda wid: WorkerError("died", wid)
+
+    def slow_writer() -> None:
+        try:
+            for start in range(0, len(frame), 1 << 15):
+                os.write(w, frame[start : start + (1 << 15)])
+                time.sleep(0.02)
+        except BrokenPipeError:
+            pass  # the test failed and closed the reading end
+
+    import time
+
+    feeding = threading.Thread(target=slow_writer, daemon=True)
+    feeding.start()
+    try:
+        message = WorkerPool._receive(pool, 0, 0.2)
+        assert torch.equal(message["x"], torch.ones(1 << 19))
+    finally:
+        os.close(r)
+        feeding.join()
+        alive.kill()
+        alive.wait()
+        os.close(w)
+        os.close(sentinel)

@@ -8,9 +8,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from loader_helpers import CountingReader, ShardingReader
 
 from framework.data.reader import DatasetReader, DistributedInfo, WorkerInfo
+from tests.support import ranks
+from tests.support.loader import CountingReader, ShardingReader
+from tests.support.ranks import ForgetfulListReader, ListReader
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -135,3 +137,36 @@ def test_importing_the_base_modules_does_not_import_torch() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+# -- the sharding warning ----------------------------------------------------------------
+
+
+@pytest.mark.timeout(120)
+def test_a_reader_whose_read_returns_a_list_and_shards_does_not_warn() -> None:
+    # Before: read() reset the "did it shard?" flags after _read had already run (a
+    # list is built at once), so a reader that did shard was warned about duplicates.
+    reader = ListReader(12)
+    reader._set_worker_info(WorkerInfo(2, 0))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert [x["id"] for x in reader.read("x")] == [0, 2, 4, 6, 8, 10]
+
+
+@pytest.mark.timeout(120)
+def test_the_unsharded_warning_names_the_reader_once_per_process() -> None:
+    reader = ForgetfulListReader(8)
+    reader._set_worker_info(WorkerInfo(2, 0))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")
+        for _ in range(3):  # three epochs
+            assert len(list(reader.read("x"))) == 8
+    messages = [str(w.message) for w in caught if issubclass(w.category, UserWarning)]
+    assert len(messages) == 1, messages
+    assert "ForgetfulListReader sets manual_multiprocess_sharding=True" in messages[0]
+    assert caught[0].filename == ranks.__file__  # points at the reader's _read
+    other_worker = ForgetfulListReader(8)
+    other_worker._set_worker_info(WorkerInfo(2, 1))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        list(other_worker.read("x"))  # worker 0 speaks for every worker

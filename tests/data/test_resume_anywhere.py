@@ -5,19 +5,20 @@ from __future__ import annotations
 
 import itertools
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch.multiprocessing as mp
-from hardening_helpers import ListReader
-from loader_helpers import CountingReader, RandomReader
-from resume_helpers import MODES, PerFileReader, SelfShardingReader, elastic_rank, uneven_rank
 
 from framework.data._shards import file_stamps
 from framework.data.multiprocess import MultiProcessDataLoader
 from framework.data.reader import DatasetReader
 from framework.data.sampler import BatchSampler
+from tests.support.loader import CountingReader, RandomReader
+from tests.support.ranks import ListReader
+from tests.support.resume import MODES, PerFileReader, SelfShardingReader, elastic_rank, uneven_rank
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -211,6 +212,7 @@ def test_builtin_readers_resume_by_seeking_past_what_was_read(tmp_path: Path, ki
 # -- torch.distributed: another world size ---------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("before", "after"), [(2, 3), (3, 2), (2, 2)])
 def test_a_job_of_another_world_size_resumes_the_rest(
     before: int, after: int, free_port: int, tmp_path: Path
@@ -243,6 +245,7 @@ def test_a_mangled_consumed_part_is_a_clear_error(consumed: Any) -> None:
         build(3, 8, "shuffle").load_state_dict({**state, "consumed": consumed})
 
 
+@pytest.mark.slow
 def test_a_rank_whose_epoch_ended_still_counts_in_the_whole_job_state(free_port: int, tmp_path: Path) -> None:
     # Before: rank 1's state_dict() described its next epoch (nothing consumed), so the
     # whole-job state dealt its 24 instances out again on resume (duplicates).
@@ -358,3 +361,34 @@ def test_batches_per_epoch_resumes_the_rest_of_the_epoch(workers: int, lazy: int
     resumed.load_state_dict(state)
     assert head + [batch["id"].tolist() for batch in resumed] == epochs[0]
     assert [batch["id"].tolist() for batch in resumed] == epochs[1]
+
+
+# -- resume: refuse what would be silently wrong -----------------------------------------
+
+
+def _loader(reader: DatasetReader | None = None, **options: Any) -> MultiProcessDataLoader:
+    settings: dict[str, Any] = {"batch_size": 2, "quiet": True, "seed": 0}
+    settings.update(options)
+    return MultiProcessDataLoader(reader or CountingReader(40), settings.pop("data_path", "x"), **settings)
+
+
+def _ids(batches: Iterator[dict[str, Any]]) -> list[list[int]]:
+    return [batch["id"].tolist() for batch in batches]
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_lazy_state_saved_with_other_num_workers_resumes_the_rest(workers: int) -> None:
+    # Issue 9: per_worker was empty for num_workers=0, so the check passed and the
+    # workers replayed the pass from the start (12 duplicates out of 40); it was then
+    # refused. Issue 11: another num_workers resumes, every instance left exactly once.
+    saved = _loader(max_instances_in_memory=8)
+    iterator = iter(saved)
+    head = [i for batch in _ids(itertools.islice(iterator, 6)) for i in batch]
+    state = json.loads(json.dumps(saved.state_dict()))
+    other = _loader(max_instances_in_memory=8, num_workers=workers)
+    other.load_state_dict(state)
+    tail = [i for batch in _ids(iter(other)) for i in batch]
+    assert sorted(head + tail) == list(range(40))
+    same = _loader(max_instances_in_memory=8)
+    same.load_state_dict(state)
+    assert _ids(iter(same)) == _ids(iterator)  # a like-built loader still resumes exactly

@@ -15,8 +15,6 @@ from typing import Any, Optional
 import pytest
 import torch
 import torch.multiprocessing as mp
-from loader_helpers import CountingReader, HookReader, make_instance
-from resume_helpers import AHEAD_MODES, ahead_loader, guessing_bucket_loader, two_rank_cases
 
 from framework.data._shards import Consumed
 from framework.data.collate import DefaultDataCollator
@@ -24,6 +22,13 @@ from framework.data.multiprocess import MultiProcessDataLoader
 from framework.data.reader import DatasetReader
 from framework.data.sampler import BatchSampler
 from framework.errors import WorkerError
+from tests.support.loader import CountingReader, HookReader, make_instance
+from tests.support.resume import (
+    AHEAD_MODES,
+    ahead_loader,
+    guessing_bucket_loader,
+    two_rank_cases,
+)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -326,6 +331,7 @@ def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[int], list
     return head, [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(2)]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)  # the first one to run spawns the ranks
 def test_eager_resume_where_a_rank_has_nothing_left_yields_an_empty_epoch(
     two_ranks: tuple[list[int], list[dict[str, Any]]],
@@ -337,6 +343,7 @@ def test_eager_resume_where_a_rank_has_nothing_left_yields_an_empty_epoch(
     assert sorted(head + [i for tail in tails for batch in tail for i in batch]) == list(range(7))
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)  # the first one to run spawns the ranks
 def test_a_rank_already_in_its_next_epoch_speaks_for_the_one_it_finished(
     two_ranks: tuple[list[int], list[dict[str, Any]]],
@@ -355,6 +362,7 @@ def test_a_rank_already_in_its_next_epoch_speaks_for_the_one_it_finished(
         assert sorted(head + tail) == list(range(49)), name
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)  # the first one to run spawns the ranks
 def test_ranks_calling_state_dict_at_different_batches_get_a_clear_error(
     two_ranks: tuple[list[int], list[dict[str, Any]]],
@@ -407,3 +415,36 @@ def test_a_worker_error_leaves_the_state_in_the_pass_it_cut_short(tmp_path: Path
     resumed.load_state_dict(state)
     assert head + ids(resumed) == uninterrupted
     assert head + ids(failing) == uninterrupted  # the live loader goes on there too
+
+
+def _loader(reader: DatasetReader | None = None, **options: Any) -> MultiProcessDataLoader:
+    settings: dict[str, Any] = {"batch_size": 2, "quiet": True, "seed": 0}
+    settings.update(options)
+    return MultiProcessDataLoader(reader or CountingReader(40), settings.pop("data_path", "x"), **settings)
+
+
+def _ids(batches: Iterator[dict[str, Any]]) -> list[list[int]]:
+    return [batch["id"].tolist() for batch in batches]
+
+
+# -- batches_per_epoch carry-over and checkpoints ----------------------------------------
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"max_instances_in_memory": 8}, {"max_instances_in_memory": 8, "num_workers": 2},
+     {"batches_per_epoch": 5}, {"batches_per_epoch": 5, "max_instances_in_memory": 8}],
+)
+def test_state_after_an_early_break_describes_what_comes_next(options: dict[str, Any]) -> None:
+    # Before: state_dict() still described the abandoned pass (3 batches in), so a
+    # resumed run replayed its rest while the live loader had moved on.
+    loader = _loader(shuffle=True, **options)
+    for index, _ in enumerate(loader):
+        if index == 2:
+            break
+    state = json.loads(json.dumps(loader.state_dict()))
+    resumed = _loader(shuffle=True, **options)
+    resumed.load_state_dict(state)
+    assert _ids(iter(resumed)) == _ids(iter(loader))
+    loader.close()

@@ -5,7 +5,7 @@ lone-CR line ends, blank lines, byte-order marks, no final newline; custom reade
 are not seekable, one sharding its records itself and skipping some), samplers (basic
 or bucket, with or without `sorting_keys`, shuffle, `drop_last`, `batches_per_epoch`),
 lazy or eager, `num_workers` 0-3, states saved twice, random interruption points and
-kinds, resumed twice with other `num_workers`: see `property_helpers` for one trial.
+kinds, resumed twice with other `num_workers`: see `tests.support.resume_properties` for one trial.
 
 CI runs a small budget; the long profile (it prints the number of trials run):
 ``FRAMEWORK_PROPERTY_EXAMPLES=500 python -m pytest tests/data/test_resume_properties.py``
@@ -19,7 +19,9 @@ from pathlib import Path
 
 import pytest
 from hypothesis import given, reject
-from property_helpers import (
+
+from tests.support.resume_cases import KNOWN_DEFECTS, cases
+from tests.support.resume_properties import (
     Case,
     FileSpec,
     Unsuitable,
@@ -28,7 +30,6 @@ from property_helpers import (
     property_settings,
     run_case,
 )
-from resume_cases import KNOWN_DEFECTS, cases
 
 EXAMPLES = property_examples(50)
 pytestmark = pytest.mark.timeout(120 + 3 * EXAMPLES)  # a long profile gets time to match

@@ -1,6 +1,6 @@
 """Property: resume is exactly once under torch.distributed (gloo, 1-3 ranks), the world
 size and num_workers changed on resume (issue 24). One trial: see
-`property_helpers.run_distributed_case`. The rank processes are started once and serve
+`tests.support.resume_properties.run_distributed_case`. The rank processes are started once and serve
 every trial (a process group per phase). CI runs a small budget; the long profile:
 ``FRAMEWORK_PROPERTY_EXAMPLES=100 python -m pytest tests/data/test_resume_properties_distributed.py``
 (the budget here is a quarter of that number)."""
@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 from hypothesis import given, reject
-from property_helpers import (
+
+from tests.support.resume_cases import KNOWN_DEFECTS, cases
+from tests.support.resume_properties import (
     Case,
     Ranks,
     Unsuitable,
@@ -22,10 +24,10 @@ from property_helpers import (
     property_settings,
     run_distributed_case,
 )
-from resume_cases import KNOWN_DEFECTS, cases
 
 EXAMPLES = max(1, property_examples(50) // 4)
-pytestmark = pytest.mark.timeout(180 + 10 * EXAMPLES)  # a long profile gets time to match
+# A long profile gets time to match.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180 + 10 * EXAMPLES)]
 
 TRIALS = {"count": 0}
 

@@ -14,12 +14,12 @@ from typing import Any, Optional
 import numpy
 import pytest
 import torch
-from loader_helpers import RandomReader, make_instance
 
 from framework.data.collate import DefaultDataCollator
 from framework.data.multiprocess import MultiProcessDataLoader
 from framework.data.reader import DatasetReader
 from framework.data.sampler import BatchSampler
+from tests.support.loader import RandomReader, make_instance
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -5,17 +5,13 @@ from __future__ import annotations
 
 import os
 import socket
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))  # --import-mode=importlib: make dl_helpers importable
-
-from dl_helpers import FaultServer, serving
-
 from framework.download import DownloadManager
+from tests.support.download import FaultServer, serving
 
 
 @pytest.fixture(scope="session")

@@ -13,7 +13,6 @@ from typing import Any, ClassVar
 
 import pytest
 import requests
-from dl_helpers import FORK, FaultServer
 from framework_plugins.http import HttpBackend
 from framework_plugins.local import LocalBackend
 from framework_plugins.s3 import S3Backend
@@ -24,6 +23,7 @@ from framework.errors import DownloadError, InvalidArgumentError
 from framework.hookspecs import hookimpl
 from framework.registry import Registrar, get_registry
 from framework.testing import MemoryBackend
+from tests.support.download import FORK, FaultServer
 
 pytestmark = pytest.mark.timeout(60)
 

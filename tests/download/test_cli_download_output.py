@@ -10,7 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from dl_helpers import FaultServer
+
+from tests.support.download import FaultServer
 
 pytestmark = pytest.mark.timeout(90)
 

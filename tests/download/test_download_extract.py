@@ -3,20 +3,23 @@
 from __future__ import annotations
 
 import io
+import json
 import os
 import signal
+import stat
+import sys
 import tarfile
 import zipfile
 from pathlib import Path
 from typing import Any
 
 import pytest
-from dl_helpers import FORK, stray_files, wait_for
 
 from framework.download import DownloadManager
 from framework.download._cache import Entry
 from framework.download._extract import check_member_path
 from framework.errors import DownloadError, UnsafeArchiveError
+from tests.support.download import FORK, FaultServer, stray_files, wait_for
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -196,3 +199,94 @@ def test_extraction_killed_midway_leaves_no_final_folder(tmp_path: Path, cache: 
     folder = DownloadManager(cache, progress=False).cached_path(archive, extract=True)
     assert sorted(os.listdir(folder)) == [f"f{i:03d}.txt" for i in range(300)]
     assert stray_files(cache) == []  # the dead extractor's folder was swept
+
+
+# -- planted folders, and files replaced after their check -------------------------------
+
+
+def _zip(text: str) -> bytes:
+    import io
+    import zipfile
+
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        archive.writestr("model.py", text)
+    return buffer.getvalue()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("planted", ["symlink", "folder"])
+def test_planted_extracted_folder_is_never_served(
+    http_server: FaultServer, manager: DownloadManager, cache: Path, tmp_path: Path, planted: str
+) -> None:
+    url = http_server.add(f"/extract/planted-{planted}.zip", _zip("real"))
+    manager.cached_path(url)  # fetched, not extracted yet
+    entry = Entry(cache, url)
+    digest = json.loads(entry.sidecar.read_text())["sha256"]  # anyone can read it
+    evil = tmp_path / "attacker"
+    evil.mkdir()
+    (evil / "model.py").write_text("evil")
+    if planted == "symlink":
+        entry.extracted.symlink_to(evil)
+    else:  # a real folder renamed into place, with a marker naming another folder
+        os.rename(evil, entry.extracted)
+    folder = os.stat(entry.extracted)
+    marker = entry.extracted.with_name(entry.extracted.name + ".json")
+    marker.write_text(json.dumps({"sha256": digest, "folder": [folder.st_dev, folder.st_ino + 1]}))
+    got = manager.cached_path(url, extract=True)
+    assert stat.S_ISDIR(os.lstat(got).st_mode) and (got / "model.py").read_text() == "real"
+    if planted == "symlink":
+        assert (evil / "model.py").read_text() == "evil"  # followed by nothing
+    assert not [n for n in os.listdir(cache) if n.endswith(".old")]
+
+
+# -- Trust in a shared cache -------------------------------------------------------------
+
+
+def _extract_while_swapped(cache: str, url: str, evil: str, mode: str, results: Any) -> None:
+    from framework.download import manager as manager_module
+
+    real = Entry.cached
+
+    def swap_after_the_check(entry: Entry) -> Any:
+        meta = real(entry)
+        caller, above = sys._getframe(1).f_code.co_name, sys._getframe(2).f_code.co_name
+        # The neighbour's rename lands after the check (where extraction once took the digest).
+        if caller == "_open_published" or (caller, above) == ("_digest", "cached_path"):
+            temp = entry.final.with_name("swap.tmp")
+            if mode == "fifo":
+                os.mkfifo(temp)
+            else:
+                temp.symlink_to(evil)
+            os.rename(temp, entry.final)
+        return meta
+
+    Entry.cached = swap_after_the_check  # type: ignore[method-assign]
+    try:
+        folder = manager_module.DownloadManager(cache, progress=False).cached_path(url, extract=True)
+        results.put((folder / "model.py").read_text())
+    except DownloadError as error:
+        results.put(f"DownloadError: {error}")
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("mode", ["fifo", "symlink"])
+def test_extraction_reads_the_verified_file_never_what_replaced_it(
+    http_server: FaultServer, manager: DownloadManager, cache: Path, tmp_path: Path, mode: str
+) -> None:
+    url = http_server.add(f"/extract/swapped-{mode}.zip", _zip("real"))
+    manager.cached_path(url)
+    evil = tmp_path / "evil.zip"
+    evil.write_bytes(_zip("evil"))
+    results = FORK.Queue()
+    child = FORK.Process(target=_extract_while_swapped, args=(str(cache), url, str(evil), mode, results))
+    child.start()
+    try:
+        outcome = results.get(timeout=30)
+    except Exception:
+        outcome = "hung"
+    finally:
+        child.kill()
+        child.join(timeout=10)
+    assert outcome.startswith("DownloadError: ") and "was replaced after it was verified" in outcome, outcome
+    assert not Entry(cache, url).extracted.exists()

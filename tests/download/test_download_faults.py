@@ -15,12 +15,21 @@ from pathlib import Path
 from typing import Any, Optional
 
 import pytest
-from dl_helpers import FORK, PART, SLOW, FaultServer, end_child, parts_manager, stray_files, unique_path
 from framework_plugins.http import HttpBackend
 
 from framework.download import DownloadManager
 from framework.download.backend import ByteStream
 from framework.errors import DownloadError, HTTPStatusError, InvalidArgumentError, NetworkError
+from tests.support.download import (
+    FORK,
+    PART,
+    SLOW,
+    FaultServer,
+    end_child,
+    parts_manager,
+    stray_files,
+    unique_path,
+)
 
 # A 416 to a request without a Range ----------------------------------------------------
 

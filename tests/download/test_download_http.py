@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import requests
-from dl_helpers import FaultServer, sha256, stray_files
+from framework_plugins.http import HttpBackend
 
 from framework.download import DownloadManager, _pipeline, cached_path
 from framework.download._cache import Entry, unique_token
@@ -25,6 +25,13 @@ from framework.errors import (
     HTTPStatusError,
     NetworkError,
     OfflineError,
+)
+from tests.support.download import (
+    FaultServer,
+    parts_manager,
+    sha256,
+    stray_files,
+    unique_path,
 )
 
 pytestmark = pytest.mark.timeout(30)
@@ -456,3 +463,69 @@ def test_revalidate_asks_once_and_refetches_only_a_changed_object(
     assert manager.cached_path(url).read_bytes() == payload  # no revalidation: the cache
     assert manager.cached_path(url, revalidate=True).read_bytes() == b"new version"
     assert route.gets == 2
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(
+    "value",
+    [
+        "-5",
+        "1.5",
+        "soon",
+        "Wed, 21 Oct 2015 07:28:00 GMT",  # in the past: at once
+        "Fri, 31 Dec 99999 23:59:59 GMT",  # ValueError in urllib3
+        "Fri, 31 Dec 9999999999999 23:59:59 GMT",  # OverflowError in urllib3
+    ],
+)
+def test_an_unreadable_retry_after_is_waited_out_with_the_backoff(
+    http_server: FaultServer, tmp_path: Path, value: str
+) -> None:
+    """A 503 whose Retry-After is no delay-seconds nor an HTTP-date (negative, a fraction,
+    a word; common in the wild) is retried with the backoff, as one without the header.
+    urllib3 raised InvalidHeader from its retry sleep, which the backend turned into an
+    InvalidArgumentError ("not a usable HTTP request"): no retry, the URL blamed, and a
+    partial file removed as for a final error."""
+    data = os.urandom(1000)
+    url = http_server.add(unique_path("retry-after"), data, fail_statuses=[503, 503], retry_after=value)
+    manager = parts_manager(tmp_path, connections=1, retries=3)
+    assert manager.cached_path(url).read_bytes() == data
+    assert http_server.route(url).gets == 3
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    "value", ["soon", "Fri, 31 Dec 99999 23:59:59 GMT", "Fri, 31 Dec 9999999999999 23:59:59 GMT"]
+)
+def test_a_refused_part_with_an_unreadable_retry_after_is_an_http_status(
+    http_server: FaultServer, value: str
+) -> None:
+    """A part request (refusals handed back at once) answered 503 with a Retry-After
+    that cannot be read is an `HTTPStatusError` without a delay (the backoff applies),
+    never a raw OverflowError from reading the header."""
+    url = http_server.add(
+        unique_path("part-retry-after"), os.urandom(1000), fail_statuses=[503], retry_after=value
+    )
+    with HttpBackend(retries=2, backoff_factor=0.01) as backend, pytest.raises(HTTPStatusError) as info:
+        backend.open(url, 0, end=10, refusals_at_once=True)
+    assert info.value.status == 503 and info.value.retry_after is None
+
+
+# -- dependency floors -------------------------------------------------------------------
+
+
+def _declared_floor(package: str) -> tuple[int, ...]:
+    import configparser
+
+    config = configparser.ConfigParser()
+    config.read(Path(__file__).resolve().parents[2] / "setup.cfg")
+    for line in config["options"]["install_requires"].split():
+        name, _, floor = line.partition(">=")
+        if name == package:
+            return tuple(int(part) for part in floor.split("."))
+    raise AssertionError(f"{package} is not in install_requires")
+
+
+@pytest.mark.timeout(60)
+def test_declared_urllib3_floor_has_read1() -> None:
+    # HttpBackend reads bodies with `raw.read1`, which urllib3 has only since 2.2.
+    assert _declared_floor("urllib3") >= (2, 2)

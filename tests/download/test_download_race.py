@@ -11,12 +11,12 @@ from pathlib import Path
 from typing import Any, Optional
 
 import pytest
-from dl_helpers import FORK, FaultServer, sha256, stray_files, wait_for
 
 from framework.download import DownloadManager
 from framework.download._cache import Entry
 from framework.download._lock import EntryLock
 from framework.errors import LockTimeoutError, OfflineError
+from tests.support.download import FORK, FaultServer, sha256, stray_files, wait_for
 
 pytestmark = pytest.mark.timeout(60)
 

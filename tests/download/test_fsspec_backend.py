@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from dl_helpers import FaultServer, sha256
 
 from framework.download import DownloadBackend, DownloadManager
 from framework.download._schemes import backend_name_for
@@ -26,6 +25,7 @@ from framework.errors import (
     NetworkError,
 )
 from framework.testing import MemoryBackend
+from tests.support.download import FaultServer, sha256
 
 fsspec = pytest.importorskip("fsspec")
 

@@ -4,6 +4,7 @@ server and moto's S3 server, with real processes for kills and races."""
 from __future__ import annotations
 
 import errno
+import gzip
 import hashlib
 import os
 import signal
@@ -13,7 +14,15 @@ from pathlib import Path
 from typing import Any, Optional
 
 import pytest
-from dl_helpers import (
+from framework_plugins.http import HttpBackend
+
+from framework.download import DownloadManager
+from framework.download._cache import HOST, Entry
+from framework.download._partial import PartialName
+from framework.download._validators import Validators
+from framework.download.parallel._parts import _Plan, _save_record
+from framework.errors import ChecksumError, HTTPStatusError, NetworkError
+from tests.support.download import (
     FORK,
     PART,
     SLOW,
@@ -26,9 +35,6 @@ from dl_helpers import (
     unique_path,
     wait_for,
 )
-
-from framework.download import DownloadManager
-from framework.errors import ChecksumError, NetworkError
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -1390,3 +1396,184 @@ def test_waiters_see_the_parts_arrive(http_server: FaultServer, tmp_path: Path) 
     finally:
         child.join(20)
     assert 0 < seen[-1] < len(data)
+
+
+def _dead_pid() -> int:
+    child = FORK.Process(target=os._exit, args=(0,))
+    child.start()
+    child.join(10)
+    assert child.pid is not None
+    return child.pid
+
+
+def _complete_parallel_partial(root: Path, url: str, data: bytes, etag: str) -> Path:
+    """A parallel partial file whose record says every part is in, left by a dead writer
+    of this host (a Ctrl-C during the final hash leaves this)."""
+    root.mkdir(parents=True, exist_ok=True)
+    final = Entry(root, url).final
+    validators = Validators(etag)
+    name = PartialName(final, "P" + validators.tag, f"{HOST}.{_dead_pid()}.deadbeef")
+    name.path.write_bytes(data)
+    plan = _Plan(len(data), PART, validators)
+    _save_record(name, plan, set(range(plan.count)), {})
+    return name.path
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("status", [503, 429])
+def test_a_refusal_of_the_confirming_request_is_retried(
+    http_server: FaultServer, tmp_path: Path, status: int
+) -> None:
+    """A resume whose record says every part is in asks for the last byte to confirm the
+    version. A single 503/429 to that request is an outage the retries are for, as for
+    any other request; it was raised at once (the request is sent with refusals handed
+    back to the caller, and only a part's loop retried them)."""
+    data = os.urandom(4 * PART)
+    url = http_server.add(unique_path(f"confirm-{status}"), data, fail_statuses=[status])
+    etag = http_server.route(url).etag
+    assert etag is not None
+    partial = _complete_parallel_partial(tmp_path, url, data, etag)
+    manager = parts_manager(tmp_path, connections=4, retries=3)
+    assert manager.cached_path(url).read_bytes() == data
+    route = http_server.route(url)
+    assert route.full_gets == 0, route.ranges  # the bytes were never asked for again
+    assert not partial.exists()
+    assert stray_files(tmp_path) == []
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("status", [429, 408])
+def test_a_transient_status_to_the_first_ranged_request_costs_the_retries_once(
+    http_server: FaultServer, tmp_path: Path, status: int
+) -> None:
+    """A server answering 429 (or 408) to everything: a parallel fetch's first request
+    (ranged) gets the backend's retries, then the status is final, as on the
+    single-stream path. It was taken for a refusal of the Range and the whole retry
+    budget (Retry-After waits included, up to 60 s each) was spent again without one."""
+    url = http_server.add(unique_path(f"always-{status}"), os.urandom(4 * PART), status=status)
+    with pytest.raises(HTTPStatusError) as info:
+        parts_manager(tmp_path / "one", connections=1, retries=2).cached_path(url)
+    assert info.value.status == status
+    one_stream = http_server.route(url).gets
+    http_server.route(url).gets = 0
+    with pytest.raises(HTTPStatusError) as info:
+        parts_manager(tmp_path / "parts", connections=4, retries=2).cached_path(url)
+    assert info.value.status == status
+    assert http_server.route(url).gets == one_stream == 3
+
+
+@pytest.mark.timeout(30)
+def test_a_record_naming_a_part_by_thousands_of_digits_is_nonsense_progress(
+    http_server: FaultServer, tmp_path: Path
+) -> None:
+    """A `reached` entry whose part number has more digits than `int()` reads from text
+    (4300 by default) is nonsense progress: dropped alone, as any other. It raised a raw
+    ValueError out of `cached_path` at every call until the record was removed by hand."""
+    data = os.urandom(4 * PART)
+    url = http_server.add(unique_path("digits"), data)
+    etag = http_server.route(url).etag
+    assert etag is not None
+    partial = _complete_parallel_partial(tmp_path, url, data, etag)
+    record = partial.with_name(partial.name[: -len(".part")] + ".parts")
+    text = record.read_text()
+    record.write_text(text.replace('"reached": {}', '"reached": {"' + "9" * 5000 + '": 5}'))
+    assert "9" * 5000 in record.read_text()
+    assert parts_manager(tmp_path, connections=4).cached_path(url).read_bytes() == data
+    assert http_server.route(url).full_gets == 0  # the other parts still counted
+
+
+def _parallel(cache: Path, backend: HttpBackend) -> DownloadManager:
+    return parts_manager(cache, backends={"http": backend})
+
+
+class NoIfRange(HttpBackend):
+    """A proxy that strips If-Range: the engine's own checks must refuse another version."""
+
+    def open(
+        self, url: str, offset: int = 0, *, if_range: Optional[str] = None, end: Optional[int] = None
+    ) -> Any:
+        return super().open(url, offset, end=end)
+
+
+class Lying(HttpBackend):
+    """Lies on part requests (offset > 0 with an end) in one way; whole requests are honest."""
+
+    def __init__(self, how: str) -> None:
+        super().__init__(backoff_factor=0.01)
+        self.how = how
+
+    def open(
+        self, url: str, offset: int = 0, *, if_range: Optional[str] = None, end: Optional[int] = None
+    ) -> Any:
+        if self.how == "start" and offset > 0:  # bytes from one byte earlier than asked
+            return super().open(url, offset - 1, if_range=if_range, end=end)
+        stream = super().open(url, offset, if_range=if_range, end=end)
+        if self.how == "encoding" and offset > 0 and end is not None:
+            body = gzip.compress(b"".join(stream.chunks))
+            stream.chunks, stream.encoding = iter([body]), "gzip"
+        if self.how == "oversize" and offset == 0 and end is None:
+            inner = stream.chunks
+            stream.chunks = (c for cs in (inner, iter([b"extra"])) for c in cs)
+        return stream
+
+
+# -- _engine._check: tag -----------------------------------------------------------------
+
+
+def test_parts_of_another_version_are_refused_without_if_range(
+    http_server: FaultServer, tmp_path: Path
+) -> None:
+    old, new = os.urandom(PART * 16), os.urandom(PART * 16)
+    url = http_server.add(
+        unique_path("swap-noifr"),
+        old,
+        swap_at_get=2,
+        etag='"old"',
+        then={"data": new, "etag": '"new"'},
+        **SLOW,
+    )
+    path = _parallel(tmp_path, NoIfRange(backoff_factor=0.01)).cached_path(url)
+    assert sha256(path.read_bytes()) == sha256(new)
+
+
+# -- _engine._check: size ----------------------------------------------------------------
+
+
+def test_parts_with_another_total_size_are_refused(http_server: FaultServer, tmp_path: Path) -> None:
+    old, new = os.urandom(PART * 16), os.urandom(PART * 20)  # same ETag (a server bug), another length
+    url = http_server.add(
+        unique_path("swap-size"), old, swap_at_get=2, etag='"same"', then={"data": new}, **SLOW
+    )
+    path = _parallel(tmp_path, HttpBackend(backoff_factor=0.01)).cached_path(url)
+    assert sha256(path.read_bytes()) == sha256(new)
+
+
+# -- _engine._check: start, encoding -----------------------------------------------------
+
+
+@pytest.mark.parametrize("how", ["start", "encoding"])
+def test_parts_from_the_wrong_byte_or_encoded_are_refused(
+    http_server: FaultServer, tmp_path: Path, how: str
+) -> None:
+    data = os.urandom(PART * 16)
+    url = http_server.add(unique_path("lie-" + how), data, etag='"v"', **SLOW)
+    path = _parallel(tmp_path, Lying(how)).cached_path(url)
+    assert path.read_bytes() == data
+
+
+# -- S3: a part is asked for with IfMatch ------------------------------------------------
+
+
+def test_s3_part_of_another_version_is_refused_with_412(s3_env: str) -> None:
+    import boto3
+    from framework_plugins.s3 import S3Backend
+
+    bucket = f"b-{uuid.uuid4().hex[:8]}"
+    client = boto3.client("s3", endpoint_url=s3_env)
+    client.create_bucket(Bucket=bucket)
+    client.put_object(Bucket=bucket, Key="k", Body=os.urandom(1000))
+    backend = S3Backend()
+    with pytest.raises(HTTPStatusError) as caught:
+        backend.open(f"s3://{bucket}/k", 10, if_range='"not-this-version"', end=20)
+    assert caught.value.status == 412
+    backend.close()

@@ -36,13 +36,13 @@ from typing import Any, Optional
 
 import attrs
 import pytest
-from dl_helpers import FORK, serving
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from framework.download import DownloadManager
 from framework.download._cache import Entry
 from framework.errors import DownloadError
+from tests.support.download import FORK, serving
 
 EXAMPLES = int(os.environ.get("FRAMEWORK_PROPERTY_EXAMPLES", "50"))
 PART_SIZE = 64 << 10  # the smallest part_size: objects of a few parts stay small

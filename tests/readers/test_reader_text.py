@@ -14,7 +14,6 @@ from framework.data.multiprocess import MultiProcessDataLoader
 from framework.errors import ConfigError
 from framework.testing import assert_reader_shards_exactly_once
 
-HERE = Path(__file__).resolve().parent
 LINES = [f"sentence number {i} " + "word " * (i % 7) for i in range(31)]
 
 
@@ -26,9 +25,8 @@ def corpus(tmp_path: Path) -> str:
 
 
 @pytest.fixture
-def tokenizers_on_path(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.syspath_prepend(str(HERE))
-    sys.modules.pop("tokenizers_for_tests", None)
+def fresh_tokenizers_module() -> None:
+    sys.modules.pop("tests.support.tokenizers", None)  # imported again by name, as a config does
 
 
 def test_whitespace_tokens_and_text(corpus: str) -> None:
@@ -47,26 +45,26 @@ def test_lowercase_max_tokens_keep_text(tmp_path: Path) -> None:
     assert list(reader.read(str(path))) == [{"tokens": ["the", "quick", "brown"]}]
 
 
-@pytest.mark.usefixtures("tokenizers_on_path")
+@pytest.mark.usefixtures("fresh_tokenizers_module")
 def test_tokenizer_by_dotted_path_function_and_class(tmp_path: Path) -> None:
     path = tmp_path / "t.txt"
     path.write_text("a b, c\n", encoding="utf-8")
     by_function = DatasetReader.from_config(
-        {"type": "text", "tokenizer": "tokenizers_for_tests:char_tokenize"}
+        {"type": "text", "tokenizer": "tests.support.tokenizers:char_tokenize"}
     )
     assert next(iter(by_function.read(str(path))))["tokens"] == ["a", "b", ",", "c"]
     by_class = DatasetReader.from_config(
-        {"type": "text", "tokenizer": "tokenizers_for_tests.CommaTokenizer"}
+        {"type": "text", "tokenizer": "tests.support.tokenizers.CommaTokenizer"}
     )
     assert next(iter(by_class.read(str(path))))["tokens"] == ["a b", "c"]
 
 
-@pytest.mark.usefixtures("tokenizers_on_path")
+@pytest.mark.usefixtures("fresh_tokenizers_module")
 def test_bad_tokenizer_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="tokenizer 'no_such_module:tokenize' could not be imported"):
         DatasetReader.from_config({"type": "text", "tokenizer": "no_such_module:tokenize"})
     with pytest.raises(ConfigError, match="is 42, which is not callable"):
-        DatasetReader.from_config({"type": "text", "tokenizer": "tokenizers_for_tests:NOT_CALLABLE"})
+        DatasetReader.from_config({"type": "text", "tokenizer": "tests.support.tokenizers:NOT_CALLABLE"})
 
 
 def test_bad_options_are_config_errors() -> None:
@@ -100,10 +98,10 @@ def test_vocabulary_file(tmp_path: Path) -> None:
     assert instance["token_ids"].tolist() == [2, 3, 4, 1, 2, 1]
 
 
-@pytest.mark.usefixtures("tokenizers_on_path")
+@pytest.mark.usefixtures("fresh_tokenizers_module")
 def test_reader_with_tokenizer_pickles_by_path(tmp_path: Path) -> None:
     reader = DatasetReader.from_config(
-        {"type": "text", "tokenizer": "tokenizers_for_tests:char_tokenize"}
+        {"type": "text", "tokenizer": "tests.support.tokenizers:char_tokenize"}
     )
     clone = pickle.loads(pickle.dumps(reader))
     assert clone.tokenize("a b") == ["a", "b"]

@@ -87,11 +87,10 @@ def test_text_reader_with_a_tokenizer_under_spawn(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # the tokenizer travels by its dotted path, and is imported again in each worker
-    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent))
     path = tmp_path / "t.txt"
     path.write_text("".join(f"ab{i}\n" for i in range(20)), encoding="utf-8")
     loader = build(
-        {"type": "text", "tokenizer": "tokenizers_for_tests:char_tokenize", "num_buckets": 64},
+        {"type": "text", "tokenizer": "tests.support.tokenizers:char_tokenize", "num_buckets": 64},
         path,
         batch_size=5,
         num_workers=2,

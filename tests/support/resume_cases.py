@@ -8,7 +8,8 @@ from dataclasses import replace
 from typing import Any
 
 from hypothesis import strategies as st
-from property_helpers import INTERRUPTS, SOURCES, Case, FileSpec
+
+from tests.support.resume_properties import INTERRUPTS, SOURCES, Case, FileSpec
 
 # Regions the strategies avoid while a defect there is open (each flag also has its
 # smallest failing case in test_known_defect_cases*). Empty: every region is drawn.

@@ -1,4 +1,4 @@
-"""Rank entry points for tests/data/test_resume_anywhere.py (importable by spawned ranks)."""
+"""Rank entry points for the resume tests (importable by spawned ranks)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,8 @@ from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
-from loader_helpers import CountingReader, make_instance
-
 from framework.data.reader import DatasetReader
+from tests.support.loader import CountingReader, make_instance
 
 MODES: dict[str, dict[str, Any]] = {
     "lazy": {"max_instances_in_memory": 6, "num_workers": 2, "shuffle": True},

@@ -1,5 +1,6 @@
-"""Hostile review of the loader's resume promises (issue 24): each test reproduces a
-case found by a randomized differential search against an uninterrupted run."""
+"""Resume from the training loop's side: the how-to loop with `batches_per_epoch`, an
+epoch taken with `zip` over its length, Ctrl-C while a batch moves to the device, and the
+loop epoch a state records."""
 
 from __future__ import annotations
 
@@ -10,89 +11,18 @@ from typing import Any, Optional
 
 import pytest
 import torch
-from loader_helpers import make_instance
 
 from framework.data.multiprocess import MultiProcessDataLoader
 from framework.data.reader import DatasetReader
-from framework.errors import WorkerError
-
-pytestmark = pytest.mark.timeout(60)
-
-N = 40
+from tests.support.loader import make_instance
 
 
 def ids(batch: Any) -> list[int]:
     return list(batch["id"].tolist())
 
 
-class SwappingReader(DatasetReader):
-    """Records 0..N-1 in order, except that two of them trade places when `swap` is
-    set: a reader whose order changed between the run that saved and the run that
-    resumes (a directory listing, a set) while its first records stayed put."""
-
-    swap: Optional[tuple[int, int]] = None
-
-    def _read(self, file_path: Any) -> Iterator[dict[str, Any]]:
-        order = list(range(N))
-        if SwappingReader.swap is not None:
-            a, b = SwappingReader.swap
-            order[a], order[b] = order[b], order[a]
-        for i in order:
-            yield make_instance(i)
-
-
-@pytest.fixture
-def swapping() -> Iterator[type[SwappingReader]]:
-    SwappingReader.swap = None
-    yield SwappingReader
-    SwappingReader.swap = None
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="only the first instance of the resumed chunk (lazy) and 16 sampled "
-    "instances of the cache (eager) are digested: a reorder elsewhere resumes wrong",
-)
-@pytest.mark.parametrize(
-    ("lazy", "swap", "taken"),
-    [(False, (3, 4), 2), (True, (1, 2), 1)],
-    ids=["eager", "lazy"],
-)
-@pytest.mark.parametrize("num_workers", [0, 2])
-def test_a_reader_whose_order_changed_past_the_sampled_places_is_refused(
-    swapping: type[SwappingReader], lazy: bool, swap: tuple[int, int], taken: int, num_workers: int
-) -> None:
-    # The failure model promises: a reader whose order changes from run to run is
-    # refused, never resumed wrong. Here it resumed with one instance twice, one never.
-    options: dict[str, Any] = {"max_instances_in_memory": 8} if lazy else {}
-
-    def build() -> MultiProcessDataLoader:
-        return MultiProcessDataLoader(
-            swapping(), "x", batch_size=2, num_workers=num_workers, quiet=True, seed=0, **options
-        )
-
-    loader = build()
-    iterator = iter(loader)
-    head = [ids(next(iterator)) for _ in range(taken)]
-    state = json.loads(json.dumps(loader.state_dict()))
-    iterator.close()
-    loader.close()
-
-    swapping.swap = swap  # the next run reads another order
-    resumed = build()
-    try:
-        resumed.load_state_dict(state)
-        rest = [ids(batch) for batch in resumed]
-    except (ValueError, WorkerError):  # a clear refusal
-        return
-    finally:
-        resumed.close()
-    seen = [i for batch in head + rest for i in batch]
-    assert sorted(seen) == list(range(N)), "resumed wrong: neither refused nor exact"
-
-
 def counting(num_workers: int, **options: Any) -> MultiProcessDataLoader:
-    from loader_helpers import CountingReader
+    from tests.support.loader import CountingReader
 
     return MultiProcessDataLoader(
         CountingReader(6), "x", batch_size=2, num_workers=num_workers, quiet=True, seed=0,
@@ -199,9 +129,8 @@ def test_ctrl_c_while_a_batch_moves_to_the_device_keeps_the_batch(
     monkeypatch: pytest.MonkeyPatch, options: dict[str, Any], num_workers: int,
     error: Callable[[], BaseException],
 ) -> None:
-    from loader_helpers import CountingReader
-
     import framework.data._settings as settings  # where a batch moves to its device
+    from tests.support.loader import CountingReader
 
     real = settings.move_to_device
     calls = itertools.count(1)
@@ -226,25 +155,3 @@ def test_ctrl_c_while_a_batch_moves_to_the_device_keeps_the_batch(
     # The promise: an exception such as Ctrl-C inside next() leaves the pass resumable.
     taken += [ids(batch) for batch in loader]
     assert sorted(i for batch in taken for i in batch) == list(range(10))
-
-
-@pytest.mark.parametrize(
-    ("change", "setting"),
-    [({"batch_size": 3}, "batch_size"), ({"shuffle": True}, "shuffle"), ({"drop_last": True}, "drop_last")],
-)
-def test_a_state_with_another_setting_is_refused_without_calling_it_mangled(
-    change: dict[str, Any], setting: str
-) -> None:
-    # The refusal names the setting; before, it was wrapped in "this state lacks or
-    # mangles a part ... pass the loader's own state_dict()", which it is not.
-    from loader_helpers import CountingReader
-
-    def build(**options: Any) -> MultiProcessDataLoader:
-        return MultiProcessDataLoader(
-            CountingReader(10), "x", **{"batch_size": 2, "quiet": True, "seed": 0, **options}
-        )
-
-    state = json.loads(json.dumps(build().state_dict()))
-    with pytest.raises(ValueError, match=f"saved by a loader with {setting}=") as raised:
-        build(**change).load_state_dict(state)
-    assert "mangles" not in str(raised.value)

@@ -14,11 +14,11 @@ from pathlib import Path
 from typing import Any, Callable
 
 import pytest
-from dl_helpers import FaultServer
 
 from framework.download import DownloadManager
 from framework.download._cache import Entry
 from framework.errors import DownloadError, InvalidArgumentError
+from tests.support.download import FaultServer
 
 pytestmark = pytest.mark.timeout(120)
 

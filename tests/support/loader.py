@@ -1,7 +1,7 @@
 """Readers and collators for the loader tests, importable by spawned workers.
 
-`conftest.py` puts this folder on sys.path, so "spawn" children (which inherit
-sys.path) can unpickle these classes by module name.
+"Spawn" children inherit sys.path (with the repository root on it), so they unpickle
+these classes by module name, ``tests.support.loader``.
 """
 
 from __future__ import annotations

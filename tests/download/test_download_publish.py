@@ -1,42 +1,147 @@
-"""The fetch -> verify -> publish -> metadata path under a hostile cache folder, a
-server whose object changes between requests, crashes and Ctrl-C, and odd answers.
-
-Each test here failed on the code before the hardening (see the security page,
-docs/concepts/security.md, for the threat each one attacks)."""
+"""The fetch -> verify -> publish -> metadata path under a hostile cache folder: partial
+files adopted only when they are ours, files planted in the cache, crash windows,
+processes coordinating on one entry, trust in a shared cache, copied caches, and the
+fsyncs before and after the rename."""
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
 import signal
-import socket
 import stat
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from dl_helpers import FORK, FaultServer, Route, sha256, stray_files, wait_for
+from framework_plugins.http import HttpBackend
 
 from framework.download import DownloadManager
 from framework.download._cache import HOST, Entry, unique_token
 from framework.download._lock import EntryLock
 from framework.download._partial import partial_bytes
-from framework.download._validators import NO_VALIDATOR, Validators
-from framework.download.backend import parse_content_range
+from framework.download._validators import Validators, _etag_tag
 from framework.errors import (
     DownloadError,
     InvalidArgumentError,
     LockTimeoutError,
-    NetworkError,
     OfflineError,
 )
+from tests.support.download import (
+    FORK,
+    FaultServer,
+    Route,
+    parts_manager,
+    sha256,
+    stray_files,
+    unique_path,
+    wait_for,
+)
 
-pytestmark = pytest.mark.timeout(60)
+OLD, V = '"old"', '"v"'
+
+
+def _single(cache: Path, backend: HttpBackend) -> DownloadManager:
+    return parts_manager(cache, connections=1, backends={"http": backend})
+
+
+def _planted_partial(cache: Path, url: str, etag: str, data: bytes) -> Path:
+    """A partial file of `url` at version `etag` holding `data`, left by a writer that is gone."""
+    final = Entry(cache, url).final
+    cache.mkdir(exist_ok=True)
+    token = unique_token().split(".")
+    token[1] = "999999"  # a pid that does not run
+    part = final.with_name(f"{final.name}.{_etag_tag(etag)}.{'.'.join(token)}.part")
+    part.write_bytes(data)
+    return part
+
+
+# -- _ours: another user's partial is never adopted --------------------------------------
+
+
+def test_another_users_partial_is_never_adopted(http_server: FaultServer, tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root to chown")
+    data = os.urandom(200_000)
+    url = http_server.add(unique_path("foreign-partial"), data, etag='"v"')
+    part = _planted_partial(tmp_path, url, V, data[:50_000])
+    os.chown(part, 12345, 12345)
+    path = _single(tmp_path, HttpBackend(backoff_factor=0.01)).cached_path(url)
+    assert path.read_bytes() == data
+    assert http_server.route(url).ranges == [""]  # fetched from byte 0, never resumed from their bytes
+    assert part.exists() and part.stat().st_uid == 12345  # their file untouched, not renamed
+
+
+# -- _Partial._take: fstat re-check after the rename -------------------------------------
+
+
+def test_a_file_swapped_in_after_the_rename_is_not_adopted(
+    http_server: FaultServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root to chown")
+    data = os.urandom(200_000)
+    url = http_server.add(unique_path("swap-after-rename"), data, etag='"v"')
+    part = _planted_partial(tmp_path, url, V, data[:50_000])
+    real_rename = os.rename
+
+    def rename(src: Any, dst: Any, *args: Any, **kwargs: Any) -> None:
+        real_rename(src, dst, *args, **kwargs)
+        if str(src) == str(part):  # another user swaps their own file in, between rename and open
+            os.unlink(dst)
+            Path(dst).write_bytes(b"\0" * 50_000)
+            os.chown(dst, 12345, 12345)
+
+    monkeypatch.setattr(os, "rename", rename)
+    path = _single(tmp_path, HttpBackend(backoff_factor=0.01)).cached_path(url)
+    assert path.read_bytes() == data
+    assert http_server.route(url).ranges == [""]
+
+
+# -- fetch: the partial file is fsynced before it is published ---------------------------
+
+
+def test_a_failed_fsync_of_the_partial_publishes_nothing(
+    http_server: FaultServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = http_server.add(unique_path("fsync-part"), os.urandom(100_000), etag='"v"')
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        if os.readlink(f"/proc/self/fd/{fd}").endswith(".part"):
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    with pytest.raises(DownloadError):
+        _single(tmp_path, HttpBackend(backoff_factor=0.01)).cached_path(url)
+    assert not Entry(tmp_path, url).final.exists()
+
+
+# -- publish_file: the folder is fsynced after the rename --------------------------------
+
+
+def test_the_folder_is_fsynced_after_the_rename(
+    http_server: FaultServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = http_server.add(unique_path("fsync-dir"), os.urandom(100_000), etag='"v"')
+    final = Entry(tmp_path, url).final
+    real_fsync = os.fsync
+    synced_after_publish: list[bool] = []
+
+    def fsync(fd: int) -> None:
+        if stat.S_ISDIR(os.fstat(fd).st_mode):
+            synced_after_publish.append(final.exists())
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    _single(tmp_path, HttpBackend(backoff_factor=0.01)).cached_path(url)
+    assert True in synced_after_publish
+
 
 VICTIM = b"precious bytes outside the cache"
 
@@ -62,7 +167,7 @@ def _tag(etag: str) -> str:
     return Validators(etag).tag
 
 
-# Files planted in the cache -------------------------------------------------------
+# -- files planted in the cache ----------------------------------------------------------
 
 
 def test_symlink_planted_as_a_partial_is_never_written_through(
@@ -155,7 +260,7 @@ def test_fifo_planted_in_the_cache_never_hangs(
     assert result.stdout.strip() == "True"
 
 
-# Crash windows ------------------------------------------------------------------
+# -- crash windows -----------------------------------------------------------------------
 
 
 def test_old_sidecar_never_vouches_for_new_bytes(
@@ -201,268 +306,7 @@ def test_crash_between_sidecar_and_rename_serves_no_mixed_entry(
     assert manager.cached_path(url, sha256=sha256(new)).read_bytes() == new
 
 
-# Resume across versions ------------------------------------------------------------
-
-
-@pytest.mark.parametrize("validator", ["none", "weak_etag", "etag", "last_modified", "weak_etag_kept_date"])
-def test_resume_never_splices_two_versions(
-    http_server: FaultServer, manager: DownloadManager, payload: bytes, validator: str
-) -> None:
-    v2 = os.urandom(len(payload))
-    first = {
-        "none": {},
-        "weak_etag": {"etag": 'W/"same"'},  # a weak ETag may stay while the bytes change
-        "etag": {"etag": '"v1"'},
-        "last_modified": {"last_modified": "Mon, 01 Jan 2024 00:00:00 GMT"},
-        # A strong date vouches for the range, but the weak ETag beside it changes with
-        # the bytes while the date stays (a copy that kept the file's mtime).
-        "weak_etag_kept_date": {"etag": 'W/"v1"', "last_modified": "Mon, 01 Jan 2024 00:00:00 GMT"},
-    }
-    second = {
-        "none": {},
-        "weak_etag": {},
-        "etag": {"etag": '"v2"'},
-        "last_modified": {"last_modified": "Tue, 02 Jan 2024 00:00:00 GMT"},
-        "weak_etag_kept_date": {"etag": 'W/"v2"'},
-    }
-    url = http_server.add(
-        f"/versions/{validator}.bin",
-        payload,
-        **{"etag": None, **first[validator]},
-        drop_after=300_000,
-        drops=1,
-        then={"data": v2, **second[validator]},
-    )
-    path = manager.cached_path(url)
-    assert path.read_bytes() == v2
-    assert json.loads(Path(f"{path}.json").read_text())["sha256"] == sha256(v2)
-    route = http_server.route(url)
-    if validator in ("none", "weak_etag"):
-        assert route.ranges == ["", ""]  # no strong validator: never resumed
-    else:
-        assert route.if_ranges[1] == first[validator].get("last_modified", first[validator].get("etag"))
-        assert route.full_gets == 2
-
-
-def test_resume_with_the_same_last_modified_continues(
-    http_server: FaultServer, manager: DownloadManager, payload: bytes
-) -> None:
-    url = http_server.add(
-        "/versions/same-lm.bin",
-        payload,
-        etag=None,
-        last_modified="Mon, 01 Jan 2024 00:00:00 GMT",
-        drop_after=300_000,
-        drops=1,
-    )
-    assert manager.cached_path(url, sha256=sha256(payload)).read_bytes() == payload
-    route = http_server.route(url)
-    assert route.ranges[0] == "" and route.ranges[1].startswith("bytes=") and route.full_gets == 1
-
-
-def test_local_partial_without_validator_is_not_resumed(
-    manager: DownloadManager, cache: Path, tmp_path: Path
-) -> None:
-    source = tmp_path / "source.bin"
-    v1, v2 = os.urandom(100_000), os.urandom(100_000)
-    source.write_bytes(v2)
-    url = source.resolve().as_uri()
-    part = _partial_name(cache, url, NO_VALIDATOR)
-    part.write_bytes(v1[:30_000])  # a crashed earlier fetch of version 1
-    assert manager.cached_path(url).read_bytes() == v2
-    assert stray_files(cache) == []
-
-
-def test_206_with_unknown_total_resumes(
-    http_server: FaultServer, manager: DownloadManager, payload: bytes
-) -> None:
-    url = http_server.add("/star/total.bin", payload, star_total=True, drop_after=300_000, drops=1)
-    assert manager.cached_path(url, sha256=sha256(payload)).read_bytes() == payload
-    route = http_server.route(url)
-    assert route.ranges[0] == "" and route.ranges[1].startswith("bytes=") and route.full_gets == 1
-
-
-@pytest.mark.parametrize("capped", [False, True])
-def test_a_resume_of_unknown_total_is_counted_against_the_size_first_said(
-    http_server: FaultServer, manager: DownloadManager, payload: bytes, capped: bool
-) -> None:
-    """The first answer said the object's size; resumes say ``bytes a-b/*`` and, from a
-    server capping its ranges, bring 100 kB each: they go on until that size, never
-    taken for the rest of the object (no sha256 given: nothing else would catch it)."""
-    url = http_server.add(
-        f"/star/total-{capped}.bin",
-        payload,
-        etag='"v1"',
-        star_total=True,
-        drop_after=300_000,
-        drops=1,
-        range_cap=100_000 if capped else None,
-    )
-    assert manager.cached_path(url).read_bytes() == payload
-    route = http_server.route(url)
-    assert route.full_gets == 1 and all(asked.startswith("bytes=") for asked in route.ranges[1:])
-    assert len(route.ranges) > 2 if capped else len(route.ranges) == 2
-
-
-@pytest.mark.parametrize("chunked", [False, True], ids=["adopted", "chunked-first"])
-def test_a_resume_of_unknown_total_for_a_size_never_said_goes_on_to_the_end(
-    http_server: FaultServer, cache: Path, payload: bytes, chunked: bool
-) -> None:
-    """No answer of this process gave the object's size (a partial adopted from a call
-    that failed, or a first answer in chunks), and resumes say ``bytes a-b/*`` with
-    100 kB each: a range's end is not taken for the object's; requests go on until the
-    server says the end (416)."""
-    resumes = {"star_total": True, "range_cap": 100_000, "chunked": False}
-    url = http_server.add(
-        f"/star/never-said-{chunked}.bin",
-        payload,
-        etag='"v1"',
-        drop_after=300_000,
-        drops=1,
-        chunked=chunked,
-        swap_at_get=2,
-        then=resumes,
-    )
-    if not chunked:  # a call that fails leaves its partial file to the next one
-        with pytest.raises(NetworkError):
-            DownloadManager(cache, connections=1, retries=1, progress=False).cached_path(url)
-    route = http_server.route(url)
-    manager = DownloadManager(cache, connections=1, retries=3, backoff_factor=0.01, progress=False)
-    assert manager.cached_path(url).read_bytes() == payload
-    assert route.full_gets == 1 and all(asked.startswith("bytes=") for asked in route.ranges[1:])
-
-
-def test_a_server_that_never_says_the_size_is_resumed_to_the_end(
-    http_server: FaultServer, cache: Path, payload: bytes
-) -> None:
-    """A server that does not know its object's size: a whole answer in chunks (cut),
-    ranges of ``bytes a-b/*``, and a 416 past the end that names the version but no size,
-    with no HEAD. The 416 for the byte where a range of that version ended says the
-    object ends there: resumed, not fetched again."""
-    url = http_server.add(
-        "/size-unknown/object.bin",
-        payload,
-        etag='"v1"',
-        chunked=True,
-        drop_after=300_000,
-        drops=1,
-        swap_at_get=2,
-        then={"star_total": True, "size_unknown": True, "head_status": 405},
-    )
-    manager = DownloadManager(cache, connections=1, retries=3, backoff_factor=0.01, progress=False)
-    assert manager.cached_path(url).read_bytes() == payload
-    route = http_server.route(url)
-    assert route.full_gets == 1 and len(route.ranges) == 3  # the cut whole, the rest, the 416
-
-
-@pytest.mark.parametrize("lie", ["encoded", "416-before-the-end"])
-def test_a_416_where_a_range_ended_never_publishes_a_prefix(
-    http_server: FaultServer, cache: Path, lie: str
-) -> None:
-    """Where the end of a range of unknown total is not the object's: a gzip-encoded 206
-    (its decoded bytes end at no byte of its encoded range) followed by a 416 naming the
-    version there, with no HEAD; or a 416 naming the version where a range ended,
-    though HEAD gives the object's real, larger size (HEAD wins). Each is a failure after
-    the retries; neither publishes the prefix."""
-    rows = b"".join(b"row %d,%d\n" % (i % 100, i % 7) for i in range(120_000))  # compresses ~10x
-    options: dict[str, Any] = {"star_total": True, "size_unknown": True, "range_cap": 100_000}
-    options["range_mode"] = "always"  # a GET without a Range gets a 206 too
-    if lie == "encoded":
-        options.update(gzip_all=True, head_status=405)
-    else:
-        options.update(unsatisfiable_from=100_000)
-    url = http_server.add(f"/prefix/{lie}.bin", rows, etag='"v1"', **options)
-    manager = DownloadManager(cache, connections=1, retries=2, backoff_factor=0.01, progress=False)
-    with pytest.raises(NetworkError):
-        manager.cached_path(url)
-    assert not Entry(cache, url).final.exists()
-
-
-def test_chunked_ranges_keep_their_connection(http_server: FaultServer, tmp_path: Path) -> None:
-    """Ranges of exactly their length in chunks (no Content-Length), from a server capping
-    them: each is read to its last chunk, so its connection goes back to the pool."""
-    payload = os.urandom(600_000)
-    url = http_server.add("/chunked/capped.bin", payload, etag='"v1"', chunked=True, range_cap=100_000)
-    manager = DownloadManager(tmp_path, connections=1, retries=2, backoff_factor=0.01, progress=False)
-    before = http_server.connections
-    assert manager.cached_path(url, sha256=sha256(payload)).read_bytes() == payload
-    assert http_server.route(url).gets == 1  # the first answer is whole: no Range yet
-    manager.close()
-
-    manager = DownloadManager(tmp_path / "parts", connections=2, part_size=128 << 10, progress=False)
-    gets = http_server.route(url).gets
-    assert manager.cached_path(url).read_bytes() == payload
-    assert http_server.route(url).gets - gets >= 6  # capped ranges, one after another
-    assert http_server.connections - before <= 3  # the first GET's, then at most two for all ranges
-
-
-def test_a_stalled_last_chunk_does_not_hold_a_range_whose_bytes_are_here(
-    http_server: FaultServer, tmp_path: Path
-) -> None:
-    """A server that sends each chunked range's bytes, then waits 3 s before its
-    terminating chunk: the range is done once its bytes are here (its connection is
-    closed rather than kept), not after the wait, nor after the read timeout."""
-    payload = os.urandom(400_000)
-    url = http_server.add(
-        "/chunked/stalls.bin",
-        payload,
-        etag='"v1"',
-        chunked=True,
-        range_cap=100_000,
-        last_chunk_wait=3.0,
-        drop_after=50_000,
-        drops=1,
-    )
-    manager = DownloadManager(tmp_path, connections=1, retries=2, backoff_factor=0.01, progress=False)
-    started = time.monotonic()
-    assert manager.cached_path(url).read_bytes() == payload
-    assert len(http_server.route(url).ranges) >= 5  # the cut whole answer, then 4 capped ranges
-    assert time.monotonic() - started < 6  # one 3 s wait per range would be 12 s
-
-
-def test_a_resume_that_names_another_total_starts_over(
-    http_server: FaultServer, manager: DownloadManager, payload: bytes
-) -> None:
-    """The same ETag, but the resume's Content-Range names another total than the first
-    answer's Content-Length: not the same object, so not resumed after."""
-    url = http_server.add(
-        "/total/changes.bin",
-        payload,
-        etag='"v1"',
-        drop_after=300_000,
-        drops=1,
-        swap_at_get=2,
-        then={"total_delta": 1000},
-    )
-    assert manager.cached_path(url).read_bytes() == payload
-    ranges = http_server.route(url).ranges
-    assert len(ranges) == 3 and ranges[0] == ranges[2] == "" and ranges[1].startswith("bytes=")
-
-
-# Loops ------------------------------------------------------------------------------
-
-
-def test_server_answering_416_to_everything_is_one_clear_error(
-    http_server: FaultServer, manager: DownloadManager, cache: Path
-) -> None:
-    url = http_server.add("/loop/416.bin", b"x", status=416)
-    with pytest.raises(DownloadError, match="416") as info:
-        manager.cached_path(url)
-    assert info.value.url == url
-    assert http_server.route(url).gets == 1
-    assert stray_files(cache) == []
-
-
-def test_416_for_a_partial_then_416_again_is_bounded(
-    http_server: FaultServer, manager: DownloadManager, cache: Path, payload: bytes
-) -> None:
-    url = http_server.add("/loop/416-partial.bin", payload, range_mode="416")
-    _partial_name(cache, url, _tag(http_server.route(url).etag or "")).write_bytes(payload[:1000])
-    assert manager.cached_path(url).read_bytes() == payload
-    assert http_server.route(url).ranges == ["bytes=1000-", ""]
-
-
-# Coordination -------------------------------------------------------------------------
+# -- processes coordinating on one entry -------------------------------------------------
 
 
 def _racer_child(url: str, cache: str, barrier: Any, results: Any, options: dict[str, Any]) -> None:
@@ -476,11 +320,7 @@ def _racer_child(url: str, cache: str, barrier: Any, results: Any, options: dict
 
 
 def _race_on_a_changed_object(
-    http_server: FaultServer,
-    manager: DownloadManager,
-    payload: bytes,
-    name: str,
-    racers: int,
+    http_server: FaultServer, manager: DownloadManager, payload: bytes, name: str, racers: int,
     **options: Any,
 ) -> tuple[str, Route]:
     """Cache `payload`, change the object on the server, then let `racers` processes ask
@@ -506,7 +346,9 @@ def _race_on_a_changed_object(
 def test_revalidate_in_two_processes_fetches_a_changed_object_once(
     http_server: FaultServer, manager: DownloadManager, payload: bytes
 ) -> None:
-    _, route = _race_on_a_changed_object(http_server, manager, payload, "revalidate.bin", 2, revalidate=True)
+    _, route = _race_on_a_changed_object(
+        http_server, manager, payload, "revalidate.bin", 2, revalidate=True
+    )
     # The first fetch, then one for the new version (not two). Fetches, not requests: the
     # racers' manager has the default connections, and on a slowed server a fetch's ramp
     # may add ranged requests (a full run in CI once counted 3 GETs for 2 fetches).
@@ -644,9 +486,6 @@ def test_after_ctrl_c_a_later_call_in_the_same_process_resumes(http_server: Faul
     assert stray_files(cache) == []
 
 
-# Also ----------------------------------------------------------------------------------
-
-
 class _FailingHash:
     """A sha256 whose third update fails, as a MemoryError in the hash thread would."""
 
@@ -743,157 +582,6 @@ def test_offline_message_names_the_cached_copy_with_another_digest(
         offline.cached_path(url, force=True)
 
 
-@pytest.mark.parametrize(
-    ("value", "parsed"),
-    [
-        ("bytes 5-9/10", (5, 10)),
-        ("bytes 5-9/*", (5, None)),
-        ("bytes */10", (None, 10)),
-        ("junk", (None, None)),
-        ("bytes 9-5/10", (None, None)),  # a range that contradicts itself says nothing
-        ("bytes 5-10/10", (None, None)),
-        ("bytes 0-9/5", (None, None)),
-    ],
-)
-def test_content_range_forms(value: str, parsed: tuple[Any, Any]) -> None:
-    assert parse_content_range(value) == parsed
-
-
-def test_a_resume_answered_with_a_range_that_contradicts_itself_is_never_placed(
-    http_server: FaultServer, manager: DownloadManager, cache: Path, payload: bytes
-) -> None:
-    """A resume answered with the whole object as a 206 whose last byte is past its
-    total (``bytes 0-N/N``): where those bytes belong is unknown, so they are never
-    appended to what is here; asked again without a Range, the server says the same,
-    and that is a clear error, with nothing published."""
-    url = http_server.add(
-        "/contradiction/resume.bin",
-        payload,
-        etag='"v1"',
-        drop_after=300_000,
-        drops=1,
-        swap_at_get=2,
-        then={"range_mode": "from_zero", "total_delta": -1},
-    )
-    with pytest.raises(DownloadError, match="contradicts itself"):
-        manager.cached_path(url)
-    ranges = http_server.route(url).ranges
-    assert len(ranges) == 3 and ranges[0] == ranges[2] == "" and ranges[1].startswith("bytes=")
-    assert not Entry(cache, url).final.exists()
-    assert stray_files(cache) == []
-
-
-@pytest.mark.timeout(20)
-@pytest.mark.parametrize("etag", [None, '"v1"'])
-def test_capped_answers_that_bring_nothing_new_are_failures(
-    http_server: FaultServer, cache: Path, etag: Any
-) -> None:
-    """A server that answers every GET, Range or not, with its first 1,000 bytes as a
-    206 (``bytes 0-999/5000``): a capped answer is followed by another without counting
-    as a failure only while each goes further into the object, so this one ends after
-    the retries instead of asking forever."""
-    url = http_server.add(
-        f"/capped-from-zero/{etag is not None}.bin",
-        os.urandom(5000),
-        etag=etag,
-        range_mode="from_zero",
-        range_cap=1000,
-    )
-    manager = DownloadManager(cache, connections=1, retries=3, backoff_factor=0.01, progress=False)
-    with pytest.raises(NetworkError, match="1000 of 5000"):
-        manager.cached_path(url)
-    assert http_server.route(url).gets <= 4
-
-
-def _one_answer(head: str, body: bytes) -> str:
-    """A server on 127.0.0.1 that answers one request with exactly `head` (status line and
-    headers) and `body`, then closes: headers no test server would send together."""
-    listener = socket.create_server(("127.0.0.1", 0))
-
-    def answer() -> None:
-        connection, _ = listener.accept()
-        with connection, listener:
-            connection.recv(65536)
-            connection.sendall(head.replace("\n", "\r\n").encode() + b"\r\n" + body)
-
-    threading.Thread(target=answer, daemon=True).start()
-    return f"http://127.0.0.1:{listener.getsockname()[1]}/x.bin"
-
-
-@pytest.mark.parametrize(
-    ("head", "sent", "read"),
-    [
-        # A range without a Content-Length ends at its own length: what comes past it is not its.
-        ("HTTP/1.1 206 Partial Content\nContent-Range: bytes 0-9/40\nConnection: close\n", 40, 10),
-        ("HTTP/1.0 206 Partial Content\nContent-Range: bytes 0-9/40\n", 10, 10),
-        ("HTTP/1.1 206 Partial Content\nContent-Range: bytes 0-9/40\nConnection: close\n", 6, None),
-        # Only a 206's range counts: a stray Content-Range on a 200 is not the body's length.
-        ("HTTP/1.1 200 OK\nContent-Range: bytes 0-39/40\nConnection: close\n", 20, 20),
-    ],
-    ids=["longer-than-its-range", "http-1.0", "cut-short", "200"],
-)
-def test_a_body_without_a_content_length_is_counted_against_its_range(
-    head: str, sent: int, read: Any
-) -> None:
-    from framework_plugins.http import HttpBackend
-
-    body = os.urandom(sent)
-    backend = HttpBackend()
-    stream = backend.open(_one_answer(head, body), 0, end=10)
-    if read is None:
-        with pytest.raises(NetworkError, match="6 of the range's 10 bytes"):
-            b"".join(stream.chunks)
-    else:
-        assert b"".join(stream.chunks) == body[:read]
-    stream.close()
-    backend.close()
-
-
-@pytest.mark.parametrize("content_range", ["bytes */40", "bytes 0-40/40", "bytes 0-9/40 junk", ""])
-def test_a_206_whose_range_names_no_place_is_unplaced(content_range: str) -> None:
-    from framework_plugins.http import HttpBackend
-
-    from framework.download.backend import UNPLACED
-
-    header = f"Content-Range: {content_range}\n" if content_range else ""
-    backend = HttpBackend()
-    url = _one_answer(f"HTTP/1.1 206 Partial Content\n{header}Content-Length: 10\n", bytes(10))
-    stream = backend.open(url, 0, end=10)
-    assert (stream.start, stream.size) == (UNPLACED, None)
-    stream.close()
-    backend.close()
-
-
-def test_a_content_range_that_contradicts_the_length_says_nothing() -> None:
-    assert parse_content_range("bytes 5-9/10", 5) == (5, 10)
-    assert parse_content_range("bytes 5-9/10", 6) == (None, None)
-    assert parse_content_range("bytes */10", 120) == (None, 10)  # a 416's body is its own
-
-
-def test_s3_206_with_unknown_total_keeps_its_offset(s3_env: str) -> None:
-    import io
-
-    from botocore.response import StreamingBody
-    from botocore.stub import Stubber
-    from framework_plugins.s3 import S3Backend
-
-    # moto always sends the total, so botocore's own stubber plays an S3-compatible
-    # server that answers a range with an unknown total ("bytes 6-9/*").
-    backend = S3Backend()
-    answer = {
-        "Body": StreamingBody(io.BytesIO(b"tail"), 4),
-        "ContentLength": 4,
-        "ContentRange": "bytes 6-9/*",
-    }
-    with Stubber(backend.client) as stub:
-        stub.add_response("get_object", answer, {"Bucket": "b", "Key": "k", "Range": "bytes=6-"})
-        stream = backend.open("s3://b/k", 6)
-    assert (stream.start, stream.size) == (6, None)  # not "a whole object of 4 bytes"
-
-
-# Dependency floors ----------------------------------------------------------------------
-
-
 def _declared_floor(package: str) -> tuple[int, ...]:
     import configparser
 
@@ -906,91 +594,6 @@ def _declared_floor(package: str) -> tuple[int, ...]:
     raise AssertionError(f"{package} is not in install_requires")
 
 
-def test_declared_urllib3_floor_has_read1() -> None:
-    # HttpBackend reads bodies with `raw.read1`, which urllib3 has only since 2.2.
-    assert _declared_floor("urllib3") >= (2, 2)
-
-
-# Content encodings ----------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("drop", [False, True])
-def test_gzip_encoded_body_is_never_cached_or_spliced(
-    http_server: FaultServer, manager: DownloadManager, payload: bytes, drop: bool
-) -> None:
-    # The server ignores "Accept-Encoding: identity" for whole answers; with `drop`, the
-    # resume (a range) comes as identity bytes of the same Last-Modified version.
-    url = http_server.add(
-        f"/encoding/gzip-{drop}.bin",
-        payload,
-        etag=None,
-        last_modified="Mon, 01 Jan 2024 00:00:00 GMT",
-        gzip_whole=True,
-        **({"drop_after": 200_000, "drops": 1} if drop else {}),
-    )
-    path = manager.cached_path(url)
-    assert path.read_bytes() == payload
-    assert json.loads(Path(f"{path}.json").read_text())["sha256"] == sha256(payload)
-
-
-def test_gzip_encoded_range_is_not_appended(
-    http_server: FaultServer, manager: DownloadManager, cache: Path
-) -> None:
-    import gzip
-
-    from framework.download.backend import ByteStream
-
-    data = os.urandom(300_000)
-    url = http_server.add("/encoding/gzip-range.bin", data)
-    _partial_name(cache, url, _tag(http_server.route(url).etag or "")).write_bytes(data[:1000])
-    backend = manager.backend_for(url)
-    real = backend.open
-
-    def gzip_ranges(url: str, offset: int = 0, **kwargs: Any) -> ByteStream:
-        stream = real(url, offset, **kwargs)
-        if offset:  # a range of encoded bytes, as a server compressing on the fly sends
-            body = gzip.compress(b"".join(stream.chunks))
-            stream.chunks, stream.encoding = iter([body]), "gzip"
-        return stream
-
-    backend.open = gzip_ranges  # type: ignore[method-assign]
-    assert manager.cached_path(url).read_bytes() == data
-    assert http_server.route(url).ranges == ["bytes=1000-", ""]
-
-
-def test_last_modified_no_older_than_the_answer_is_never_a_resume_validator(
-    http_server: FaultServer, manager: DownloadManager, payload: bytes
-) -> None:
-    from email.utils import formatdate
-
-    # Modified "after" the answer's Date (as one rewritten within the second it was
-    # served looks): a weak validator (RFC 9110 8.8.2.2), so never sent in If-Range.
-    v2 = os.urandom(len(payload))
-    url = http_server.add(
-        "/versions/weak-last-modified.bin",
-        payload,
-        etag=None,
-        last_modified=formatdate(time.time() + 3600, usegmt=True),
-        drop_after=300_000,
-        drops=1,
-        then={"data": v2},
-    )
-    assert manager.cached_path(url).read_bytes() == v2
-    route = http_server.route(url)
-    assert route.ranges == ["", ""] and route.if_ranges == ["", ""]
-
-
-def test_last_modified_strength_follows_the_date() -> None:
-    modified = "Mon, 01 Jan 2024 00:00:00 GMT"
-    assert Validators(None, modified, "Mon, 01 Jan 2024 00:00:01 GMT").if_range == modified
-    assert Validators(None, modified, modified).if_range is None
-    assert Validators(None, modified, None).if_range is None
-    assert Validators(None, modified, "not a date").if_range is None
-
-
-# Extraction -----------------------------------------------------------------------------
-
-
 def _zip(text: str) -> bytes:
     import io
     import zipfile
@@ -1001,32 +604,7 @@ def _zip(text: str) -> bytes:
     return buffer.getvalue()
 
 
-@pytest.mark.parametrize("planted", ["symlink", "folder"])
-def test_planted_extracted_folder_is_never_served(
-    http_server: FaultServer, manager: DownloadManager, cache: Path, tmp_path: Path, planted: str
-) -> None:
-    url = http_server.add(f"/extract/planted-{planted}.zip", _zip("real"))
-    manager.cached_path(url)  # fetched, not extracted yet
-    entry = Entry(cache, url)
-    digest = json.loads(entry.sidecar.read_text())["sha256"]  # anyone can read it
-    evil = tmp_path / "attacker"
-    evil.mkdir()
-    (evil / "model.py").write_text("evil")
-    if planted == "symlink":
-        entry.extracted.symlink_to(evil)
-    else:  # a real folder renamed into place, with a marker naming another folder
-        os.rename(evil, entry.extracted)
-    folder = os.stat(entry.extracted)
-    marker = entry.extracted.with_name(entry.extracted.name + ".json")
-    marker.write_text(json.dumps({"sha256": digest, "folder": [folder.st_dev, folder.st_ino + 1]}))
-    got = manager.cached_path(url, extract=True)
-    assert stat.S_ISDIR(os.lstat(got).st_mode) and (got / "model.py").read_text() == "real"
-    if planted == "symlink":
-        assert (evil / "model.py").read_text() == "evil"  # followed by nothing
-    assert not [n for n in os.listdir(cache) if n.endswith(".old")]
-
-
-# Trust in a shared cache ------------------------------------------------------------------
+# -- trust in a shared cache -------------------------------------------------------------
 
 
 def _as_another_user(monkeypatch: pytest.MonkeyPatch, *paths: Path) -> None:
@@ -1083,54 +661,6 @@ def test_another_users_verified_file_is_hashed_once(
     assert len(reads) == 1
 
 
-def _extract_while_swapped(cache: str, url: str, evil: str, mode: str, results: Any) -> None:
-    from framework.download import manager as manager_module
-
-    real = Entry.cached
-
-    def swap_after_the_check(entry: Entry) -> Any:
-        meta = real(entry)
-        caller, above = sys._getframe(1).f_code.co_name, sys._getframe(2).f_code.co_name
-        # The neighbour's rename lands after the check (where extraction once took the digest).
-        if caller == "_open_published" or (caller, above) == ("_digest", "cached_path"):
-            temp = entry.final.with_name("swap.tmp")
-            if mode == "fifo":
-                os.mkfifo(temp)
-            else:
-                temp.symlink_to(evil)
-            os.rename(temp, entry.final)
-        return meta
-
-    Entry.cached = swap_after_the_check  # type: ignore[method-assign]
-    try:
-        folder = manager_module.DownloadManager(cache, progress=False).cached_path(url, extract=True)
-        results.put((folder / "model.py").read_text())
-    except DownloadError as error:
-        results.put(f"DownloadError: {error}")
-
-
-@pytest.mark.parametrize("mode", ["fifo", "symlink"])
-def test_extraction_reads_the_verified_file_never_what_replaced_it(
-    http_server: FaultServer, manager: DownloadManager, cache: Path, tmp_path: Path, mode: str
-) -> None:
-    url = http_server.add(f"/extract/swapped-{mode}.zip", _zip("real"))
-    manager.cached_path(url)
-    evil = tmp_path / "evil.zip"
-    evil.write_bytes(_zip("evil"))
-    results = FORK.Queue()
-    child = FORK.Process(target=_extract_while_swapped, args=(str(cache), url, str(evil), mode, results))
-    child.start()
-    try:
-        outcome = results.get(timeout=30)
-    except Exception:
-        outcome = "hung"
-    finally:
-        child.kill()
-        child.join(timeout=10)
-    assert outcome.startswith("DownloadError: ") and "was replaced after it was verified" in outcome, outcome
-    assert not Entry(cache, url).extracted.exists()
-
-
 def test_hard_link_planted_at_the_lock_path_is_never_opened(
     http_server: FaultServer, manager: DownloadManager, cache: Path, tmp_path: Path
 ) -> None:
@@ -1152,7 +682,7 @@ def test_declared_filelock_floor_never_truncates_a_lock_file() -> None:
     assert _declared_floor("filelock") >= (4, 3, 1)
 
 
-# Copied caches ------------------------------------------------------------------------------
+# -- copied caches -----------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("how", ["copied", "older release"])
@@ -1190,18 +720,6 @@ def test_offline_copy_that_does_not_match_its_sidecar_is_reported_unbound(
     os.replace(damaged, path)
     with pytest.raises(OfflineError, match=r"a copy is present at .* but unbound"):
         DownloadManager(cache, offline=True, progress=False).cached_path(url)
-
-
-def test_complete_partial_and_a_server_refusing_head_starts_over(
-    http_server: FaultServer, manager: DownloadManager, cache: Path, payload: bytes
-) -> None:
-    # A process killed after the last byte left the whole object; the resume gets a 416
-    # that names no version, and the server answers HEAD with 405.
-    url = http_server.add("/resume/no-head.bin", payload, head_status=405)
-    _partial_name(cache, url, _tag(http_server.route(url).etag or "")).write_bytes(payload)
-    assert manager.cached_path(url, sha256=sha256(payload)).read_bytes() == payload
-    assert http_server.route(url).ranges == [f"bytes={len(payload)}-", ""]
-    assert stray_files(cache) == []
 
 
 def _interrupted_while_adopting(cache: str, url: str, results: Any) -> None:

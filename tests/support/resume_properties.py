@@ -2,7 +2,7 @@
 
 Shared by tests/data/test_resume_properties.py (one process) and
 tests/data/test_resume_properties_distributed.py (gloo ranks, which import this module
-by name: `conftest.py` puts this folder on sys.path).
+by name, ``tests.support.resume_properties``).
 
 A trial: loader A reads one epoch uninterrupted (the reference) and saves its state twice
 on the way; loader B loads one of those states, takes some batches, saves again and is

@@ -1,6 +1,6 @@
 """One rank of a real gloo group for the cluster-fetch tests and benchmark.
 
-Run as ``python cluster_rank.py SPEC_JSON``; the spec names the rank, the group, the URL,
+Run as ``python tests/support/cluster_rank.py SPEC_JSON``; the spec names the rank, the group, the URL,
 this rank's cache folder and what to inject. The rank writes its outcome as JSON to
 ``<out>/rank<N>.json``: the path and its sha256, or the error's class and message. With
 ``calls`` (a list of overrides of the spec) it makes those calls in turn in one group and

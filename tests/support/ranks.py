@@ -1,4 +1,4 @@
-"""Readers and rank entry points for tests/data/test_hardening_loader.py.
+"""Readers and rank entry points for the loader's distributed and sharding tests.
 
 Importable by module name, so "spawn" children (ranks, workers) can unpickle them.
 """
@@ -12,9 +12,8 @@ from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
-from loader_helpers import CountingReader, make_instance
-
 from framework.data.reader import DatasetReader
+from tests.support.loader import CountingReader, make_instance
 
 
 class RankFailingReader(CountingReader):

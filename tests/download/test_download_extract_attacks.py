@@ -1,9 +1,11 @@
-"""Archives built to fool the extractor: link chains, lying headers, wrong names, bombs,
-damage. Each runs with `tarfile`'s data filter on and, where it matters, off (as on
-Python versions without it), and checks that nothing lands outside or gets published."""
+"""Extraction of archives built to fool the extractor: link chains, lying headers, wrong
+names, bombs, damage. Each runs with `tarfile`'s data filter on and, where it matters, off
+(as on Python versions without it), and checks that nothing lands outside or gets
+published."""
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import io
 import os
@@ -12,6 +14,7 @@ import struct
 import subprocess
 import sys
 import tarfile
+import tracemalloc
 import zipfile
 from pathlib import Path
 from typing import Any, Optional
@@ -451,3 +454,42 @@ def test_a_folder_published_by_another_process_is_not_vouched_for(tmp_path: Path
     folder = extract_archive(archive, theirs, URL, ExtractLimits(), replace=False, digest=digest)
     assert folder == theirs and os.listdir(folder) == ["theirs.txt"]
     assert not extracted_from(folder, digest)  # our digest is never written onto their folder
+
+
+def _pax_bomb(path: Path, size: int) -> Path:
+    """A tar.gz whose first block is a pax extended header declaring `size` bytes (of
+    zeros, so it compresses about 1000:1): no member, no declared member size."""
+    header = tarfile.TarInfo("././@PaxHeader")
+    header.type, header.size = tarfile.XHDTYPE, size
+    with gzip.GzipFile(path, "wb", compresslevel=1, mtime=0) as archive:
+        archive.write(header.tobuf(format=tarfile.USTAR_FORMAT))
+        for _ in range(size >> 20):
+            archive.write(bytes(1 << 20))
+        archive.write(bytes(1024))
+    return path
+
+
+@pytest.mark.timeout(120)
+def test_a_pax_header_bomb_is_refused_at_the_cap_not_read_into_memory(tmp_path: Path) -> None:
+    """The caps (total size, ratio) bound what an archive expands to. A pax extended
+    header is read by tarfile in one `read()` of its declared size before the first
+    member is seen: a 0.3 MB tar.gz took 64 MiB of memory (a 45 MB one, 10 GiB) and
+    was then only called damaged. It is refused before it is read."""
+    archive = _pax_bomb(tmp_path / "bomb.tar.gz", 64 << 20)
+    assert archive.stat().st_size < 400_000
+    tracemalloc.start()
+    try:
+        with pytest.raises(DownloadError) as info:
+            extract_archive(
+                archive,
+                tmp_path / "out",
+                "https://x/bomb.tar.gz",
+                ExtractLimits(1 << 20, 50.0, 100),
+                replace=True,
+            )
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert not (tmp_path / "out").exists()
+    assert peak < 16 << 20, f"{peak} bytes of memory for a {archive.stat().st_size}-byte archive"
+    assert isinstance(info.value, UnsafeArchiveError), info.value

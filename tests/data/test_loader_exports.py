@@ -14,12 +14,15 @@ ENGINE = {
     "BatchSampler", "DataCollator", "DataLoader", "DatasetReader", "DefaultDataCollator",
     "DistributedInfo", "MultiProcessDataLoader", "WorkerInfo",
 }
+SAMPLERS = {"BucketBatchSampler", "MaxTokensBatchSampler"}  # `from framework.data import ...`, as in AllenNLP
 
 
 def test_data_package_exports_exactly_the_engine() -> None:
-    assert set(framework.data.__all__) == ENGINE
+    assert set(framework.data.__all__) == ENGINE | SAMPLERS
     for name in ENGINE:
         assert getattr(framework.data, name) is getattr(framework, name)
+    for name in SAMPLERS:
+        assert getattr(framework.data, name).__module__ == "framework.data.sampler"
 
 
 def test_loader_is_the_default_and_registered_through_the_plugin_path() -> None:

@@ -76,7 +76,8 @@ class InstanceCache:
 
         The saved state needs them for a pass not yet begun (loaded, cut short) too: they
         are kept for the last position asked, keyed by what makes them."""
-        key = (position.epoch, position.seed, position.base.below, position.base.bits)
+        plan = self.settings.plan  # in the key: a batch setting assigned since changes them
+        key = (plan, position.epoch, position.seed, position.base.below, position.base.bits)
         if self._lists is not None and self._lists[0] == key:
             return self._lists[1]
         instances = self.load()
@@ -86,7 +87,7 @@ class InstanceCache:
             assert self.indexes is not None  # a state without indexes is refused on load
             keep = [i for i, record in enumerate(self.indexes) if record not in position.base]
         kept = [instances[i] for i in keep]
-        lists = self.settings.plan.batch_lists(kept, derive_seed(position.seed, "eager"))
+        lists = plan.batch_lists(kept, derive_seed(position.seed, "eager"))
         lists = [[keep[i] for i in indices] for indices in lists]
         self._lists = (key, lists)
         return lists

@@ -37,7 +37,7 @@ from framework.data._lease import WorkerPools
 from framework.data._pass import LoaderPass, Progress
 from framework.data._pool import WorkerPool
 from framework.data._rng import unseeded_seed
-from framework.data._settings import LoaderSettings
+from framework.data._settings import LoaderSettings, PlanSetting, Setting
 from framework.data._state import resumed_position, whole_state
 from framework.data._worker import WorkerSpec
 from framework.data.collate import DataCollator, DefaultDataCollator
@@ -132,6 +132,26 @@ class MultiProcessDataLoader(DataLoader):
     # the rules __init__ checks its settings by, for `framework.config.validate` to run on a config
     config_checks = staticmethod(config_checks)
 
+    # The settings, as attributes: an assignment after construction takes effect (the
+    # next pass, `len()` and `state_dict()` read it), as for a plain attribute.
+    reader: Setting[DatasetReader] = Setting()
+    data_path: Setting[DatasetReaderInput] = Setting()
+    batch_size: PlanSetting[Optional[int]] = PlanSetting()
+    drop_last: PlanSetting[bool] = PlanSetting()
+    shuffle: PlanSetting[bool] = PlanSetting()
+    batch_sampler: PlanSetting[Optional[BatchSampler]] = PlanSetting()
+    max_instances_in_memory: PlanSetting[Optional[int]] = PlanSetting()
+    batches_per_epoch: Setting[Optional[int]] = Setting()
+    num_workers: Setting[int] = Setting()
+    start_method: Setting[str] = Setting()
+    quiet: Setting[bool] = Setting()
+    collate_fn: Setting[DataCollator] = Setting()
+    persistent_workers: Setting[bool] = Setting()
+    pin_memory: Setting[bool] = Setting()
+    even_batches: Setting[bool] = Setting()
+    transfer: Setting[str] = Setting()
+    timeout: Setting[Optional[float]] = Setting()
+
     def __init__(
         self,
         reader: DatasetReader,
@@ -169,25 +189,25 @@ class MultiProcessDataLoader(DataLoader):
             timeout=timeout,
             cuda_device=cuda_device,
         )
-        self.reader = reader
-        self.data_path = data_path
-        self.batch_size = batch_size
-        self.drop_last = drop_last
-        self.shuffle = shuffle
-        self.batch_sampler = batch_sampler
-        self.batches_per_epoch = batches_per_epoch
-        self.num_workers = num_workers
-        self.max_instances_in_memory = max_instances_in_memory
-        self.start_method = start_method
-        self.quiet = quiet
-        self.collate_fn = collate_fn
-        self.seed = seed
-        self.persistent_workers = persistent_workers
-        self.pin_memory = pin_memory
-        self.even_batches = even_batches
-        self.transfer = transfer
-        self.timeout = timeout
-        self._settings = self._make_settings()
+        self._seed = seed
+        self._settings = LoaderSettings(
+            reader=reader,
+            data_path=data_path,
+            plan=BatchPlan(batch_size, drop_last, shuffle, batch_sampler, max_instances_in_memory),
+            batches_per_epoch=batches_per_epoch,
+            num_workers=num_workers,
+            start_method=start_method,
+            quiet=quiet,
+            collate_fn=collate_fn,
+            # Unseeded: a seed from `random`'s state, which is not drawn from (reproducible
+            # if the caller seeds `random` before building the loader).
+            seed=unseeded_seed() if seed is None else seed,
+            persistent_workers=persistent_workers,
+            pin_memory=pin_memory,
+            even_batches=even_batches,
+            transfer=transfer,
+            timeout=timeout,
+        )
         if cuda_device is not None:
             self.set_target_device(cuda_device)
         if pin_memory and not torch.cuda.is_available():
@@ -203,29 +223,15 @@ class MultiProcessDataLoader(DataLoader):
         if max_instances_in_memory is None:
             self._load_instances()  # eager mode reads everything up front, as AllenNLP does
 
-    def _make_settings(self) -> LoaderSettings:
-        """The settings the passes read, from the (checked) constructor arguments."""
-        plan = BatchPlan(
-            self.batch_size, self.drop_last, self.shuffle, self.batch_sampler, self.max_instances_in_memory
-        )
-        return LoaderSettings(
-            reader=self.reader,
-            data_path=self.data_path,
-            plan=plan,
-            batches_per_epoch=self.batches_per_epoch,
-            num_workers=self.num_workers,
-            start_method=self.start_method,
-            quiet=self.quiet,
-            collate_fn=self.collate_fn,
-            # Unseeded: a seed from `random`'s state, which is not drawn from (reproducible
-            # if the caller seeds `random` before building the loader).
-            seed=unseeded_seed() if self.seed is None else self.seed,
-            persistent_workers=self.persistent_workers,
-            pin_memory=self.pin_memory,
-            even_batches=self.even_batches,
-            transfer=self.transfer,
-            timeout=self.timeout,
-        )
+    @property
+    def seed(self) -> Optional[int]:
+        """The seed given (None: unseeded, a seed taken from `random`'s state)."""
+        return self._seed
+
+    @seed.setter
+    def seed(self, seed: Optional[int]) -> None:
+        self._seed = seed
+        self._settings.seed = unseeded_seed() if seed is None else seed
 
     @property
     def cuda_device(self) -> Optional[torch.device]:

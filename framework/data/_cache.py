@@ -37,6 +37,13 @@ class InstanceCache:
         # the batches of the last eager pass asked for (`batch_lists`), and what made them
         self._lists: Optional[tuple[Any, list[list[int]]]] = None
 
+    def shared(self, settings: LoaderSettings, pools: WorkerPools) -> InstanceCache:
+        """A cache for a copy of the loader: the instances read already (never changed
+        once read), the copy's own settings and pools."""
+        other = InstanceCache(settings, pools)
+        other.instances, other.indexes = self.instances, self.indexes
+        return other
+
     def load(self) -> list[Instance]:
         """Every instance of this rank's share, read on the first call."""
         if self.instances is None:

@@ -22,6 +22,7 @@ can say exactly where an epoch stands.
 
 from __future__ import annotations
 
+import copy
 import math
 import warnings
 from collections.abc import Iterator, Mapping
@@ -36,6 +37,7 @@ from framework.data._distributed import agree
 from framework.data._lease import WorkerPools
 from framework.data._pass import LoaderPass, Progress
 from framework.data._pool import WorkerPool
+from framework.data._position import Position
 from framework.data._rng import unseeded_seed
 from framework.data._settings import LoaderSettings, PlanSetting, Setting
 from framework.data._state import resumed_position, whole_state
@@ -385,6 +387,25 @@ class MultiProcessDataLoader(DataLoader):
         self._pools.closes += 1  # ends a pass whose workers are starting (another thread)
         self._close_carried()
         self._pools.shutdown()
+
+    def __copy__(self) -> MultiProcessDataLoader:
+        """The same settings at the same point, but its own: assigning a setting or
+        `set_target_device` on one leaves the other alone, and each starts its own
+        workers. It shares the instances an eager loader has read."""
+        other = type(self).__new__(type(self))
+        other.__dict__.update(self.__dict__)
+        other._settings = copy.copy(self._settings)
+        other._pools = WorkerPools(other._settings)
+        other._cache = self._cache.shared(other._settings, other._pools)
+        other._progress = copy.deepcopy(self._progress)
+        other._carried = None
+        current = other._progress.current
+        if self._carried is not None and current is not None:
+            # The carried pass reads the original's workers: the copy yields its rest
+            # from a pass of its own, as a loader resumed from state_dict() would.
+            other._progress.pending = Position.from_dict(current.to_dict())
+            other._progress.current = None
+        return other
 
     # -- passes over the data -------------------------------------------------------------
 

@@ -67,6 +67,14 @@ class WorkerPools:
             raise closed_error()
         return pool
 
+    def retire(self) -> None:
+        """Keep the persistent pool no longer (its workers were started with a setting that
+        changed): stop it now if no pass reads from it, else when that pass ends
+        (`release` stops a pool that is no longer the owned one)."""
+        pool, self.pool = self.pool, None
+        if pool is not None and not pool.busy:
+            pool.shutdown()
+
     def shutdown(self) -> None:
         """Stop the persistent pool's workers now."""
         if self.pool is not None:

@@ -281,7 +281,11 @@ class MultiProcessDataLoader(DataLoader):
         shared = self._settings.evened() and self.max_instances_in_memory is not None
         # > 0: resumed mid-epoch. Kept until a batch is yielded: a pass cut short before
         # its first batch (an exception in next()) still owes the same rest of the epoch.
+        # Not while another iter() is still counting its epoch: this one is a whole epoch.
         start = progress.epoch_batches if progress.epoch_batches < batches_per_epoch else 0
+        if progress.counting is not None:
+            start = 0
+        counting = progress.counting = object()  # the newest iter() is the one the state counts
         progress.epoch_batches = start
         try:
             for index in range(start, batches_per_epoch):
@@ -299,11 +303,14 @@ class MultiProcessDataLoader(DataLoader):
                     # Hand the pass over before the last yield: a consumer that takes
                     # exactly len(loader) batches (islice, zip) never resumes us.
                     self._carried, current = current, None
-                progress.epoch_batches = (index + 1) % batches_per_epoch
-                if progress.epoch_batches == 0:
-                    progress.loop_epoch += 1  # its last batch: the state describes the next
+                if progress.counting is counting:
+                    progress.epoch_batches = (index + 1) % batches_per_epoch
+                    if progress.epoch_batches == 0:
+                        progress.loop_epoch += 1  # its last batch: the state describes the next
                 yield batch
         finally:
+            if progress.counting is counting:
+                progress.counting = None
             if current is not None:
                 # Cut short: the pass stays pending and `epoch_batches` counts what this
                 # epoch yielded, so the next iter() yields the rest of the epoch.
@@ -341,7 +348,9 @@ class MultiProcessDataLoader(DataLoader):
         new = as_device(device)  # ConfigError for a device torch would not take
         # getattr: __init__ calls this before the pools exist
         if new != self.cuda_device and getattr(self, "_pools", None) is not None:
-            self._pools.shutdown()  # persistent workers hold the old device
+            # Persistent workers hold the old device; a pass reading from them keeps them
+            # to its end (its batches move to the new device in this process).
+            self._pools.retire()
         self.cuda_device = new
 
     def state_dict(self) -> dict[str, Any]:

@@ -68,8 +68,8 @@ class MultiProcessDataLoader(DataLoader):
             to its end by the next `iter()`), and a new pass starts when data runs out.
         num_workers: worker processes; 0 reads in this process. Each worker parses
             every record and keeps its share unless the reader shards by worker
-            (`shard_iterable`); with more than one worker the loader says so once
-            (`UnshardedReadWarning`).
+            (`shard_iterable`); with more than one worker the loader says so
+            (`UnshardedReadWarning`, once per reader class under the default filter).
         max_instances_in_memory: turns on lazy mode, holding about this many instances
             per worker at a time.
         start_method: "fork", "spawn" or "forkserver".

@@ -329,16 +329,34 @@ def unsharded_warnings(caught: list[warnings.WarningMessage]) -> list[str]:
 
 
 @pytest.mark.parametrize("lazy", [None, 10], ids=["eager", "lazy"])
-def test_workers_that_all_parse_every_record_warn_once_per_loader(lazy: Any) -> None:
+def test_workers_that_all_parse_every_record_warn_once_per_reader_class(lazy: Any) -> None:
     with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        data = loader(batch_size=2, num_workers=2, max_instances_in_memory=lazy)
-        for _ in range(2):
-            assert sorted(flat(ids(data))) == list(range(20))
-    [message] = unsharded_warnings(caught)  # once, not once per epoch
+        warnings.simplefilter("default")  # as a script runs: once per location
+        for _ in range(2):  # two loaders of one reader class, two epochs each
+            data = loader(batch_size=2, num_workers=2, max_instances_in_memory=lazy)
+            for _ in range(2):
+                assert sorted(flat(ids(data))) == list(range(20))
+    [message] = unsharded_warnings(caught)  # once, not once per epoch or per loader
     assert "CountingReader does not shard by worker" in message
     assert "shard_iterable" in message and "manual_multiprocess_sharding=True" in message
     assert ("lazy mode" in message) == (lazy is None)
+    assert caught[0].filename == CountingReader._read.__code__.co_filename  # the fix goes there
+
+
+def test_the_unsharded_advice_to_a_reader_that_shards_by_rank_never_shards_by_rank_twice() -> None:
+    reader = CountingReader(20, manual_distributed_sharding=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        data = MultiProcessDataLoader(
+            reader, "x", batch_size=2, num_workers=2, max_instances_in_memory=4, quiet=True
+        )
+        assert sorted(flat(ids(data))) == list(range(20))
+    [message] = unsharded_warnings(caught)
+    assert "CountingReader shards by rank (manual_distributed_sharding=True) but not by worker" in message
+    assert "get_worker_info()" in message and "manual_multiprocess_sharding=True" in message
+    # shard_iterable() shards by rank and worker: named only as what not to use
+    assert "not self.shard_iterable(...), which would shard by rank a second time" in message
+    assert "manual_distributed_sharding=True and" not in message
 
 
 @pytest.mark.parametrize(

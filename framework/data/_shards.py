@@ -550,10 +550,9 @@ def _same_setting(saved: Any, current: Any, *, is_type: bool = False) -> bool:
 
 def _same_class(saved: Any, current: Any) -> bool:
     """Whether a class path a state recorded names the class `current` names: the same
-    path, or an old path of a class that moved and is still importable there (a state
-    from before `BucketBatchSampler` moved to `framework.data.sampler` records its old
-    module, which re-exports it). A rule, not a table of old names, so every move that
-    keeps an alias keeps the states saved before it."""
+    path, or the old path of a class that moved, where its old module still re-exports
+    it (`framework_plugins.samplers.BucketBatchSampler`). A rule, not a table of old
+    names: every move that keeps an alias keeps the states saved before it."""
     if saved == current:
         return True
     if not (isinstance(saved, str) and isinstance(current, str)):

@@ -20,6 +20,7 @@ __all__ = [
     "DistributedInfo",
     "MaxTokensBatchSampler",
     "MultiProcessDataLoader",
+    "UnshardedReadWarning",
     "WorkerInfo",
 ]
 
@@ -33,6 +34,7 @@ _LOCATIONS = {
     "DistributedInfo": "framework.data.reader",
     "MaxTokensBatchSampler": "framework.data.sampler",
     "MultiProcessDataLoader": "framework.data.multiprocess",
+    "UnshardedReadWarning": "framework.data.reader",
     "WorkerInfo": "framework.data.reader",
 }
 
@@ -40,7 +42,7 @@ if TYPE_CHECKING:
     from framework.data.collate import DataCollator, DefaultDataCollator
     from framework.data.loader import DataLoader
     from framework.data.multiprocess import MultiProcessDataLoader
-    from framework.data.reader import DatasetReader, DistributedInfo, WorkerInfo
+    from framework.data.reader import DatasetReader, DistributedInfo, UnshardedReadWarning, WorkerInfo
     from framework.data.sampler import BatchSampler, BucketBatchSampler, MaxTokensBatchSampler
 
 

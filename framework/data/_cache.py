@@ -37,6 +37,13 @@ class InstanceCache:
         # the batches of the last eager pass asked for (`batch_lists`), and what made them
         self._lists: Optional[tuple[Any, list[list[int]]]] = None
 
+    def shared(self, settings: LoaderSettings, pools: WorkerPools) -> InstanceCache:
+        """A cache for a copy of the loader: the instances read already (never changed
+        once read), the copy's own settings and pools."""
+        other = InstanceCache(settings, pools)
+        other.instances, other.indexes = self.instances, self.indexes
+        return other
+
     def load(self) -> list[Instance]:
         """Every instance of this rank's share, read on the first call."""
         if self.instances is None:
@@ -76,7 +83,8 @@ class InstanceCache:
 
         The saved state needs them for a pass not yet begun (loaded, cut short) too: they
         are kept for the last position asked, keyed by what makes them."""
-        key = (position.epoch, position.seed, position.base.below, position.base.bits)
+        plan = self.settings.plan  # in the key: a batch setting assigned since changes them
+        key = (plan, position.epoch, position.seed, position.base.below, position.base.bits)
         if self._lists is not None and self._lists[0] == key:
             return self._lists[1]
         instances = self.load()
@@ -86,7 +94,7 @@ class InstanceCache:
             assert self.indexes is not None  # a state without indexes is refused on load
             keep = [i for i, record in enumerate(self.indexes) if record not in position.base]
         kept = [instances[i] for i in keep]
-        lists = self.settings.plan.batch_lists(kept, derive_seed(position.seed, "eager"))
+        lists = plan.batch_lists(kept, derive_seed(position.seed, "eager"))
         lists = [[keep[i] for i in indices] for indices in lists]
         self._lists = (key, lists)
         return lists

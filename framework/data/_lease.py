@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import multiprocessing
 import pickle
+import sys
 import warnings
 from typing import Optional
 
@@ -23,7 +24,6 @@ class WorkerPools:
         self.settings = settings
         self.pool: Optional[WorkerPool] = None
         self.closes = 0  # close() calls: one while workers start (another thread) ends that pass
-        self._advised = False  # the unsharded-read warning, once per loader
 
     def lease(self, info: Optional[DistributedInfo]) -> WorkerPool:
         """A pool for a lazy pass: the persistent one, or a new one."""
@@ -67,6 +67,14 @@ class WorkerPools:
             raise closed_error()
         return pool
 
+    def retire(self) -> None:
+        """Keep the persistent pool no longer (its workers were started with a setting that
+        changed): stop it now if no pass reads from it, else when that pass ends
+        (`release` stops a pool that is no longer the owned one)."""
+        pool, self.pool = self.pool, None
+        if pool is not None and not pool.busy:
+            pool.shutdown()
+
     def shutdown(self) -> None:
         """Stop the persistent pool's workers now."""
         if self.pool is not None:
@@ -74,27 +82,37 @@ class WorkerPools:
             self.pool = None
 
     def _advise(self) -> None:
-        """Warn, once, when every worker is about to parse every record: a reader that does
-        not shard by worker reads the whole data in each worker and keeps its share."""
+        """Warn when every worker is about to parse every record: a reader that does not
+        shard by worker reads the whole data in each worker and keeps its share."""
         settings = self.settings
-        if self._advised or settings.num_workers < 2:
+        if settings.num_workers < 2 or settings.reader.manual_multiprocess_sharding:
             return
-        if settings.reader.manual_multiprocess_sharding:
-            return
-        self._advised = True
-        reader = type(settings.reader).__name__
+        kind = type(settings.reader)
         mode = "" if settings.lazy else "use lazy mode (max_instances_in_memory) and "
-        # Point at the reader's _read, where the fix goes (as the reader's own
-        # unsharded warning does).
-        code = getattr(type(settings.reader)._read, "__code__", None)
+        if settings.reader.manual_distributed_sharding:
+            # It shards by rank itself: shard_iterable() would shard by rank again.
+            advice = (
+                f"{kind.__name__} shards by rank (manual_distributed_sharding=True) but not "
+                f"by worker; {mode}let it shard by worker too: set "
+                "manual_multiprocess_sharding=True and keep, inside _read(), the records "
+                "whose position modulo get_worker_info().num_workers is get_worker_info().id "
+                "(not self.shard_iterable(...), which would shard by rank a second time)"
+            )
+        else:
+            advice = (
+                f"{kind.__name__} does not shard by worker; {mode}let the reader shard: set "
+                "manual_multiprocess_sharding=True and manual_distributed_sharding=True and "
+                "wrap the records in self.shard_iterable(...) inside _read()"
+            )
+        # As the reader's own unsharded warning: it points at the reader's _read, where
+        # the fix goes, and is recorded in that module's registry, so the default filter
+        # shows it once per process per reader class (the text names only the class).
+        code = getattr(kind._read, "__code__", None)
+        module = sys.modules.get(kind.__module__)
         warnings.warn_explicit(
-            f"each of the {settings.num_workers} loader workers parses every record of "
-            f"{settings.data_path!r} and keeps 1 in {settings.num_workers}, because "
-            f"{reader} does not shard by worker; {mode}let the reader shard: set "
-            "manual_multiprocess_sharding=True and manual_distributed_sharding=True and "
-            "wrap the records in self.shard_iterable(...) inside _read() (or read "
-            "get_worker_info() there)",
+            "each loader worker parses every record and keeps its share, because " + advice,
             UnshardedReadWarning,
             code.co_filename if code else __file__,
             code.co_firstlineno if code else 0,
+            registry=vars(module).setdefault("__warningregistry__", {}) if module else None,
         )

@@ -40,6 +40,8 @@ class Progress:
     # the training loop's epoch, which the pass epoch (`epoch`) is not.
     loop_epoch: int = 0
     batches: int = 0  # batches yielded since built or loaded: ranks compare it in state_dict()
+    # batches_per_epoch: the open iter() whose batches `epoch_batches` counts (None: none)
+    counting: Optional[object] = None
 
     def next_position(self, settings: LoaderSettings) -> Position:
         """Where the next pass starts (a fresh epoch unless one is pending)."""
@@ -56,6 +58,7 @@ class Progress:
         self.epoch_batches = epoch_batches
         self.loop_epoch = loop_epoch
         self.batches = 0
+        self.counting = None  # the loaded count is the next iter()'s, whatever is still open
 
 
 class LoaderPass:

@@ -1,12 +1,16 @@
 """`LoaderSettings`: what a `MultiProcessDataLoader` was built with, in the shape its
 passes, its instance cache and its saved state need. It never refers to the loader,
-so a pass kept between epochs holds no reference to the loader."""
+so a pass kept between epochs holds no reference to the loader.
+
+`Setting` and `PlanSetting` make the loader's public attributes views of it, so a
+setting assigned after construction is the one every part reads."""
 
 from __future__ import annotations
 
+import dataclasses
 from contextlib import nullcontext
-from dataclasses import dataclass, field
-from typing import Any, Optional, Union
+from dataclasses import dataclass
+from typing import Any, Generic, Optional, Protocol, TypeVar, Union, cast, overload
 
 import torch
 
@@ -24,7 +28,9 @@ from framework.data.reader import (
     current_distributed_info,
 )
 
-__all__ = ["LoaderSettings"]
+__all__ = ["LoaderSettings", "PlanSetting", "Setting"]
+
+_T = TypeVar("_T")
 
 
 @dataclass
@@ -32,8 +38,8 @@ class LoaderSettings:
     """A loader's settings, checked already (`framework.data._checks.validate`).
 
     `seed` is the loader's seed, or the one it took from `random` when given none.
-    `cuda_device` is the one setting that changes after construction
-    (`set_target_device`).
+    The loader's attributes write through to it (`Setting`): a value assigned after
+    construction is what the next pass and `state_dict()` read.
     """
 
     reader: DatasetReader
@@ -51,13 +57,11 @@ class LoaderSettings:
     transfer: str
     timeout: Optional[float]
     cuda_device: Optional[torch.device] = None
-    # the reader's own apply_token_indexers, which the main process runs
-    hook_overridden: bool = field(init=False)
 
-    def __post_init__(self) -> None:
-        self.hook_overridden = (
-            type(self.reader).apply_token_indexers is not DatasetReader.apply_token_indexers
-        )
+    @property
+    def hook_overridden(self) -> bool:
+        """Whether the reader has its own apply_token_indexers, which the main process runs."""
+        return type(self.reader).apply_token_indexers is not DatasetReader.apply_token_indexers
 
     @property
     def max_instances_in_memory(self) -> Optional[int]:
@@ -139,3 +143,48 @@ class LoaderSettings:
                 self.reader.apply_token_indexers(instance)
             batch = self.collate_fn(message.instances)
         return self.finish(batch)
+
+
+class _Configured(Protocol):
+    _settings: LoaderSettings
+
+
+class Setting(Generic[_T]):
+    """A loader attribute that lives in the loader's `LoaderSettings` (its `_settings`):
+    reading and assigning it read and assign the settings the passes, the instance
+    cache and the saved state use, so the attribute is their one source of truth."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    @overload
+    def __get__(self, loader: None, owner: type) -> Setting[_T]: ...
+
+    @overload
+    def __get__(self, loader: _Configured, owner: type) -> _T: ...
+
+    def __get__(self, loader: Optional[_Configured], owner: type) -> Union[Setting[_T], _T]:
+        if loader is None:
+            return self
+        return cast(_T, self.read(loader._settings))
+
+    def __set__(self, loader: _Configured, value: _T) -> None:
+        self.write(loader._settings, value)
+
+    def read(self, settings: LoaderSettings) -> Any:
+        return getattr(settings, self.name)
+
+    def write(self, settings: LoaderSettings, value: _T) -> None:
+        setattr(settings, self.name, value)
+
+
+class PlanSetting(Setting[_T]):
+    """A `Setting` of the batch plan (batch size, sampler, ...): the plan is immutable,
+    so an assignment replaces it."""
+
+    def read(self, settings: LoaderSettings) -> Any:
+        return getattr(settings.plan, self.name)
+
+    def write(self, settings: LoaderSettings, value: _T) -> None:
+        changed: dict[str, Any] = {self.name: value}
+        settings.plan = dataclasses.replace(settings.plan, **changed)

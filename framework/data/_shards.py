@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass, fields, is_dataclass
 from typing import Any, Optional, Protocol, TypeVar, cast, runtime_checkable
 
 from framework.errors import ResumeError
+from framework.registry import import_target, imports_allowed
 
 __all__ = [
     "STATE_VERSION",
@@ -417,7 +418,7 @@ def check_settings(saved: Mapping[str, Any], current: Mapping[str, Any]) -> None
             raise ResumeError(
                 f"the state's settings lack {key!r}; pass the loader's own state_dict()", "malformed"
             )
-        if not _same_setting(saved[key], value):
+        if not _same_setting(saved[key], value, is_type=key == "reader"):
             raise ResumeError(
                 f"the state was saved by a loader with {key}={saved[key]!r}, but this loader "
                 f"has {key}={value!r}: resuming would repeat or skip instances. Build the "
@@ -531,12 +532,50 @@ def _stamp_ok(stamp: Any) -> bool:
     )
 
 
-def _same_setting(saved: Any, current: Any) -> bool:
+def _same_setting(saved: Any, current: Any, *, is_type: bool = False) -> bool:
     """Equal; inside a component's settings (`describe`) a None on either side matches
-    anything: it may be filled in on first use (a sampler's guessed sorting keys)."""
+    anything: it may be filled in on first use (a sampler's guessed sorting keys). A
+    class path (`is_type`, a component's "type") matches a class that has moved since."""
+    if is_type:
+        return _same_class(saved, current)
     if isinstance(saved, Mapping) and isinstance(current, Mapping):
         return saved.keys() == current.keys() and all(
-            saved[key] is None or current[key] is None or saved[key] == current[key]
+            saved[key] is None
+            or current[key] is None
+            or _same_setting(saved[key], current[key], is_type=key == "type")
             for key in saved
         )
     return bool(saved == current)
+
+
+def _same_class(saved: Any, current: Any) -> bool:
+    """Whether a class path a state recorded names the class `current` names: the same
+    path, or the old path of a class that moved, where its old module still re-exports
+    it (`framework_plugins.samplers.BucketBatchSampler`). A rule, not a table of old
+    names: every move that keeps an alias keeps the states saved before it."""
+    if saved == current:
+        return True
+    if not (isinstance(saved, str) and isinstance(current, str)):
+        return False
+    # Only a path that ends in the same class name is resolved, so a state naming
+    # another class imports nothing. Its module is imported (running its code) only
+    # through the gate for dotted paths from a config (`FRAMEWORK_REGISTERED_TYPES_ONLY`):
+    # a saved state is the user's own, as trusted as the config that built the loader.
+    if saved.rpartition(".")[2] != current.rpartition(".")[2]:
+        return False
+    mine = _resolved(current)
+    return mine is not None and _resolved(saved) is mine
+
+
+def _resolved(path: str) -> Any:
+    """The object a `module.Name` path names, or None when it cannot be had safely."""
+    module_name, _, name = path.rpartition(".")
+    module = sys.modules.get(module_name)
+    if module is not None:
+        return getattr(module, name, None)
+    if not imports_allowed():
+        return None
+    try:
+        return import_target(path)
+    except Exception:  # gone, or failing to import: not the same class
+        return None

@@ -22,6 +22,7 @@ can say exactly where an epoch stands.
 
 from __future__ import annotations
 
+import copy
 import math
 import warnings
 from collections.abc import Iterator, Mapping
@@ -36,8 +37,9 @@ from framework.data._distributed import agree
 from framework.data._lease import WorkerPools
 from framework.data._pass import LoaderPass, Progress
 from framework.data._pool import WorkerPool
+from framework.data._position import Position
 from framework.data._rng import unseeded_seed
-from framework.data._settings import LoaderSettings
+from framework.data._settings import LoaderSettings, PlanSetting, Setting
 from framework.data._state import resumed_position, whole_state
 from framework.data._worker import WorkerSpec
 from framework.data.collate import DataCollator, DefaultDataCollator
@@ -66,8 +68,8 @@ class MultiProcessDataLoader(DataLoader):
             to its end by the next `iter()`), and a new pass starts when data runs out.
         num_workers: worker processes; 0 reads in this process. Each worker parses
             every record and keeps its share unless the reader shards by worker
-            (`shard_iterable`); with more than one worker the loader says so once
-            (`UnshardedReadWarning`).
+            (`shard_iterable`); with more than one worker the loader says so
+            (`UnshardedReadWarning`, once per reader class under the default filter).
         max_instances_in_memory: turns on lazy mode, holding about this many instances
             per worker at a time.
         start_method: "fork", "spawn" or "forkserver".
@@ -132,6 +134,26 @@ class MultiProcessDataLoader(DataLoader):
     # the rules __init__ checks its settings by, for `framework.config.validate` to run on a config
     config_checks = staticmethod(config_checks)
 
+    # The settings, as attributes: an assignment after construction takes effect (the
+    # next pass, `len()` and `state_dict()` read it), as for a plain attribute.
+    reader: Setting[DatasetReader] = Setting()
+    data_path: Setting[DatasetReaderInput] = Setting()
+    batch_size: PlanSetting[Optional[int]] = PlanSetting()
+    drop_last: PlanSetting[bool] = PlanSetting()
+    shuffle: PlanSetting[bool] = PlanSetting()
+    batch_sampler: PlanSetting[Optional[BatchSampler]] = PlanSetting()
+    max_instances_in_memory: PlanSetting[Optional[int]] = PlanSetting()
+    batches_per_epoch: Setting[Optional[int]] = Setting()
+    num_workers: Setting[int] = Setting()
+    start_method: Setting[str] = Setting()
+    quiet: Setting[bool] = Setting()
+    collate_fn: Setting[DataCollator] = Setting()
+    persistent_workers: Setting[bool] = Setting()
+    pin_memory: Setting[bool] = Setting()
+    even_batches: Setting[bool] = Setting()
+    transfer: Setting[str] = Setting()
+    timeout: Setting[Optional[float]] = Setting()
+
     def __init__(
         self,
         reader: DatasetReader,
@@ -169,25 +191,25 @@ class MultiProcessDataLoader(DataLoader):
             timeout=timeout,
             cuda_device=cuda_device,
         )
-        self.reader = reader
-        self.data_path = data_path
-        self.batch_size = batch_size
-        self.drop_last = drop_last
-        self.shuffle = shuffle
-        self.batch_sampler = batch_sampler
-        self.batches_per_epoch = batches_per_epoch
-        self.num_workers = num_workers
-        self.max_instances_in_memory = max_instances_in_memory
-        self.start_method = start_method
-        self.quiet = quiet
-        self.collate_fn = collate_fn
-        self.seed = seed
-        self.persistent_workers = persistent_workers
-        self.pin_memory = pin_memory
-        self.even_batches = even_batches
-        self.transfer = transfer
-        self.timeout = timeout
-        self._settings = self._make_settings()
+        self._seed = seed
+        self._settings = LoaderSettings(
+            reader=reader,
+            data_path=data_path,
+            plan=BatchPlan(batch_size, drop_last, shuffle, batch_sampler, max_instances_in_memory),
+            batches_per_epoch=batches_per_epoch,
+            num_workers=num_workers,
+            start_method=start_method,
+            quiet=quiet,
+            collate_fn=collate_fn,
+            # Unseeded: a seed from `random`'s state, which is not drawn from (reproducible
+            # if the caller seeds `random` before building the loader).
+            seed=unseeded_seed() if seed is None else seed,
+            persistent_workers=persistent_workers,
+            pin_memory=pin_memory,
+            even_batches=even_batches,
+            transfer=transfer,
+            timeout=timeout,
+        )
         if cuda_device is not None:
             self.set_target_device(cuda_device)
         if pin_memory and not torch.cuda.is_available():
@@ -203,29 +225,15 @@ class MultiProcessDataLoader(DataLoader):
         if max_instances_in_memory is None:
             self._load_instances()  # eager mode reads everything up front, as AllenNLP does
 
-    def _make_settings(self) -> LoaderSettings:
-        """The settings the passes read, from the (checked) constructor arguments."""
-        plan = BatchPlan(
-            self.batch_size, self.drop_last, self.shuffle, self.batch_sampler, self.max_instances_in_memory
-        )
-        return LoaderSettings(
-            reader=self.reader,
-            data_path=self.data_path,
-            plan=plan,
-            batches_per_epoch=self.batches_per_epoch,
-            num_workers=self.num_workers,
-            start_method=self.start_method,
-            quiet=self.quiet,
-            collate_fn=self.collate_fn,
-            # Unseeded: a seed from `random`'s state, which is not drawn from (reproducible
-            # if the caller seeds `random` before building the loader).
-            seed=unseeded_seed() if self.seed is None else self.seed,
-            persistent_workers=self.persistent_workers,
-            pin_memory=self.pin_memory,
-            even_batches=self.even_batches,
-            transfer=self.transfer,
-            timeout=self.timeout,
-        )
+    @property
+    def seed(self) -> Optional[int]:
+        """The seed given (None: unseeded, a seed taken from `random`'s state)."""
+        return self._seed
+
+    @seed.setter
+    def seed(self, seed: Optional[int]) -> None:
+        self._seed = seed
+        self._settings.seed = unseeded_seed() if seed is None else seed
 
     @property
     def cuda_device(self) -> Optional[torch.device]:
@@ -273,7 +281,11 @@ class MultiProcessDataLoader(DataLoader):
         shared = self._settings.evened() and self.max_instances_in_memory is not None
         # > 0: resumed mid-epoch. Kept until a batch is yielded: a pass cut short before
         # its first batch (an exception in next()) still owes the same rest of the epoch.
+        # Not while another iter() is still counting its epoch: this one is a whole epoch.
         start = progress.epoch_batches if progress.epoch_batches < batches_per_epoch else 0
+        if progress.counting is not None:
+            start = 0
+        counting = progress.counting = object()  # the newest iter() is the one the state counts
         progress.epoch_batches = start
         try:
             for index in range(start, batches_per_epoch):
@@ -291,11 +303,14 @@ class MultiProcessDataLoader(DataLoader):
                     # Hand the pass over before the last yield: a consumer that takes
                     # exactly len(loader) batches (islice, zip) never resumes us.
                     self._carried, current = current, None
-                progress.epoch_batches = (index + 1) % batches_per_epoch
-                if progress.epoch_batches == 0:
-                    progress.loop_epoch += 1  # its last batch: the state describes the next
+                if progress.counting is counting:
+                    progress.epoch_batches = (index + 1) % batches_per_epoch
+                    if progress.epoch_batches == 0:
+                        progress.loop_epoch += 1  # its last batch: the state describes the next
                 yield batch
         finally:
+            if progress.counting is counting:
+                progress.counting = None
             if current is not None:
                 # Cut short: the pass stays pending and `epoch_batches` counts what this
                 # epoch yielded, so the next iter() yields the rest of the epoch.
@@ -333,7 +348,9 @@ class MultiProcessDataLoader(DataLoader):
         new = as_device(device)  # ConfigError for a device torch would not take
         # getattr: __init__ calls this before the pools exist
         if new != self.cuda_device and getattr(self, "_pools", None) is not None:
-            self._pools.shutdown()  # persistent workers hold the old device
+            # Persistent workers hold the old device; a pass reading from them keeps them
+            # to its end (its batches move to the new device in this process).
+            self._pools.retire()
         self.cuda_device = new
 
     def state_dict(self) -> dict[str, Any]:
@@ -379,6 +396,25 @@ class MultiProcessDataLoader(DataLoader):
         self._pools.closes += 1  # ends a pass whose workers are starting (another thread)
         self._close_carried()
         self._pools.shutdown()
+
+    def __copy__(self) -> MultiProcessDataLoader:
+        """The same settings at the same point, but its own: assigning a setting or
+        `set_target_device` on one leaves the other alone, and each starts its own
+        workers. It shares the instances an eager loader has read."""
+        other = type(self).__new__(type(self))
+        other.__dict__.update(self.__dict__)
+        other._settings = copy.copy(self._settings)
+        other._pools = WorkerPools(other._settings)
+        other._cache = self._cache.shared(other._settings, other._pools)
+        other._progress = copy.deepcopy(self._progress)
+        other._carried = None
+        current = other._progress.current
+        if self._carried is not None and current is not None:
+            # The carried pass reads the original's workers: the copy yields its rest
+            # from a pass of its own, as a loader resumed from state_dict() would.
+            other._progress.pending = Position.from_dict(current.to_dict())
+            other._progress.current = None
+        return other
 
     # -- passes over the data -------------------------------------------------------------
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import itertools
 import os
 import warnings
@@ -310,6 +311,71 @@ def test_carry_over_survives_a_consumer_that_stops_at_len(stop: str, options: di
     loader.close()
 
 
+def test_a_second_iterator_with_batches_per_epoch_yields_a_whole_epoch() -> None:
+    # Before: the second iterator started from the first one's count and yielded 2.
+    data = loader(batch_size=2, batches_per_epoch=3, seed=1)
+    first = iter(data)
+    next(first)
+    assert len(ids(data)) == 3
+    assert len(ids(first)) == 2  # the first one still ends its own epoch
+
+
+# -- settings assigned after construction -------------------------------------------------
+
+
+def _new_collator(instances: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"id": torch.tensor([instance["id"] * 100 for instance in instances])}
+
+
+@pytest.mark.parametrize("setting", ["collate_fn", "reader", "num_workers", "data_path"])
+def test_a_setting_assigned_after_construction_takes_effect(setting: str) -> None:
+    # Before: the passes and the state read a copy of the settings taken in __init__.
+    data = loader(6, batch_size=2, max_instances_in_memory=4, seed=1)
+    if setting == "collate_fn":
+        data.collate_fn = _new_collator
+        assert ids(data) == [[0, 100], [200, 300], [400, 500]]
+    elif setting == "reader":
+        data.reader = CountingReader(4)
+        assert ids(data) == [[0, 1], [2, 3]]
+    elif setting == "num_workers":
+        data.num_workers = 2
+        assert data.state_dict()["num_workers"] == 2
+    else:
+        data.data_path = "other"
+        assert data.state_dict()["settings"]["data_path"] == "other"
+
+
+def test_a_batch_setting_assigned_after_construction_batches_the_cache_anew() -> None:
+    data = loader(6, batch_size=2, seed=1)
+    assert ids(data) == [[0, 1], [2, 3], [4, 5]]
+    data.batch_size = 3
+    assert len(data) == 2
+    assert ids(data) == [[0, 1, 2], [3, 4, 5]]
+    assert data.state_dict()["settings"]["batch_size"] == 3
+
+
+def test_a_copy_of_the_loader_has_its_own_settings() -> None:
+    # Before: a shallow copy shared the settings object, so the original moved too.
+    data = loader(6, batch_size=2, seed=1)
+    other = copy.copy(data)
+    other.set_target_device("cpu")
+    other.batches_per_epoch = 1
+    assert data.cuda_device is None and data.batches_per_epoch is None
+    assert ids(data) == [[0, 1], [2, 3], [4, 5]]
+    assert ids(other) == [[0, 1]]
+
+
+@pytest.mark.parametrize(
+    "options", [{}, {"max_instances_in_memory": 4}, {"max_instances_in_memory": 4, "num_workers": 2}]
+)
+def test_a_copy_after_a_carried_over_epoch_yields_the_same_next_epoch(options: dict[str, Any]) -> None:
+    data = loader(batch_size=2, batches_per_epoch=3, seed=1, **options)
+    ids(data)  # the rest of the pass carries over
+    other = copy.copy(data)
+    assert ids(other) == ids(data)
+    assert other.state_dict()["loop_epoch"] == data.state_dict()["loop_epoch"] == 2
+
+
 # -- validation --------------------------------------------------------------------------
 
 
@@ -329,16 +395,34 @@ def unsharded_warnings(caught: list[warnings.WarningMessage]) -> list[str]:
 
 
 @pytest.mark.parametrize("lazy", [None, 10], ids=["eager", "lazy"])
-def test_workers_that_all_parse_every_record_warn_once_per_loader(lazy: Any) -> None:
+def test_workers_that_all_parse_every_record_warn_once_per_reader_class(lazy: Any) -> None:
     with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        data = loader(batch_size=2, num_workers=2, max_instances_in_memory=lazy)
-        for _ in range(2):
-            assert sorted(flat(ids(data))) == list(range(20))
-    [message] = unsharded_warnings(caught)  # once, not once per epoch
+        warnings.simplefilter("default")  # as a script runs: once per location
+        for _ in range(2):  # two loaders of one reader class, two epochs each
+            data = loader(batch_size=2, num_workers=2, max_instances_in_memory=lazy)
+            for _ in range(2):
+                assert sorted(flat(ids(data))) == list(range(20))
+    [message] = unsharded_warnings(caught)  # once, not once per epoch or per loader
     assert "CountingReader does not shard by worker" in message
     assert "shard_iterable" in message and "manual_multiprocess_sharding=True" in message
     assert ("lazy mode" in message) == (lazy is None)
+    assert caught[0].filename == CountingReader._read.__code__.co_filename  # the fix goes there
+
+
+def test_the_unsharded_advice_to_a_reader_that_shards_by_rank_never_shards_by_rank_twice() -> None:
+    reader = CountingReader(20, manual_distributed_sharding=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        data = MultiProcessDataLoader(
+            reader, "x", batch_size=2, num_workers=2, max_instances_in_memory=4, quiet=True
+        )
+        assert sorted(flat(ids(data))) == list(range(20))
+    [message] = unsharded_warnings(caught)
+    assert "CountingReader shards by rank (manual_distributed_sharding=True) but not by worker" in message
+    assert "get_worker_info()" in message and "manual_multiprocess_sharding=True" in message
+    # shard_iterable() shards by rank and worker: named only as what not to use
+    assert "not self.shard_iterable(...), which would shard by rank a second time" in message
+    assert "manual_distributed_sharding=True and" not in message
 
 
 @pytest.mark.parametrize(

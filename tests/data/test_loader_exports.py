@@ -15,14 +15,19 @@ ENGINE = {
     "DistributedInfo", "MultiProcessDataLoader", "WorkerInfo",
 }
 SAMPLERS = {"BucketBatchSampler", "MaxTokensBatchSampler"}  # `from framework.data import ...`, as in AllenNLP
+WARNINGS = {"UnshardedReadWarning"}  # to filter it: `from framework.data import UnshardedReadWarning`
 
 
 def test_data_package_exports_exactly_the_engine() -> None:
-    assert set(framework.data.__all__) == ENGINE | SAMPLERS
+    assert set(framework.data.__all__) == ENGINE | SAMPLERS | WARNINGS
+    assert framework.data.__all__ == sorted(framework.data.__all__)
     for name in ENGINE:
         assert getattr(framework.data, name) is getattr(framework, name)
     for name in SAMPLERS:
         assert getattr(framework.data, name).__module__ == "framework.data.sampler"
+    for name in WARNINGS:
+        assert getattr(framework.data, name).__module__ == "framework.data.reader"
+        assert issubclass(getattr(framework.data, name), UserWarning)
 
 
 def test_loader_is_the_default_and_registered_through_the_plugin_path() -> None:

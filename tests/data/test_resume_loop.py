@@ -115,6 +115,15 @@ def test_a_state_without_a_valid_loop_epoch() -> None:
             build().load_state_dict({**state, "loop_epoch": bad})
 
 
+def test_batches_per_epoch_set_after_construction_counts_loop_epochs_in_the_state() -> None:
+    # Before: the state read batches_per_epoch from a copy taken in __init__ (None) and
+    # recorded the pass epoch (1), not the two loop epochs that ended.
+    loader = counting(0, max_instances_in_memory=4)
+    loader.batches_per_epoch = 2
+    assert [len(list(loader)) for _ in range(2)] == [2, 2]
+    assert loader.state_dict()["loop_epoch"] == 2
+
+
 @pytest.mark.parametrize(
     "error",
     [KeyboardInterrupt, lambda: torch.cuda.OutOfMemoryError("CUDA out of memory")],

@@ -4,7 +4,9 @@ error that names the cause."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -12,6 +14,7 @@ import torch
 
 from framework.data.multiprocess import MultiProcessDataLoader
 from framework.data.reader import DatasetReader
+from framework.data.sampler import BatchSampler
 from tests.support.loader import CountingReader, ShardingReader
 from tests.support.resume import SelfShardingReader
 
@@ -129,3 +132,68 @@ def test_a_reader_that_shards_by_itself_refuses_another_num_workers(lazy: Any) -
     same = _loader(SelfShardingReader(20), num_workers=0, max_instances_in_memory=lazy)
     same.load_state_dict(state)
     assert _ids(iter(same)) == _ids(it)
+
+
+def _bucket_state(saved_type: str) -> tuple[dict[str, Any], list[list[int]]]:
+    """A state one batch into a bucket-sampled epoch, its sampler recorded as `saved_type`,
+    and the batches it owes."""
+    original = _bucket_loader()
+    iterator = iter(original)
+    next(iterator)
+    state = original.state_dict()
+    state["settings"]["batch_sampler"]["type"] = saved_type
+    return state, _ids(iterator)
+
+
+def _bucket_loader() -> MultiProcessDataLoader:
+    sampler = BatchSampler.by_name("bucket")(batch_size=2, sorting_keys=["tokens"])
+    return MultiProcessDataLoader(CountingReader(10), "unused", batch_sampler=sampler, quiet=True, seed=1)
+
+
+def test_a_state_saved_before_the_samplers_moved_still_loads() -> None:
+    # Before the move a bucket sampler's state recorded its class as
+    # "framework_plugins.samplers.BucketBatchSampler", which now re-exports
+    # framework.data.sampler's: the same class, so the state resumes.
+    state, rest = _bucket_state("framework_plugins.samplers.BucketBatchSampler")
+    resumed = _bucket_loader()
+    resumed.load_state_dict(state)
+    assert _ids(resumed) == rest
+
+
+@pytest.mark.parametrize(
+    "saved_type",
+    [
+        "tests.support.loader.BucketBatchSampler",  # imported, no such class there
+        "no_such_package.samplers.BucketBatchSampler",  # not importable
+        "framework.data.sampler.MaxTokensBatchSampler",  # another class
+    ],
+)
+def test_a_state_whose_sampler_path_names_another_class_is_refused(saved_type: str) -> None:
+    state, _ = _bucket_state(saved_type)
+    with pytest.raises(ValueError, match="batch_sampler"):
+        _bucket_loader().load_state_dict(state)
+
+
+def test_a_moved_class_path_is_imported_only_through_the_config_gate(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A module not imported yet that re-exports the class: resolving the recorded path
+    # runs its code, so only where a config's dotted paths may be imported.
+    (tmp_path / "old_home_of_samplers.py").write_text(
+        "from pathlib import Path\n"
+        "Path(__file__).with_name('imported').touch()\n"
+        "from framework.data.sampler import BucketBatchSampler\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "old_home_of_samplers", raising=False)
+    state, rest = _bucket_state("old_home_of_samplers.BucketBatchSampler")
+    monkeypatch.setenv("FRAMEWORK_REGISTERED_TYPES_ONLY", "1")
+    with pytest.raises(ValueError, match="batch_sampler"):
+        _bucket_loader().load_state_dict(state)
+    assert not (tmp_path / "imported").exists()
+    monkeypatch.delenv("FRAMEWORK_REGISTERED_TYPES_ONLY")
+    resumed = _bucket_loader()
+    resumed.load_state_dict(state)
+    assert (tmp_path / "imported").exists()
+    assert _ids(resumed) == rest
+    monkeypatch.delitem(sys.modules, "old_home_of_samplers")

@@ -177,6 +177,44 @@ def test_del_loader_after_a_carried_over_epoch_stops_workers_without_gc(lazy: An
         gc.enable()
 
 
+# -- a device change while a pass reads from the workers ---------------------------------
+
+
+def _ids(batches: Any) -> list[list[int]]:
+    return [batch["id"].tolist() for batch in batches]
+
+
+def test_set_target_device_between_epochs_keeps_the_carried_pass() -> None:
+    # Before: the device change shut down the pool the carried-over pass reads from,
+    # and the next epoch raised WorkerError "the loader was closed".
+    before = child_pids()
+    data = make(CountingReader(20), batch_size=2, num_workers=2, max_instances_in_memory=4,
+                batches_per_epoch=3, seed=1)
+    first = _ids(data)
+    data.set_target_device("cpu")
+    second = _ids(data)
+    assert len(second) == 3
+    assert not set(map(tuple, first)) & set(map(tuple, second))
+    data.close()
+    assert child_pids() - before == set()
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_set_target_device_mid_pass_keeps_the_live_iterator(persistent: bool) -> None:
+    before = child_pids()
+    data = make(CountingReader(20), batch_size=2, num_workers=2, max_instances_in_memory=4,
+                persistent_workers=persistent, seed=1)
+    iterator = iter(data)
+    taken = [next(iterator)["id"].tolist()]
+    data.set_target_device("cpu")
+    taken += _ids(iterator)
+    assert sorted(i for batch in taken for i in batch) == list(range(20))
+    # the retired workers stopped with their pass; the next pass starts its own
+    assert sorted(i for batch in _ids(data) for i in batch) == list(range(20))
+    data.close()
+    assert child_pids() - before == set()
+
+
 # -- locks of the random streams, copied held by fork ------------------------------------
 
 

@@ -169,10 +169,11 @@ def test_the_howto_backend_serves_the_manager_in_parts(tmp_path: Path) -> None:
 
 def test_the_first_party_backends_pass_check_backend(http_server: Any, s3_env: str, tmp_path: Path) -> None:
     import boto3
-    from tests.support.download import unique_path
     from framework_plugins.http import HttpBackend
     from framework_plugins.local import LocalBackend
     from framework_plugins.s3 import S3Backend
+
+    from tests.support.download import unique_path
 
     url = http_server.add(unique_path("contract"), DATA, etag='"contract"')
     with HttpBackend(backoff_factor=0.01) as http:

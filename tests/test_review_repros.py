@@ -175,9 +175,10 @@ def test_a_subclass_of_the_http_backend_written_for_the_old_signature_still_down
     # manager read the subclass's signature and fetched it over one stream.
     from typing import Optional
 
+    from framework_plugins.http import HttpBackend
+
     from framework.download import DownloadManager
     from framework.download.backend import ByteStream
-    from framework_plugins.http import HttpBackend
     from tests.support.download import FaultServer, serving, unique_path
 
     class LoggingHttp(HttpBackend):

@@ -253,3 +253,44 @@ def test_a_config_naming_a_sampler_by_its_old_dotted_path_builds_with_registered
     config = {"type": f"framework_plugins.samplers.{name}", **size}
     assert validate(config, "BatchSampler") == []
     assert type(BatchSampler.from_config(config)).__name__ == name
+
+
+def test_a_plugin_added_later_with_exist_ok_does_not_silently_replace_the_users_class(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Promise (registry.md): a class you register in your own code replaces a plugin's
+    # class of the same name "in either order"; at discovery a plugin's exist_ok=True entry
+    # loses to it. A plugin added after the user's registration with `registry.add_plugin`
+    # (documented on the same page) and exist_ok=True takes the name, with no warning.
+    import sys
+    import types
+    import warnings
+
+    from framework.testing import fresh_registry
+
+    plugin = types.ModuleType("review_later_plugin")  # a package of its own, not the user's
+    exec(
+        "from framework import hookimpl\n"
+        "from framework.data.reader import DatasetReader\n\n"
+        "class PluginSquares(DatasetReader):\n"
+        "    def _read(self, file_path):\n"
+        "        yield {}\n\n"
+        "@hookimpl\n"
+        "def framework_register_components(registrar):\n"
+        "    registrar.add(DatasetReader, 'review-squares', 'review_later_plugin:PluginSquares',\n"
+        "                  exist_ok=True)\n",
+        plugin.__dict__,
+    )
+    monkeypatch.setitem(sys.modules, "review_later_plugin", plugin)
+    with fresh_registry() as registry:
+        DatasetReader.list_available()
+
+        @DatasetReader.register("review-squares")
+        class MySquares(DatasetReader):
+            def _read(self, file_path: Any) -> Iterator[dict[str, Any]]:
+                yield {}
+
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            assert registry.add_plugin(plugin, "later")
+        assert DatasetReader.by_name("review-squares") is MySquares, [str(w.message) for w in caught]

@@ -192,3 +192,27 @@ def test_the_first_party_backends_pass_check_backend(http_server: Any, s3_env: s
     local.write_bytes(DATA)
     assert not LocalBackend.supports_ranges
     check_backend(LocalBackend(), local.as_uri(), DATA)
+
+
+def test_the_example_plugins_backend_passes_check_backend(monkeypatch: pytest.MonkeyPatch) -> None:
+    package = Path(__file__).resolve().parents[2] / "examples" / "framework-example-plugin"
+    monkeypatch.syspath_prepend(str(package))
+    from framework_example_plugin.backend import NumbersBackend
+
+    body = "".join(f"{n}\n" for n in range(1000)).encode()
+    check_backend(NumbersBackend(), "numbers://1000", body)
+
+
+def test_check_backend_catches_bytes_past_the_end_not_answered_416() -> None:
+    class NoStatus(_Ranged):
+        supports_ranges: ClassVar[bool] = True
+
+        def open(
+            self, url: str, offset: int = 0, *, end: Optional[int] = None, if_range: Optional[str] = None
+        ) -> ByteStream:
+            if offset > len(DATA):
+                return ByteStream(iter(()), start=offset, size=len(DATA), etag='"v1"')
+            return super().open(url, offset, end=end, if_range=if_range)
+
+    with pytest.raises(AssertionError, match="not 416"):
+        check_backend(NoStatus(), "contract://x", DATA)

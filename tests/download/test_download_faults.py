@@ -112,6 +112,7 @@ class _Recording(HttpBackend):
     """An HTTP backend that remembers every stream it opened."""
 
     supports_ranges: ClassVar[bool] = True  # its `open` passes `end` on
+
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
         self.streams: list[ByteStream] = []
@@ -378,6 +379,7 @@ class _TakenOverWhileSilent(HttpBackend):
     (renames it away), as an adopter does once the writer is silent for long enough."""
 
     supports_ranges: ClassVar[bool] = True  # its `open` passes `end` on
+
     def open(
         self, url: str, offset: int = 0, *, if_range: Optional[str] = None, end: Optional[int] = None
     ) -> ByteStream:

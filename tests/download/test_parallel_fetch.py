@@ -1286,6 +1286,7 @@ def test_s3_fast_object_is_one_request(bucket: str, s3_env: str, tmp_path: Path)
 
     class Counting(S3Backend):
         supports_ranges: ClassVar[bool] = True  # its `open` passes `end` on
+
         def open(
             self, url: str, offset: int = 0, *, if_range: Optional[str] = None, end: Optional[int] = None
         ) -> Any:
@@ -1492,6 +1493,7 @@ class NoIfRange(HttpBackend):
     """A proxy that strips If-Range: the engine's own checks must refuse another version."""
 
     supports_ranges: ClassVar[bool] = True  # its `open` passes `end` on
+
     def open(
         self, url: str, offset: int = 0, *, if_range: Optional[str] = None, end: Optional[int] = None
     ) -> Any:
@@ -1502,6 +1504,7 @@ class Lying(HttpBackend):
     """Lies on part requests (offset > 0 with an end) in one way; whole requests are honest."""
 
     supports_ranges: ClassVar[bool] = True  # its `open` passes `end` on
+
     def __init__(self, how: str) -> None:
         super().__init__(backoff_factor=0.01)
         self.how = how

@@ -955,3 +955,28 @@ def test_adding_a_plugin_object_from_the_main_script_keeps_the_users_classes_the
     result = run_python(tmp_path, code)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split()[-1] == "MySquares"
+
+
+def test_a_module_of_a_plugins_distribution_registers_as_the_plugin(tmp_path: Path) -> None:
+    # `b_helpers` is named by no entry and sits in no plugin package, but the RECORD of
+    # plugin A's distribution lists it: its 'cubes' is A's, so B keeps the name.
+    _lazy_impl_dists(tmp_path, "a_impl")
+    (tmp_path / "b_helpers.py").write_text(
+        "from framework.data.reader import DatasetReader\n\n"
+        "@DatasetReader.register('cubes')\n" + _READER_CLASS.format(cls="HelperCubes")
+    )
+    (tmp_path / "a_plugin-1.0.dist-info" / "RECORD").write_text(
+        "apkg/__init__.py,,\napkg/hooks.py,,\na_impl.py,,\nb_helpers.py,,\n"
+    )
+    code = (
+        "import warnings\n"
+        "from framework import DatasetReader\n"
+        "DatasetReader.list_available()\n"
+        "with warnings.catch_warnings(record=True):\n"
+        "    warnings.simplefilter('always')\n"
+        "    import b_helpers\n"
+        "print(DatasetReader.by_name('cubes').__name__)\n"
+    )
+    result = run_python(tmp_path, code)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split()[-1] == "BCubes", result.stderr

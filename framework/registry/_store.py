@@ -89,7 +89,7 @@ class Registry:
         self._notes: list[str] = []  # warnings held back until the registry is published
         self._failures: dict[str, BaseException] = {}
         self._manager: Optional[pluggy.PluginManager] = None
-        # Modules that plugins' entries name as targets: a plugin's own code, wherever it lives.
+        # Modules that plugins' entries name as targets, or their distributions hold.
         self._plugin_modules: set[str] = set()
 
     # -- discovery ------------------------------------------------------------------
@@ -203,6 +203,12 @@ class Registry:
                 for entry, _, tag in self._decorated
             )
 
+    def claim_modules(self, modules: Iterable[str]) -> None:
+        """Count `modules` (and the modules inside them) as plugins' code: the files of a
+        plugin's distribution."""
+        with self._lock:
+            self._plugin_modules.update(modules)
+
     def forget_plugin(self, name: str) -> None:
         """Drop the classes plugin `name` registered while it loaded (it failed)."""
         with self._lock:
@@ -274,9 +280,9 @@ class Registry:
 
     def _in_plugin_package(self, entry: RegistryEntry) -> bool:
         """Whether `entry`'s class lives in a loaded plugin's code: the package its plugin
-        module (or plugin object's class) belongs to, or a module its entries name as
-        targets. A module the program imported before the plugins loaded still counts as
-        the plugin's; `__main__` never does."""
+        module (or plugin object's class) belongs to, a module its entries name as
+        targets, or one of its distribution's files. A module the program imported
+        before the plugins loaded still counts as the plugin's; `__main__` never does."""
         if self._manager is None:
             return False
         module = entry.target_path.partition(":")[0]

@@ -16,7 +16,15 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Literal, Optional, Protocol
 
 from framework.errors import RegistryError
-from framework.registry._targets import RegistryEntry, _duplicate, _replaced, _same, _skipped, warn_plugin
+from framework.registry._targets import (
+    RegistryEntry,
+    _duplicate,
+    _replaced,
+    _same,
+    _skipped,
+    _split,
+    warn_plugin,
+)
 
 if TYPE_CHECKING:
     import pluggy
@@ -285,7 +293,7 @@ class Registry:
         before the plugins loaded still counts as the plugin's; `__main__` never does."""
         if self._manager is None:
             return False
-        module = entry.target_path.partition(":")[0]
+        module = _split(entry.target_path)[0]
         if module == "__main__":
             return False
         with self._lock:
@@ -303,8 +311,10 @@ class Registry:
         self.ensure_discovered()
         notes: list[str] = []
         with self._lock:
-            self._plugin_modules.update(
-                entry.target.partition(":")[0] for entry, _ in staged if isinstance(entry.target, str)
+            self._plugin_modules.update(  # a plugin's targets (not a Registrar used by hand)
+                _split(entry.target)[0]
+                for entry, _ in staged
+                if entry.plugin is not None and isinstance(entry.target, str)
             )
             view = self._view()
             if on_clash == "raise":

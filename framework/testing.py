@@ -96,9 +96,10 @@ class MemoryBackend(DownloadBackend):
 
 def check_backend(backend: DownloadBackend, url: str, data: bytes) -> None:
     """Check `backend` against the `DownloadBackend` contract on `url`, an object whose
-    bytes are `data` (two bytes or more): `open` takes the declared arguments, serves
-    the object from 0 and resumes from an offset (or answers whole from 0), gives no
-    byte past the end, `stat` agrees with it, a stream closes twice, and the backend
+    bytes are `data` (two bytes or more): `open` takes `(url, offset=0, *, end=None,
+    if_range=None)`, serves the object from 0 and resumes from an offset (or answers
+    whole from 0), answers an offset past the end with an empty stream of status 416,
+    `stat` agrees with it, a stream closes twice, and the backend
     works after `close`. With `supports_ranges`, `end` bounds the range (answered
     with status 206), an `end` past the object ends at its end, and `if_range` naming
     the version serves the range.
@@ -122,6 +123,7 @@ def check_backend(backend: DownloadBackend, url: str, data: bytes) -> None:
         _expect(resumed or (got.start == 0 and got.body == data), f"{name} opened at {offset} gave {got}")
     past = _read(backend, url, len(data) + 1)
     _expect(past.body == b"", f"{name} opened past the end gave bytes ({past})")
+    _expect(past.status == 416, f"{name} opened past the end answered status {past.status}, not 416")
     info = backend.stat(url)
     _expect(info.size in (None, len(data)), f"{name}.stat says {info.size} bytes, not {len(data)}")
     _expect(None in (info.etag, whole.etag) or info.etag == whole.etag, f"{name}.stat names another version")

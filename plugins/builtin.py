@@ -7,6 +7,9 @@ when it is first used.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Optional
+
 from framework.hookspecs import hookimpl
 from framework.registry import Registrar, import_target
 
@@ -14,15 +17,20 @@ __all__ = ["BuiltinPlugin", "core", "fsspec", "http", "local", "readers", "s3", 
 
 
 class BuiltinPlugin:
-    """Registers `(base path, name, target path)` triples through the plugin hook."""
+    """Registers `(base path, name, target path)` triples through the plugin hook;
+    `aliases` maps a target to the other dotted paths that re-export it."""
 
-    def __init__(self, *components: tuple[str, str, str]) -> None:
+    def __init__(
+        self, *components: tuple[str, str, str], aliases: Optional[Mapping[str, tuple[str, ...]]] = None
+    ) -> None:
         self.components = components
+        self.aliases = dict(aliases or {})
 
     @hookimpl
     def framework_register_components(self, registrar: Registrar) -> None:
         for base, name, target in self.components:
-            registrar.add(import_target(base, allow_import=True), name, target)  # our own code
+            base_class = import_target(base, allow_import=True)  # our own code
+            registrar.add(base_class, name, target, aliases=self.aliases.get(target, ()))
 
 
 _LOADER = "framework.data.loader:DataLoader"
@@ -38,6 +46,10 @@ core = BuiltinPlugin(
 samplers = BuiltinPlugin(
     (_SAMPLER, "bucket", "framework.data.sampler:BucketBatchSampler"),
     (_SAMPLER, "max_tokens", "framework.data.sampler:MaxTokensBatchSampler"),
+    aliases={  # the path configs named before the samplers moved; the module re-exports them
+        "framework.data.sampler:BucketBatchSampler": ("framework_plugins.samplers:BucketBatchSampler",),
+        "framework.data.sampler:MaxTokensBatchSampler": ("framework_plugins.samplers:MaxTokensBatchSampler",),
+    },
 )
 readers = BuiltinPlugin(
     (_READER, "jsonl", "framework_plugins.readers:JsonlReader"),

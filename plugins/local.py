@@ -85,7 +85,10 @@ class LocalBackend(DownloadBackend):
             raise range_unsupported(url, self, offset, end)
         file = self._open_file(url)
         size = os.fstat(file.fileno()).st_size
-        file.seek(min(offset, size))
+        if offset > size:  # the file shrank under a partial: reported, the manager starts over
+            file.close()
+            return ByteStream(iter(()), start=offset, size=size, status=416)
+        file.seek(offset)
         return ByteStream(_chunks(file), start=offset, size=size, close_callback=file.close)
 
     def stat(self, url: str) -> RemoteInfo:

@@ -813,3 +813,170 @@ def test_an_import_interrupted_by_ctrl_c_can_be_made_again(
     assert import_target("interrupted_pkg:VALUE", allow_import=True) == 42
     for name in ("interrupted_pkg", "interrupted_pkg.sub"):
         sys.modules.pop(name, None)
+
+
+def _namespace_dist(site: Path) -> None:
+    """A plugin distribution in the namespace package `acme` (no `acme/__init__.py`),
+    as company plugins often are; the user's own code lives in `acme.research`."""
+    make_dist(site, "acme-fw-plugin", {}, {"acme": "acme.fwplugin"})
+    (site / "acme").mkdir()
+    (site / "acme" / "fwplugin.py").write_text(
+        "from framework import hookimpl\n"
+        "from framework.data.reader import DatasetReader\n\n"
+        "class PluginSquares(DatasetReader):\n"
+        "    def _read(self, file_path):\n"
+        "        yield {}\n\n"
+        "@hookimpl\n"
+        "def framework_register_components(registrar):\n"
+        "    registrar.add(DatasetReader, 'squares', 'acme.fwplugin:PluginSquares')\n"
+    )
+    (site / "acme" / "research.py").write_text(
+        "from framework import DatasetReader\n\n"
+        "@DatasetReader.register('squares')\n"
+        "class MySquares(DatasetReader):\n"
+        "    def _read(self, file_path):\n"
+        "        yield {}\n"
+    )
+
+
+@pytest.mark.parametrize("register_first", [True, False])
+def test_the_users_class_wins_when_it_shares_a_namespace_package_with_a_plugin(
+    tmp_path: Path, register_first: bool
+) -> None:
+    # A class registered in your own code replaces a plugin's of the same name, in either
+    # order, also when your package shares a namespace package (`acme`) with the plugin's.
+    _namespace_dist(tmp_path)
+    lookup = "DatasetReader.list_available()\n"
+    code = (
+        "from framework import DatasetReader\n"
+        + ("" if register_first else lookup)
+        + "import acme.research\n"
+        "print(DatasetReader.by_name('squares').__name__)\n"
+    )
+    result = run_python(tmp_path, code)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split()[-1] == "MySquares", result.stderr
+
+
+_READER_CLASS = "class {cls}(DatasetReader):\n    def _read(self, file_path):\n        yield {{}}\n\n"
+
+
+def _lazy_impl_dists(site: Path, impl_module: str) -> None:
+    """Plugin A names 'squares' by a dotted path to `impl_module`, which also decorates a
+    class as 'cubes' when it is imported (lazily, on first use of 'squares'); plugin B
+    registers 'cubes' in its hook."""
+    hook = "from framework import hookimpl\nfrom framework.data.reader import DatasetReader\n\n"
+    make_dist(site, "a-plugin", {}, {"a": "apkg.hooks"})
+    (site / "apkg").mkdir()
+    (site / "apkg" / "__init__.py").write_text("")
+    (site / "apkg" / "hooks.py").write_text(
+        hook + "@hookimpl\ndef framework_register_components(registrar):\n"
+        f"    registrar.add(DatasetReader, 'squares', '{impl_module}:ASquares')\n"
+    )
+    impl = site / (impl_module.replace(".", "/") + ".py")
+    impl.write_text(
+        "from framework.data.reader import DatasetReader\n\n"
+        + _READER_CLASS.format(cls="ASquares")
+        + "@DatasetReader.register('cubes')\n"
+        + _READER_CLASS.format(cls="ACubes")
+    )
+    make_dist(
+        site,
+        "b-plugin",
+        {"bplug": hook + _READER_CLASS.format(cls="BCubes") + "@hookimpl\n"
+         "def framework_register_components(registrar):\n"
+         "    registrar.add(DatasetReader, 'cubes', 'bplug:BCubes')\n"},
+        {"b": "bplug"},
+    )  # fmt: skip
+
+
+def test_a_plugin_module_imported_lazily_does_not_break_its_own_lookup(tmp_path: Path) -> None:
+    # A plugin's own module, imported on first use of its entry, decorates a name another
+    # plugin holds: that entry is skipped with a PluginWarning, as between plugins at discovery.
+    _lazy_impl_dists(tmp_path, "apkg.impl")
+    code = (
+        "from framework import DatasetReader\n"
+        "print(DatasetReader.by_name('squares').__name__)\n"
+        "print(DatasetReader.by_name('cubes').__name__)\n"
+    )
+    result = run_python(tmp_path, code)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["ASquares", "BCubes"]
+
+
+def test_a_plugins_lazily_imported_module_resolves_a_clash_whatever_the_lookup_order(
+    tmp_path: Path,
+) -> None:
+    # A plugin's implementation module of its own (`a_impl`, named by its entry) counts as
+    # the plugin's when imported lazily: 'cubes' is the same whichever name is looked up first.
+    _lazy_impl_dists(tmp_path, "a_impl")
+    lookups = {
+        "cubes first": "print(DatasetReader.by_name('cubes').__name__)\nDatasetReader.by_name('squares')\n",
+        "squares first": "DatasetReader.by_name('squares')\nprint(DatasetReader.by_name('cubes').__name__)\n",
+    }
+    seen = {}
+    for order, code in lookups.items():
+        result = run_python(tmp_path, "from framework import DatasetReader\n" + code)
+        assert result.returncode == 0, result.stderr
+        seen[order] = result.stdout.split()[-1]
+    assert seen["cubes first"] == seen["squares first"], seen
+
+
+def test_adding_a_plugin_object_from_the_main_script_keeps_the_users_classes_the_users(
+    tmp_path: Path,
+) -> None:
+    # A plugin object whose class the script defines makes nothing of `__main__` the
+    # plugin's: the script's own 'squares' replaces an installed plugin's.
+    make_dist(
+        tmp_path,
+        "squares-plugin",
+        {
+            "squares_plugin": "from framework import hookimpl\n"
+            "from framework.data.reader import DatasetReader\n\n"
+            "@hookimpl\ndef framework_register_components(registrar):\n"
+            "    registrar.add(DatasetReader, 'squares', 'squares_impl:PluginSquares')\n",
+            "squares_impl": "from framework.data.reader import DatasetReader\n\n"
+            + _READER_CLASS.format(cls="PluginSquares"),
+        },
+        {"squares": "squares_plugin"},
+    )
+    code = (
+        "from framework import DatasetReader, hookimpl\n"
+        "from framework.registry import get_registry\n\n"
+        "class Extras:\n"
+        "    @hookimpl\n"
+        "    def framework_register_components(self, registrar):\n"
+        "        pass\n\n"
+        "get_registry().add_plugin(Extras(), 'extras')\n\n"
+        "@DatasetReader.register('squares')\n"
+        + _READER_CLASS.format(cls="MySquares")
+        + "print(DatasetReader.by_name('squares').__name__)\n"
+    )
+    result = run_python(tmp_path, code)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split()[-1] == "MySquares"
+
+
+def test_a_module_of_a_plugins_distribution_registers_as_the_plugin(tmp_path: Path) -> None:
+    # `b_helpers` is named by no entry and sits in no plugin package, but the RECORD of
+    # plugin A's distribution lists it: its 'cubes' is A's, so B keeps the name.
+    _lazy_impl_dists(tmp_path, "a_impl")
+    (tmp_path / "b_helpers.py").write_text(
+        "from framework.data.reader import DatasetReader\n\n"
+        "@DatasetReader.register('cubes')\n" + _READER_CLASS.format(cls="HelperCubes")
+    )
+    (tmp_path / "a_plugin-1.0.dist-info" / "RECORD").write_text(
+        "apkg/__init__.py,,\napkg/hooks.py,,\na_impl.py,,\nb_helpers.py,,\n"
+    )
+    code = (
+        "import warnings\n"
+        "from framework import DatasetReader\n"
+        "DatasetReader.list_available()\n"
+        "with warnings.catch_warnings(record=True):\n"
+        "    warnings.simplefilter('always')\n"
+        "    import b_helpers\n"
+        "print(DatasetReader.by_name('cubes').__name__)\n"
+    )
+    result = run_python(tmp_path, code)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split()[-1] == "BCubes", result.stderr

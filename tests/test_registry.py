@@ -1,8 +1,12 @@
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import Any
+
 import pytest
 
 from framework import Registrable
+from framework.data.reader import DatasetReader
 from framework.errors import DuplicateNameError, PluginError, RegistryError, UnknownNameError
 from framework.registry import Registrar
 
@@ -252,3 +256,58 @@ def test_fresh_registry_fixture_part_one_registers() -> None:
 def test_fresh_registry_fixture_part_two_sees_nothing() -> None:
     # Runs after part one (pytest keeps file order): the fixture restored the registry.
     assert "leaky" not in Plant.list_available()
+
+
+@pytest.mark.parametrize("name", ["BucketBatchSampler", "MaxTokensBatchSampler"])
+def test_a_config_naming_a_sampler_by_its_old_dotted_path_builds_with_registered_types_only(
+    monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    # Under FRAMEWORK_REGISTERED_TYPES_ONLY=1 a registered class's re-export path (an alias)
+    # is accepted, by from_config and validate alike.
+    from framework.config import validate
+    from framework.data.sampler import BatchSampler
+
+    monkeypatch.setenv("FRAMEWORK_REGISTERED_TYPES_ONLY", "1")
+    size = {"batch_size": 2} if name == "BucketBatchSampler" else {"max_tokens": 10}
+    config = {"type": f"framework_plugins.samplers.{name}", **size}
+    assert validate(config, "BatchSampler") == []
+    assert type(BatchSampler.from_config(config)).__name__ == name
+
+
+def test_a_plugin_added_later_with_exist_ok_does_not_silently_replace_the_users_class(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A plugin added later with an exist_ok=True entry leaves your class in place, as a
+    # plugin's exist_ok entry does at discovery.
+    import sys
+    import types
+    import warnings
+
+    from framework.testing import fresh_registry
+
+    plugin = types.ModuleType("review_later_plugin")  # a package of its own, not the user's
+    exec(
+        "from framework import hookimpl\n"
+        "from framework.data.reader import DatasetReader\n\n"
+        "class PluginSquares(DatasetReader):\n"
+        "    def _read(self, file_path):\n"
+        "        yield {}\n\n"
+        "@hookimpl\n"
+        "def framework_register_components(registrar):\n"
+        "    registrar.add(DatasetReader, 'review-squares', 'review_later_plugin:PluginSquares',\n"
+        "                  exist_ok=True)\n",
+        plugin.__dict__,
+    )
+    monkeypatch.setitem(sys.modules, "review_later_plugin", plugin)
+    with fresh_registry() as registry:
+        DatasetReader.list_available()
+
+        @DatasetReader.register("review-squares")
+        class MySquares(DatasetReader):
+            def _read(self, file_path: Any) -> Iterator[dict[str, Any]]:
+                yield {}
+
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            assert registry.add_plugin(plugin, "later")
+        assert DatasetReader.by_name("review-squares") is MySquares, [str(w.message) for w in caught]

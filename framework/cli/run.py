@@ -215,12 +215,15 @@ def _resolve_data_path(data_path: str, base_dir: Path) -> str:
 
 def _local_path(data_path: str) -> Optional[Path]:
     """The file or folder a plain path or a `file://` URL (of this host) names; None
-    for any other URL, which the download manager fetches."""
+    for any other URL, which the download manager fetches. A `file://` URL of another
+    host is refused here, before the download manager takes a lock in the cache."""
     if "://" not in data_path:
         return Path(data_path)
     parts = urlsplit(data_path)
-    if parts.scheme.lower() != "file" or parts.netloc not in ("", "localhost"):
+    if parts.scheme.lower() != "file":
         return None
+    if parts.netloc not in ("", "localhost"):
+        raise ConfigError("data_path", f"file:// URLs on another host ({parts.netloc}) are not supported")
     return Path(url2pathname(parts.path))  # which percent-decodes, once
 
 

@@ -213,7 +213,9 @@ class DownloadBackend(Registrable):
       from byte `offset` (see `open` for each argument and what an answer reports);
     - `supports_ranges = True` if `open` honours `end` (a bounded range): the manager
       may then fetch a large object in parts over several connections. Left False, the
-      manager never passes `end`, and fetches over one stream, resumed from `offset`;
+      manager never passes `end`, and fetches over one stream, resumed from `offset`.
+      A subclass that overrides `open` without setting `supports_ranges` itself gets
+      False, so a parent's `True` never promises `end` to an `open` that lacks it;
     - optionally `stat` (size and validators without reading; by default from a
       stream opened at 0), `close` (release connections) and `schemes`/`accepts`; a
       backend with retries of its own may raise a refusal at once when
@@ -242,6 +244,13 @@ class DownloadBackend(Registrable):
             }
         },
     )
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # `supports_ranges` speaks for the `open` of the class that set it: an override
+        # written without `end` (an older signature) must not inherit the promise.
+        if "open" in vars(cls) and "supports_ranges" not in vars(cls):
+            cls.supports_ranges = False
 
     def __init__(self, *, retries: int = 5, backoff_factor: float = 0.5, timeout: float = 60.0) -> None:
         self.config_checks.enforce({"retries": retries, "backoff_factor": backoff_factor, "timeout": timeout})

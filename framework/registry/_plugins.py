@@ -126,7 +126,29 @@ def discover(registry: Registry) -> None:
         names = {point.name, f"{dist}:{point.name}"}
         if names & blocked or (allowed is not None and not names & allowed):
             continue
+        if dist != FIRST_PARTY:  # what its classes register, whenever imported, is the plugin's
+            registry.claim_modules(_modules_of(point.dist))
         _load(registry, key, f"{dist} {version}", point.load, f"{point.value}, ")
+
+
+def _modules_of(dist: Optional[Distribution]) -> set[str]:
+    """The modules whose files a distribution's RECORD lists (a package by its
+    `__init__.py`); none without a RECORD. A namespace package has no `__init__.py`,
+    so only its own modules are listed, never the namespace."""
+    try:
+        files = dist.files if dist is not None else None
+    except Exception:  # its metadata is someone else's, and may be anything
+        return set()
+    modules: set[str] = set()
+    for file in files or ():
+        if file.suffix != ".py":
+            continue
+        parts = file.with_suffix("").parts
+        if parts and parts[-1] == "__init__":
+            parts = parts[:-1]
+        if parts and all(part.isidentifier() for part in parts):
+            modules.add(".".join(parts))
+    return modules
 
 
 def add_plugin(registry: Registry, plugin: object, name: str, provider: str = "unknown") -> bool:

@@ -14,7 +14,6 @@ from framework.registry._targets import (
     REGISTERED_TYPES_ONLY_ENV,
     RegistryEntry,
     _check_name,
-    _same_target,
     describe_error,
     import_target,
     imports_allowed,
@@ -104,7 +103,7 @@ class Registrable:
         if "." in name or ":" in name:
             if not imports_allowed(allow_import):
                 for registered in cls.registry_entries().values():
-                    if _same_target(registered.target_path, name) and issubclass(registered.load(), cls):
+                    if registered.named_by(name) and issubclass(registered.load(), cls):
                         return registered.load(), None
                 raise UnknownNameError(
                     cls.__name__,

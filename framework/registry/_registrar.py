@@ -35,8 +35,12 @@ class Registrar:
         *,
         constructor: Optional[str] = None,
         exist_ok: bool = False,
+        aliases: tuple[str, ...] = (),
     ) -> None:
-        """Register `target` (`"pkg.module:Class"` or a class) as `name` for `base`."""
+        """Register `target` (`"pkg.module:Class"` or a class) as `name` for `base`.
+
+        `aliases`: other dotted paths of the same class (a module that re-exports it),
+        accepted in configs under `FRAMEWORK_REGISTERED_TYPES_ONLY=1`."""
         if not (isinstance(base, type) and issubclass(base, Registrable)):
             raise RegistryError(f"registrar.add: {base!r} is not a Registrable base class")
         _check_name(name, f"registrar.add({base.__name__}, ...) from {self.provider}")
@@ -45,7 +49,7 @@ class Registrar:
                 f"registrar.add: target for {name!r} must be 'package.module:ClassName' or a "
                 f"class, got {target!r}"
             )
-        entry = RegistryEntry(base, name, target, constructor, self.provider, self.plugin)
+        entry = RegistryEntry(base, name, target, constructor, self.provider, self.plugin, tuple(aliases))
         for staged, _ in self.staged:
             if staged.base is base and staged.name == name and _clash(staged, entry, exist_ok):
                 raise _duplicate(staged, entry)

@@ -16,7 +16,15 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Literal, Optional, Protocol
 
 from framework.errors import RegistryError
-from framework.registry._targets import RegistryEntry, _duplicate, _replaced, _same, _skipped, warn_plugin
+from framework.registry._targets import (
+    RegistryEntry,
+    _duplicate,
+    _replaced,
+    _same,
+    _skipped,
+    _split,
+    warn_plugin,
+)
 
 if TYPE_CHECKING:
     import pluggy
@@ -89,6 +97,8 @@ class Registry:
         self._notes: list[str] = []  # warnings held back until the registry is published
         self._failures: dict[str, BaseException] = {}
         self._manager: Optional[pluggy.PluginManager] = None
+        # Modules that plugins' entries name as targets, or their distributions hold.
+        self._plugin_modules: set[str] = set()
 
     # -- discovery ------------------------------------------------------------------
     def _may_wait_for(self, waiter: int) -> bool:
@@ -201,6 +211,12 @@ class Registry:
                 for entry, _, tag in self._decorated
             )
 
+    def claim_modules(self, modules: Iterable[str]) -> None:
+        """Count `modules` (and the modules inside them) as plugins' code: the files of a
+        plugin's distribution."""
+        with self._lock:
+            self._plugin_modules.update(modules)
+
     def forget_plugin(self, name: str) -> None:
         """Drop the classes plugin `name` registered while it loaded (it failed)."""
         with self._lock:
@@ -224,6 +240,10 @@ class Registry:
         """Put `entry` in `entries`. `in_code`: registered by the program's own code (not a
         plugin's), so it replaces a plugin's entry of its name, saying so."""
         existing = entries.get(entry.base, {}).get(entry.name)
+        if existing is not None and exist_ok and not in_code and self._in_code(existing):
+            if _same(existing, entry) is False:  # the program's class keeps it, as at discovery
+                notes.append(_replaced(entry, existing))
+                return False
         if existing is not None and not exist_ok:
             same = _same(existing, entry)
             if same is None:  # tell once the existing one loads; it keeps the name till then
@@ -251,7 +271,10 @@ class Registry:
                 self._decorated.append((entry, exist_ok, self._loading_plugin))
                 return
             notes: list[str] = []
-            self._put(self._entries, entry, exist_ok, "raise", notes, not self._in_plugin_package(entry))
+            # A plugin's module imported lazily (on first use of its entry) registers as that
+            # plugin: a clash skips the entry with a warning, as it would at discovery.
+            in_code = not self._in_plugin_package(entry)
+            self._put(self._entries, entry, exist_ok, "raise" if in_code else "warn", notes, in_code)
             self._decorated.append((entry, exist_ok, None))
         for message in notes:
             warn_plugin(message)
@@ -264,12 +287,18 @@ class Registry:
         )
 
     def _in_plugin_package(self, entry: RegistryEntry) -> bool:
-        """Whether `entry`'s class lives in the package of a loaded plugin module (one that
-        the program imported before the plugins loaded still registers as a plugin)."""
+        """Whether `entry`'s class lives in a loaded plugin's code: the package its plugin
+        module (or plugin object's class) belongs to, a module its entries name as
+        targets, or one of its distribution's files. A module the program imported
+        before the plugins loaded still counts as the plugin's; `__main__` never does."""
         if self._manager is None:
             return False
-        package = entry.target_path.partition(":")[0].split(".")[0]
-        return package in {_package_of(plugin) for plugin in self._manager.get_plugins()}
+        module = _split(entry.target_path)[0]
+        if module == "__main__":
+            return False
+        with self._lock:
+            owned = {_package_of(plugin) for plugin in self._manager.get_plugins()} | self._plugin_modules
+        return any(module == owner or module.startswith(f"{owner}.") for owner in owned if owner)
 
     def commit(
         self, staged: list[tuple[RegistryEntry, bool]], on_clash: Literal["raise", "warn"] = "raise"
@@ -282,6 +311,11 @@ class Registry:
         self.ensure_discovered()
         notes: list[str] = []
         with self._lock:
+            self._plugin_modules.update(  # a plugin's targets (not a Registrar used by hand)
+                _split(entry.target)[0]
+                for entry, _ in staged
+                if entry.plugin is not None and isinstance(entry.target, str)
+            )
             view = self._view()
             if on_clash == "raise":
                 pending: _Entries = {b: dict(names) for b, names in view.items()}
@@ -328,6 +362,7 @@ class Registry:
             other._entries = {base: dict(names) for base, names in self._entries.items()}
             other._decorated = list(self._decorated)
             other._failures = dict(self._failures)
+            other._plugin_modules = set(self._plugin_modules)
             other._discovered = True
             if self._manager is not None:  # its own manager: a plugin added to one stays there
                 for plugin in self._manager.get_plugins():
@@ -336,11 +371,19 @@ class Registry:
 
 
 def _package_of(plugin: object) -> Optional[str]:
-    """The top-level package a plugin (a module, or an object of a class) comes from."""
-    if isinstance(plugin, types.ModuleType):
-        return plugin.__name__.split(".")[0]
-    module = type(plugin).__module__
-    return None if module in ("builtins", "types") else module.split(".")[0]
+    """The package a plugin (a module, or an object of a class) comes from: the outermost
+    regular package holding its module, below any namespace package (`acme.fwplugin` in
+    a namespace `acme` that others share), or the module itself; None for `__main__`."""
+    name = plugin.__name__ if isinstance(plugin, types.ModuleType) else type(plugin).__module__
+    if name in ("builtins", "types", "__main__"):
+        return None
+    owner, parts = name, name.split(".")
+    for depth in range(len(parts) - 1, 0, -1):
+        parent = sys.modules.get(".".join(parts[:depth]))
+        if parent is None or getattr(parent, "__file__", None) is None:  # a namespace package
+            break
+        owner = parent.__name__
+    return owner
 
 
 _default = Registry()

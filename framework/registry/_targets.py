@@ -172,6 +172,9 @@ class RegistryEntry:
     constructor: Optional[str] = None
     provider: str = "unknown"
     plugin: Optional[str] = None
+    # Other dotted paths that name this class (a re-export kept for old configs): the
+    # registered-types gate accepts them, importing only `target`.
+    aliases: tuple[str, ...] = ()
     _loaded: Optional[type] = attrs.field(default=None, repr=False, eq=False)
     # Entries of the same name whose class could not be compared without importing
     # (a re-export): checked when this one loads.
@@ -180,6 +183,10 @@ class RegistryEntry:
     @property
     def target_path(self) -> str:
         return _describe(self.target)
+
+    def named_by(self, path: str) -> bool:
+        """Whether dotted `path` is this entry's target or one of its aliases."""
+        return any(_same_target(known, path) for known in (self.target_path, *self.aliases))
 
     @property
     def is_loaded(self) -> bool:

@@ -266,6 +266,16 @@ def test_a_missing_file_url_is_a_clear_error(
     assert "missing.jsonl" in err and "does not exist" in err
 
 
+def test_a_file_url_of_another_host_is_refused_before_any_lock(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, isolated_cache: Path
+) -> None:
+    config = write_config(tmp_path, "file://otherhost/data.jsonl")
+    code, _, err = run_cli(capsys, str(config))
+    assert code != 0
+    assert "another host" in err and "otherhost" in err
+    assert list(isolated_cache.rglob("*")) == []  # no lock file left behind
+
+
 def test_url_that_does_not_exist(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, http_server: tuple[str, list[str]]
 ) -> None:

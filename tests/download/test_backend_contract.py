@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar, Optional
 
@@ -106,6 +107,8 @@ def test_check_backend_passes_the_first_party_test_backends() -> None:
 
 def test_check_backend_catches_an_end_that_is_not_honoured() -> None:
     class IgnoresEnd(_Ranged):
+        supports_ranges: ClassVar[bool] = True  # an override keeps the promise only by saying so
+
         def open(
             self, url: str, offset: int = 0, *, end: Optional[int] = None, if_range: Optional[str] = None
         ) -> ByteStream:
@@ -153,6 +156,7 @@ def test_the_howto_backend_serves_the_manager_in_parts(tmp_path: Path) -> None:
 
     class Counting(cls):  # type: ignore[misc, valid-type]
         ends: ClassVar[list[Optional[int]]] = []
+        supports_ranges: ClassVar[bool] = True
 
         def open(self, url: str, offset: int = 0, **keywords: Any) -> ByteStream:
             self.ends.append(keywords.get("end"))
@@ -190,3 +194,88 @@ def test_the_first_party_backends_pass_check_backend(http_server: Any, s3_env: s
     local.write_bytes(DATA)
     assert not LocalBackend.supports_ranges
     check_backend(LocalBackend(), local.as_uri(), DATA)
+
+
+def test_the_example_plugins_backend_passes_check_backend(monkeypatch: pytest.MonkeyPatch) -> None:
+    package = Path(__file__).resolve().parents[2] / "examples" / "framework-example-plugin"
+    monkeypatch.syspath_prepend(str(package))
+    from framework_example_plugin.backend import NumbersBackend
+
+    body = "".join(f"{n}\n" for n in range(1000)).encode()
+    check_backend(NumbersBackend(), "numbers://1000", body)
+
+
+def test_check_backend_catches_bytes_past_the_end_not_answered_416() -> None:
+    class NoStatus(_Ranged):
+        supports_ranges: ClassVar[bool] = True
+
+        def open(
+            self, url: str, offset: int = 0, *, end: Optional[int] = None, if_range: Optional[str] = None
+        ) -> ByteStream:
+            if offset > len(DATA):
+                return ByteStream(iter(()), start=offset, size=len(DATA), etag='"v1"')
+            return super().open(url, offset, end=end, if_range=if_range)
+
+    with pytest.raises(AssertionError, match="not 416"):
+        check_backend(NoStatus(), "contract://x", DATA)
+
+
+def test_a_subclass_of_the_http_backend_written_for_the_old_signature_still_downloads(
+    tmp_path: Path,
+) -> None:
+    # A user's HttpBackend subclass overriding `open` with the older signature (no `end`)
+    # does not inherit `supports_ranges`: it is fetched over one stream.
+    from framework_plugins.http import HttpBackend
+
+    from framework.download import DownloadManager
+    from tests.support.download import FaultServer, serving, unique_path
+
+    class LoggingHttp(HttpBackend):
+        opened: list[int] = []
+
+        def open(self, url: str, offset: int = 0, *, if_range: Optional[str] = None) -> ByteStream:  # type: ignore[override]
+            self.opened.append(offset)
+            return super().open(url, offset, if_range=if_range)
+
+    data = bytes(range(256)) * 4096
+    with serving(FaultServer()) as server:
+        url = server.add(unique_path("legacy-subclass"), data, etag='"v1"')
+        manager = DownloadManager(
+            tmp_path, connections=4, part_size=64 << 10, progress=False, backoff_factor=0.01,
+            backends={"http": LoggingHttp(backoff_factor=0.01)},
+        )  # fmt: skip
+        assert manager.cached_path(url).read_bytes() == data
+    assert not LoggingHttp.supports_ranges and LoggingHttp.opened == [0]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="if_range is part of the DownloadBackend.open contract (docs/howto/download-backend.md): "
+    "an open(url, offset) without it is handed if_range= when a broken body is resumed (TypeError); "
+    "the manager reads no signature to tell",
+)
+def test_a_backend_of_the_oldest_signature_resumes_a_broken_body(tmp_path: Path) -> None:
+    # An open(url, offset) without `if_range` downloads while nothing breaks; a body that
+    # breaks off is resumed with `if_range=`.
+    from framework.download import DownloadManager
+    from framework.download.backend import ByteStream, DownloadBackend
+    from framework.errors import NetworkError
+
+    data = bytes(range(256)) * 4096
+    broken: list[int] = []
+
+    class Oldest(DownloadBackend):
+        def open(self, url: str, offset: int) -> ByteStream:  # type: ignore[override]
+            def chunks() -> Iterator[bytes]:
+                if not broken:
+                    broken.append(offset)
+                    yield data[offset : len(data) // 2]
+                    raise NetworkError(url, "connection reset")
+                yield data[offset:]
+
+            return ByteStream(chunks(), start=offset, size=len(data), etag='"v1"')
+
+    manager = DownloadManager(
+        tmp_path, progress=False, backoff_factor=0, backends={"oldest": Oldest(backoff_factor=0)}
+    )
+    assert manager.cached_path("oldest://x/a.bin").read_bytes() == data

@@ -12,7 +12,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, ClassVar, Optional
 
 import pytest
 from framework_plugins.http import HttpBackend
@@ -110,6 +110,8 @@ def test_one_odd_progress_entry_is_dropped_not_the_record(tmp_path: Path, odd: d
 
 class _Recording(HttpBackend):
     """An HTTP backend that remembers every stream it opened."""
+
+    supports_ranges: ClassVar[bool] = True  # its `open` passes `end` on
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
@@ -375,6 +377,8 @@ def test_an_adopter_killed_before_its_copy_leaves_the_file_foreign(
 class _TakenOverWhileSilent(HttpBackend):
     """Before each resumed request, another process takes this one's partial file over
     (renames it away), as an adopter does once the writer is silent for long enough."""
+
+    supports_ranges: ClassVar[bool] = True  # its `open` passes `end` on
 
     def open(
         self, url: str, offset: int = 0, *, if_range: Optional[str] = None, end: Optional[int] = None

@@ -11,7 +11,7 @@ import socket
 import threading
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, ClassVar, Optional
 
 import pytest
 from framework_plugins.http import HttpBackend
@@ -135,6 +135,7 @@ def _planted_partial(cache: Path, url: str, etag: str, data: bytes) -> Path:
 class NoIfRange(HttpBackend):
     """A proxy that strips If-Range: the engine's own checks must refuse another version."""
 
+    supports_ranges: ClassVar[bool] = True  # its `open` passes `end` on
     def open(
         self, url: str, offset: int = 0, *, if_range: Optional[str] = None, end: Optional[int] = None
     ) -> Any:
@@ -144,6 +145,7 @@ class NoIfRange(HttpBackend):
 class Lying(HttpBackend):
     """Lies on part requests (offset > 0 with an end) in one way; whole requests are honest."""
 
+    supports_ranges: ClassVar[bool] = True  # its `open` passes `end` on
     def __init__(self, how: str) -> None:
         super().__init__(backoff_factor=0.01)
         self.how = how

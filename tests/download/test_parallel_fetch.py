@@ -11,7 +11,7 @@ import signal
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, ClassVar, Optional
 
 import pytest
 from framework_plugins.http import HttpBackend
@@ -1247,6 +1247,7 @@ def _s3_backend(on_open: Any = None) -> Any:
     from framework_plugins.s3 import S3Backend
 
     class Counting(S3Backend):
+        supports_ranges: ClassVar[bool] = True  # its `open` passes `end` on
         ends: list[Optional[int]] = []
 
         def open(
@@ -1284,6 +1285,8 @@ def test_s3_fast_object_is_one_request(bucket: str, s3_env: str, tmp_path: Path)
     ends: list[Optional[int]] = []
 
     class Counting(S3Backend):
+        supports_ranges: ClassVar[bool] = True  # its `open` passes `end` on
+
         def open(
             self, url: str, offset: int = 0, *, if_range: Optional[str] = None, end: Optional[int] = None
         ) -> Any:
@@ -1489,6 +1492,8 @@ def _parallel(cache: Path, backend: HttpBackend) -> DownloadManager:
 class NoIfRange(HttpBackend):
     """A proxy that strips If-Range: the engine's own checks must refuse another version."""
 
+    supports_ranges: ClassVar[bool] = True  # its `open` passes `end` on
+
     def open(
         self, url: str, offset: int = 0, *, if_range: Optional[str] = None, end: Optional[int] = None
     ) -> Any:
@@ -1497,6 +1502,8 @@ class NoIfRange(HttpBackend):
 
 class Lying(HttpBackend):
     """Lies on part requests (offset > 0 with an end) in one way; whole requests are honest."""
+
+    supports_ranges: ClassVar[bool] = True  # its `open` passes `end` on
 
     def __init__(self, how: str) -> None:
         super().__init__(backoff_factor=0.01)

@@ -32,8 +32,10 @@ class NumbersBackend(DownloadBackend):
     ) -> ByteStream:
         # The body is made from the URL alone, so `if_range` always names this version.
         body = _body(url)
+        etag = '"' + hashlib.sha256(body).hexdigest()[:16] + '"'
+        if offset > len(body):  # past the end: reported, as HTTP's 416; the manager decides
+            return ByteStream(iter(()), start=offset, size=len(body), etag=etag, status=416)
         rest = body[offset:end]
         chunks = (rest[i : i + 65536] for i in range(0, len(rest), 65536))
-        etag = '"' + hashlib.sha256(body).hexdigest()[:16] + '"'
         status = 206 if offset or end is not None else 200  # a range is a 206, as in HTTP
         return ByteStream(chunks, start=offset, size=len(body), etag=etag, status=status)

@@ -50,8 +50,7 @@ def hooks(body: str) -> str:
         "from framework import hookimpl\n"
         "from framework.data.reader import DatasetReader\n\n"
         "@hookimpl\n"
-        "def framework_register_components(registrar):\n"
-        + textwrap.indent(textwrap.dedent(body), "    ")
+        "def framework_register_components(registrar):\n" + textwrap.indent(textwrap.dedent(body), "    ")
     )
 
 
@@ -980,3 +979,111 @@ def test_a_module_of_a_plugins_distribution_registers_as_the_plugin(tmp_path: Pa
     result = run_python(tmp_path, code)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split()[-1] == "BCubes", result.stderr
+
+
+@pytest.mark.parametrize(
+    "editable",
+    [
+        False,
+        pytest.param(
+            True,
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason=(
+                    "an editable install's RECORD names only its .pth and finder, so its modules "
+                    "outside the plugin's package count as the program's code"
+                ),
+            ),
+        ),
+    ],
+)
+def test_an_editable_plugins_helper_module_registers_as_the_plugin(tmp_path: Path, editable: bool) -> None:
+    # As 7122dbb's test, but `pip install -e` leaves a RECORD naming only the .pth and
+    # the finder: the plugin's own helper module then counts as the user's code and
+    # takes 'cubes' from plugin B. The same plugin installed normally leaves it to B.
+    _lazy_impl_dists(tmp_path, "a_impl")
+    (tmp_path / "b_helpers.py").write_text(
+        "from framework.data.reader import DatasetReader\n\n"
+        "@DatasetReader.register('cubes')\n" + _READER_CLASS.format(cls="HelperCubes")
+    )
+    record = (
+        "__editable__.a_plugin-1.0.pth,,\n__editable___a_plugin_1_0_finder.py,,\n"
+        if editable
+        else "apkg/__init__.py,,\napkg/hooks.py,,\na_impl.py,,\nb_helpers.py,,\n"
+    )
+    (tmp_path / "a_plugin-1.0.dist-info" / "RECORD").write_text(record)
+    code = (
+        "import warnings\n"
+        "from framework import DatasetReader\n"
+        "DatasetReader.list_available()\n"
+        "with warnings.catch_warnings(record=True):\n"
+        "    warnings.simplefilter('always')\n"
+        "    import b_helpers\n"
+        "print(DatasetReader.by_name('cubes').__name__)\n"
+    )
+    result = run_python(tmp_path, code)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split()[-1] == "BCubes", result.stderr
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="RECORD ownership is by module name: a stray top-level module claims the program's",
+)
+def test_a_sloppy_wheels_top_level_module_does_not_make_the_users_module_a_plugins(tmp_path: Path) -> None:
+    # Many wheels ship a stray top-level `tests`/`utils`; RECORD ownership is by module
+    # name, so the user's own `utils` counts as plugin B's code: B keeps 'cubes' (the
+    # user's class is skipped with a warning) instead of the user's class winning.
+    _lazy_impl_dists(tmp_path, "a_impl")
+    (tmp_path / "b_plugin-1.0.dist-info" / "RECORD").write_text("bplug.py,,\nutils/__init__.py,,\n")
+    (tmp_path / "utils.py").write_text(
+        "from framework.data.reader import DatasetReader\n\n"
+        "@DatasetReader.register('cubes')\n" + _READER_CLASS.format(cls="UserCubes")
+    )
+    code = (
+        "import warnings\n"
+        "from framework import DatasetReader\n"
+        "DatasetReader.list_available()\n"
+        "with warnings.catch_warnings(record=True):\n"
+        "    warnings.simplefilter('always')\n"
+        "    import utils\n"
+        "print(DatasetReader.by_name('cubes').__name__)\n"
+    )
+    result = run_python(tmp_path, code)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split()[-1] == "UserCubes", result.stderr
+
+
+class AliasBase(Registrable):
+    pass
+
+
+class AliasReal(AliasBase):
+    pass
+
+
+class AliasImpostor(AliasBase):
+    pass
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a plugin's aliases are trusted, not checked against the class they name",
+)
+def test_a_plugins_alias_cannot_make_the_type_gate_pick_another_class() -> None:
+    # Aliases are taken on a plugin's word: one naming another class's path makes a
+    # config path resolve to the plugin's class under FRAMEWORK_REGISTERED_TYPES_ONLY=1,
+    # while the same config without the gate builds the real class.
+    from framework.registry import Registrar, Registry, use_registry
+
+    def plugin(registry: Registry) -> None:
+        registrar = Registrar(provider="impostor 1.0", plugin="impostor", registry=registry)
+        registrar.add(AliasBase, "impostor", AliasImpostor, aliases=(f"{__name__}.AliasReal",))
+        registry.commit(registrar.staged, on_clash="warn")
+
+    path = f"{__name__}.AliasReal"
+    with use_registry(Registry(plugin)):
+        open_gate = AliasBase.resolve_class_name(path, allow_import=True)[0]
+        gated = AliasBase.resolve_class_name(path, allow_import=False)[0]
+    assert open_gate is AliasReal
+    assert gated is AliasReal, gated

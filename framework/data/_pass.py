@@ -49,6 +49,13 @@ class Progress:
             self.pending = Position(epoch=self.epoch, seed=settings.epoch_seed(self.epoch))
         return self.pending
 
+    def mid_epoch(self) -> bool:
+        """Whether an epoch has begun and not ended: a pass under way, or the rest of
+        one cut short (or loaded) waiting for the next pass."""
+        pending = self.pending
+        fresh = pending is None or pending == Position(epoch=pending.epoch, seed=pending.seed)
+        return self.current is not None or not fresh
+
     def resume_at(self, position: Position, epoch_batches: int, loop_epoch: int) -> None:
         """Start over at a loaded `position` (any pass still open is stale)."""
         self.pending = position

@@ -145,14 +145,29 @@ class LoaderSettings:
         return self.finish(batch)
 
 
+class _Epochs(Protocol):
+    def mid_epoch(self) -> bool: ...
+
+
 class _Configured(Protocol):
     _settings: LoaderSettings
+
+    @property
+    def _progress(self) -> _Epochs: ...
 
 
 class Setting(Generic[_T]):
     """A loader attribute that lives in the loader's `LoaderSettings` (its `_settings`):
     reading and assigning it read and assign the settings the passes, the instance
-    cache and the saved state use, so the attribute is their one source of truth."""
+    cache and the saved state use, so the attribute is their one source of truth.
+
+    A setting that decides which instances an epoch holds or how they batch
+    (`shapes_epoch`) cannot change while an epoch is under way: the epoch was read and
+    batched with the old value, and a state saved then would pair the old position
+    with the new value."""
+
+    def __init__(self, *, shapes_epoch: bool = False) -> None:
+        self.shapes_epoch = shapes_epoch
 
     def __set_name__(self, owner: type, name: str) -> None:
         self.name = name
@@ -169,6 +184,12 @@ class Setting(Generic[_T]):
         return cast(_T, self.read(loader._settings))
 
     def __set__(self, loader: _Configured, value: _T) -> None:
+        if self.shapes_epoch and loader._progress.mid_epoch():
+            raise ValueError(
+                f"{self.name} cannot change in the middle of an epoch: the epoch under way was "
+                f"read and batched with the old value. Assign it between epochs (after a pass "
+                f"has run to its end), or build a new loader"
+            )
         self.write(loader._settings, value)
 
     def read(self, settings: LoaderSettings) -> Any:
@@ -181,6 +202,9 @@ class Setting(Generic[_T]):
 class PlanSetting(Setting[_T]):
     """A `Setting` of the batch plan (batch size, sampler, ...): the plan is immutable,
     so an assignment replaces it."""
+
+    def __init__(self) -> None:
+        super().__init__(shapes_epoch=True)
 
     def read(self, settings: LoaderSettings) -> Any:
         return getattr(settings.plan, self.name)

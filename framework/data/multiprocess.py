@@ -136,8 +136,8 @@ class MultiProcessDataLoader(DataLoader):
 
     # The settings, as attributes: an assignment after construction takes effect (the
     # next pass, `len()` and `state_dict()` read it), as for a plain attribute.
-    reader: Setting[DatasetReader] = Setting()
-    data_path: Setting[DatasetReaderInput] = Setting()
+    reader: Setting[DatasetReader] = Setting(shapes_epoch=True)
+    data_path: Setting[DatasetReaderInput] = Setting(shapes_epoch=True)
     batch_size: PlanSetting[Optional[int]] = PlanSetting()
     drop_last: PlanSetting[bool] = PlanSetting()
     shuffle: PlanSetting[bool] = PlanSetting()

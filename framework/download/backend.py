@@ -247,9 +247,12 @@ class DownloadBackend(Registrable):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        # `supports_ranges` speaks for the `open` of the class that set it: an override
-        # written without `end` (an older signature) must not inherit the promise.
-        if "open" in vars(cls) and "supports_ranges" not in vars(cls):
+        # `supports_ranges` speaks for the `open` of the class that set it: an `open`
+        # written elsewhere in the MRO (an override or a mixin, maybe of an older
+        # signature, without `end`) must not inherit the promise.
+        opener = next(c for c in cls.__mro__ if "open" in vars(c))
+        declarer = next(c for c in cls.__mro__ if "supports_ranges" in vars(c))
+        if not issubclass(declarer, opener):
             cls.supports_ranges = False
 
     def __init__(self, *, retries: int = 5, backoff_factor: float = 0.5, timeout: float = 60.0) -> None:

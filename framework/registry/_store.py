@@ -296,9 +296,14 @@ class Registry:
         module = _split(entry.target_path)[0]
         if module == "__main__":
             return False
+        parts = module.split(".")
+        # the module and the packages above it: set lookups, not a scan of every claimed name
+        candidates = [".".join(parts[: i + 1]) for i in range(len(parts))]
         with self._lock:
-            owned = {_package_of(plugin) for plugin in self._manager.get_plugins()} | self._plugin_modules
-        return any(module == owner or module.startswith(f"{owner}.") for owner in owned if owner)
+            if any(name in self._plugin_modules for name in candidates):
+                return True
+            packages = {_package_of(plugin) for plugin in self._manager.get_plugins()}
+        return any(name in packages for name in candidates)
 
     def commit(
         self, staged: list[tuple[RegistryEntry, bool]], on_clash: Literal["raise", "warn"] = "raise"

@@ -107,7 +107,11 @@ def test_eager_reads_once_and_caches(tmp_path: Any, num_workers: int) -> None:
 def test_lazy_reads_every_epoch(tmp_path: Any) -> None:
     log = tmp_path / "reads"
     data = MultiProcessDataLoader(
-        CountedReader(str(log)), "x", batch_size=3, num_workers=2, max_instances_in_memory=3,
+        CountedReader(str(log)),
+        "x",
+        batch_size=3,
+        num_workers=2,
+        max_instances_in_memory=3,
         quiet=True,
     )
     for _ in range(2):
@@ -131,10 +135,10 @@ def test_len_lazy_needs_batches_per_epoch() -> None:
 
 @pytest.mark.parametrize("num_workers,lazy", [(0, None), (0, 4), (2, 4)])
 def test_batches_per_epoch_carries_over(num_workers: int, lazy: Any) -> None:
-    data = loader(10, batch_size=2, batches_per_epoch=3, num_workers=num_workers,
-                  max_instances_in_memory=lazy, seed=0)
-    reference = ids(loader(10, batch_size=2, num_workers=num_workers,
-                           max_instances_in_memory=lazy, seed=0))
+    data = loader(
+        10, batch_size=2, batches_per_epoch=3, num_workers=num_workers, max_instances_in_memory=lazy, seed=0
+    )
+    reference = ids(loader(10, batch_size=2, num_workers=num_workers, max_instances_in_memory=lazy, seed=0))
     epochs = [ids(data) for _ in range(3)]
     assert all(len(epoch) == 3 for epoch in epochs)
     flat = [b for epoch in epochs for b in epoch]
@@ -145,8 +149,7 @@ def test_batches_per_epoch_carries_over(num_workers: int, lazy: Any) -> None:
 
 
 def test_batches_per_epoch_on_data_without_batches_is_an_error() -> None:
-    data = loader(3, batch_size=4, drop_last=True, batches_per_epoch=2,
-                  max_instances_in_memory=4)
+    data = loader(3, batch_size=4, drop_last=True, batches_per_epoch=2, max_instances_in_memory=4)
     with pytest.raises(ValueError, match="yields no batches"):
         list(data)
 
@@ -176,8 +179,9 @@ def test_iter_instances_is_a_generator_with_hooks_applied() -> None:
 
 
 def test_hook_reader_batches_in_the_main_process() -> None:
-    data = MultiProcessDataLoader(HookReader(12), "x", batch_size=4, num_workers=2,
-                                  max_instances_in_memory=4, quiet=True)
+    data = MultiProcessDataLoader(
+        HookReader(12), "x", batch_size=4, num_workers=2, max_instances_in_memory=4, quiet=True
+    )
     batches = list(data)
     assert sorted(flat(b["id"].tolist() for b in batches)) == list(range(12))
     assert all(b["indexed"][:, 0].tolist() == [100] * len(b["id"]) for b in batches)
@@ -185,15 +189,23 @@ def test_hook_reader_batches_in_the_main_process() -> None:
 
 
 def test_plain_reader_batches_in_the_workers() -> None:
-    data = MultiProcessDataLoader(CountingReader(12), "x", batch_size=4, num_workers=2,
-                                  max_instances_in_memory=4, quiet=True, collate_fn=PidCollator())
+    data = MultiProcessDataLoader(
+        CountingReader(12),
+        "x",
+        batch_size=4,
+        num_workers=2,
+        max_instances_in_memory=4,
+        quiet=True,
+        collate_fn=PidCollator(),
+    )
     pids = {batch["pid"] for batch in data}
     assert len(pids) == 2 and os.getpid() not in pids
 
 
 def test_unpicklable_object_from_a_worker_points_to_apply_token_indexers() -> None:
-    data = MultiProcessDataLoader(LeakyReader(8), "x", batch_size=4, num_workers=2,
-                                  max_instances_in_memory=4, quiet=True)
+    data = MultiProcessDataLoader(
+        LeakyReader(8), "x", batch_size=4, num_workers=2, max_instances_in_memory=4, quiet=True
+    )
     with pytest.raises(WorkerError, match=r"field 'vocab'.*apply_token_indexers") as info:
         list(data)
     assert "Traceback from the worker" in str(info.value)
@@ -224,24 +236,28 @@ def test_from_config_builds_the_whole_loader() -> None:
         def __call__(self, instances: list[Any]) -> Any:
             return PidCollator()(instances)
 
-    data = DataLoader.from_config({
-        "reader": {"type": "counting-test", "n": 6},
-        "data_path": "x",
-        "batch_size": 2,
-        "quiet": True,
-        "batch_sampler": None,
-        "collate_fn": {"type": "pid-test"},
-    })
+    data = DataLoader.from_config(
+        {
+            "reader": {"type": "counting-test", "n": 6},
+            "data_path": "x",
+            "batch_size": 2,
+            "quiet": True,
+            "batch_sampler": None,
+            "collate_fn": {"type": "pid-test"},
+        }
+    )
     assert isinstance(data, MultiProcessDataLoader)
     assert isinstance(data.collate_fn, Registered)
     assert [b["id"].tolist() for b in data] == [[0, 1], [2, 3], [4, 5]]
-    bucketed = DataLoader.from_config({
-        "type": "multiprocess",
-        "reader": {"type": "counting-test", "n": 6},
-        "data_path": "x",
-        "batch_sampler": {"type": "bucket", "batch_size": 3, "sorting_keys": ["tokens"]},
-        "quiet": True,
-    })
+    bucketed = DataLoader.from_config(
+        {
+            "type": "multiprocess",
+            "reader": {"type": "counting-test", "n": 6},
+            "data_path": "x",
+            "batch_sampler": {"type": "bucket", "batch_size": 3, "sorting_keys": ["tokens"]},
+            "quiet": True,
+        }
+    )
     assert len(bucketed) == 2
 
 
@@ -254,8 +270,9 @@ def test_pin_memory_without_cuda_warns_and_still_loads() -> None:
 
 
 def test_progress_bars_work_with_spawned_workers(capfd: Any) -> None:
-    data = loader(8, batch_size=4, num_workers=2, quiet=False, start_method="spawn",
-                  max_instances_in_memory=4)
+    data = loader(
+        8, batch_size=4, num_workers=2, quiet=False, start_method="spawn", max_instances_in_memory=4
+    )
     assert len(list(data)) == 2
     assert "worker" in capfd.readouterr().err
 
@@ -440,3 +457,39 @@ def test_no_unsharded_warning_when_no_record_is_parsed_twice(make: Any) -> None:
         data = make()
         assert sorted(flat(ids(data))) == list(range(20))
     assert unsharded_warnings(caught) == []
+
+
+@pytest.mark.parametrize("lazy", [None, 4], ids=["eager", "lazy"])
+@pytest.mark.parametrize(
+    ("name", "value"), [("batch_size", 3), ("shuffle", True), ("data_path", "other"), ("drop_last", True)]
+)
+def test_a_setting_that_shapes_the_epoch_is_refused_mid_epoch(lazy: Any, name: str, value: Any) -> None:
+    # The epoch under way was batched with the old value: a state saved after the change
+    # would pair its position with the new value and resume skipping instances.
+    data = loader(12, batch_size=2, max_instances_in_memory=lazy)
+    iterator = iter(data)
+    first = next(iterator)["id"].tolist()
+    with pytest.raises(ValueError, match=f"{name} cannot change in the middle of an epoch"):
+        setattr(data, name, value)
+    rest = [i for batch in iterator for i in batch["id"].tolist()]
+    assert first + rest == list(range(12))  # the epoch goes on as it began
+    resumed = loader(12, batch_size=2, max_instances_in_memory=lazy)
+    cut = iter(data)
+    next(cut)
+    cut.close()  # the rest of a cut pass waits for the next iter(): still mid-epoch
+    with pytest.raises(ValueError, match="middle of an epoch"):
+        setattr(data, name, value)
+    resumed.load_state_dict(data.state_dict())
+    assert len(flat(ids(resumed))) == 10
+    list(data)  # the epoch's rest, to its end: now it may change
+    setattr(data, name, value)
+    assert getattr(data, name) == value
+
+
+def test_a_setting_that_does_not_shape_the_epoch_may_change_mid_epoch() -> None:
+    data = loader(12, batch_size=2)
+    iterator = iter(data)
+    next(iterator)
+    data.quiet = False
+    data.quiet = True
+    assert len(flat(ids(iterator))) == 10

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import inspect
 import os
 import re
 from collections.abc import Iterator
@@ -279,3 +280,23 @@ def test_a_backend_of_the_oldest_signature_resumes_a_broken_body(tmp_path: Path)
         tmp_path, progress=False, backoff_factor=0, backends={"oldest": Oldest(backoff_factor=0)}
     )
     assert manager.cached_path("oldest://x/a.bin").read_bytes() == data
+
+
+def test_a_mixin_open_before_http_backend_does_not_keep_supports_ranges() -> None:
+    # The mixin's `open` (the older signature, no `end`) is the one called, but it is
+    # not in the subclass's own body, so __init_subclass__ leaves HttpBackend's True:
+    # the manager then passes end= to an open that lacks it (TypeError mid-download).
+    from framework_plugins.http import HttpBackend
+
+    class LoggingOpen:
+        def open(self, url: str, offset: int = 0, *, if_range: Optional[str] = None) -> ByteStream:
+            return super().open(url, offset, if_range=if_range)  # type: ignore[misc, no-any-return]
+
+    class Mine(LoggingOpen, HttpBackend):
+        pass
+
+    from framework.download._stream import open_stream
+
+    assert "end" not in inspect.signature(Mine.open).parameters
+    with pytest.raises(DownloadError):  # what a non-ranged backend answers; today: TypeError
+        open_stream(Mine(), "http://127.0.0.1:9/x", 0, end=10)

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.support import ranks
 from tests.support.loader import child_pids, new_shm_entries, shm_entries
 
 
@@ -28,9 +28,7 @@ def no_leaks() -> Iterator[None]:
 
 @pytest.fixture
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    return ranks.free_port()
 
 
 @pytest.fixture

@@ -6,9 +6,6 @@ import ctypes
 import gc
 import os
 import pickle
-import subprocess
-import sys
-import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -92,35 +89,22 @@ def test_closed_pipe_reads_as_eof() -> None:
 
 def test_shared_memory_transfer_gives_the_same_batches() -> None:
     def batches(transfer: str) -> list[list[int]]:
-        data = MultiProcessDataLoader(RandomReader(30), "x", batch_size=4, num_workers=2,
-                                      max_instances_in_memory=8, seed=5, quiet=True,
-                                      transfer=transfer)
+        data = MultiProcessDataLoader(
+            RandomReader(30),
+            "x",
+            batch_size=4,
+            num_workers=2,
+            max_instances_in_memory=8,
+            seed=5,
+            quiet=True,
+            transfer=transfer,
+        )
         return [b["id"].tolist() + b["noise"].tolist() for b in data]
 
     assert batches("shared_memory") == batches("pickle5")
 
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-
-
-def make(reader: Any, **kwargs: Any) -> MultiProcessDataLoader:
-    kwargs.setdefault("quiet", True)
-    kwargs.setdefault("batch_size", 4)
-    return MultiProcessDataLoader(reader, "unused", **kwargs)
-
-
-def run_script(tmp_path: Path, body: str, timeout: float = 60) -> str:
-    """Run `body` in a fresh interpreter; a hang fails the test after `timeout` s."""
-    script = tmp_path / "main.py"
-    script.write_text(f"import sys\nsys.path.insert(0, {str(REPO_ROOT)!r})\n" + textwrap.dedent(body))
-    try:
-        done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                              timeout=timeout)
-    except subprocess.TimeoutExpired as hung:
-        raise AssertionError(f"the script hung:\n{hung.stdout}\n{hung.stderr}") from None
-    assert done.returncode == 0, done.stderr
-    return done.stdout
-
+from tests.support.loader import make, run_script  # noqa: E402
 
 # -- /dev/shm after early break ----------------------------------------------------------
 
@@ -139,16 +123,18 @@ def test_no_shared_memory_left_after_many_early_breaks() -> None:
     # machine create and remove their own at any time.
     before = shm_entries()
     workers: set[int] = set()
-    data = make(BusyReader(400), num_workers=2, max_instances_in_memory=8,
-                transfer="shared_memory")
+    data = make(BusyReader(400), num_workers=2, max_instances_in_memory=8, transfer="shared_memory")
     for _ in range(100):
         for i, _batch in enumerate(data):
             if i == 3:
                 workers |= child_pids()
                 break
     data.close()
-    leaked = {name for name in new_shm_entries(before)
-              if name.startswith("torch_") and int(name.split("_")[1]) in workers}
+    leaked = {
+        name
+        for name in new_shm_entries(before)
+        if name.startswith("torch_") and int(name.split("_")[1]) in workers
+    }
     assert leaked == set()
 
 
@@ -210,11 +196,22 @@ def test_memory_formats_survive_like_a_clone(pipe: tuple[int, int]) -> None:
 
 @pytest.mark.timeout(120)
 def test_cuda_target_under_spawn_with_pickle5_moves_in_the_main_process() -> None:
-    data = make(CountingReader(8), num_workers=1, max_instances_in_memory=4,
-                start_method="spawn", cuda_device="cuda:0")
+    data = make(
+        CountingReader(8),
+        num_workers=1,
+        max_instances_in_memory=4,
+        start_method="spawn",
+        cuda_device="cuda:0",
+    )
     assert data._spec(None).device is None  # pickle-5 frames carry CPU bytes only
-    shared = make(CountingReader(8), num_workers=1, max_instances_in_memory=4,
-                  start_method="spawn", cuda_device="cuda:0", transfer="shared_memory")
+    shared = make(
+        CountingReader(8),
+        num_workers=1,
+        max_instances_in_memory=4,
+        start_method="spawn",
+        cuda_device="cuda:0",
+        transfer="shared_memory",
+    )
     assert shared._spec(None).device == torch.device("cuda:0")
 
 
@@ -254,7 +251,9 @@ def test_shared_memory_frames_of_a_killed_or_stopped_worker(tmp_path: Path, how:
     # Unpickling a queued shared_memory frame connects to the sending worker for each
     # storage's file descriptor: a killed worker gave a raw ConnectionRefusedError, and a
     # stopped one hung the main process despite the timeout.
-    out = run_script(tmp_path, f"""
+    out = run_script(
+        tmp_path,
+        f"""
         import os, signal, time
         from tests.support.loader import CountingReader
         from framework.data.multiprocess import MultiProcessDataLoader
@@ -279,7 +278,9 @@ def test_shared_memory_frames_of_a_killed_or_stopped_worker(tmp_path: Path, how:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-    """, timeout=60)
+    """,
+        timeout=60,
+    )
     assert "CAUGHT" in out, out
     if how == "SIGKILL":
         assert "SIGKILL" in out, out

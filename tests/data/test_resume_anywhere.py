@@ -18,6 +18,7 @@ from framework.data.reader import DatasetReader
 from framework.data.sampler import BatchSampler
 from tests.support.loader import CountingReader, RandomReader
 from tests.support.ranks import ListReader
+from tests.support.ranks import free_port as free_port_now
 from tests.support.resume import MODES, PerFileReader, SelfShardingReader, elastic_rank, uneven_rank
 
 pytestmark = pytest.mark.timeout(120)
@@ -223,7 +224,7 @@ def test_a_job_of_another_world_size_resumes_the_rest(
         states = [result[name]["state"] for result in saved]
         assert all(state == states[0] for state in states)  # the whole-job state on every rank
         (tmp_path / f"state_{name}.json").write_text(json.dumps(states[0]))
-    mp.spawn(elastic_rank, args=(after, free_port + 1, str(tmp_path), "resume"), nprocs=after, join=True)
+    mp.spawn(elastic_rank, args=(after, free_port_now(), str(tmp_path), "resume"), nprocs=after, join=True)
     resumed = [json.loads((tmp_path / f"resume{r}.json").read_text()) for r in range(after)]
     for name in MODES:
         head = [i for result in saved for batch in result[name]["head"] for i in batch]
@@ -255,7 +256,7 @@ def test_a_rank_whose_epoch_ended_still_counts_in_the_whole_job_state(free_port:
         states = [result[name]["state"] for result in saved]
         assert states[0] == states[1]
         (tmp_path / f"state_{name}.json").write_text(json.dumps(states[0]))
-    mp.spawn(uneven_rank, args=(3, free_port + 1, str(tmp_path), "resume"), nprocs=3, join=True)
+    mp.spawn(uneven_rank, args=(3, free_port_now(), str(tmp_path), "resume"), nprocs=3, join=True)
     resumed = [json.loads((tmp_path / f"resume{r}.json").read_text()) for r in range(3)]
     for name in MODES:
         head = [i for result in saved for batch in result[name]["head"] for i in batch]

@@ -9,7 +9,6 @@ import gc
 import os
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -19,32 +18,13 @@ import torch
 from framework.data.multiprocess import MultiProcessDataLoader
 from framework.errors import WorkerError
 from tests.support.loader import (
+    REPO_ROOT,
     CountingReader,
     SlowReader,
     child_pids,
+    make,
+    run_script,
 )
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
-
-
-def make(reader: Any, **kwargs: Any) -> MultiProcessDataLoader:
-    kwargs.setdefault("quiet", True)
-    kwargs.setdefault("batch_size", 4)
-    return MultiProcessDataLoader(reader, "unused", **kwargs)
-
-
-def run_script(tmp_path: Path, body: str, timeout: float = 60) -> str:
-    """Run `body` in a fresh interpreter; a hang fails the test after `timeout` s."""
-    script = tmp_path / "main.py"
-    script.write_text(f"import sys\nsys.path.insert(0, {str(REPO_ROOT)!r})\n" + textwrap.dedent(body))
-    try:
-        done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                              timeout=timeout)
-    except subprocess.TimeoutExpired as hung:
-        raise AssertionError(f"the script hung:\n{hung.stdout}\n{hung.stderr}") from None
-    assert done.returncode == 0, done.stderr
-    return done.stdout
-
 
 # -- tqdm's lock -------------------------------------------------------------------------
 
@@ -52,7 +32,9 @@ def run_script(tmp_path: Path, body: str, timeout: float = 60) -> str:
 def test_tqdm_lock_held_by_another_thread_at_fork_does_not_hang(tmp_path: Path) -> None:
     # A progress bar in a background thread holds tqdm's lock while the loader forks:
     # the workers' copy of the thread lock stays held forever.
-    out = run_script(tmp_path, """
+    out = run_script(
+        tmp_path,
+        """
         import sys
         from tqdm import tqdm
         from tests.support.loader import CountingReader, LockHolder
@@ -71,12 +53,16 @@ def test_tqdm_lock_held_by_another_thread_at_fork_does_not_hang(tmp_path: Path) 
         thread.release()  # the main process's bar waits for it too)
         print("BATCHES", 1 + sum(1 for _ in batches))
         print("HELD THROUGH THE FORK", not thread.timed_out)
-    """, timeout=60)
+    """,
+        timeout=60,
+    )
     assert "BATCHES 10" in out and "HELD THROUGH THE FORK True" in out, out
 
 
 def test_worker_killed_holding_tqdm_lock_leaves_main_bars_working(tmp_path: Path) -> None:
-    out = run_script(tmp_path, """
+    out = run_script(
+        tmp_path,
+        """
         import os, signal
         from tqdm import tqdm
         from tests.support.loader import CountingReader
@@ -97,7 +83,9 @@ def test_worker_killed_holding_tqdm_lock_leaves_main_bars_working(tmp_path: Path
         for _ in tqdm(range(3)):  # the main process's own bar must still draw
             pass
         print("BAR DONE")
-    """, timeout=60)
+    """,
+        timeout=60,
+    )
     assert "ERROR SIGKILL" in out and "BAR DONE" in out
 
 
@@ -108,8 +96,7 @@ class NestedReader(CountingReader):
     """Builds a loader with workers inside a worker."""
 
     def _read(self, file_path: Any) -> Any:
-        inner = MultiProcessDataLoader(CountingReader(4), "x", batch_size=2, num_workers=1,
-                                       quiet=True)
+        inner = MultiProcessDataLoader(CountingReader(4), "x", batch_size=2, num_workers=1, quiet=True)
         yield from ({"id": int(b["id"][0])} for b in inner)
 
 
@@ -141,8 +128,9 @@ def test_reader_not_importable_in_a_spawned_worker_says_why(how: str) -> None:
     # From stdin, spawn re-runs a main file that does not exist; with -c (as in a
     # notebook) the class cannot be found by name in the worker.
     command = [sys.executable, "-"] if how == "stdin" else [sys.executable, "-c", NOT_IMPORTABLE]
-    done = subprocess.run(command, input=NOT_IMPORTABLE if how == "stdin" else None,
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        command, input=NOT_IMPORTABLE if how == "stdin" else None, capture_output=True, text=True, timeout=60
+    )
     assert "MESSAGE" in done.stdout, done.stderr
     message = done.stdout.split("MESSAGE", 1)[1]
     assert "importable module" in message and "start_method='fork'" in message, message
@@ -161,8 +149,7 @@ def test_del_loader_after_a_carried_over_epoch_stops_workers_without_gc(lazy: An
     gc.disable()
     try:
         before = child_pids()
-        data = make(CountingReader(40), num_workers=2, max_instances_in_memory=lazy,
-                    batches_per_epoch=3)
+        data = make(CountingReader(40), num_workers=2, max_instances_in_memory=lazy, batches_per_epoch=3)
         list(data)  # the rest of the pass carries over (in lazy mode, its workers stay up)
         if lazy:
             assert child_pids() - before
@@ -188,8 +175,14 @@ def test_set_target_device_between_epochs_keeps_the_carried_pass() -> None:
     # Before: the device change shut down the pool the carried-over pass reads from,
     # and the next epoch raised WorkerError "the loader was closed".
     before = child_pids()
-    data = make(CountingReader(20), batch_size=2, num_workers=2, max_instances_in_memory=4,
-                batches_per_epoch=3, seed=1)
+    data = make(
+        CountingReader(20),
+        batch_size=2,
+        num_workers=2,
+        max_instances_in_memory=4,
+        batches_per_epoch=3,
+        seed=1,
+    )
     first = _ids(data)
     data.set_target_device("cpu")
     second = _ids(data)
@@ -202,8 +195,14 @@ def test_set_target_device_between_epochs_keeps_the_carried_pass() -> None:
 @pytest.mark.parametrize("persistent", [False, True])
 def test_set_target_device_mid_pass_keeps_the_live_iterator(persistent: bool) -> None:
     before = child_pids()
-    data = make(CountingReader(20), batch_size=2, num_workers=2, max_instances_in_memory=4,
-                persistent_workers=persistent, seed=1)
+    data = make(
+        CountingReader(20),
+        batch_size=2,
+        num_workers=2,
+        max_instances_in_memory=4,
+        persistent_workers=persistent,
+        seed=1,
+    )
     iterator = iter(data)
     taken = [next(iterator)["id"].tolist()]
     data.set_target_device("cpu")
@@ -221,7 +220,9 @@ def test_set_target_device_mid_pass_keeps_the_live_iterator(persistent: bool) ->
 def test_numpy_rng_lock_held_by_another_thread_at_fork_does_not_hang(tmp_path: Path) -> None:
     # A thread drawing from numpy's global RandomState holds its lock (GIL released) while
     # the loader forks: each worker's seeding waited forever on the copy.
-    out = run_script(tmp_path, """
+    out = run_script(
+        tmp_path,
+        """
         import numpy.random
         from tests.support.loader import CountingReader, LockHolder
         from framework.data.multiprocess import MultiProcessDataLoader
@@ -235,7 +236,9 @@ def test_numpy_rng_lock_held_by_another_thread_at_fork_does_not_hang(tmp_path: P
         thread.release()
         print("BATCHES", 1 + sum(1 for _ in batches))
         print("HELD THROUGH THE FORK", not thread.timed_out)
-    """, timeout=60)
+    """,
+        timeout=60,
+    )
     assert "BATCHES 10" in out and "HELD THROUGH THE FORK True" in out, out
 
 
@@ -244,7 +247,9 @@ def test_torch_rng_mutex_held_by_another_thread_at_fork_is_an_error_not_a_hang(
 ) -> None:
     # torch's generator mutex cannot be replaced from Python: a worker that inherited it
     # held says so (and what to do) instead of waiting forever at its first seeding.
-    out = run_script(tmp_path, """
+    out = run_script(
+        tmp_path,
+        """
         import threading
         import torch
         from tests.support.loader import CountingReader
@@ -271,7 +276,9 @@ def test_torch_rng_mutex_held_by_another_thread_at_fork_is_an_error_not_a_hang(
         finally:
             stop.set()
             thread.join()
-    """, timeout=90)
+    """,
+        timeout=90,
+    )
     assert out.count("BATCHES 2") + out.count("REFUSED") == 3, out
 
 

@@ -10,6 +10,9 @@ import ctypes
 import os
 import random
 import signal
+import subprocess
+import sys
+import textwrap
 import threading
 import time
 from collections.abc import Iterator
@@ -247,9 +250,7 @@ def distributed_rank(rank: int, world: int, port: int, out_dir: str) -> None:
 
     from framework.data.multiprocess import MultiProcessDataLoader
 
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", world_size=world, rank=rank
-    )
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", world_size=world, rank=rank)
     try:
         results: dict[str, Any] = {}
         for name, options in {
@@ -327,3 +328,27 @@ class LockHolder(threading.Thread):
     def release(self) -> None:
         self.done.set()
         self.join()
+
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def make(reader: Any, **kwargs: Any) -> Any:
+    """A quiet `MultiProcessDataLoader` of `reader`, batches of 4 unless told."""
+    from framework.data.multiprocess import MultiProcessDataLoader
+
+    kwargs.setdefault("quiet", True)
+    kwargs.setdefault("batch_size", 4)
+    return MultiProcessDataLoader(reader, "unused", **kwargs)
+
+
+def run_script(tmp_path: Path, body: str, timeout: float = 60) -> str:
+    """Run `body` in a fresh interpreter; a hang fails the test after `timeout` s."""
+    script = tmp_path / "main.py"
+    script.write_text(f"import sys\nsys.path.insert(0, {str(REPO_ROOT)!r})\n" + textwrap.dedent(body))
+    try:
+        done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as hung:
+        raise AssertionError(f"the script hung:\n{hung.stdout}\n{hung.stderr}") from None
+    assert done.returncode == 0, done.stderr
+    return done.stdout

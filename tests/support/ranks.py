@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import faulthandler
 import json
+import socket
 import sys
 from collections.abc import Iterator
 from datetime import timedelta
@@ -60,17 +61,33 @@ CASES: dict[str, dict[str, Any]] = {
     "eager_2": {"reader": ("counting", 2), "num_workers": 2},
     "lazy_0": {"reader": ("counting", 2), "num_workers": 0, "max_instances_in_memory": 4},
     "lazy_2": {"reader": ("counting", 2), "num_workers": 2, "max_instances_in_memory": 4},
-    "lazy_bpe_2": {"reader": ("counting", 2), "num_workers": 2, "max_instances_in_memory": 4,
-                   "batches_per_epoch": 3},
+    "lazy_bpe_2": {
+        "reader": ("counting", 2),
+        "num_workers": 2,
+        "max_instances_in_memory": 4,
+        "batches_per_epoch": 3,
+    },
     "eager_bpe_0": {"reader": ("counting", 2), "num_workers": 0, "batches_per_epoch": 3},
     # Rank 1's reader raises (at once in eager mode, mid-shard in lazy mode).
     "fail_eager_0": {"reader": ("failing", 0), "num_workers": 0},
     "fail_eager_2": {"reader": ("failing", 0), "num_workers": 2},
     "fail_lazy_0": {"reader": ("failing", 3), "num_workers": 0, "max_instances_in_memory": 4},
     "fail_lazy_2": {"reader": ("failing", 3), "num_workers": 2, "max_instances_in_memory": 4},
-    "fail_lazy_bpe_0": {"reader": ("failing", 3), "num_workers": 0, "max_instances_in_memory": 4,
-                        "batches_per_epoch": 5},
+    "fail_lazy_bpe_0": {
+        "reader": ("failing", 3),
+        "num_workers": 0,
+        "max_instances_in_memory": 4,
+        "batches_per_epoch": 5,
+    },
 }
+
+
+def free_port() -> int:
+    """A port free now on 127.0.0.1, for one process group's rendezvous (each group its
+    own: a neighbour of another group's port may be taken by then)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def empty_or_failing_rank(rank: int, world: int, port: int, out_dir: str) -> None:
@@ -89,7 +106,10 @@ def empty_or_failing_rank(rank: int, world: int, port: int, out_dir: str) -> Non
     faulthandler.dump_traceback_later(90, exit=True)
     # A rank left waiting in a collective fails after 20 s instead of 30 minutes.
     dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", world_size=world, rank=rank,
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        world_size=world,
+        rank=rank,
         timeout=timedelta(seconds=20),
     )
     results: dict[str, Any] = {}

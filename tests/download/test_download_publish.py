@@ -24,7 +24,7 @@ from framework.download import DownloadManager
 from framework.download._cache import HOST, Entry, unique_token
 from framework.download._lock import EntryLock
 from framework.download._partial import partial_bytes
-from framework.download._validators import Validators, _etag_tag
+from framework.download._validators import Validators
 from framework.errors import (
     DownloadError,
     InvalidArgumentError,
@@ -35,30 +35,14 @@ from tests.support.download import (
     FORK,
     FaultServer,
     Route,
-    parts_manager,
+    V,
     sha256,
     stray_files,
     unique_path,
     wait_for,
 )
-
-OLD, V = '"old"', '"v"'
-
-
-def _single(cache: Path, backend: HttpBackend) -> DownloadManager:
-    return parts_manager(cache, connections=1, backends={"http": backend})
-
-
-def _planted_partial(cache: Path, url: str, etag: str, data: bytes) -> Path:
-    """A partial file of `url` at version `etag` holding `data`, left by a writer that is gone."""
-    final = Entry(cache, url).final
-    cache.mkdir(exist_ok=True)
-    token = unique_token().split(".")
-    token[1] = "999999"  # a pid that does not run
-    part = final.with_name(f"{final.name}.{_etag_tag(etag)}.{'.'.join(token)}.part")
-    part.write_bytes(data)
-    return part
-
+from tests.support.download import planted_partial as _planted_partial
+from tests.support.download import single_manager as _single
 
 # -- _ours: another user's partial is never adopted --------------------------------------
 

@@ -11,7 +11,7 @@ import socket
 import threading
 import time
 from pathlib import Path
-from typing import Any, ClassVar, Optional
+from typing import Any
 
 import pytest
 from framework_plugins.http import HttpBackend
@@ -19,7 +19,7 @@ from framework_plugins.http import HttpBackend
 from framework.download import DownloadManager
 from framework.download._cache import HOST, Entry, unique_token
 from framework.download._partial import PartialName
-from framework.download._validators import NO_VALIDATOR, Validators, _etag_tag
+from framework.download._validators import NO_VALIDATOR, Validators
 from framework.download.backend import parse_content_range
 from framework.errors import (
     ChecksumError,
@@ -114,56 +114,9 @@ def test_another_process_resumes_what_a_live_process_kept_through_an_outage(
     assert stray_files(tmp_path) == []  # nothing of it left behind
 
 
-OLD, V = '"old"', '"v"'
-
-
-def _single(cache: Path, backend: HttpBackend) -> DownloadManager:
-    return parts_manager(cache, connections=1, backends={"http": backend})
-
-
-def _planted_partial(cache: Path, url: str, etag: str, data: bytes) -> Path:
-    """A partial file of `url` at version `etag` holding `data`, left by a writer that is gone."""
-    final = Entry(cache, url).final
-    cache.mkdir(exist_ok=True)
-    token = unique_token().split(".")
-    token[1] = "999999"  # a pid that does not run
-    part = final.with_name(f"{final.name}.{_etag_tag(etag)}.{'.'.join(token)}.part")
-    part.write_bytes(data)
-    return part
-
-
-class NoIfRange(HttpBackend):
-    """A proxy that strips If-Range: the engine's own checks must refuse another version."""
-
-    supports_ranges: ClassVar[bool] = True  # its `open` passes `end` on
-    def open(
-        self, url: str, offset: int = 0, *, if_range: Optional[str] = None, end: Optional[int] = None
-    ) -> Any:
-        return super().open(url, offset, end=end)
-
-
-class Lying(HttpBackend):
-    """Lies on part requests (offset > 0 with an end) in one way; whole requests are honest."""
-
-    supports_ranges: ClassVar[bool] = True  # its `open` passes `end` on
-    def __init__(self, how: str) -> None:
-        super().__init__(backoff_factor=0.01)
-        self.how = how
-
-    def open(
-        self, url: str, offset: int = 0, *, if_range: Optional[str] = None, end: Optional[int] = None
-    ) -> Any:
-        if self.how == "start" and offset > 0:  # bytes from one byte earlier than asked
-            return super().open(url, offset - 1, if_range=if_range, end=end)
-        stream = super().open(url, offset, if_range=if_range, end=end)
-        if self.how == "encoding" and offset > 0 and end is not None:
-            body = gzip.compress(b"".join(stream.chunks))
-            stream.chunks, stream.encoding = iter([body]), "gzip"
-        if self.how == "oversize" and offset == 0 and end is None:
-            inner = stream.chunks
-            stream.chunks = (c for cs in (inner, iter([b"extra"])) for c in cs)
-        return stream
-
+from tests.support.download import OLD, Lying, NoIfRange  # noqa: E402
+from tests.support.download import planted_partial as _planted_partial  # noqa: E402
+from tests.support.download import single_manager as _single  # noqa: E402
 
 # -- _place: start on a single-stream resume ---------------------------------------------
 
@@ -533,7 +486,6 @@ def _one_answer(head: str, body: bytes) -> str:
 def test_a_body_without_a_content_length_is_counted_against_its_range(
     head: str, sent: int, read: Any
 ) -> None:
-    from framework_plugins.http import HttpBackend
 
     body = os.urandom(sent)
     backend = HttpBackend()
@@ -549,7 +501,6 @@ def test_a_body_without_a_content_length_is_counted_against_its_range(
 
 @pytest.mark.parametrize("content_range", ["bytes */40", "bytes 0-40/40", "bytes 0-9/40 junk", ""])
 def test_a_206_whose_range_names_no_place_is_unplaced(content_range: str) -> None:
-    from framework_plugins.http import HttpBackend
 
     from framework.download.backend import UNPLACED
 
@@ -614,7 +565,6 @@ def test_gzip_encoded_body_is_never_cached_or_spliced(
 def test_gzip_encoded_range_is_not_appended(
     http_server: FaultServer, manager: DownloadManager, cache: Path
 ) -> None:
-    import gzip
 
     from framework.download.backend import ByteStream
 

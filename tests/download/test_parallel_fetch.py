@@ -4,7 +4,6 @@ server and moto's S3 server, with real processes for kills and races."""
 from __future__ import annotations
 
 import errno
-import gzip
 import hashlib
 import os
 import signal
@@ -1502,40 +1501,7 @@ def _parallel(cache: Path, backend: HttpBackend) -> DownloadManager:
     return parts_manager(cache, backends={"http": backend})
 
 
-class NoIfRange(HttpBackend):
-    """A proxy that strips If-Range: the engine's own checks must refuse another version."""
-
-    supports_ranges: ClassVar[bool] = True  # its `open` passes `end` on
-
-    def open(
-        self, url: str, offset: int = 0, *, if_range: Optional[str] = None, end: Optional[int] = None
-    ) -> Any:
-        return super().open(url, offset, end=end)
-
-
-class Lying(HttpBackend):
-    """Lies on part requests (offset > 0 with an end) in one way; whole requests are honest."""
-
-    supports_ranges: ClassVar[bool] = True  # its `open` passes `end` on
-
-    def __init__(self, how: str) -> None:
-        super().__init__(backoff_factor=0.01)
-        self.how = how
-
-    def open(
-        self, url: str, offset: int = 0, *, if_range: Optional[str] = None, end: Optional[int] = None
-    ) -> Any:
-        if self.how == "start" and offset > 0:  # bytes from one byte earlier than asked
-            return super().open(url, offset - 1, if_range=if_range, end=end)
-        stream = super().open(url, offset, if_range=if_range, end=end)
-        if self.how == "encoding" and offset > 0 and end is not None:
-            body = gzip.compress(b"".join(stream.chunks))
-            stream.chunks, stream.encoding = iter([body]), "gzip"
-        if self.how == "oversize" and offset == 0 and end is None:
-            inner = stream.chunks
-            stream.chunks = (c for cs in (inner, iter([b"extra"])) for c in cs)
-        return stream
-
+from tests.support.download import Lying, NoIfRange  # noqa: E402
 
 # -- _engine._check: tag -----------------------------------------------------------------
 

@@ -17,11 +17,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Callable, Optional, TypeVar
+from typing import Any, Callable, ClassVar, Optional, TypeVar
 
 import attrs
+from framework_plugins.http import HttpBackend
 
 from framework.download import DownloadBackend, DownloadManager
+from framework.download._cache import Entry, unique_token
+from framework.download._validators import _etag_tag
 from framework.hookspecs import hookimpl
 from framework.registry import Registrar
 
@@ -421,3 +424,58 @@ class MemoryPlugin:
     @hookimpl
     def framework_register_components(registrar: Registrar) -> None:
         registrar.add(DownloadBackend, "mem", "framework.testing:MemoryBackend")
+
+
+# Backends and partial files that several download test files plant.
+
+OLD, V = '"old"', '"v"'
+
+
+def single_manager(cache: Path, backend: HttpBackend) -> DownloadManager:
+    return parts_manager(cache, connections=1, backends={"http": backend})
+
+
+def planted_partial(cache: Path, url: str, etag: str, data: bytes) -> Path:
+    """A partial file of `url` at version `etag` holding `data`, left by a writer that is gone."""
+    final = Entry(cache, url).final
+    cache.mkdir(exist_ok=True)
+    token = unique_token().split(".")
+    token[1] = "999999"  # a pid that does not run
+    part = final.with_name(f"{final.name}.{_etag_tag(etag)}.{'.'.join(token)}.part")
+    part.write_bytes(data)
+    return part
+
+
+class NoIfRange(HttpBackend):
+    """A proxy that strips If-Range: the engine's own checks must refuse another version."""
+
+    supports_ranges: ClassVar[bool] = True  # its `open` passes `end` on
+
+    def open(
+        self, url: str, offset: int = 0, *, if_range: Optional[str] = None, end: Optional[int] = None
+    ) -> Any:
+        return super().open(url, offset, end=end)
+
+
+class Lying(HttpBackend):
+    """Lies on part requests (offset > 0 with an end) in one way; whole requests are honest."""
+
+    supports_ranges: ClassVar[bool] = True  # its `open` passes `end` on
+
+    def __init__(self, how: str) -> None:
+        super().__init__(backoff_factor=0.01)
+        self.how = how
+
+    def open(
+        self, url: str, offset: int = 0, *, if_range: Optional[str] = None, end: Optional[int] = None
+    ) -> Any:
+        if self.how == "start" and offset > 0:  # bytes from one byte earlier than asked
+            return super().open(url, offset - 1, if_range=if_range, end=end)
+        stream = super().open(url, offset, if_range=if_range, end=end)
+        if self.how == "encoding" and offset > 0 and end is not None:
+            body = gzip.compress(b"".join(stream.chunks))
+            stream.chunks, stream.encoding = iter([body]), "gzip"
+        if self.how == "oversize" and offset == 0 and end is None:
+            inner = stream.chunks
+            stream.chunks = (c for cs in (inner, iter([b"extra"])) for c in cs)
+        return stream

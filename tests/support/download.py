@@ -60,7 +60,8 @@ class Route:
     unsatisfiable_from: Optional[int] = None  # ranges from here on get 416, though the object goes on (a lie)
     range_cap: Optional[int] = None  # a ranged answer (206) carries at most this many bytes
     stall_after: Optional[int] = None  # body bytes sent before the answer stalls (once)
-    stall_s: float = 30.0
+    stall_s: float = 30.0  # or until `released` is set
+    stalling: bool = False  # an answer is stalled now
     # Once the route's GETs have sent this many body bytes in all, every answer waits for
     # `released`: a test that kills a fetch mid-way knows the fetch cannot end first.
     hold_after: Optional[int] = None
@@ -284,7 +285,9 @@ class _Handler(BaseHTTPRequestHandler):
             sent = end
             if stall:
                 self.wfile.flush()
-                time.sleep(route.stall_s)
+                route.stalling = True
+                route.released.wait(route.stall_s)
+                route.stalling = False
             if route.delay:
                 time.sleep(route.delay)
         if route.chunked:

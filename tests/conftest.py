@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import signal
 import sys
@@ -12,6 +13,7 @@ import pytest
 
 from framework.registry import Registry
 from framework.testing import fresh_registry as _fresh_registry
+from tests.support.ranks import FORKSERVER_PRELOAD
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -22,6 +24,8 @@ def pytest_configure(config: pytest.Config) -> None:
     # Ctrl-C would wait on processes that never get it. Ctrl-C raises KeyboardInterrupt
     # here, as in a terminal, and so in every forked or started test process.
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    # Ranks and "forkserver" workers fork from a server that has torch imported already.
+    multiprocessing.set_forkserver_preload(FORKSERVER_PRELOAD)
 
 
 @pytest.fixture(autouse=True)

@@ -6,10 +6,9 @@ import json
 from pathlib import Path
 
 import pytest
-import torch.multiprocessing as mp
 
 from tests.support.loader import distributed_rank, flat
-from tests.support.ranks import CASES, empty_or_failing_rank
+from tests.support.ranks import CASES, empty_or_failing_rank, start_ranks
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(100)]
 
@@ -18,7 +17,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(100)]
 def test_ranks_read_disjoint_shards_and_yield_equal_batches(
     world: int, free_port: int, tmp_path: Path
 ) -> None:
-    mp.spawn(distributed_rank, args=(world, free_port, str(tmp_path)), nprocs=world, join=True)
+    start_ranks(distributed_rank, (world, free_port, str(tmp_path)), world)
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
     for name in ("lazy_even", "lazy_uneven", "eager_even", "eager_uneven", "sharding_reader"):
         per_rank = [flat(result[name]) for result in ranks]
@@ -40,7 +39,7 @@ def test_an_empty_or_failing_rank_ends_the_epoch_on_every_rank(free_port: int, t
     # Before: the empty (or failing) rank raised on its own and the others waited in
     # the even_batches all_reduce until the process group's timeout.
     world = 3
-    mp.spawn(empty_or_failing_rank, args=(world, free_port, str(tmp_path)), nprocs=world, join=True)
+    start_ranks(empty_or_failing_rank, (world, free_port, str(tmp_path)), world)
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
     for name in CASES:
         outcomes = [result[name] for result in ranks]

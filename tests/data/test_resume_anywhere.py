@@ -10,14 +10,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch.multiprocessing as mp
 
 from framework.data._shards import file_stamps
 from framework.data.multiprocess import MultiProcessDataLoader
 from framework.data.reader import DatasetReader
 from framework.data.sampler import BatchSampler
 from tests.support.loader import CountingReader, RandomReader
-from tests.support.ranks import ListReader
+from tests.support.ranks import ListReader, start_ranks
 from tests.support.ranks import free_port as free_port_now
 from tests.support.resume import MODES, PerFileReader, SelfShardingReader, elastic_rank, uneven_rank
 
@@ -218,13 +217,13 @@ def test_builtin_readers_resume_by_seeking_past_what_was_read(tmp_path: Path, ki
 def test_a_job_of_another_world_size_resumes_the_rest(
     before: int, after: int, free_port: int, tmp_path: Path
 ) -> None:
-    mp.spawn(elastic_rank, args=(before, free_port, str(tmp_path), "save"), nprocs=before, join=True)
+    start_ranks(elastic_rank, (before, free_port, str(tmp_path), "save"), before)
     saved = [json.loads((tmp_path / f"save{r}.json").read_text()) for r in range(before)]
     for name in MODES:
         states = [result[name]["state"] for result in saved]
         assert all(state == states[0] for state in states)  # the whole-job state on every rank
         (tmp_path / f"state_{name}.json").write_text(json.dumps(states[0]))
-    mp.spawn(elastic_rank, args=(after, free_port_now(), str(tmp_path), "resume"), nprocs=after, join=True)
+    start_ranks(elastic_rank, (after, free_port_now(), str(tmp_path), "resume"), after)
     resumed = [json.loads((tmp_path / f"resume{r}.json").read_text()) for r in range(after)]
     for name in MODES:
         head = [i for result in saved for batch in result[name]["head"] for i in batch]
@@ -250,13 +249,13 @@ def test_a_mangled_consumed_part_is_a_clear_error(consumed: Any) -> None:
 def test_a_rank_whose_epoch_ended_still_counts_in_the_whole_job_state(free_port: int, tmp_path: Path) -> None:
     # Before: rank 1's state_dict() described its next epoch (nothing consumed), so the
     # whole-job state dealt its 24 instances out again on resume (duplicates).
-    mp.spawn(uneven_rank, args=(2, free_port, str(tmp_path), "save"), nprocs=2, join=True)
+    start_ranks(uneven_rank, (2, free_port, str(tmp_path), "save"), 2)
     saved = [json.loads((tmp_path / f"save{r}.json").read_text()) for r in range(2)]
     for name in MODES:
         states = [result[name]["state"] for result in saved]
         assert states[0] == states[1]
         (tmp_path / f"state_{name}.json").write_text(json.dumps(states[0]))
-    mp.spawn(uneven_rank, args=(3, free_port_now(), str(tmp_path), "resume"), nprocs=3, join=True)
+    start_ranks(uneven_rank, (3, free_port_now(), str(tmp_path), "resume"), 3)
     resumed = [json.loads((tmp_path / f"resume{r}.json").read_text()) for r in range(3)]
     for name in MODES:
         head = [i for result in saved for batch in result[name]["head"] for i in batch]

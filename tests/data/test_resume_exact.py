@@ -14,7 +14,6 @@ from typing import Any, Optional
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from framework.data._shards import Consumed
 from framework.data.collate import DefaultDataCollator
@@ -23,6 +22,7 @@ from framework.data.reader import DatasetReader
 from framework.data.sampler import BatchSampler
 from framework.errors import WorkerError
 from tests.support.loader import CountingReader, HookReader, make_instance
+from tests.support.ranks import start_ranks
 from tests.support.resume import (
     AHEAD_MODES,
     ahead_loader,
@@ -327,7 +327,7 @@ def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[int], list
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = int(sock.getsockname()[1])
-    mp.spawn(two_rank_cases, args=(2, port, str(out)), nprocs=2, join=True)
+    start_ranks(two_rank_cases, (2, port, str(out)), 2)
     return head, [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(2)]
 
 

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import faulthandler
 import json
+import os
 import socket
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -80,6 +81,30 @@ CASES: dict[str, dict[str, Any]] = {
         "batches_per_epoch": 5,
     },
 }
+
+
+# What a rank forked from the test forkserver has imported already: a spawned rank pays
+# seconds of CPU to import torch, and a suite starts dozens of them.
+FORKSERVER_PRELOAD = ["__main__", "torch", "torch.distributed", "framework.data.multiprocess"]
+
+
+def start_ranks(target: Callable[..., None], args: tuple[Any, ...], nprocs: int) -> None:
+    """Run `target(rank, *args)` in `nprocs` fresh processes and wait for them all, as
+    `torch.multiprocessing.spawn` does, but forked from a forkserver (see
+    `FORKSERVER_PRELOAD`). Each rank gets the environment the test has now, not the one
+    the forkserver started with."""
+    import torch.multiprocessing as mp
+
+    environ = dict(os.environ)
+    mp.start_processes(
+        _in_environ, args=(target, environ, *args), nprocs=nprocs, join=True, start_method="forkserver"
+    )
+
+
+def _in_environ(rank: int, target: Callable[..., None], environ: dict[str, str], *args: Any) -> None:
+    os.environ.clear()
+    os.environ.update(environ)
+    target(rank, *args)
 
 
 def free_port() -> int:

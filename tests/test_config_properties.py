@@ -188,7 +188,7 @@ GARBAGE = st.one_of(JSON_LEAVES, st.sampled_from([[], {}, [1, "x"], {"k": 1}]).m
 
 
 def _unwrap(annotation: Any) -> Any:
-    from framework.config._construct import unwrap
+    from framework.config._annotations import unwrap
 
     return unwrap(annotation)
 

@@ -15,12 +15,11 @@ from collections.abc import Mapping
 from os import PathLike
 from typing import Any, Union
 
+from framework.config._annotations import is_typed_dict as is_typed_dict
+from framework.config._annotations import typed_dict_fields as typed_dict_fields
 from framework.config._construct import MAX_DEPTH as MAX_DEPTH
 from framework.config._construct import Lazy as Lazy
-from framework.config._construct import _combined, _shown
 from framework.config._construct import construct as construct
-from framework.config._construct import is_typed_dict as is_typed_dict
-from framework.config._construct import typed_dict_fields as typed_dict_fields
 from framework.config._json_schema import json_schema as json_schema
 from framework.config._load import MAX_CONFIG_BYTES as MAX_CONFIG_BYTES
 from framework.config._load import load_config as load_config
@@ -29,6 +28,8 @@ from framework.config._signatures import ConfigChecks as ConfigChecks
 from framework.config._signatures import Given as Given
 from framework.config._signatures import arg_docs as arg_docs
 from framework.config._signatures import signature_of as signature_of
+from framework.config._texts import combined
+from framework.config._texts import shown as shown
 from framework.config._validate import RUN_CONFIG_META_KEYS as RUN_CONFIG_META_KEYS
 from framework.config._validate import check as check
 from framework.config._validate import errors_in as errors_in
@@ -41,8 +42,7 @@ from framework.registry import install_config_builder
 __all__ = ["AtLeast", "ConfigChecks", "Lazy", "check", "construct", "json_schema", "load_config", "validate"]
 
 # Importable for the framework's own packages under public names.
-combined_errors = _combined  # one ConfigError holding several
-shown = _shown  # a value as an error message quotes it
+combined_errors = combined  # one ConfigError holding several
 
 
 def _build(cls: type, config: Union[Mapping[str, Any], str, PathLike[str]], extras: dict[str, Any]) -> Any:

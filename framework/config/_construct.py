@@ -2,9 +2,9 @@
 
 `_Walk` makes one pass over a config: checking (it records every error, builds
 nothing) or building (on a config that checked clean). `construct` and `Lazy` run
-it twice, check then build. Also here: the annotation helpers that the walk and
-the JSON Schema (`framework.config._json_schema`) share, and the error texts' formatting.
-`framework.config` is the public face and re-exports what callers use.
+it twice, check then build. What it knows of annotations is in `_annotations` (shared
+with the JSON Schema), how its errors read in `_texts`. `framework.config` is the
+public face and re-exports what callers use.
 """
 
 from __future__ import annotations
@@ -13,16 +13,31 @@ import collections.abc
 import difflib
 import enum
 import inspect
-import math
-import numbers
 import pathlib
 import re
-import sys
-import types
 import typing
 from collections.abc import Callable, Mapping
-from typing import Any, Generic, Optional, TypeVar, Union
+from typing import Any, Generic, Optional, TypeVar
 
+from framework.config._annotations import (
+    FLOAT_MAX,
+    INT_KEY,
+    MAPPINGS,
+    META_KEYS,
+    NONE,
+    PRIMITIVES,
+    SEQUENCES,
+    SETS,
+    UNION_TYPES,
+    is_builtin,
+    is_constructible,
+    is_typed_dict,
+    same_as_json,
+    size_of,
+    typed_dict_fields,
+    unhashable,
+    unwrap,
+)
 from framework.config._signatures import (
     EMPTY,
     AtLeast,
@@ -32,43 +47,14 @@ from framework.config._signatures import (
     accepts_anything,
     signature_of,
 )
+from framework.config._texts import combined, describe, describe_at_least, join_path, mismatch
 from framework.errors import ConfigError
 from framework.registry import Registrable, describe_error
 
-__all__ = ["MAX_DEPTH", "Lazy", "construct", "is_typed_dict", "typed_dict_fields"]
+__all__ = ["MAX_DEPTH", "Lazy", "checked", "construct"]
 
 T = TypeVar("T")
 
-_UNION_TYPES: tuple[Any, ...] = (Union, getattr(types, "UnionType", Union))
-_SEQUENCES = (
-    list,
-    collections.abc.Sequence,
-    collections.abc.MutableSequence,
-    collections.abc.Iterable,
-    collections.abc.Collection,
-)
-_SETS = (set, frozenset, collections.abc.Set, collections.abc.MutableSet)
-_MAPPINGS = (dict, collections.abc.Mapping, collections.abc.MutableMapping)
-_NONE = type(None)
-# a bare container or number annotation, as what a config can give for it (checked item
-# by item): a str is a Sequence to Python, but no list to JSON
-_BARE: dict[Any, Any] = {
-    list: list[Any],
-    tuple: tuple[Any, ...],
-    set: set[Any],
-    frozenset: frozenset[Any],
-    dict: dict[Any, Any],
-    **dict.fromkeys(_MAPPINGS[1:], dict[Any, Any]),
-    **dict.fromkeys(_SEQUENCES[1:], list[Any]),
-    **dict.fromkeys(_SETS[2:], set[Any]),
-    **dict.fromkeys((numbers.Number, numbers.Complex, numbers.Real), float),
-    **dict.fromkeys((numbers.Rational, numbers.Integral), int),
-}
-# a dict key that stands for an int (JSON keys are strings): its digits, as JSON writes them
-INT_KEY = r"^(0|-?[1-9][0-9]{0,4299})$"
-# keys for editors, allowed in any component's config and ignored: its schema's URL
-META_KEYS = ("$schema",)
-FLOAT_MAX = sys.float_info.max  # an int beyond it is no float
 MAX_DEPTH = 50  # mappings and lists within each other: more is a mistake, or an attack
 
 
@@ -110,7 +96,7 @@ class Lazy(Generic[T]):
         return construct(self.annotation, self.params, path=self.path, extras=extras)  # type: ignore[no-any-return]
 
     def __repr__(self) -> str:
-        return f"Lazy[{_describe(self.annotation)}]({self.params!r})"
+        return f"Lazy[{describe(self.annotation)}]({self.params!r})"
 
 
 def construct(
@@ -132,7 +118,7 @@ def _check_then_build(step: Callable[[_Walk], Any], extras: Mapping[str, Any]) -
     checking = _Walk(build=False, extras=extras)
     checked(checking, step)
     if checking.errors:
-        raise _combined(checking.errors)
+        raise combined(checking.errors)
     return step(_Walk(build=True, extras=extras))
 
 
@@ -150,18 +136,6 @@ def checked(walk: _Walk, step: Callable[[_Walk], Any]) -> list[ConfigError]:
             )
         )
     return walk.errors
-
-
-def _combined(errors: list[ConfigError]) -> ConfigError:
-    if len(errors) == 1:
-        return errors[0]
-    first, rest = errors[0], errors[1:]
-    more = "; ".join(str(e) for e in rest)
-    error = ConfigError(
-        first.path, f"{first.reason} (and {len(rest)} more: {more})", first.expected, first.got
-    )
-    error.errors = list(errors)
-    return error
 
 
 class _Walk:
@@ -234,17 +208,17 @@ class _Walk:
             return self.fail(ConfigError(path, annotation.message()))
         origin = typing.get_origin(annotation)
         args = typing.get_args(annotation)
-        if origin in _UNION_TYPES:
+        if origin in UNION_TYPES:
             return self.union(args, value, path)
         if origin is typing.Literal:
             for choice in args:
-                if _same(value, choice) or (
+                if same_as_json(value, choice) or (
                     isinstance(choice, enum.Enum)
-                    and (_same(value, choice.value) or _same(value, choice.name))
+                    and (same_as_json(value, choice.value) or same_as_json(value, choice.name))
                 ):
                     return choice
             shown = (repr(a.value) if isinstance(a, enum.Enum) else repr(a) for a in args)
-            return self.fail(_mismatch(path, " or ".join(shown), value))
+            return self.fail(mismatch(path, " or ".join(shown), value))
         if origin is Lazy or annotation is Lazy:
             target = args[0] if args else Any
             if isinstance(value, Lazy):
@@ -254,9 +228,9 @@ class _Walk:
             return self._child(self.extras, lazy=True).dispatch(target, value, path)
         if origin is typing.Annotated:
             return self.annotated(args[0], annotation.__metadata__, value, path)
-        if origin in _SEQUENCES or origin in _SETS or origin is tuple:
+        if origin in SEQUENCES or origin in SETS or origin is tuple:
             return self.collection(origin, args, value, path)
-        if origin in _MAPPINGS:
+        if origin in MAPPINGS:
             return self.mapping(args, value, path)
         if origin is not None and isinstance(origin, type):  # another generic, e.g. Callable[..]
             return self.plain(origin, value, path)
@@ -272,24 +246,24 @@ class _Walk:
         before = len(self.errors)
         built = walk.dispatch(annotation, value, path)
         for limit in (m for m in metadata if isinstance(m, AtLeast)):
-            size = _size(value)
-            if typing.get_origin(unwrap(annotation)) in _SETS and isinstance(value, (list, tuple)):
+            size = size_of(value)
+            if typing.get_origin(unwrap(annotation)) in SETS and isinstance(value, (list, tuple)):
                 try:  # a set holds each item once: [1, 1] is one item
                     size = len(set(value))
                 except TypeError:  # unhashable items: an error of their own
                     pass
             if len(self.errors) == before and size is not None and not size >= limit.minimum:  # NaN too
-                self.fail(_mismatch(path, _describe_at_least(annotation, limit, value), value))
+                self.fail(mismatch(path, describe_at_least(annotation, limit, value), value))
         return built
 
     def plain(self, cls: Any, value: Any, path: str) -> Any:
-        if cls in _PRIMITIVES:
-            accepts, name = _PRIMITIVES[cls]
+        if cls in PRIMITIVES:
+            accepts, name = PRIMITIVES[cls]
             if cls is float and isinstance(value, int) and not -FLOAT_MAX <= value <= FLOAT_MAX:
-                return self.fail(_mismatch(path, f"a float (at most {FLOAT_MAX:.2g} in size)", value))
+                return self.fail(mismatch(path, f"a float (at most {FLOAT_MAX:.2g} in size)", value))
             if accepts(value):
                 return float(value) if cls is float else int(value) if cls is int else value
-            return self.fail(_mismatch(path, name, value))
+            return self.fail(mismatch(path, name, value))
         if not isinstance(cls, type):
             return value
         if is_typed_dict(cls):
@@ -298,51 +272,51 @@ class _Walk:
             if getattr(cls, "_is_runtime_protocol", False) and isinstance(value, cls):
                 return value
             return self.fail(
-                _mismatch(path, f"{cls.__name__} (made in code: a config cannot give one)", value)
+                mismatch(path, f"{cls.__name__} (made in code: a config cannot give one)", value)
             )
         if isinstance(value, cls):
             return value
         if issubclass(cls, enum.Enum):
             for member in cls:
-                if _same(value, member.value) or _same(value, member.name):
+                if same_as_json(value, member.value) or same_as_json(value, member.name):
                     return member
-            return self.fail(_mismatch(path, " or ".join(repr(m.value) for m in cls), value))
+            return self.fail(mismatch(path, " or ".join(repr(m.value) for m in cls), value))
         if issubclass(cls, pathlib.PurePath) and isinstance(value, str):
             return cls(value)
         if issubclass(cls, Registrable) and isinstance(value, str):
             value = {"type": value}
         # a builtin class (type, bytearray, an exception) is never made from a mapping of
         # keys: its signature cannot be read, so no key could be checked (the schema agrees)
-        if isinstance(value, Mapping) and _is_constructible(cls) and not is_builtin(cls):
+        if isinstance(value, Mapping) and is_constructible(cls) and not is_builtin(cls):
             return self.instance(cls, value, path, {})
         if cls.__module__ == "builtins" or issubclass(cls, collections.abc.Callable):  # type: ignore[arg-type]
-            return self.fail(_mismatch(path, cls.__name__, value))
-        return self.fail(_mismatch(path, f"{cls.__name__} (a mapping of its arguments)", value))
+            return self.fail(mismatch(path, cls.__name__, value))
+        return self.fail(mismatch(path, f"{cls.__name__} (a mapping of its arguments)", value))
 
     def typed_dict(self, cls: type, value: Any, path: str) -> Any:
         if not isinstance(value, Mapping):
-            return self.fail(_mismatch(path, f"{cls.__name__} (a mapping)", value))
+            return self.fail(mismatch(path, f"{cls.__name__} (a mapping)", value))
         hints, required = typed_dict_fields(cls)
         built = {}
         for key, item in value.items():
             if key in hints:
-                built[key] = self.value(hints[key], item, _join(path, key))
+                built[key] = self.value(hints[key], item, join_path(path, key))
             else:
                 accepted = ", ".join(hints) or "none"
                 self.fail(
                     ConfigError(
-                        _join(path, key), f"unknown key for {cls.__name__}. Accepted keys: {accepted}"
+                        join_path(path, key), f"unknown key for {cls.__name__}. Accepted keys: {accepted}"
                     )
                 )
         for key in [name for name in hints if name in required and name not in value]:
-            self.fail(ConfigError(_join(path, key), f"missing required key for {cls.__name__}"))
+            self.fail(ConfigError(join_path(path, key), f"missing required key for {cls.__name__}"))
         return built
 
     def union(self, args: tuple[Any, ...], value: Any, path: str) -> Any:
-        if value is None and _NONE in args:
+        if value is None and NONE in args:
             return None
         tried: list[list[ConfigError]] = []
-        for candidate in (a for a in args if a is not _NONE):
+        for candidate in (a for a in args if a is not NONE):
             trial = _Walk(build=False, extras=self.extras, lazy=self.lazy, given=self.given)
             trial.open = self.open
             trial.dispatch(candidate, value, path)
@@ -354,12 +328,12 @@ class _Walk:
             # best: the value had this alternative's shape and its "type" named one
             # of its components, so the errors are about what is inside
             shallow = any(e.path == path for e in errors)
-            misnamed = any(e.path == _join(path, "type") for e in errors)
+            misnamed = any(e.path == join_path(path, "type") for e in errors)
             return shallow, misnamed, len(errors)
 
         best = min(map(rank, tried))
         if len(tried) > 1 and best[0]:
-            return self.fail(_mismatch(path, " or ".join(_describe(a) for a in args), value))
+            return self.fail(mismatch(path, " or ".join(describe(a) for a in args), value))
         # several alternatives that did not know the name: each error says what it has
         for errors in [e for e in tried if rank(e) == best][: None if best[1] else 1]:
             for error in errors:
@@ -368,17 +342,18 @@ class _Walk:
 
     def collection(self, origin: Any, args: tuple[Any, ...], value: Any, path: str) -> Any:
         if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, collections.abc.Iterable):
-            return self.fail(_mismatch(path, "a list", value))
+            return self.fail(mismatch(path, "a list", value))
         items = list(value)
         if origin is tuple and args and not (len(args) == 2 and args[1] is Ellipsis):
             if len(items) != len(args):
-                return self.fail(_mismatch(path, f"a list of {len(args)} items", value))
-            return tuple(self.value(a, v, _join(path, str(i))) for i, (a, v) in enumerate(zip(args, items)))
+                return self.fail(mismatch(path, f"a list of {len(args)} items", value))
+            pairs = enumerate(zip(args, items))
+            return tuple(self.value(a, v, join_path(path, str(i))) for i, (a, v) in pairs)
         item_type = args[0] if args else Any
-        built = [self.value(item_type, v, _join(path, str(i))) for i, v in enumerate(items)]
+        built = [self.value(item_type, v, join_path(path, str(i))) for i, v in enumerate(items)]
         if origin is tuple:
             return tuple(built)
-        if origin in _SETS:
+        if origin in SETS:
             return self.set_of(origin, item_type, built, path)
         return built
 
@@ -394,8 +369,8 @@ class _Walk:
                     pass
             self.fail(
                 ConfigError(
-                    _join(path, str(index)),
-                    f"a {_describe(item_type) if reason else type(item).__name__} cannot be in a set "
+                    join_path(path, str(index)),
+                    f"a {describe(item_type) if reason else type(item).__name__} cannot be in a set "
                     f"({reason or 'it is not hashable'}): make the parameter a list, or give no items",
                 )
             )
@@ -406,10 +381,10 @@ class _Walk:
 
     def mapping(self, args: tuple[Any, ...], value: Any, path: str) -> Any:
         if not isinstance(value, Mapping):
-            return self.fail(_mismatch(path, "a mapping", value))
+            return self.fail(mismatch(path, "a mapping", value))
         key_type, value_type = (unwrap(args[0]), args[1]) if args else (Any, Any)
         pairs = [
-            (self.key(key_type, k, _join(path, k)), self.value(value_type, v, _join(path, k)))
+            (self.key(key_type, k, join_path(path, k)), self.value(value_type, v, join_path(path, k)))
             for k, v in value.items()
         ]
         return dict(pairs) if self.build else None
@@ -419,7 +394,7 @@ class _Walk:
         if key_type is int and isinstance(key, str):
             if re.fullmatch(INT_KEY, key):
                 return int(key)
-            return self.fail(_mismatch(path, 'an int key (its digits, as in "7")', key))
+            return self.fail(mismatch(path, 'an int key (its digits, as in "7")', key))
         return self.value(key_type, key, path)
 
     def instance(self, cls: type, config: Mapping[str, Any], path: str, explicit: Mapping[str, Any]) -> Any:
@@ -435,16 +410,16 @@ class _Walk:
             chosen = type_name if named or not is_base else cls.default_implementation
             if named or chosen is not None:
                 if not isinstance(chosen, str):
-                    return self.fail(_mismatch(_join(path, "type"), "str", chosen))
+                    return self.fail(mismatch(join_path(path, "type"), "str", chosen))
                 try:
                     factory = cls.by_name(chosen)
                 except Exception as error:  # unknown, not importable, not a subclass
-                    return self.fail(ConfigError(_join(path, "type"), str(error)))
+                    return self.fail(ConfigError(join_path(path, "type"), str(error)))
             elif is_base:
                 available = ", ".join(repr(n) for n in cls.list_available()) or "none registered"
                 return self.fail(
                     ConfigError(
-                        _join(path, "type"), f"missing 'type' for {cls.__name__}; one of: {available}"
+                        join_path(path, "type"), f"missing 'type' for {cls.__name__}; one of: {available}"
                     )
                 )
         elif named:
@@ -466,7 +441,7 @@ class _Walk:
         for key in [key for key in META_KEYS if key in params]:
             meta = params.pop(key)
             if not isinstance(meta, str):
-                self.fail(_mismatch(_join(path, key), "str (a schema's URL)", meta))
+                self.fail(mismatch(join_path(path, key), "str (a schema's URL)", meta))
         kwargs: dict[str, Any] = dict(explicit)
         self._check_explicit(signature, params, path, explicit)
         given = dict(explicit)  # what the constructor gets, as configs (for its config_checks)
@@ -475,18 +450,18 @@ class _Walk:
                 continue
             if name in params:
                 given[name] = params.pop(name)
-                kwargs[name] = self.value(parameter.annotation, given[name], _join(path, name))
+                kwargs[name] = self.value(parameter.annotation, given[name], join_path(path, name))
             elif name in self.extras:
                 kwargs[name] = given[name] = self.extras[name]
             elif top_level and isinstance(parameter.default, Mapping) and not self.build:
-                self.value(parameter.annotation, parameter.default, _join(path, name))  # a default config
+                self.value(parameter.annotation, parameter.default, join_path(path, name))  # a default config
             elif parameter.default is EMPTY and not self.lazy:
                 where = "" if top_level else f" for {owner}"
                 self.fail(
                     ConfigError(
-                        _join(path, name),
+                        join_path(path, name),
                         f"missing required key{where}",
-                        expected=_describe(parameter.annotation),
+                        expected=describe(parameter.annotation),
                     )
                 )
         kwargs.update(self._leftover(signature, params, path, explicit, top_level))
@@ -514,7 +489,7 @@ class _Walk:
                 accepted = ", ".join(signature.parameters) or "none"
                 self.fail(
                     ConfigError(
-                        _join(path, name),
+                        join_path(path, name),
                         f"{owner} takes no argument {name!r} (given in code). Accepted keys: {accepted}",
                     )
                 )
@@ -522,7 +497,7 @@ class _Walk:
             params.pop(name)
             self.fail(
                 ConfigError(
-                    _join(path, name),
+                    join_path(path, name),
                     f"{owner} receives {name!r} from the code that builds it, not from the config: "
                     "remove this key",
                 )
@@ -542,11 +517,8 @@ class _Walk:
             for key in [key for key in params if not isinstance(key, str) or key in signature.reserved]:
                 params.pop(key)  # Python cannot pass it as a keyword: the call would fail
                 why = "it names self" if isinstance(key, str) else "its name must be a string"
-                self.fail(
-                    ConfigError(
-                        _join(path, key), f"{owner} cannot take this key through **kwargs ({why}): remove it"
-                    )
-                )
+                reason = f"{owner} cannot take this key through **kwargs ({why}): remove it"
+                self.fail(ConfigError(join_path(path, key), reason))
             return params  # what **kwargs takes as it is
         known = [name for name in signature.parameters if name not in explicit]
         what = "top-level key" if top_level else f"key for {owner}"
@@ -555,7 +527,7 @@ class _Walk:
             hint = f" Did you mean {close[0]!r}?" if close else ""
             self.fail(
                 ConfigError(
-                    _join(path, key),
+                    join_path(path, key),
                     f"unknown {what}.{hint} Accepted keys: {', '.join(known) or 'none'}",
                 )
             )
@@ -569,7 +541,7 @@ class _Walk:
         if not callable(checks):
             return
         parameters = signature_of(factory).parameters
-        own = {path, *(_join(path, name) for name in parameters)}
+        own = {path, *(join_path(path, name) for name in parameters)}
         if any(error.path in own for error in self.errors[before:]):
             return  # one of its own keys is wrong: its rules would misread it
         arguments = {name: given.get(name, parameter.default) for name, parameter in parameters.items()}
@@ -579,154 +551,4 @@ class _Walk:
             owner = signature_of(factory).owner
             found = [("", f"{owner}.config_checks raised {describe_error(error)} on this config")]
         for key, problem in found:
-            self.fail(ConfigError(_join(path, key) if key else path, problem))
-
-
-def unwrap(annotation: Any) -> Any:
-    """`annotation` as a config gives it: a `NewType("UserId", int)` is an int, a bare
-    `Mapping` a `dict[Any, Any]`, `numbers.Real` a float."""
-    while isinstance(annotation, typing.NewType):
-        annotation = annotation.__supertype__
-    try:
-        return _BARE.get(annotation, annotation)
-    except TypeError:  # unhashable: no bare class
-        return annotation
-
-
-def _size(value: Any) -> Optional[float]:
-    """What `AtLeast` compares: a number, or the length of a str, list or mapping."""
-    if isinstance(value, (str, list, tuple, Mapping)):
-        return len(value)
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return value
-    return None
-
-
-def unhashable(annotation: Any) -> Optional[str]:
-    """Why no value built for `annotation` can be in a set, or None if one can."""
-    annotation = unwrap(annotation)
-    origin = typing.get_origin(annotation)
-    if origin is typing.Annotated:
-        return unhashable(typing.get_args(annotation)[0])
-    if origin in _UNION_TYPES:
-        reasons = [unhashable(a) for a in typing.get_args(annotation)]
-        return reasons[0] if all(reasons) else None
-    kind = origin if origin is not None else annotation
-    if kind in (list, dict, set) or kind in _SEQUENCES or kind in _MAPPINGS:
-        return "a list or a mapping is not hashable"
-    if kind in _SETS and kind is not frozenset:
-        return "a set is not hashable"
-    if isinstance(kind, type) and origin is None and getattr(kind, "__hash__", None) is None:
-        return f"{kind.__name__} objects are not hashable"
-    return None
-
-
-def _same(value: Any, choice: Any) -> bool:
-    """`value` from a config is `choice` as JSON compares them: 1.0 is 1, but true is not."""
-    return bool(value == choice) and isinstance(value, bool) == isinstance(choice, bool)
-
-
-def _accepts_int(value: Any) -> bool:
-    # 2.0 is an integer to JSON (and to JSON Schema): it is taken as 2
-    return not isinstance(value, bool) and (
-        isinstance(value, int) or (isinstance(value, float) and value.is_integer())
-    )
-
-
-_PRIMITIVES: dict[Any, tuple[Callable[[Any], bool], str]] = {
-    bool: (lambda v: isinstance(v, bool), "bool"),
-    int: (_accepts_int, "int"),
-    float: (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool), "float"),
-    str: (lambda v: isinstance(v, str), "str"),
-    _NONE: (lambda v: v is None, "null"),
-}
-
-
-def is_typed_dict(cls: type) -> bool:
-    """A TypedDict class, from `typing` or `typing_extensions` (which has its own)."""
-    return issubclass(cls, dict) and hasattr(cls, "__required_keys__") and hasattr(cls, "__total__")
-
-
-def typed_dict_fields(cls: type) -> tuple[dict[str, Any], set[str]]:
-    """A TypedDict's keys with their annotations (unwrapped), and the required keys.
-
-    `Required`/`NotRequired` are read from the resolved annotations: with string
-    annotations (`from __future__ import annotations`) the class's own
-    `__required_keys__` cannot see them.
-    """
-    fields: dict[str, Any] = {}
-    required: set[str] = set(getattr(cls, "__required_keys__", ()))
-    for name, annotation in typing.get_type_hints(cls, include_extras=True).items():
-        while typing.get_origin(annotation) in (typing.Required, typing.NotRequired):
-            if typing.get_origin(annotation) is typing.Required:
-                required.add(name)
-            else:
-                required.discard(name)
-            annotation = typing.get_args(annotation)[0]
-        fields[name] = annotation
-    return fields, required
-
-
-def is_builtin(cls: type) -> bool:
-    """One of Python's builtin classes (a class made by `exec` has that module name too)."""
-    import builtins
-
-    return getattr(builtins, cls.__qualname__, None) is cls
-
-
-def _is_constructible(cls: type) -> bool:
-    if issubclass(cls, tuple) and hasattr(cls, "_fields"):  # a NamedTuple: made by __new__
-        return True
-    defines_init = any("__init__" in vars(klass) for klass in cls.__mro__[:-1])
-    return defines_init or issubclass(cls, Registrable)
-
-
-def _join(path: str, key: Any) -> str:
-    if (
-        not isinstance(key, str)
-        or not key
-        or not key.isprintable()
-        or len(key) > _SHOWN_CHARACTERS
-        or any(c.isspace() or c == "." for c in key)
-    ):
-        key = _shown(key)  # quoted, so the path stays one line and its dots stay separators
-    return f"{path}.{key}" if path else key
-
-
-def _describe(annotation: Any) -> str:
-    if annotation is _NONE:
-        return "null"
-    if isinstance(annotation, type):
-        return annotation.__name__
-    return str(annotation).replace("typing.", "")
-
-
-def _describe_at_least(annotation: Any, limit: AtLeast, value: Any = None) -> str:
-    if isinstance(value, (list, tuple, Mapping)):
-        unit = "keys" if isinstance(value, Mapping) else "items"
-        return f"{_describe(annotation)} of at least {limit.minimum} {unit}"
-    if annotation is str or isinstance(value, str):
-        return "a non-empty str" if limit.minimum == 1 else f"a str of at least {limit.minimum} characters"
-    if limit.minimum == 1 and annotation is int:
-        return "a positive int"
-    return f"{_describe(annotation)} of at least {limit.minimum}"
-
-
-def _mismatch(path: str, expected: str, got: Any) -> ConfigError:
-    shown = _shown(got) if isinstance(got, (str, int, float, bool, type(None))) else f"a {type(got).__name__}"
-    return ConfigError(path, f"expected {expected}, got {shown}", expected=expected, got=got)
-
-
-_SHOWN_CHARACTERS = 100
-
-
-def _shown(value: Any) -> str:
-    """`repr(value)` cut to a readable length; it never raises (Python will not print an
-    int of over 4300 digits)."""
-    try:
-        text = repr(value)
-    except ValueError:
-        text = f"an int of {len(format(value, 'x')) * math.log10(16):.0f} digits"
-    if len(text) > _SHOWN_CHARACTERS:
-        text = f"{text[: _SHOWN_CHARACTERS - 20]}... ({len(text)} characters)"
-    return text
+            self.fail(ConfigError(join_path(path, key) if key else path, problem))

@@ -20,23 +20,23 @@ from typing import Any, Optional, Union
 
 import attrs
 
-from framework.config._construct import (
-    _MAPPINGS,
-    _NONE,
-    _SEQUENCES,
-    _SETS,
-    _UNION_TYPES,
+from framework.config._annotations import (
     FLOAT_MAX,
     INT_KEY,
+    MAPPINGS,
     META_KEYS,
-    Lazy,
-    _is_constructible,
+    NONE,
+    SEQUENCES,
+    SETS,
+    UNION_TYPES,
     is_builtin,
+    is_constructible,
     is_typed_dict,
     typed_dict_fields,
     unhashable,
     unwrap,
 )
+from framework.config._construct import Lazy
 from framework.config._signatures import (
     EMPTY,
     AtLeast,
@@ -63,12 +63,12 @@ DRAFT = "https://json-schema.org/draft/2020-12/schema"
 DOTTED_PATH = r"^[A-Za-z_][\w.]*[.:][A-Za-z_][\w.]*$"
 # a float: any number but an integer beyond the float range (JSON has no other floats)
 _FLOAT = {"type": "number", "not": {"type": "integer", "not": {"minimum": -FLOAT_MAX, "maximum": FLOAT_MAX}}}
-_PRIMITIVES: dict[Any, dict[str, Any]] = {
+PRIMITIVES: dict[Any, dict[str, Any]] = {
     bool: {"type": "boolean"},
     int: {"type": "integer"},
     float: _FLOAT,
     str: {"type": "string"},
-    _NONE: {"type": "null"},
+    NONE: {"type": "null"},
 }
 
 # None: inside a Lazy, where any missing key may still come from code
@@ -240,7 +240,7 @@ class _Builder:
             return {}
         origin = typing.get_origin(annotation)
         args = typing.get_args(annotation)
-        if origin in _UNION_TYPES:
+        if origin in UNION_TYPES:
             alternatives = [self.annotation(a, provided, explicit) for a in args]
             return {} if {} in alternatives else {"anyOf": alternatives}
         if origin is typing.Literal:  # an enum member: its value or its name, as validate reads it
@@ -250,9 +250,9 @@ class _Builder:
             return self.annotation(args[0] if args else Any, None)
         if origin is typing.Annotated:
             return self.annotated(args[0], annotation.__metadata__, provided)
-        if origin in _SEQUENCES or origin in _SETS or origin is tuple:
+        if origin in SEQUENCES or origin in SETS or origin is tuple:
             return self.collection(origin, args, provided)
-        if origin in _MAPPINGS:
+        if origin in MAPPINGS:
             values = self.annotation(args[1], provided) if args else {}
             keys = self.mapping_keys(args[0]) if args else {}
             return {
@@ -292,13 +292,13 @@ class _Builder:
             items = [self.annotation(a, provided) for a in args]
             return {"type": "array", "prefixItems": items, "minItems": len(args), "maxItems": len(args)}
         items_schema = self.annotation(args[0], provided) if args else {}
-        if origin in _SETS and args and unhashable(args[0]):  # validate says why
+        if origin in SETS and args and unhashable(args[0]):  # validate says why
             return {"type": "array", "maxItems": 0}
         return {"type": "array", **({"items": items_schema} if items_schema else {})}
 
     def plain(self, cls: Any, provided: _Provided, explicit: frozenset[str] = frozenset()) -> dict[str, Any]:
-        if cls in _PRIMITIVES:
-            return dict(_PRIMITIVES[cls])
+        if cls in PRIMITIVES:
+            return dict(PRIMITIVES[cls])
         if not isinstance(cls, type):
             return {}
         if is_typed_dict(cls):
@@ -322,7 +322,7 @@ class _Builder:
             return {"type": "object"}
         if issubclass(cls, Registrable):
             return {"$ref": self.registrable(cls, provided, explicit)}
-        if _is_constructible(cls) and not is_builtin(cls):
+        if is_constructible(cls) and not is_builtin(cls):
             key = self.key(cls, provided, explicit=explicit)
             if key not in self.defs:
                 self.defs[key] = {}  # claimed first: a class may nest itself

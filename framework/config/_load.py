@@ -7,7 +7,8 @@ import pathlib
 from os import PathLike
 from typing import Any, Union
 
-from framework.config._construct import MAX_DEPTH, _shown
+from framework.config._construct import MAX_DEPTH
+from framework.config._texts import shown
 from framework.errors import ConfigError
 
 __all__ = ["MAX_CONFIG_BYTES", "load_config"]
@@ -18,7 +19,7 @@ MAX_CONFIG_BYTES = 64 * 2**20  # a config file larger than this is a mistake (or
 def load_config(path: Union[str, PathLike[str]]) -> dict[str, Any]:
     """Read a JSON config, or a YAML one (`.yaml`/`.yml`, needs PyYAML)."""
     if not isinstance(path, (str, PathLike)):
-        raise ConfigError("", f"expected a config mapping, or a JSON or YAML file's path, got {_shown(path)}")
+        raise ConfigError("", f"expected a config mapping, or a JSON or YAML file's path, got {shown(path)}")
     try:
         path = pathlib.Path(path)
         with path.open("rb") as file:  # a pipe works too; /dev/zero would never end

@@ -13,8 +13,10 @@ from collections.abc import Callable, Iterable, Mapping
 from os import PathLike
 from typing import Any, Optional, Union
 
-from framework.config._construct import META_KEYS, _combined, _mismatch, _Walk, checked
+from framework.config._annotations import META_KEYS
+from framework.config._construct import _Walk, checked
 from framework.config._load import load_config
+from framework.config._texts import combined, mismatch
 from framework.errors import ConfigError, UnknownNameError
 from framework.registry import Registrable, all_entries, describe_error, import_target
 
@@ -76,11 +78,11 @@ def validate(
         if cls is not None:
             walk.value(cls, config, "")
         elif not isinstance(config, Mapping):
-            walk.fail(_mismatch("", "a mapping (a run config)", config))
+            walk.fail(mismatch("", "a mapping (a run config)", config))
         else:
             body = {k: v for k, v in config.items() if k not in RUN_CONFIG_META_KEYS}
             for key in (k for k in RUN_CONFIG_META_KEYS if k in config and not isinstance(config[k], str)):
-                walk.fail(_mismatch(key, "str (a schema's URL)", config[key]))
+                walk.fail(mismatch(key, "str (a schema's URL)", config[key]))
             walk.arguments(run_config_shape(), body, "", {}, top_level=True)
 
     return checked(walk, step)
@@ -101,7 +103,7 @@ def check(config: Any, base: Union[str, type, None] = None) -> None:
     """`validate`, raising one `ConfigError` (the first, its `errors` holding all)."""
     errors = validate(config, base)
     if errors:
-        raise _combined(errors)
+        raise combined(errors)
 
 
 def resolve_base(base: Union[str, type]) -> type[Registrable]:

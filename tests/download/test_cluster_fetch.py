@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import io
 import json
+import multiprocessing
 import os
 import socket
 import subprocess
 import sys
 import tarfile
 import threading
+import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Optional
@@ -24,6 +26,7 @@ import pytest
 
 from framework.download import DownloadManager
 from framework.download._cache import Entry
+from tests.support import cluster_rank
 from tests.support.download import FaultServer, sha256, stray_files
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
@@ -61,32 +64,29 @@ def run_group(
     out = tmp_path / f"out-{os.urandom(4).hex()}"
     out.mkdir()
     port = free_port()
+    # Forked from the forkserver the tests share (torch imported once, not per rank).
+    context = multiprocessing.get_context("forkserver")
     procs = []
     for rank, cache in enumerate(caches):
         rank_spec = dict(
             spec, rank=rank, world=len(caches), port=port, url=url, cache=str(cache), out=str(out)
         )
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, str(RANK_SCRIPT), json.dumps(rank_spec)],
-                env=rank_env(),
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-            )
-        )
-    logs = []
-    try:
-        for proc in procs:
-            logs.append(proc.communicate(timeout=timeout)[0])
-    except subprocess.TimeoutExpired:
-        for proc in procs:
+        log = str(out / f"rank{rank}.log")
+        procs.append(context.Process(target=cluster_rank.forked_main, args=(rank_spec, log, rank_env())))
+        procs[-1].start()
+    deadline = time.monotonic() + timeout
+    for proc in procs:
+        proc.join(max(0.0, deadline - time.monotonic()))
+    hung = any(proc.is_alive() for proc in procs)
+    for proc in procs:
+        if proc.is_alive():
             proc.kill()
-        for proc in procs:
-            proc.communicate(timeout=10)
-        pytest.fail(f"the ranks did not finish within {timeout}s (a hang)")
+            proc.join(10)
+    logs = [(out / f"rank{rank}.log").read_text(errors="replace") for rank in range(len(caches))]
+    if hung:
+        pytest.fail(f"the ranks did not finish within {timeout}s (a hang)\n" + "\n".join(logs))
     codes = {rank: 0 for rank in range(len(caches))} | (exits or {})
-    assert [proc.returncode for proc in procs] == list(codes.values()), "\n".join(logs)
+    assert [proc.exitcode for proc in procs] == list(codes.values()), "\n".join(logs)
     results = []
     for rank, code in codes.items():
         path = out / f"rank{rank}.json"

@@ -1,10 +1,10 @@
 """One rank of a real gloo group for the cluster-fetch tests and benchmark.
 
-Run as ``python tests/support/cluster_rank.py SPEC_JSON``; the spec names the rank, the group, the URL,
-this rank's cache folder and what to inject. The rank writes its outcome as JSON to
-``<out>/rank<N>.json``: the path and its sha256, or the error's class and message. With
-``calls`` (a list of overrides of the spec) it makes those calls in turn in one group and
-writes the list of their outcomes.
+Run as ``python tests/support/cluster_rank.py SPEC_JSON`` (or forked: `forked_main`); the
+spec names the rank, the group, the URL, this rank's cache folder and what to inject. The
+rank writes its outcome as JSON to ``<out>/rank<N>.json``: the path and its sha256, or the
+error's class and message. With ``calls`` (a list of overrides of the spec) it makes those
+calls in turn in one group and writes the list of their outcomes.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
+import torch
 import torch.distributed as dist
 
 
@@ -255,6 +256,20 @@ def _call(spec: dict[str, Any], rank: int) -> dict[str, Any]:
     if spec.get("inject", {}).get(str(rank)) == "slow_fsync":
         result["app_files"] = _app_files_survive(Path(spec["out"]))
     return result
+
+
+def forked_main(spec: dict[str, Any], log: str, environ: dict[str, str]) -> None:
+    """`main` in a process forked from the test forkserver (torch imported already), with
+    the environment a fresh process would get and its output to `log`."""
+    os.environ.clear()
+    os.environ.update(environ)
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    if "OMP_NUM_THREADS" in environ:  # read when torch was imported, in the forkserver
+        torch.set_num_threads(int(environ["OMP_NUM_THREADS"]))
+    main(spec)
 
 
 if __name__ == "__main__":

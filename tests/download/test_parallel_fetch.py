@@ -822,14 +822,14 @@ def test_a_failing_connection_ends_the_fetch_without_waiting_for_a_stalled_one(
     http_server: FaultServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """One connection fails (no room) while another is stuck in a read that would last
-    longer than the test may run: the call raises while that read is still stuck."""
+    longer than the test may run: the call raises while that read is still stuck. (The
+    stall is armed by the second request: a lone stream stalled would be waited for.)"""
     from framework.download.parallel import _engine
     from framework.errors import DownloadError
 
     data = _data(16)
-    url = http_server.add(
-        unique_path("fail-while-stalled"), data, stall_after=PART // 2, stall_s=600.0, **SLOW
-    )
+    stall = {"stall_after": PART // 2, "stall_s": 600.0}
+    url = http_server.add(unique_path("fail-while-stalled"), data, swap_at_get=2, then=stall, **SLOW)
     route = http_server.route(url)
     real = _engine._pwrite
 

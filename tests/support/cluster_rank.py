@@ -28,13 +28,13 @@ import torch.distributed as dist
 
 def _inject(kind: str, spec: dict[str, Any], stack: ExitStack) -> None:
     """Patch this rank for one call; `stack` undoes it."""
-    from framework.download import _cluster
+    from framework.download import _cluster, _cluster_transfer
 
     def patch(target: Any, name: str, value: Any) -> None:
         stack.enter_context(mock.patch.object(target, name, value))
 
     if "chunk_bytes" in spec:  # many chunks from a small file
-        patch(_cluster, "CHUNK_BYTES", spec["chunk_bytes"])
+        patch(_cluster_transfer, "CHUNK_BYTES", spec["chunk_bytes"])
     if "backend_config" in spec:  # the group's backends as torch would report them
         patch(dist, "get_backend_config", lambda *args, **kwargs: spec["backend_config"])
     if kind == "cuda_node":  # this rank sees a GPU (others do not: a node whose driver broke)
@@ -228,6 +228,7 @@ def _call(spec: dict[str, Any], rank: int) -> dict[str, Any]:
             backoff_factor=0.01,
             retries=spec.get("retries", 2),
             offline=spec.get("offline", False),
+            connections=spec.get("connections"),
         )
         started = time.perf_counter()
         try:

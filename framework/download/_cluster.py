@@ -20,13 +20,13 @@ Every rank of torch.distributed's default group calls it with the same arguments
    newer one), else, from the origin through the ordinary locked, atomic-publish path,
    the first leader that can write and is online.
 4. **The leader of each other folder receives the bytes** from it over the process group
-   (per `CHUNK_BYTES` piece: a point-to-point send to each receiving leader, one copy per
-   folder whatever its number of ranks, then a one-byte `all_reduce` that every rank
-   joins; the tensors live on the device the group has a backend for, see
-   `_device_type`) and publishes them like a download: a private partial file hashed
-   while written, checked against the sender's sha256 (and the caller's), fsynced, the
-   sidecar, then `os.replace`. Partial files of dead receivers are swept by every
-   later call.
+   while the origin fetch still arrives (`_cluster_transfer`: a piece per heartbeat of
+   the fetching step, from the prefix of the download already hashed, point to point to
+   each receiving leader: one copy per folder whatever its number of ranks; the tensors
+   live on the device the group has a backend for, see `_device_type`) and publishes
+   them like a download: a private partial file hashed while written, checked against
+   the sender's sha256 (and the caller's), fsynced, the sidecar, then `os.replace`.
+   Partial files of dead receivers are swept by every later call.
 5. `extract=True`: each leader then extracts its own copy through the ordinary path.
 
 **Failures.** Every local step runs to its end on every rank and its outcome is

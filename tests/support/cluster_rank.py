@@ -125,11 +125,11 @@ def _inject(kind: str, spec: dict[str, Any], stack: ExitStack) -> None:
     elif kind == "die_at_publish":  # killed in the step after the transfer
         step, steps = _cluster._Call._step, []
 
-        def counted(self: Any, *args: Any) -> Any:
+        def counted(self: Any, *args: Any, **kwargs: Any) -> Any:
             steps.append(args)
-            if len(steps) == 4:  # probe, look, prepare, publish
+            if len(steps) == 5:  # probe, look, re-bind, fetch and send, publish
                 os._exit(9)
-            return step(self, *args)
+            return step(self, *args, **kwargs)
 
         patch(_cluster._Call, "_step", counted)
 

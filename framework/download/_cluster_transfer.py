@@ -223,7 +223,10 @@ class _Feed:
 
 
 def _same_file(a: int, b: int) -> bool:
-    one, other = os.fstat(a), os.fstat(b)
+    try:
+        one, other = os.fstat(a), os.fstat(b)
+    except OSError:  # then sent again from byte 0
+        return False
     return (one.st_dev, one.st_ino) == (other.st_dev, other.st_ino)
 
 
@@ -317,6 +320,7 @@ class _Receiver(_Owned):
     def _empty(self) -> None:
         assert self.partial is not None
         os.ftruncate(self.partial.fd, 0)
+        os.lseek(self.partial.fd, 0, os.SEEK_SET)  # writes go where the file position is
         self.partial.offset, self.partial.hasher = 0, new_hasher()
 
     def _write(self, piece: torch.Tensor) -> None:
@@ -356,6 +360,12 @@ class _Receiver(_Owned):
             if self._closed:  # the call gave up (this fsync hung): publish nothing afterwards
                 raise DownloadError(call.url, "the call was given up while this copy was written")
             fetched = partial_file.verified(call.url, info.sha256)
+            if not fetched.info.st_size == fetched.size == info.size:  # the digest covers what was written
+                raise DownloadError(
+                    call.url,
+                    f"the received copy is {fetched.info.st_size} bytes on disk, {fetched.size} "
+                    f"received, where the sender has {info.size}",
+                )
             if call.sha256 is not None and fetched.sha256 != call.sha256:
                 raise ChecksumError(call.url, call.sha256, fetched.sha256)
             self.partial = None

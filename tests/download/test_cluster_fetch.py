@@ -152,6 +152,18 @@ def node_local(http_server: FaultServer, tmp_path_factory: pytest.TempPathFactor
         "/cluster/cut.bin", data["cut"], hold_after=3 << 20, drop_after=(3 << 20) + (64 << 10) + 1, drops=9
     )
     cut = release_when_received(http_server.route(urls["cut"]), tmp_path / "cut" / "node1")
+    # The object changes once the receiver wrote some of the first version: the fetch
+    # starts over (the resumed request's If-Range fails), and so must the receiver.
+    data["swapped"] = os.urandom(5 << 20)
+    urls["swap"] = http_server.add(
+        "/cluster/swap.bin",
+        os.urandom(6 << 20),
+        hold_after=3 << 20,
+        drop_after=(3 << 20) + (64 << 10) + 1,
+        drops=1,
+        then={"data": data["swapped"], "etag": '"swapped"'},
+    )
+    swap = release_when_received(http_server.route(urls["swap"]), tmp_path / "swap" / "node1")
     one_stream = {"connections": 1, "retries": 0}  # the origin's bytes counted exactly
     calls = [
         {"url": urls["two"]},
@@ -160,6 +172,7 @@ def node_local(http_server: FaultServer, tmp_path_factory: pytest.TempPathFactor
         {"url": urls["archive"], "extract": True},
         {"url": urls["piped"], "caches": [str(c) for c in two_nodes(tmp_path / "piped")], **one_stream},
         {"url": urls["cut"], "caches": [str(c) for c in two_nodes(tmp_path / "cut")], **one_stream},
+        {"url": urls["swap"], "caches": [str(c) for c in two_nodes(tmp_path / "swap")], "connections": 1},
         # Its own caches: the killed rank's partial file stays (its process cleans nothing).
         {
             "url": urls["dies"],
@@ -168,7 +181,7 @@ def node_local(http_server: FaultServer, tmp_path_factory: pytest.TempPathFactor
         },
     ]
     results = run_calls(tmp_path, two_nodes(tmp_path), calls, exits={2: 7}, pg_timeout=15, timeout=150)
-    watched = {"piped": piped, "cut": cut}
+    watched = {"piped": piped, "cut": cut, "swap": swap}
     return {"tmp": tmp_path, "data": data, "urls": urls, "results": results, "watched": watched}
 
 
@@ -237,6 +250,22 @@ def test_the_origin_failing_mid_stream_fails_every_rank_and_publishes_nothing(
 
 
 @pytest.mark.timeout(200)
+def test_a_fetch_starting_over_for_a_new_version_starts_the_receivers_copy_over(
+    http_server: FaultServer, node_local: dict[str, Any]
+) -> None:
+    """The receiver already wrote some of the first version when the object changes: the
+    fetch starts over from byte 0 with the new one, and the receiver's copy with it."""
+    results, url, data = node_local["results"][6], node_local["urls"]["swap"], node_local["data"]["swapped"]
+    assert node_local["watched"]["swap"]["grew"], results
+    assert [r.get("error") for r in results] == [None] * WORLD, results
+    assert {r["sha256"] for r in results} == {sha256(data)}, results
+    assert http_server.route(url).gets == 2
+    for cache in set(two_nodes(node_local["tmp"] / "swap")):
+        verified_hit(cache, url, data)
+        assert stray_files(cache) == []
+
+
+@pytest.mark.timeout(200)
 def test_node_local_caches_one_get_and_both_caches_hold_a_hit(
     http_server: FaultServer, node_local: dict[str, Any]
 ) -> None:
@@ -283,7 +312,7 @@ def test_extract_each_cache_extracts_its_own_copy(
 
 @pytest.mark.timeout(200)
 def test_a_rank_dying_mid_transfer_fails_the_others_instead_of_hanging(node_local: dict[str, Any]) -> None:
-    results = node_local["results"][6]
+    results = node_local["results"][7]
     assert results[2] == {"exit": 7, "log": results[2]["log"]}
     others = [results[rank] for rank in (0, 1, 3)]
     assert [r.get("error") for r in others] == ["DownloadError"] * 3, results

@@ -587,7 +587,8 @@ HANG_TIMEOUT = 6  # the group's timeout in the hang group: each hang costs about
 @pytest.fixture(scope="module")
 def hangs(http_server: FaultServer, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """Calls in which one rank's step hangs (until its own call has ended, or three
-    timeouts), and one in which a FIFO replaces the sender's published file."""
+    timeouts), one in which a FIFO replaces the sender's published file, and last the
+    fetching rank killed mid-stream."""
     tmp_path = tmp_path_factory.mktemp("hangs")
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
@@ -599,13 +600,26 @@ def hangs(http_server: FaultServer, tmp_path_factory: pytest.TempPathFactory) ->
         "fsync": os.urandom(1 << 20),
         "extract": buffer.getvalue(),
         "fifo": os.urandom(1 << 20),
+        "fetcher-dies": os.urandom(3 << 20),
     }
     urls = {name: http_server.add(f"/cluster/hang-{name}.bin", body) for name, body in data.items()}
+    # The origin holds its last MiB until the receiver wrote; the fetching rank dies
+    # when it sends its second piece, while its fetch still runs.
+    route = http_server.route(urls["fetcher-dies"])
+    route.hold_after = 2 << 20
+    dies = two_nodes(tmp_path / "fetcher-dies")
+    release_when_received(route, dies[2])
     calls = {
         "probe": {"inject": {"1": "hang_probe"}},
         "fsync": {"inject": {"2": "hang_fsync"}},
         "extract": {"inject": {"2": "hang_extract"}, "extract": True},
         "fifo": {"inject": {"0": "fifo"}},
+        "fetcher-dies": {
+            "inject": {"0": "die_sending"},
+            "chunk_bytes": 1 << 20,
+            "connections": 1,
+            "caches": [str(cache) for cache in dies],
+        },
     }
     results = run_calls(
         tmp_path,
@@ -613,6 +627,7 @@ def hangs(http_server: FaultServer, tmp_path_factory: pytest.TempPathFactory) ->
         [{"url": urls[name], **call} for name, call in calls.items()],
         pg_timeout=HANG_TIMEOUT,
         timeout=150,
+        exits={0: 8},
     )
     return {"tmp": tmp_path, "data": data, "urls": urls, "results": dict(zip(calls, results))}
 
@@ -646,6 +661,21 @@ def test_a_fifo_renamed_over_the_senders_file_is_never_waited_on(hangs: dict[str
     assert [r.get("error") for r in results] == ["DownloadError"] * WORLD, results
     assert "was replaced during the call" in results[0]["message"], results
     assert len({r["message"] for r in results}) == 1, results
+
+
+@pytest.mark.timeout(200)
+def test_the_fetching_rank_dying_mid_stream_fails_the_others_and_publishes_nothing(
+    hangs: dict[str, Any],
+) -> None:
+    results, url = hangs["results"]["fetcher-dies"], hangs["urls"]["fetcher-dies"]
+    assert results[0] == {"exit": 8, "log": results[0]["log"]}
+    others = results[1:]
+    assert [r.get("error") for r in others] == ["DownloadError"] * 3, results
+    assert all("process group failed" in r["message"] for r in others), results
+    assert results[2]["received_bytes"] > 0, results  # it was mid-stream
+    node1 = two_nodes(hangs["tmp"] / "fetcher-dies")[2]
+    assert Entry(node1, url).cached() is None
+    assert stray_files(node1) == []
 
 
 def _dead_pid() -> int:

@@ -69,6 +69,15 @@ def _inject(kind: str, spec: dict[str, Any], stack: ExitStack) -> None:
             receive(self, chunk)
 
         patch(_cluster._Receiver, "write", write)
+    elif kind == "die_sending":  # the fetching rank killed as it sends its second piece
+        move = _cluster_transfer.Transfer._move
+
+        def dying(self: Any, restart: bool, offset: int, length: int) -> None:
+            if length and offset:
+                os._exit(8)
+            move(self, restart, offset, length)
+
+        patch(_cluster_transfer.Transfer, "_move", dying)
     elif kind == "slow_fsync":  # the publish step's fsync outlasts the call
         real_fsync = os.fsync
 

@@ -367,7 +367,7 @@ def failing(http_server: FaultServer, tmp_path_factory: pytest.TempPathFactory) 
         "full-disk-2": os.urandom(20 << 20),
         "full-disk-0": os.urandom(20 << 20),
         "flipped": os.urandom(3 << 20),
-        "slow-link": os.urandom(6 << 20),  # six chunks at a quarter of the timeout each
+        "slow-link": os.urandom(5 << 20),  # five pieces at a quarter of the timeout each: 1.25 timeouts
         "stalled": os.urandom(24 << 20),
     }
     urls = {name: http_server.add(f"/cluster/{name}.bin", body) for name, body in data.items()}

@@ -20,13 +20,13 @@ Every rank of torch.distributed's default group calls it with the same arguments
    newer one), else, from the origin through the ordinary locked, atomic-publish path,
    the first leader that can write and is online.
 4. **The leader of each other folder receives the bytes** from it over the process group
-   (per `CHUNK_BYTES` piece: a point-to-point send to each receiving leader, one copy per
-   folder whatever its number of ranks, then a one-byte `all_reduce` that every rank
-   joins; the tensors live on the device the group has a backend for, see
-   `_device_type`) and publishes them like a download: a private partial file hashed
-   while written, checked against the sender's sha256 (and the caller's), fsynced, the
-   sidecar, then `os.replace`. Partial files of dead receivers are swept by every
-   later call.
+   while the origin fetch still arrives (`_cluster_transfer`: a piece per heartbeat of
+   the fetching step, from the prefix of the download already hashed, point to point to
+   each receiving leader: one copy per folder whatever its number of ranks; the tensors
+   live on the device the group has a backend for, see `_device_type`) and publishes
+   them like a download: a private partial file hashed while written, checked against
+   the sender's sha256 (and the caller's), fsynced, the sidecar, then `os.replace`.
+   Partial files of dead receivers are swept by every later call.
 5. `extract=True`: each leader then extracts its own copy through the ordinary path.
 
 **Failures.** Every local step runs to its end on every rank and its outcome is
@@ -52,19 +52,15 @@ from __future__ import annotations
 
 import logging
 import os
-import stat
-import threading
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final, Optional, Union
+from typing import TYPE_CHECKING, Any, Optional, Union
 
-import attrs
 import torch
 import torch.distributed as dist
 
-from framework.download._cache import Entry, Metadata, file_identity
+from framework.download._cache import Entry, Metadata
 from framework.download._call import cache_writes, check_sha256, extracted, normalize
 from framework.download._cluster_plan import (  # noqa: F401 - tests reach them here
     _BARE_BACKENDS,
@@ -75,7 +71,6 @@ from framework.download._cluster_plan import (  # noqa: F401 - tests reach them 
     _exists,
     _groups,
     _Held,
-    _identity,
     _leaders,
     _newest,
     _origin_fetcher,
@@ -87,18 +82,13 @@ from framework.download._cluster_plan import (  # noqa: F401 - tests reach them 
     _transfer_device,
     _write_marker,
 )
+from framework.download._cluster_transfer import CHUNK_BYTES, Transfer, _Receiver, _Sender
 from framework.download._collective import POLL_S as POLL_S
-from framework.download._collective import _Collective, _group_failed
+from framework.download._collective import _Collective
 from framework.download._collective import _decode as _decode
 from framework.download._collective import _encode as _encode
-from framework.download._partial import (
-    Partial,
-    partial_bytes,
-    publish_fetched,
-)
-from framework.download._pipeline import write_all
-from framework.download._validators import Validators
-from framework.errors import ChecksumError, DownloadError, InvalidArgumentError
+from framework.download._partial import partial_bytes
+from framework.errors import DownloadError, InvalidArgumentError
 
 if TYPE_CHECKING:
     from framework.download.manager import DownloadManager
@@ -107,9 +97,6 @@ __all__ = ["CHUNK_BYTES", "POLL_S", "cluster_cached_path"]
 
 
 logger = logging.getLogger("framework.download")
-
-
-CHUNK_BYTES: Final = 8 << 20  # memory during a transfer: a sender's one chunk, a receiver's two
 
 PathOrUrl = Union[str, "os.PathLike[str]"]
 
@@ -250,24 +237,7 @@ class _Call(_Collective):
         source = fetcher if from_origin else _newest(holders, held)
         digest = None if from_origin else held[source].sha256  # type: ignore[union-attr]
         if from_origin or any(_digest(held[leader]) != digest for leader in leaders):
-            sender = _Sender(self) if rank == source else None
-            try:
-                what = "fetching the file" if from_origin else "opening its cached copy"
-                progress = partial(partial_bytes, self.entry.final)
-                info: _Source = self._step(
-                    sender.prepare if sender else None, (_Source, type(None)), what, progress
-                )[source]
-                receivers = [
-                    leader
-                    for leader in leaders
-                    if leader != source and (self.force or _digest(held[leader]) != info.sha256)
-                ]
-                if receivers:
-                    self._transfer(info, source, receivers, sender)
-            finally:
-                if sender is not None:
-                    sender.close()
-            digest = info.sha256
+            digest = self._send(from_origin, source, leaders, held)
         assert digest is not None
         if self.extract:
             self._step(
@@ -277,6 +247,72 @@ class _Call(_Collective):
             )
         path: list[Path] = self._step(partial(self._resolve, digest), Path, "checking its copy")
         return path[rank]
+
+    def _send(
+        self, from_origin: bool, source: int, leaders: list[int], held: dict[int, Optional[_Held]]
+    ) -> str:
+        """Get the file to `source` and from there to the leaders that need it, as it
+        arrives (see `_cluster_transfer`); its sha256. A leader holding some copy, when
+        the one fetched may be the same version, gets the bytes once that is known."""
+        rank = dist.get_rank()
+        expected = self.sha256 if from_origin else _digest(held[source])
+        early: list[int] = []
+        late: list[int] = []
+        for leader in leaders:
+            holds_it = expected is not None and _digest(held[leader]) == expected
+            if leader == source or (holds_it and not self.force):
+                continue
+            maybe_same = not self.force and expected is None and held[leader] is not None
+            (late if maybe_same else early).append(leader)
+        sender = _Sender(self) if rank == source else None
+        try:
+            what = "fetching the file" if from_origin else "opening its cached copy"
+            info: _Source = self._transfer(source, early, sender, what)
+            late = [leader for leader in late if _digest(held[leader]) != info.sha256]
+            if late:
+                self._transfer(source, late, sender, "sending the file", info)
+        finally:
+            if sender is not None:
+                sender.close()
+        return info.sha256
+
+    def _transfer(
+        self,
+        source: int,
+        receivers: list[int],
+        sender: Optional[_Sender],
+        what: str,
+        info: Optional[_Source] = None,
+    ) -> _Source:
+        """One step: the sender gets the file ready (fetches it; not again once `info`
+        says what it is) while its bytes go to `receivers`, which then publish their
+        copies; what the sender says of the file."""
+        rank = dist.get_rank()
+        receiver = _Receiver(self) if rank in receivers else None
+        try:
+            if receivers and (rank == source or receiver is not None):
+                logger.info(
+                    "rank %d %s %s over the process group (%s)",
+                    rank,
+                    "sends" if rank == source else "receives",
+                    self.url,
+                    f"to ranks {receivers}" if rank == source else f"from rank {source}",
+                )
+            transfer = Transfer(self, source, receivers, sender, receiver)
+            progress = partial(partial_bytes, self.entry.final)
+            work = sender.prepare if sender is not None and info is None else None
+            outcomes = self._step(work, (_Source, type(None)), what, progress, rounds=transfer)
+            info = info or outcomes[source]
+            assert info is not None
+            self._step(
+                partial(receiver.publish, info) if receiver else sender.check if sender else None,
+                type(None),
+                "publishing the received copy",
+            )
+        finally:
+            if receiver is not None:
+                receiver.close()
+        return info
 
     def _probe(self) -> _Probe:
 
@@ -334,75 +370,6 @@ class _Call(_Collective):
             if probe.marker is not None and _exists(self.root / probe.marker)
         ]
 
-    def _transfer(self, info: _Source, source: int, receivers: list[int], sender: Optional[_Sender]) -> None:
-        """Send the file from `source` to `receivers`, each publishing its copy."""
-        rank = dist.get_rank()
-        receiver = _Receiver(self, info) if rank in receivers else None
-        try:
-            if rank == source or receiver is not None:
-                logger.info(
-                    "rank %d %s %s (%d bytes) over the process group",
-                    rank,
-                    "sends" if rank == source else "receives",
-                    self.url,
-                    info.size,
-                )
-            self._send(info.size, source, receivers, sender, receiver)
-            self._step(
-                receiver.publish if receiver else sender.check if sender else None,
-                type(None),
-                "publishing the received copy",
-            )
-        finally:
-            if receiver is not None:
-                receiver.close()
-
-    def _send(
-        self,
-        size: int,
-        source: int,
-        receivers: list[int],
-        sender: Optional[_Sender],
-        receiver: Optional[_Receiver],
-    ) -> None:
-        """Each chunk goes from the source to each receiver (one rank per receiving
-        folder: a node's ingress is one copy, whatever its number of ranks), then every
-        rank of the default group joins a one-byte `all_reduce`: each wait is one chunk
-        long and bounded by the group's timeout (a subgroup would get torch's default
-        one), and no rank sits in one collective for the whole transfer. A receiver
-        posts the next chunk's receive before it writes this one (two buffers), so the
-        network and its disk overlap. Local failures are reported in the next step,
-        never by leaving the others waiting."""
-        rank = dist.get_rank()
-        pieces = [(offset, min(CHUNK_BYTES, size - offset)) for offset in range(0, size, CHUNK_BYTES)]
-        try:
-            done = torch.zeros(1, dtype=torch.uint8, device=self.device)
-            receiving = rank in receivers
-            count = 2 if receiving else 1 if sender is not None else 0
-            buffers = [
-                torch.empty(min(CHUNK_BYTES, max(size, 1)), dtype=torch.uint8, device=self.device)
-                for _ in range(count)
-            ]
-            posted = None
-            if receiving and pieces:
-                posted = dist.irecv(buffers[0][: pieces[0][1]], src=source)
-            for index, (offset, length) in enumerate(pieces):
-                chunk = buffers[index % len(buffers)][:length] if buffers else done
-                if sender is not None:
-                    sender.read(offset, chunk)
-                    for work in [dist.isend(chunk, dst=other) for other in receivers]:
-                        if work is not None:
-                            work.wait()
-                elif posted is not None:
-                    posted.wait()
-                dist.all_reduce(done)
-                if receiving and index + 1 < len(pieces):
-                    posted = dist.irecv(buffers[(index + 1) % 2][: pieces[index + 1][1]], src=source)
-                if receiver is not None:
-                    receiver.write(chunk)
-        except RuntimeError as error:  # DistBackendError, a timeout, a closed connection, CUDA
-            raise DownloadError(self.url, _group_failed(error)) from error
-
     def _extract(self, digest: str) -> Path:
         """A leader extracts its cache's copy through the ordinary path."""
         self._verified(digest)
@@ -425,166 +392,3 @@ class _Call(_Collective):
                 f"the verified copy (sha256 {digest}) in {self.root} was replaced or removed "
                 "by another process during the call; call again",
             )
-
-
-class _Owned:
-    """Resources that a step's thread may still be using when the call gives up (the
-    group failed): whichever of `close` and the step's end comes last releases them, so
-    a descriptor is never closed under a running thread (which would then close the
-    number again, by then perhaps the application's file)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._busy = False
-        self._closed = False
-
-    @contextmanager
-    def _working(self) -> Iterator[None]:
-        with self._lock:
-            if self._closed:
-                raise DownloadError(self.url, "the call was given up before this step began")
-            self._busy = True
-        try:
-            yield
-        finally:
-            with self._lock:
-                self._busy = False
-                if self._closed:
-                    self._release()
-
-    def close(self) -> None:
-        with self._lock:
-            self._closed = True
-            if not self._busy:
-                self._release()
-
-    @property
-    def url(self) -> str:
-        raise NotImplementedError
-
-    def _release(self) -> None:
-        raise NotImplementedError
-
-
-class _Sender(_Owned):
-    """The rank that holds the file: fetched from the origin, or found in its cache."""
-
-    def __init__(self, call: _Call) -> None:
-        super().__init__()
-        self.call = call
-        self.fd: Optional[int] = None
-        self.error: Optional[BaseException] = None
-
-    @property
-    def url(self) -> str:
-        return self.call.url
-
-    def prepare(self) -> _Source:
-        with self._working():
-            return self._prepare()
-
-    def _prepare(self) -> _Source:
-        call = self.call
-        meta = None if call.force or call.revalidate else call._held(call.sha256)
-        if meta is None:
-            call.plain(extract=False)  # the one fetch from the origin, locked and atomic
-            meta = call.entry.cached()
-        # Never waited on: a FIFO renamed over the file opens at once and fails the check.
-        fd = os.open(call.entry.final, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-        self.fd = fd
-        now = os.fstat(fd)
-        if meta is None or not stat.S_ISREG(now.st_mode) or file_identity(now) != _identity(meta):
-            raise DownloadError(call.url, f"{call.entry.final} was replaced during the call; call again")
-        return _Source(
-            meta["sha256"], meta["size"], meta.get("etag"), meta.get("last_modified"), float(meta["time"])
-        )
-
-    def read(self, offset: int, chunk: torch.Tensor) -> None:
-        """Fill `chunk` with the file's bytes at `offset`; after a failure, leave it as is."""
-        if self.error is not None or self.fd is None:
-            return
-        try:
-            host = chunk if chunk.device.type == "cpu" else torch.empty_like(chunk, device="cpu")
-            view = host.numpy().data
-            done = 0
-            while done < len(view):
-                got = os.preadv(self.fd, [view[done:]], offset + done)
-                if got == 0:
-                    raise DownloadError(self.call.url, f"{self.call.entry.final} shrank while being sent")
-                done += got
-            if host is not chunk:
-                chunk.copy_(host)
-        except BaseException as error:
-            self.error = error
-
-    def check(self) -> None:
-        if self.error is not None:
-            raise self.error
-
-    def _release(self) -> None:
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None
-
-
-class _Receiver(_Owned):
-    """A leader receiving the file into a private partial file in its cache folder."""
-
-    def __init__(self, call: _Call, info: _Source) -> None:
-
-        super().__init__()
-        self.call = call
-        self.info = info
-        self.writes = partial(cache_writes, call.url, call.root)
-        self.partial: Optional[Partial] = None
-        self.error: Optional[BaseException] = None
-        try:
-            with self.writes():
-                self.partial = Partial.create(call.entry.final)
-            self.partial.validators = Validators(info.etag, info.last_modified)
-        except BaseException as error:
-            self.error = error
-
-    def write(self, chunk: torch.Tensor) -> None:
-        """Write and hash `chunk`; after a failure, drop it (the broadcasts go on)."""
-        if self.error is not None or self.partial is None:
-            return
-        data = chunk.cpu().numpy().tobytes()
-        try:
-            with self.writes():
-                write_all(self.partial.fd, [data], self.call.url, self.partial.name.path)
-            self.partial.hasher.update(data)
-            self.partial.offset += len(data)
-        except BaseException as error:
-            self.error = error
-
-    @property
-    def url(self) -> str:
-        return self.call.url
-
-    def publish(self) -> None:
-        """Verify against the sender's sha256 (and the caller's), then publish atomically."""
-        with self._working():
-            self._publish()
-
-    def _publish(self) -> None:
-        call, partial_file = self.call, self.partial
-        if self.error is not None:
-            raise self.error
-        assert partial_file is not None
-        with self.writes():
-            os.fsync(partial_file.fd)
-            if self._closed:  # the call gave up (this fsync hung): publish nothing afterwards
-                raise DownloadError(call.url, "the call was given up while this copy was written")
-            fetched = partial_file.verified(call.url, self.info.sha256)
-            if call.sha256 is not None and fetched.sha256 != call.sha256:
-                raise ChecksumError(call.url, call.sha256, fetched.sha256)
-            self.partial = None
-            partial_file.close(keep=True)
-            publish_fetched(call.entry, attrs.evolve(fetched, fetched=self.info.fetched))
-        logger.info("published %s (%d bytes, sha256 %s)", call.entry.final, fetched.size, fetched.sha256)
-
-    def _release(self) -> None:
-        if self.partial is not None:  # not published: remove the partial file
-            self.partial.close(keep=False)
-            self.partial = None

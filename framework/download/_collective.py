@@ -16,7 +16,7 @@ import torch.distributed as dist
 from framework.distributed import EncodedError, decode_error, encode_error
 from framework.errors import DownloadError, StepTimeoutError
 
-__all__ = ["POLL_S", "Outcome", "group_timeout"]
+__all__ = ["POLL_S", "Outcome", "Rounds", "group_timeout"]
 
 POLL_S: Final = 0.5  # the longest gap between heartbeats while a rank works
 
@@ -37,6 +37,7 @@ class _Collective:
         expect: Union[type, tuple[type, ...]],
         what: str = "in a step of cached_path(distributed=True)",
         progress: Optional[Callable[[], object]] = None,
+        rounds: Optional[Rounds] = None,
     ) -> list[Any]:
         """Run `work` here (None: nothing) while answering heartbeats; the values of all
         ranks (each an `expect`), or the first failure (by rank) raised on every rank.
@@ -45,7 +46,8 @@ class _Collective:
         `progress()` when given) for longer than the process group's timeout says so in
         its heartbeat, and every rank raises the same `StepTimeoutError` in that round:
         a hung disk never keeps the others waiting longer than the timeout. `what` names
-        the step in that error."""
+        the step in that error. With `rounds`, every heartbeat also carries what the
+        ranks move meanwhile (a transfer), and the step ends once that is done too."""
         box: list[Outcome] = []
         mine: list[BaseException] = []  # this rank's own failure, chained to what it raises
         thread: Optional[threading.Thread] = None
@@ -65,17 +67,23 @@ class _Collective:
         watch = _Watch(thread, progress, group_timeout())
         wait = 0.002
         while True:
-            if thread is not None:
+            if thread is not None and rounds is not None:
+                rounds.wait(thread, POLL_S)
+            elif thread is not None:
                 thread.join(wait)
                 wait = min(2 * wait, POLL_S)
             overdue = None if box else watch.overdue()
-            beats: list[Any] = self._gather((box[0] if box else None, overdue))
+            mine_now = box[0] if box else None
+            offer = rounds.offer() if rounds is not None else None
+            beats: list[Any] = self._gather((mine_now, overdue, offer))
             outcomes: list[Optional[Outcome]] = []
             for other, beat in enumerate(beats):
                 if not _is_beat(beat):
                     self._out_of_step(other, beat)
                 outcomes.append(beat[0])
-            if all(outcome is not None for outcome in outcomes):
+            failed = any(outcome is not None and not outcome[0] for outcome in outcomes)
+            more = rounds is not None and not failed and rounds.exchange([beat[2] for beat in beats])
+            if all(outcome is not None for outcome in outcomes) and not more:
                 break
             for other, beat in enumerate(beats):
                 if beat[0] is None and beat[1] is not None:  # the same decision on every rank
@@ -110,6 +118,23 @@ class _Collective:
         return gathered
 
 
+class Rounds:
+    """What the ranks move between them while a step runs, one piece per heartbeat:
+    each rank's `offer` rides on the heartbeat, and every rank gets all of them in
+    `exchange`, which moves the piece and says whether more rounds are needed."""
+
+    def wait(self, thread: threading.Thread, timeout: float) -> None:
+        """Before a heartbeat, while this rank's work runs: until it has something to
+        offer, its work ended, or `timeout`."""
+        thread.join(timeout)
+
+    def offer(self) -> Any:
+        return None
+
+    def exchange(self, offers: list[Any]) -> bool:
+        return False
+
+
 # Threads that read a file for a step's thread (a download's hasher): their reads count
 # as the step's progress. A lock's heartbeat thread writes whatever the step does: it
 # does not count.
@@ -129,12 +154,16 @@ class _Watch:
         self.timeout = timeout
         self.last: object = None
         self.since = time.monotonic()
+        self.probed = -POLL_S  # when progress was last looked for
 
     def overdue(self) -> Optional[float]:
         """The timeout, once no progress was seen for longer than it; else None."""
         if self.thread is None:
             return None
         now = time.monotonic()
+        if now - self.probed < POLL_S / 2:  # rounds of a transfer come every few ms
+            return self.timeout if now - self.since > self.timeout else None
+        self.probed = now
         seen: object
         try:
             threads = [self.thread, *(t for t in threading.enumerate() if t.name in _HASHING_THREADS)]
@@ -175,7 +204,7 @@ def group_timeout() -> float:
 def _is_beat(value: Any) -> bool:
     return (
         isinstance(value, tuple)
-        and len(value) == 2
+        and len(value) == 3
         and (value[0] is None or _is_outcome(value[0]))
         and (value[1] is None or isinstance(value[1], float))
     )

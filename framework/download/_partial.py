@@ -39,6 +39,7 @@ from framework.download._cache import (
     parse_owner,
     unique_token,
 )
+from framework.download._tap import followed
 from framework.download._validators import NO_VALIDATOR, Validators
 from framework.errors import ChecksumError, DownloadError, HTTPStatusError, NetworkError
 
@@ -221,7 +222,7 @@ class Partial:
     def __init__(self, name: PartialName, fd: int) -> None:
         self.name = name
         self.fd = fd
-        self.hasher = new_hasher()
+        self.hasher = self.followed(new_hasher())
         self.offset = 0
         self._verified = False  # a verified file stays active until it is published
         # The version the bytes belong to, once a response said so (unknown for an
@@ -234,6 +235,11 @@ class Partial:
         # Where a range of that version and of unknown total ended, in this process: a 416
         # there that names the version says the object ends there, even without its size.
         self.open_end: Optional[int] = None
+
+    def followed(self, hasher: Any) -> Any:
+        """`hasher`, new, for this file's bytes from byte 0; counted if the entry is
+        tapped (`_tap`: the cluster fetch sends them on as they land)."""
+        return followed(self.name.final, hasher, self.fd, self.name.path)
 
     @classmethod
     def create(cls, final: Path) -> Partial:
@@ -340,7 +346,7 @@ class Partial:
         """Start the file over, empty, for the version `validators` name."""
         if self.offset:
             os.ftruncate(self.fd, 0)
-            self.offset, self.hasher = 0, new_hasher()
+            self.offset, self.hasher = 0, self.followed(new_hasher())
         self.validators, self.size, self.open_end = validators, None, None
         if validators.tag != self.name.tag:
             self.retag(validators.tag)
@@ -348,7 +354,7 @@ class Partial:
     def empty(self) -> None:
         """Make the file empty, with no version (its bytes cannot be trusted)."""
         os.ftruncate(self.fd, 0)
-        self.offset, self.hasher = 0, new_hasher()
+        self.offset, self.hasher = 0, self.followed(new_hasher())
         self.restart(Validators())
 
     def retag(self, tag: str) -> None:

@@ -141,11 +141,38 @@ def node_local(http_server: FaultServer, tmp_path_factory: pytest.TempPathFactor
         tar.addfile(member, io.BytesIO(b"hello"))
     urls["archive"] = http_server.add("/cluster/archive.tar.gz", buffer.getvalue())
     DownloadManager(tmp_path / "node1", progress=False).cached_path(urls["half"])  # node1 holds it
+    # The origin holds back its last bytes until the receiving folder's partial file has
+    # some: the receiver writes while the origin fetch still arrives (else it never ends).
+    data["piped"] = os.urandom(6 << 20)
+    urls["piped"] = http_server.add("/cluster/piped.bin", data["piped"], hold_after=(6 << 20) - 4096)
+    piped = release_when_received(http_server.route(urls["piped"]), tmp_path / "piped" / "node1")
+    # The origin resets the connection after it sent half, once the receiver wrote some.
+    data["cut"] = os.urandom(6 << 20)
+    urls["cut"] = http_server.add(
+        "/cluster/cut.bin", data["cut"], hold_after=3 << 20, drop_after=(3 << 20) + (64 << 10) + 1, drops=9
+    )
+    cut = release_when_received(http_server.route(urls["cut"]), tmp_path / "cut" / "node1")
+    # The object changes once the receiver wrote some of the first version: the fetch
+    # starts over (the resumed request's If-Range fails), and so must the receiver.
+    data["swapped"] = os.urandom(5 << 20)
+    urls["swap"] = http_server.add(
+        "/cluster/swap.bin",
+        os.urandom(6 << 20),
+        hold_after=3 << 20,
+        drop_after=(3 << 20) + (64 << 10) + 1,
+        drops=1,
+        then={"data": data["swapped"], "etag": '"swapped"'},
+    )
+    swap = release_when_received(http_server.route(urls["swap"]), tmp_path / "swap" / "node1")
+    one_stream = {"connections": 1, "retries": 0}  # the origin's bytes counted exactly
     calls = [
         {"url": urls["two"]},
         {"url": urls["two"], "sha256": sha256(data["two"])},  # every cache holds a hit now
         {"url": urls["half"]},
         {"url": urls["archive"], "extract": True},
+        {"url": urls["piped"], "caches": [str(c) for c in two_nodes(tmp_path / "piped")], **one_stream},
+        {"url": urls["cut"], "caches": [str(c) for c in two_nodes(tmp_path / "cut")], **one_stream},
+        {"url": urls["swap"], "caches": [str(c) for c in two_nodes(tmp_path / "swap")], "connections": 1},
         # Its own caches: the killed rank's partial file stays (its process cleans nothing).
         {
             "url": urls["dies"],
@@ -154,7 +181,88 @@ def node_local(http_server: FaultServer, tmp_path_factory: pytest.TempPathFactor
         },
     ]
     results = run_calls(tmp_path, two_nodes(tmp_path), calls, exits={2: 7}, pg_timeout=15, timeout=150)
-    return {"tmp": tmp_path, "data": data, "urls": urls, "results": results}
+    watched = {"piped": piped, "cut": cut, "swap": swap}
+    return {"tmp": tmp_path, "data": data, "urls": urls, "results": results, "watched": watched}
+
+
+def release_when_received(route: Any, folder: Path) -> dict[str, bool]:
+    """Set `route.released` once a partial file in `folder` holds bytes while the origin
+    holds back the rest of the body (`grew`; after the server's own 60 s hold it stays
+    false, and the test fails)."""
+    seen = {"grew": False}
+
+    def watch() -> None:
+        while not route.released.wait(0.01):
+            names = os.listdir(folder) if folder.is_dir() else []
+            for name in names:
+                try:
+                    grew = name.endswith(".part") and os.path.getsize(folder / name) > 0
+                except OSError:
+                    continue
+                if grew:
+                    seen["grew"] = route.body_bytes <= route.hold_after
+                    route.released.set()
+
+    threading.Thread(target=watch, daemon=True).start()
+    return seen
+
+
+@pytest.mark.timeout(200)
+def test_a_receiver_writes_while_the_origin_fetch_still_arrives(
+    http_server: FaultServer, node_local: dict[str, Any]
+) -> None:
+    """The origin sends its last bytes only once the receiving folder's partial file
+    holds some: the transfer is pipelined. One copy from the origin, one copy into the
+    receiving folder, none into the fetching one."""
+    results, data, url = node_local["results"][4], node_local["data"]["piped"], node_local["urls"]["piped"]
+    assert node_local["watched"]["piped"]["grew"], results
+    assert [r.get("error") for r in results] == [None] * WORLD, results
+    assert {r["sha256"] for r in results} == {sha256(data)}
+    route = http_server.route(url)
+    assert (route.gets, route.body_bytes) == (1, len(data))
+    folders = two_nodes(node_local["tmp"] / "piped")
+    received = {
+        folder: sum(r["received_bytes"] for r, f in zip(results, folders) if f == folder)
+        for folder in folders
+    }
+    assert received == {folders[0]: 0, folders[2]: len(data)}
+    for cache in set(folders):
+        verified_hit(cache, url, data)
+        assert stray_files(cache) == []
+
+
+@pytest.mark.timeout(200)
+def test_the_origin_failing_mid_stream_fails_every_rank_and_publishes_nothing(
+    http_server: FaultServer, node_local: dict[str, Any]
+) -> None:
+    """The receiving folder already holds some of the bytes when the origin resets the
+    connection: every rank raises the same error, nothing is published, the receiver's
+    partial file is gone, and the fetching node keeps its own for a later call to resume."""
+    results, url = node_local["results"][5], node_local["urls"]["cut"]
+    assert node_local["watched"]["cut"]["grew"], results
+    assert [r.get("error") for r in results] == ["NetworkError"] * WORLD, results
+    assert len({r["message"] for r in results}) == 1, results
+    fetching, receiving = two_nodes(node_local["tmp"] / "cut")[::2]
+    for cache in (fetching, receiving):
+        assert Entry(cache, url).cached() is None
+    assert stray_files(receiving) == []
+    assert http_server.route(url).gets == 1
+
+
+@pytest.mark.timeout(200)
+def test_a_fetch_starting_over_for_a_new_version_starts_the_receivers_copy_over(
+    http_server: FaultServer, node_local: dict[str, Any]
+) -> None:
+    """The receiver already wrote some of the first version when the object changes: the
+    fetch starts over from byte 0 with the new one, and the receiver's copy with it."""
+    results, url, data = node_local["results"][6], node_local["urls"]["swap"], node_local["data"]["swapped"]
+    assert node_local["watched"]["swap"]["grew"], results
+    assert [r.get("error") for r in results] == [None] * WORLD, results
+    assert {r["sha256"] for r in results} == {sha256(data)}, results
+    assert http_server.route(url).gets == 2
+    for cache in set(two_nodes(node_local["tmp"] / "swap")):
+        verified_hit(cache, url, data)
+        assert stray_files(cache) == []
 
 
 @pytest.mark.timeout(200)
@@ -204,7 +312,7 @@ def test_extract_each_cache_extracts_its_own_copy(
 
 @pytest.mark.timeout(200)
 def test_a_rank_dying_mid_transfer_fails_the_others_instead_of_hanging(node_local: dict[str, Any]) -> None:
-    results = node_local["results"][4]
+    results = node_local["results"][7]
     assert results[2] == {"exit": 7, "log": results[2]["log"]}
     others = [results[rank] for rank in (0, 1, 3)]
     assert [r.get("error") for r in others] == ["DownloadError"] * 3, results
@@ -259,7 +367,7 @@ def failing(http_server: FaultServer, tmp_path_factory: pytest.TempPathFactory) 
         "full-disk-2": os.urandom(20 << 20),
         "full-disk-0": os.urandom(20 << 20),
         "flipped": os.urandom(3 << 20),
-        "slow-link": os.urandom(6 << 20),  # six chunks at a quarter of the timeout each
+        "slow-link": os.urandom(5 << 20),  # five pieces at a quarter of the timeout each: 1.25 timeouts
         "stalled": os.urandom(24 << 20),
     }
     urls = {name: http_server.add(f"/cluster/{name}.bin", body) for name, body in data.items()}
@@ -479,7 +587,8 @@ HANG_TIMEOUT = 6  # the group's timeout in the hang group: each hang costs about
 @pytest.fixture(scope="module")
 def hangs(http_server: FaultServer, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """Calls in which one rank's step hangs (until its own call has ended, or three
-    timeouts), and one in which a FIFO replaces the sender's published file."""
+    timeouts), one in which a FIFO replaces the sender's published file, and last the
+    fetching rank killed mid-stream."""
     tmp_path = tmp_path_factory.mktemp("hangs")
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
@@ -491,13 +600,26 @@ def hangs(http_server: FaultServer, tmp_path_factory: pytest.TempPathFactory) ->
         "fsync": os.urandom(1 << 20),
         "extract": buffer.getvalue(),
         "fifo": os.urandom(1 << 20),
+        "fetcher-dies": os.urandom(3 << 20),
     }
     urls = {name: http_server.add(f"/cluster/hang-{name}.bin", body) for name, body in data.items()}
+    # The origin holds its last MiB until the receiver wrote; the fetching rank dies
+    # when it sends its second piece, while its fetch still runs.
+    route = http_server.route(urls["fetcher-dies"])
+    route.hold_after = 2 << 20
+    dies = two_nodes(tmp_path / "fetcher-dies")
+    release_when_received(route, dies[2])
     calls = {
         "probe": {"inject": {"1": "hang_probe"}},
         "fsync": {"inject": {"2": "hang_fsync"}},
         "extract": {"inject": {"2": "hang_extract"}, "extract": True},
         "fifo": {"inject": {"0": "fifo"}},
+        "fetcher-dies": {
+            "inject": {"0": "die_sending"},
+            "chunk_bytes": 1 << 20,
+            "connections": 1,
+            "caches": [str(cache) for cache in dies],
+        },
     }
     results = run_calls(
         tmp_path,
@@ -505,6 +627,7 @@ def hangs(http_server: FaultServer, tmp_path_factory: pytest.TempPathFactory) ->
         [{"url": urls[name], **call} for name, call in calls.items()],
         pg_timeout=HANG_TIMEOUT,
         timeout=150,
+        exits={0: 8},
     )
     return {"tmp": tmp_path, "data": data, "urls": urls, "results": dict(zip(calls, results))}
 
@@ -538,6 +661,21 @@ def test_a_fifo_renamed_over_the_senders_file_is_never_waited_on(hangs: dict[str
     assert [r.get("error") for r in results] == ["DownloadError"] * WORLD, results
     assert "was replaced during the call" in results[0]["message"], results
     assert len({r["message"] for r in results}) == 1, results
+
+
+@pytest.mark.timeout(200)
+def test_the_fetching_rank_dying_mid_stream_fails_the_others_and_publishes_nothing(
+    hangs: dict[str, Any],
+) -> None:
+    results, url = hangs["results"]["fetcher-dies"], hangs["urls"]["fetcher-dies"]
+    assert results[0] == {"exit": 8, "log": results[0]["log"]}
+    others = results[1:]
+    assert [r.get("error") for r in others] == ["DownloadError"] * 3, results
+    assert all("process group failed" in r["message"] for r in others), results
+    assert results[2]["received_bytes"] > 0, results  # it was mid-stream
+    node1 = two_nodes(hangs["tmp"] / "fetcher-dies")[2]
+    assert Entry(node1, url).cached() is None
+    assert stray_files(node1) == []
 
 
 def _dead_pid() -> int:

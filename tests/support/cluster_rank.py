@@ -29,13 +29,13 @@ import torch.distributed as dist
 
 def _inject(kind: str, spec: dict[str, Any], stack: ExitStack) -> None:
     """Patch this rank for one call; `stack` undoes it."""
-    from framework.download import _cluster
+    from framework.download import _cluster, _cluster_transfer
 
     def patch(target: Any, name: str, value: Any) -> None:
         stack.enter_context(mock.patch.object(target, name, value))
 
     if "chunk_bytes" in spec:  # many chunks from a small file
-        patch(_cluster, "CHUNK_BYTES", spec["chunk_bytes"])
+        patch(_cluster_transfer, "CHUNK_BYTES", spec["chunk_bytes"])
     if "backend_config" in spec:  # the group's backends as torch would report them
         patch(dist, "get_backend_config", lambda *args, **kwargs: spec["backend_config"])
     if kind == "cuda_node":  # this rank sees a GPU (others do not: a node whose driver broke)
@@ -70,6 +70,15 @@ def _inject(kind: str, spec: dict[str, Any], stack: ExitStack) -> None:
             receive(self, chunk)
 
         patch(_cluster._Receiver, "write", write)
+    elif kind == "die_sending":  # the fetching rank killed as it sends its second piece
+        move = _cluster_transfer.Transfer._move
+
+        def dying(self: Any, restart: bool, offset: int, length: int) -> None:
+            if length and offset:
+                os._exit(8)
+            move(self, restart, offset, length)
+
+        patch(_cluster_transfer.Transfer, "_move", dying)
     elif kind == "slow_fsync":  # the publish step's fsync outlasts the call
         real_fsync = os.fsync
 
@@ -126,11 +135,11 @@ def _inject(kind: str, spec: dict[str, Any], stack: ExitStack) -> None:
     elif kind == "die_at_publish":  # killed in the step after the transfer
         step, steps = _cluster._Call._step, []
 
-        def counted(self: Any, *args: Any) -> Any:
+        def counted(self: Any, *args: Any, **kwargs: Any) -> Any:
             steps.append(args)
-            if len(steps) == 4:  # probe, look, prepare, publish
+            if len(steps) == 5:  # probe, look, re-bind, fetch and send, publish
                 os._exit(9)
-            return step(self, *args)
+            return step(self, *args, **kwargs)
 
         patch(_cluster._Call, "_step", counted)
 
@@ -229,6 +238,7 @@ def _call(spec: dict[str, Any], rank: int) -> dict[str, Any]:
             backoff_factor=0.01,
             retries=spec.get("retries", 2),
             offline=spec.get("offline", False),
+            connections=spec.get("connections"),
         )
         started = time.perf_counter()
         try:

@@ -31,7 +31,7 @@ class PrefixHasher:
 
     def __init__(self, url: str, partial: Partial, plan: _Plan, done: set[int]) -> None:
         self.url, self.plan = url, plan
-        self.hasher = new_hasher()
+        self.hasher = partial.followed(new_hasher())
         self.read_fd = os.open(partial.name.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
         mine, seen = os.fstat(partial.fd), os.fstat(self.read_fd)
         if (mine.st_dev, mine.st_ino) != (seen.st_dev, seen.st_ino):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import re
 import secrets
@@ -27,6 +28,8 @@ from pathlib import Path
 from typing import Any, Final, Optional, TypedDict
 from urllib.parse import unquote, urlsplit
 
+import attrs
+
 from framework._redact import redact_url
 
 __all__ = [
@@ -35,19 +38,24 @@ __all__ = [
     "RELEASED_PID",
     "Entry",
     "Metadata",
+    "WorkFolder",
     "binds",
     "dead_leftovers",
     "digest_of",
+    "enter_work_folder",
     "file_identity",
     "is_alive_local",
+    "leave_work_folder",
     "parse_json",
     "parse_owner",
     "read_metadata",
     "read_small_file",
     "unique_token",
+    "work_folder",
     "write_json_atomic",
 ]
 
+_logger = logging.getLogger("framework.download")
 _SUFFIX_CHARS: Final = re.compile(r"[^A-Za-z0-9._-]+")
 
 
@@ -147,6 +155,54 @@ def dead_leftovers(target: Path, suffixes: tuple[str, ...]) -> list[Path]:
         and not is_alive_local(*owner)
         and _owned(target.parent / name)
     ]
+
+
+def work_folder(final: Path) -> Path:
+    """The folder of `final`'s temporary files (partial files, their records, sidecar
+    and extraction temporaries) for this user, named from `final`: what a call finds
+    of an earlier one's by name, never by listing the cache folder. Per user: only a
+    user's own partial files are ever resumed."""
+    return final.with_name(f"{final.name}.{os.geteuid()}.partial")
+
+
+@attrs.frozen
+class WorkFolder:
+    """Where a fetch of `final` writes: `path`, and whether this call made it (`fresh`:
+    empty, so there is nothing to resume or sweep)."""
+
+    path: Path
+    fresh: bool
+
+
+def enter_work_folder(final: Path) -> WorkFolder:
+    """Make sure `final`'s work folder exists. Something else at its name (a symlink, a
+    file, a folder of another user or writable by others: planted) is never used: the
+    fetch then writes next to `final`, and nothing it leaves is resumed."""
+    folder = work_folder(final)
+    for _attempt in range(3):  # a racer may remove it, empty, between mkdir and lstat
+        try:
+            os.mkdir(folder, 0o700)
+            return WorkFolder(folder, fresh=True)
+        except FileExistsError:
+            pass
+        try:
+            info = os.lstat(folder)
+        except FileNotFoundError:
+            continue
+        usable = stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid() and not info.st_mode & 0o022
+        if not usable:
+            _logger.warning("%s is not a private folder of this user (planted?); not using it", folder)
+        return WorkFolder(folder if usable else final.parent, fresh=False)
+    return WorkFolder(final.parent, fresh=False)
+
+
+def leave_work_folder(final: Path) -> None:
+    """Remove `final`'s work folder if nothing is left in it (another process's partial
+    file, or a kept one, keeps it)."""
+    try:
+        os.rmdir(work_folder(final))
+    except OSError:
+        pass
 
 
 def _owned(path: Path) -> bool:
@@ -253,9 +309,14 @@ class Entry:
         sha256: str,
         info: os.stat_result,
         fetched: Optional[float] = None,
+        temp_folder: Optional[Path] = None,
     ) -> None:
         """Write the sidecar for the file `info` describes (not yet renamed into place);
-        `fetched` dates its version (a copy of another cache's: that one's fetch), else now."""
+        `fetched` dates its version (a copy of another cache's: that one's fetch), else now.
+        Its temporary file goes to `temp_folder` (the entry's work folder), if given.
+
+        Not fsynced: a sidecar lost in a crash is a miss (the file is hashed or fetched
+        again), and one that survives without its file binds nothing (see `binds`)."""
         inode, size, mtime_ns = file_identity(info)
         meta: Metadata = {
             "url": redact_url(self.url),  # a shared cache is read by others: no tokens
@@ -267,7 +328,7 @@ class Entry:
             "inode": inode,
             "mtime_ns": mtime_ns,
         }
-        write_json_atomic(self.sidecar, dict(meta))
+        write_json_atomic(self.sidecar, dict(meta), durable=False, temp_folder=temp_folder)
 
 
 def binds(meta: Metadata, info: os.stat_result) -> bool:
@@ -376,9 +437,12 @@ def _parse_metadata(raw: Optional[bytes]) -> Optional[Metadata]:
     return meta
 
 
-def write_json_atomic(path: Path, data: dict[str, Any], durable: bool = True) -> None:
-    """Write JSON to a unique temporary name (fsynced if `durable`), then `os.replace`."""
-    temp = path.with_name(f"{path.name}.{unique_token()}.tmp")
+def write_json_atomic(
+    path: Path, data: dict[str, Any], durable: bool = True, temp_folder: Optional[Path] = None
+) -> None:
+    """Write JSON to a unique temporary name (in `temp_folder`, else next to `path`;
+    fsynced if `durable`), then `os.replace`."""
+    temp = (temp_folder or path.parent) / f"{path.name}.{unique_token()}.tmp"
     try:
         with os.fdopen(os.open(temp, NEW_FILE_FLAGS, 0o644), "w", encoding="utf-8") as file:
             json.dump(data, file)

@@ -554,6 +554,7 @@ def _plant_orphan(cache: Path, url: str) -> Path:
 
     cache.mkdir(parents=True, exist_ok=True)
     name = PartialName(Entry(cache, url).final, NO_VALIDATOR, f"{HOST}.{_dead_pid()}.0badc0de")
+    name.path.parent.mkdir(exist_ok=True)
     name.path.write_bytes(os.urandom(4096))
     return name.path
 

@@ -23,7 +23,7 @@ from framework_plugins.http import HttpBackend
 from framework.download import DownloadManager
 from framework.download._cache import HOST, Entry, unique_token
 from framework.download._lock import EntryLock
-from framework.download._partial import partial_bytes
+from framework.download._partial import PartialName, partial_bytes
 from framework.download._validators import Validators
 from framework.errors import (
     DownloadError,
@@ -144,7 +144,9 @@ def _partial_name(cache: Path, url: str, tag: str, host: str = HOST, pid: int = 
     final = Entry(cache, url).final
     cache.mkdir(parents=True, exist_ok=True)
     _host, _pid, token = unique_token().split(".")
-    return final.with_name(f"{final.name}.{tag}.{host}.{pid or _dead_pid()}.{token}.part")
+    path = PartialName(final, tag, f"{host}.{pid or _dead_pid()}.{token}").path
+    path.parent.mkdir(exist_ok=True)
+    return path
 
 
 def _tag(etag: str) -> str:

@@ -24,6 +24,7 @@ from framework_plugins.http import HttpBackend
 
 from framework.download import DownloadBackend, DownloadManager
 from framework.download._cache import Entry, unique_token
+from framework.download._partial import PartialName
 from framework.download._validators import _etag_tag
 from framework.hookspecs import hookimpl
 from framework.registry import Registrar
@@ -398,11 +399,26 @@ def end_child(child: Any) -> None:
         child.join(10)
 
 
-def stray_files(folder: Path) -> list[str]:
-    """Temporary or partial files left in a cache folder."""
+def cache_files(folder: Path) -> list[str]:
+    """Every name in a cache folder and in its entries' work folders (`<entry>.<uid>.partial`),
+    as paths relative to `folder`: `folder / name` opens each."""
     if not folder.exists():
         return []
-    return sorted(n for n in os.listdir(folder) if n.endswith((".part", ".tmp", ".old")))
+    names = []
+    for name in os.listdir(folder):
+        names.append(name)
+        if name.endswith(WORK_SUFFIX) and (folder / name).is_dir():
+            names.extend(f"{name}/{inner}" for inner in os.listdir(folder / name))
+    return sorted(names)
+
+
+def stray_files(folder: Path) -> list[str]:
+    """Temporary or partial files left in a cache folder or its entries' work folders
+    (relative to `folder`), and work folders left behind."""
+    return [n for n in cache_files(folder) if n.endswith((".part", ".parts", ".tmp", ".old", WORK_SUFFIX))]
+
+
+WORK_SUFFIX = f".{os.geteuid()}.partial"
 
 
 def wait_for(predicate: Callable[[], bool], timeout: float = 20.0, what: str = "") -> None:
@@ -441,7 +457,8 @@ def planted_partial(cache: Path, url: str, etag: str, data: bytes) -> Path:
     cache.mkdir(exist_ok=True)
     token = unique_token().split(".")
     token[1] = "999999"  # a pid that does not run
-    part = final.with_name(f"{final.name}.{_etag_tag(etag)}.{'.'.join(token)}.part")
+    part = PartialName(final, _etag_tag(etag), ".".join(token)).path
+    part.parent.mkdir(exist_ok=True)
     part.write_bytes(data)
     return part
 

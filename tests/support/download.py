@@ -90,6 +90,8 @@ class Route:
     body_bytes: int = 0  # body bytes written to clients (all GETs)
     in_flight: int = 0  # GETs whose body is being sent now
     max_in_flight: int = 0
+    # Each GET waits here before its body: answers go out only once this many are in flight.
+    barrier: Optional[threading.Barrier] = None
 
 
 class FaultServer(ThreadingHTTPServer):
@@ -102,6 +104,8 @@ class FaultServer(ThreadingHTTPServer):
         self.routes: dict[str, Route] = {}
         self.lock = threading.Lock()
         self.connections = 0
+        self.in_flight = 0  # GETs of any route whose body is being sent now
+        self.max_in_flight = 0
 
     @property
     def base(self) -> str:
@@ -248,11 +252,16 @@ class _Handler(BaseHTTPRequestHandler):
         with self.server.lock:
             route.in_flight += 1
             route.max_in_flight = max(route.max_in_flight, route.in_flight)
+            self.server.in_flight += 1
+            self.server.max_in_flight = max(self.server.max_in_flight, self.server.in_flight)
         try:
+            if route.barrier is not None:
+                route.barrier.wait()  # broken (a timeout) if fewer GETs ever come at once
             self._send_body(route, body, fault_at)
         finally:
             with self.server.lock:
                 route.in_flight -= 1
+                self.server.in_flight -= 1
 
     def _send_body(self, route: Route, body: bytes, fault_at: Optional[int]) -> None:
         sent = 0

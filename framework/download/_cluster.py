@@ -64,7 +64,7 @@ import attrs
 import torch
 import torch.distributed as dist
 
-from framework.download._cache import Entry, Metadata, file_identity, leave_work_folder
+from framework.download._cache import Entry, Metadata, file_identity
 from framework.download._call import cache_writes, check_sha256, extracted, normalize
 from framework.download._cluster_plan import (  # noqa: F401 - tests reach them here
     _BARE_BACKENDS,
@@ -588,4 +588,3 @@ class _Receiver(_Owned):
         if self.partial is not None:  # not published: remove the partial file
             self.partial.close(keep=False)
             self.partial = None
-            leave_work_folder(self.call.entry.final)

@@ -17,7 +17,7 @@ import attrs
 import torch
 import torch.distributed as dist
 
-from framework.download._cache import NEW_FILE_FLAGS, Metadata, leave_work_folder
+from framework.download._cache import NEW_FILE_FLAGS, Metadata, work_folder
 from framework.download._collective import POLL_S as POLL_S
 from framework.download._collective import _decode as _decode
 from framework.download._collective import _encode as _encode
@@ -198,7 +198,7 @@ def _transfer_device(url: str) -> torch.device:
 def _sweep(root: Path) -> None:
     """One listing of `root` for what killed calls left: markers older than
     `_STALE_MARKER_S`, and the partial files a dead receiver (or any dead writer whose
-    file no later call could resume) left in this user's work folders, whatever their
+    file no later call could resume) left in this user's work folder, whatever their
     URL: this user's, untagged, their writer gone. A URL never asked for again would
     otherwise keep them forever."""
     try:
@@ -206,7 +206,6 @@ def _sweep(root: Path) -> None:
     except OSError:
         return
     now = time.time()
-    work_suffix = f".{os.geteuid()}.partial"
     for found in names:
         if found.startswith(_MARKER_PREFIX):
             try:
@@ -214,23 +213,20 @@ def _sweep(root: Path) -> None:
                     os.unlink(root / found)
             except OSError:
                 pass
-        elif found.endswith(work_suffix):
-            _sweep_work_folder(root / found[: -len(work_suffix)], now)
-
-
-def _sweep_work_folder(final: Path, now: float) -> None:
-    """Remove the untagged partial files of `final` whose writer is gone (a download's
-    tagged ones are left: the next plain call adopts and resumes them)."""
-    for name in PartialName.all(final):
-        if name.tag != NO_VALIDATOR:
-            continue
+    try:
+        work = os.listdir(work_folder(root / "any"))
+    except OSError:
+        return
+    for found in work:
+        name = PartialName.parse(root, found)
+        if name is None or name.tag != NO_VALIDATOR:
+            continue  # a download's: the next plain call adopts it and resumes
         try:
             info = os.lstat(name.path)
         except OSError:
             continue
         if ours(info) and orphaned(name, info, now):
             remove_quietly(name.path)
-    leave_work_folder(final)
 
 
 def _write_marker(root: Path) -> Optional[Path]:

@@ -36,7 +36,6 @@ import attrs
 from framework.download._cache import (
     dead_leftovers,
     enter_work_folder,
-    leave_work_folder,
     parse_json,
     read_small_file,
     unique_token,
@@ -455,7 +454,7 @@ def extract_archive(
     `archive` may be an open file: the one whose digest was checked, so what is
     extracted is never something renamed over its path since."""
     try:
-        work = enter_work_folder(target)  # temporaries found by name: the cache is never listed
+        work = enter_work_folder(target)  # the cache folder itself is never listed
         if not work.fresh:
             _sweep(target, work.path)
         temp = work.path / f"{target.name}.{unique_token()}.tmp"
@@ -467,7 +466,11 @@ def extract_archive(
     try:
         return _extract_into(archive, temp, target, url, limits, replace=replace, digest=digest)
     finally:
-        leave_work_folder(target)
+        if work.fresh:  # made for this extraction (a folder outside a cache): leave none behind
+            try:
+                os.rmdir(work.path)
+            except OSError:
+                pass
 
 
 def _extract_into(

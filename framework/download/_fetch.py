@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from framework.download._cache import enter_work_folder, leave_work_folder
+from framework.download._cache import enter_work_folder
 from framework.download._partial import (
     STALE_AFTER_S,
     Fetched,
@@ -116,5 +116,3 @@ def fetch(
         raise
     finally:
         partial.close(keep)
-        if not os.path.lexists(partial.name.path):
-            leave_work_folder(final)  # removed unless a file is left in it (a kept partial)

@@ -7,10 +7,10 @@ to the final path (`publish_fetched`). An interrupted download leaves its partia
 file behind; a later call adopts it by renaming it to its own name first, so two
 processes never append to one file.
 
-An entry's partial files, their records and temporary files live in its work folder
-(`work_folder`: named from the cache key and the user), made by the fetch that needs
-it and removed once empty. A miss finds what earlier calls left by that name: the
-cache folder, however many entries it holds, is never listed.
+Partial files, their records and temporary files live in the cache folder's work
+folder of this user (`work_folder`, made once), which holds only what is being written
+or was kept: a miss looks there for what earlier calls of its entry left, and the
+cache folder itself, however many entries it holds, is never listed.
 
 The cache folder may be shared with people we do not trust: only a regular file
 owned by this user is adopted, it is opened with `O_NOFOLLOW` and checked with
@@ -43,7 +43,6 @@ from framework.download._cache import (
     dead_leftovers,
     enter_work_folder,
     is_alive_local,
-    leave_work_folder,
     parse_owner,
     unique_token,
     work_folder,
@@ -269,7 +268,7 @@ class Partial:
                 attempts += 1
                 if attempts == 3:
                     raise
-                where = enter_work_folder(final)  # a racer removed it, empty, meanwhile
+                where = enter_work_folder(final)  # someone removed it meanwhile
             except BaseException:
                 ACTIVE.discard(str(name.path))
                 raise
@@ -429,21 +428,13 @@ def _record_of(path: Path) -> Path:
 
 
 def publish_file(temp: Path, final: Path) -> None:
-    """Rename `temp` onto `final` (atomic) and make the rename durable."""
+    """Rename `temp` (fsynced) onto `final`: atomic. The folder is not fsynced: after a
+    power loss a file published in the last seconds may be missing (fetched again, or
+    its partial file resumed), never there with other bytes."""
     try:
         os.replace(temp, final)  # a symlink at `final` is replaced itself, never followed
     finally:
         ACTIVE.discard(str(temp))
-    try:
-        dir_fd = os.open(final.parent, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(dir_fd)
-    except OSError:
-        pass
-    finally:
-        os.close(dir_fd)
 
 
 def _stillours(url: str, result: Fetched) -> None:
@@ -492,5 +483,3 @@ def publish_fetched(entry: Entry, result: Fetched) -> None:
     except BaseException:
         discard(result.temp)
         raise
-    finally:
-        leave_work_folder(entry.final)

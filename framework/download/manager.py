@@ -258,7 +258,7 @@ class DownloadManager:
         url = normalize(url_or_path)
         sha256 = check_sha256(url, sha256)
         root = Path(cache_dir).expanduser() if cache_dir is not None else self.cache_dir
-        show = (self.progress if progress is None else progress) and sys.stderr.isatty()
+        show = self.progress if progress is None else progress  # and stderr a terminal: asked on a miss
         options = {"extract": extract, "force": force, "show": show, "revalidate": revalidate}
         return self._cached(Entry(root, url), root, sha256, **options)
 
@@ -362,6 +362,7 @@ class DownloadManager:
                 return False
             return not extract or extracted(entry)
 
+        show = show and sys.stderr.isatty()
         with cache_writes(url, root), self._lock(entry, show, done) as lock, lock.working():
             fetched = refetch()
             if fetched or not (current() or rebound()):
@@ -411,7 +412,7 @@ class DownloadManager:
             attempts=self.retries,
             backoff_factor=self.backoff_factor,
             progress=show,
-            on_size=lambda size: lock.record(size=size),
+            on_size=lambda size: lock.note(size=size),
             connections=self.connections,
             part_size=self.part_size,
         )

@@ -24,7 +24,7 @@ import pytest
 
 from framework.download import DownloadManager
 from framework.download._cache import Entry
-from tests.support.download import FaultServer, sha256, stray_files
+from tests.support.download import FaultServer, cache_files, sha256, stray_files
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -231,7 +231,7 @@ def test_shared_cache_one_get_and_no_copy(http_server: FaultServer, shared: dict
     assert {r["path"] for r in results} == {str(Entry(folder, url).final)}
     assert http_server.route(url).gets == 1
     entry = Entry(folder, url)
-    assert sorted(n for n in os.listdir(folder) if not n.endswith(".lock")) == sorted(
+    assert sorted(n for n in cache_files(folder) if not n.endswith(".lock")) == sorted(
         [entry.final.name, entry.sidecar.name]
     )
     assert not any(" receives " in r["log"] for r in results), results  # nothing was sent

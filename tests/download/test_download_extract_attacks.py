@@ -26,6 +26,7 @@ from framework.download import DownloadManager
 from framework.download._cache import HOST, Entry, work_folder
 from framework.download._extract import ExtractLimits, extract_archive, extracted_from
 from framework.errors import DownloadError, UnsafeArchiveError
+from tests.support.download import cache_files
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -324,7 +325,7 @@ def test_a_dead_extractors_leftover_marker_file_is_swept(tmp_path: Path, out: Pa
     leftover.parent.mkdir()
     leftover.write_text("{}")
     folder = _extract(_tar(tmp_path / "ok.tar", [_file("f.txt")]), out)
-    assert sorted(os.listdir(out)) == [folder.name]
+    assert cache_files(out) == [folder.name]
 
 
 def test_member_named_through_a_link_is_written_inside(tmp_path: Path, out: Path, data_filter: str) -> None:

@@ -23,7 +23,7 @@ import attrs
 from framework_plugins.http import HttpBackend
 
 from framework.download import DownloadBackend, DownloadManager
-from framework.download._cache import Entry, unique_token
+from framework.download._cache import WORK_PREFIX, Entry, unique_token
 from framework.download._partial import PartialName
 from framework.download._validators import _etag_tag
 from framework.hookspecs import hookimpl
@@ -409,25 +409,24 @@ def end_child(child: Any) -> None:
 
 
 def cache_files(folder: Path) -> list[str]:
-    """Every name in a cache folder and in its entries' work folders (`<entry>.<uid>.partial`),
-    as paths relative to `folder`: `folder / name` opens each."""
+    """Every name in a cache folder and in its work folders (`.framework-partial-<uid>`),
+    as paths relative to `folder`: `folder / name` opens each. The work folders
+    themselves are left out: made once, they stay."""
     if not folder.exists():
         return []
     names = []
     for name in os.listdir(folder):
-        names.append(name)
-        if name.endswith(WORK_SUFFIX) and (folder / name).is_dir():
+        if name.startswith(WORK_PREFIX) and (folder / name).is_dir():
             names.extend(f"{name}/{inner}" for inner in os.listdir(folder / name))
+        else:
+            names.append(name)
     return sorted(names)
 
 
 def stray_files(folder: Path) -> list[str]:
-    """Temporary or partial files left in a cache folder or its entries' work folders
-    (relative to `folder`), and work folders left behind."""
-    return [n for n in cache_files(folder) if n.endswith((".part", ".parts", ".tmp", ".old", WORK_SUFFIX))]
-
-
-WORK_SUFFIX = f".{os.geteuid()}.partial"
+    """Temporary or partial files left in a cache folder or its work folders (relative
+    to `folder`)."""
+    return [n for n in cache_files(folder) if n.endswith((".part", ".parts", ".tmp", ".old"))]
 
 
 def wait_for(predicate: Callable[[], bool], timeout: float = 20.0, what: str = "") -> None:

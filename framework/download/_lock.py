@@ -38,6 +38,8 @@ logger = logging.getLogger("framework.download")
 
 # How often a waiter wakes up to log, update its progress bar and check the timeout.
 _POLL_S = 0.05
+# How long the lock is held before its owner file says who holds it.
+_OWNER_AFTER_S = 0.05
 
 
 class EntryLock:
@@ -71,6 +73,7 @@ class EntryLock:
         self.held = False
         self._recorded: dict[str, Any] = {}  # what the owner file says besides who and since
         self._noted: dict[str, Any] = {}  # fields for the next heartbeat to write
+        self._owner_written = False
         self._lock: Optional[filelock.BaseFileLock] = None
         if kind == "filelock":
             self._lock = filelock.FileLock(str(path), thread_local=False)
@@ -122,7 +125,7 @@ class EntryLock:
             yield
             return
         interval = min(5.0, max(0.05, self.timeout / 4))  # several beats per timeout
-        _BEATS.add(self, interval)
+        _BEATS.add(self, interval, first=interval if self._owner_written else _OWNER_AFTER_S)
         try:
             yield
         finally:
@@ -146,7 +149,7 @@ class EntryLock:
         self._noted.update(fields)
 
     def beat(self) -> None:
-        if self._noted:
+        if not self._owner_written or self._noted:
             fields, self._noted = self._noted, {}
             self.record(**fields)  # a new owner file: a new mtime too
             return
@@ -169,6 +172,7 @@ class EntryLock:
         data.update(self._recorded)
         try:
             write_json_atomic(self.owner_path, data, durable=False)
+            self._owner_written = True
         except OSError:  # informative only
             pass
 
@@ -215,7 +219,9 @@ class EntryLock:
             if time.monotonic() >= deadline:
                 raise LockTimeoutError(self.url, str(self.path), self.timeout, self.holder(), self._advice())
         self.held = True
-        self.record()
+        # Who holds the lock is written once it is held for a moment: a small file's
+        # fetch is over before anyone could wait for it, and writes no owner file.
+        _BEATS.add(self, None, first=_OWNER_AFTER_S)
         return self
 
     def __exit__(
@@ -228,10 +234,12 @@ class EntryLock:
         if self._lock is None or not self.held:
             return
         self.held = False
-        try:
-            os.unlink(self.owner_path)
-        except OSError:
-            pass
+        if self._owner_written:
+            self._owner_written = False
+            try:
+                os.unlink(self.owner_path)
+            except OSError:
+                pass
         self._lock.release()
 
 
@@ -245,12 +253,14 @@ class _Heartbeats:
 
     def _reset(self) -> None:
         self._changed = threading.Condition()
-        self._due: dict[int, tuple[EntryLock, float, float]] = {}  # id -> lock, interval, next beat
+        # id -> lock, interval (None: beat once), next beat
+        self._due: dict[int, tuple[EntryLock, Optional[float], float]] = {}
         self._thread: Optional[threading.Thread] = None
 
-    def add(self, lock: EntryLock, interval: float) -> None:
+    def add(self, lock: EntryLock, interval: Optional[float], first: float) -> None:
+        """Beat for `lock` in `first` seconds, then every `interval` (None: once)."""
         with self._changed:
-            self._due[id(lock)] = (lock, interval, time.monotonic() + interval)
+            self._due[id(lock)] = (lock, interval, time.monotonic() + first)
             if self._thread is None:
                 self._thread = threading.Thread(
                     target=self._run, name="framework-lock-heartbeat", daemon=True
@@ -270,7 +280,10 @@ class _Heartbeats:
                 for key, (lock, interval, due) in list(self._due.items()):
                     if due <= now:
                         lock.beat()
-                        self._due[key] = (lock, interval, now + interval)
+                        if interval is None:
+                            del self._due[key]
+                        else:
+                            self._due[key] = (lock, interval, now + interval)
                 soonest = min((due for _lock, _interval, due in self._due.values()), default=None)
                 self._changed.wait(None if soonest is None else max(0.0, soonest - time.monotonic()))
 

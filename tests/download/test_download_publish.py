@@ -424,6 +424,7 @@ def test_fifo_planted_as_the_lock_owner_file_never_hangs_a_waiter(
     try:
         assert ready.wait(timeout=20)
         owner = entry.lock.with_name(entry.lock.name + ".owner")
+        wait_for(owner.exists, what="the owner file")  # written once the lock is held a moment
         owner.unlink()
         os.mkfifo(owner)  # what a waiter reads to say who holds the lock
         results = FORK.Queue()

@@ -28,7 +28,14 @@ from typing import Any, Callable, Literal, Optional, Union
 import filelock
 
 from framework._redact import redact_url
-from framework.download._cache import HOST, is_alive_local, parse_json, read_small_file, write_json_atomic
+from framework.download._cache import (
+    HOST,
+    enter_work_folder,
+    is_alive_local,
+    parse_json,
+    read_small_file,
+    write_json_atomic,
+)
 from framework.errors import LockTimeoutError
 
 __all__ = ["EntryLock", "LockKind"]
@@ -171,7 +178,9 @@ class EntryLock:
         }
         data.update(self._recorded)
         try:
-            write_json_atomic(self.owner_path, data, durable=False)
+            # Its temporary file goes where a dead writer's are swept (by name, not listing).
+            temp_folder = enter_work_folder(self.path).path
+            write_json_atomic(self.owner_path, data, durable=False, temp_folder=temp_folder)
             self._owner_written = True
         except OSError:  # informative only
             pass

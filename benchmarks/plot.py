@@ -445,6 +445,36 @@ def cluster_table(results: Mapping[str, Any]) -> str:
     ])  # fmt: skip
 
 
+def smallfiles_table(results: Mapping[str, Any]) -> str:
+    cold, hits, big, bulk = results["cold"], results["hits"], results["big_cache"], results["bulk"]
+    seconds = bulk["seconds"]
+    rows = [
+        [f"cold {results['file_bytes'] // 1024} KiB miss, median per file ({cold['files']:,} files)",
+         f"{cold['ours_ms']:.2f} ms", f"{cold['raw_ms']:.2f} ms (`requests.get` + write + fsync + rename)",
+         f"{cold['speed_vs_raw']:.2f}x the speed"],
+        ["verified hit (`sha256=` given), median per call", f"{hits['verified_hit_us']:.0f} µs", "", ""],
+        [f"miss with {big['entries']:,} names in the folder, median", f"{big['full_ms']:.2f} ms",
+         f"{big['empty_ms']:.2f} ms (ours, empty folder)", f"{big['full_vs_empty']:.2f}x the time"],
+        [f"{bulk['files']:,} files, `cached_paths(max_workers={bulk['max_workers']})`",
+         f"{seconds['cached_paths']:.2f} s", f"{seconds['loop']:.2f} s (a loop of `cached_path`)",
+         f"{bulk['cached_paths_vs_loop']:.1f}x as fast"],
+        [f"{bulk['files']:,} files, `cached_paths(max_workers={bulk['max_workers']})`",
+         f"{seconds['cached_paths']:.2f} s",
+         f"{seconds['requests_pool']:.2f} s (a pool of {bulk['max_workers']} threads: requests + fsync)",
+         f"{bulk['cached_paths_vs_requests_pool']:.2f}x as fast"],
+    ]  # fmt: skip
+    parts = [
+        f"Side by side in one run on 127.0.0.1 ({results.get('machine', '')}); the server answered "
+        f"{results.get('gets', '?'):,} GETs.\n",
+        _table(["what", "ours", "compared with", "ratio"], rows),
+    ]
+    targets = results.get("targets_met")
+    if isinstance(targets, Mapping):
+        met = ", ".join(f"{name}: {'met' if ok else '**not met**'}" for name, ok in targets.items())
+        parts += ["", f"Targets: {met}."]
+    return "\n".join(parts)
+
+
 TABLES = {
     "loader": loader_table,
     "download": download_table,
@@ -452,6 +482,7 @@ TABLES = {
     "resume": resume_table,
     "config": config_table,
     "cluster": cluster_table,
+    "smallfiles": smallfiles_table,
 }
 
 

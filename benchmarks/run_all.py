@@ -6,8 +6,8 @@
 
 Each benchmark writes ``benchmarks/results/<name>.json``; ``plot.py`` turns those into
 ``docs/img/bench_*.png`` and the README's speed paragraph, and the docs build puts the
-tables on the benchmarks page. ``bench_parallel.py``, ``bench_config.py`` and
-``bench_cluster.py`` are run on their own (see docs/benchmarks.md).
+tables on the benchmarks page. ``bench_parallel.py``, ``bench_config.py``,
+``bench_cluster.py`` and ``bench_smallfiles.py`` are run on their own (see docs/benchmarks.md).
 """
 
 from __future__ import annotations

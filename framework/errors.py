@@ -21,6 +21,7 @@ FrameworkError
       ├── InvalidArgumentError  (also a ValueError) refused before any request
       ├── MissingDependencyError (also an ImportError) a backend's package is not installed
       ├── LockTimeoutError      another process held the lock for too long
+      ├── BulkDownloadError     files of a `cached_paths` call failed (the others are published)
       └── StepTimeoutError      a rank of a distributed call hung in one step
 ```
 
@@ -36,6 +37,7 @@ from typing import Any, Optional
 from framework._redact import redact_url
 
 __all__ = [
+    "BulkDownloadError",
     "ChecksumError",
     "CollateError",
     "ConfigError",
@@ -316,6 +318,24 @@ class LockTimeoutError(DownloadError):
             advice or "If no process is downloading, the lock is stale: delete it, or raise the lock timeout"
         )
         super().__init__(url, f"timed out after {timeout:g}s waiting for the lock {lock_path}{who}. {advice}")
+
+
+class BulkDownloadError(DownloadError):
+    """Files of one `DownloadManager.cached_paths` call failed; every other file of the
+    call was fetched and published. `failures`: each failed URL (as given) and its error;
+    `url` is the first of them."""
+
+    def __init__(self, failures: dict[str, DownloadError], total: int) -> None:
+        self.failures = dict(failures)
+        self.total = total
+        shown = [f"{redact_url(url)}: {error.reason}" for url, error in list(self.failures.items())[:5]]
+        more = f"; and {len(self.failures) - 5} more" if len(self.failures) > 5 else ""
+        super().__init__(
+            next(iter(self.failures)),
+            f"{len(self.failures)} of {total} files failed, the others are published: "
+            + "; ".join(shown)
+            + more,
+        )
 
 
 class StepTimeoutError(DownloadError):

@@ -16,7 +16,8 @@ is named by a hash of its URL plus the file name, with files next to it:
 `<name>` (the bytes), `<name>.json` (url, etag, size, sha256, time),
 `<name>.lock` (and `.lock.owner`: who is downloading), `<name>-extracted/`
 (and `<name>-extracted.json`: the sha256 of the archive it was extracted from),
-and, while a download runs, `<name>.<etag>.<host>.<pid>.<token>.part`.
+and, in `.framework-partial-<uid>/` while a download runs, its partial file
+`<name>.<etag>.<host>.<pid>.<token>.part` and other temporaries.
 """
 
 from __future__ import annotations

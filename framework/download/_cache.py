@@ -15,8 +15,10 @@ a FIFO never blocks) and written through fresh `O_EXCL` names.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
+import logging
 import os
 import re
 import secrets
@@ -27,17 +29,22 @@ from pathlib import Path
 from typing import Any, Final, Optional, TypedDict
 from urllib.parse import unquote, urlsplit
 
+import attrs
+
 from framework._redact import redact_url
 
 __all__ = [
     "HOST",
     "NEW_FILE_FLAGS",
     "RELEASED_PID",
+    "WORK_PREFIX",
     "Entry",
     "Metadata",
+    "WorkFolder",
     "binds",
     "dead_leftovers",
     "digest_of",
+    "enter_work_folder",
     "file_identity",
     "is_alive_local",
     "parse_json",
@@ -45,9 +52,11 @@ __all__ = [
     "read_metadata",
     "read_small_file",
     "unique_token",
+    "work_folder",
     "write_json_atomic",
 ]
 
+_logger = logging.getLogger("framework.download")
 _SUFFIX_CHARS: Final = re.compile(r"[^A-Za-z0-9._-]+")
 
 
@@ -149,6 +158,49 @@ def dead_leftovers(target: Path, suffixes: tuple[str, ...]) -> list[Path]:
     ]
 
 
+def work_folder(final: Path) -> Path:
+    """The folder of this user's temporary files (partial files, their records, sidecar
+    and extraction temporaries) in `final`'s cache folder: made once, kept. It holds only
+    what is being written or was kept to be resumed, never the entries, so looking in it
+    costs the same in an empty cache and in one of 150,000 entries. Per user: only a
+    user's own partial files are ever resumed."""
+    return final.parent / f"{WORK_PREFIX}{os.geteuid()}"
+
+
+WORK_PREFIX: Final = ".framework-partial-"
+
+
+@attrs.frozen
+class WorkFolder:
+    """Where a fetch of `final` writes: `path`, and whether this call made it (`fresh`:
+    empty, so there is nothing to resume or sweep)."""
+
+    path: Path
+    fresh: bool
+
+
+def enter_work_folder(final: Path) -> WorkFolder:
+    """Make sure the work folder of `final`'s cache folder exists. Something else at its
+    name (a symlink, a file, a folder of another user or writable by others: planted) is
+    never used: the fetch then writes next to `final`, and nothing it leaves is resumed."""
+    folder = work_folder(final)
+    for _attempt in range(3):  # someone may remove it between mkdir and lstat
+        try:
+            os.mkdir(folder, 0o700)
+            return WorkFolder(folder, fresh=True)
+        except FileExistsError:
+            pass
+        try:
+            info = os.lstat(folder)
+        except FileNotFoundError:
+            continue
+        usable = stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid() and not info.st_mode & 0o022
+        if not usable:
+            _logger.warning("%s is not a private folder of this user (planted?); not using it", folder)
+        return WorkFolder(folder if usable else final.parent, fresh=False)
+    return WorkFolder(final.parent, fresh=False)
+
+
 def _owned(path: Path) -> bool:
     try:
         return os.lstat(path).st_uid == os.geteuid()
@@ -169,19 +221,33 @@ def _readable_suffix(url: str) -> str:
     return name[-64:] or "download"
 
 
+@functools.lru_cache(maxsize=4096)
+def _entry_name(url: str) -> str:
+    """The name of `url`'s entry (remembered: a hit costs a few microseconds less)."""
+    digest = hashlib.sha256(url.encode("utf-8")).hexdigest()[:20]
+    return f"{digest}-{_readable_suffix(url)}"
+
+
 class Entry:
     """The paths of one URL's cache entry inside `cache_dir`."""
 
-    __slots__ = ("extracted", "final", "lock", "sidecar", "url")
+    __slots__ = ("final", "url")
 
     def __init__(self, cache_dir: Path, url: str) -> None:
-        digest = hashlib.sha256(url.encode("utf-8")).hexdigest()[:20]
-        name = f"{digest}-{_readable_suffix(url)}"
         self.url = url
-        self.final = cache_dir / name
-        self.sidecar = cache_dir / f"{name}.json"
-        self.lock = cache_dir / f"{name}.lock"
-        self.extracted = cache_dir / f"{name}-extracted"
+        self.final = cache_dir / _entry_name(url)
+
+    @property
+    def sidecar(self) -> Path:
+        return self.final.with_name(f"{self.final.name}.json")
+
+    @property
+    def lock(self) -> Path:
+        return self.final.with_name(f"{self.final.name}.lock")
+
+    @property
+    def extracted(self) -> Path:
+        return self.final.with_name(f"{self.final.name}-extracted")
 
     def lookup(self, sha256: Optional[str]) -> Optional[Metadata]:
         """The sidecar if the published file is a regular file and is the very file
@@ -253,9 +319,14 @@ class Entry:
         sha256: str,
         info: os.stat_result,
         fetched: Optional[float] = None,
+        temp_folder: Optional[Path] = None,
     ) -> None:
         """Write the sidecar for the file `info` describes (not yet renamed into place);
-        `fetched` dates its version (a copy of another cache's: that one's fetch), else now."""
+        `fetched` dates its version (a copy of another cache's: that one's fetch), else now.
+        Its temporary file goes to `temp_folder` (the entry's work folder), if given.
+
+        Not fsynced: a sidecar lost in a crash is a miss (the file is hashed or fetched
+        again), and one that survives without its file binds nothing (see `binds`)."""
         inode, size, mtime_ns = file_identity(info)
         meta: Metadata = {
             "url": redact_url(self.url),  # a shared cache is read by others: no tokens
@@ -267,7 +338,7 @@ class Entry:
             "inode": inode,
             "mtime_ns": mtime_ns,
         }
-        write_json_atomic(self.sidecar, dict(meta))
+        write_json_atomic(self.sidecar, dict(meta), durable=False, temp_folder=temp_folder)
 
 
 def binds(meta: Metadata, info: os.stat_result) -> bool:
@@ -376,9 +447,12 @@ def _parse_metadata(raw: Optional[bytes]) -> Optional[Metadata]:
     return meta
 
 
-def write_json_atomic(path: Path, data: dict[str, Any], durable: bool = True) -> None:
-    """Write JSON to a unique temporary name (fsynced if `durable`), then `os.replace`."""
-    temp = path.with_name(f"{path.name}.{unique_token()}.tmp")
+def write_json_atomic(
+    path: Path, data: dict[str, Any], durable: bool = True, temp_folder: Optional[Path] = None
+) -> None:
+    """Write JSON to a unique temporary name (in `temp_folder`, else next to `path`;
+    fsynced if `durable`), then `os.replace`."""
+    temp = (temp_folder or path.parent) / f"{path.name}.{unique_token()}.tmp"
     try:
         with os.fdopen(os.open(temp, NEW_FILE_FLAGS, 0o644), "w", encoding="utf-8") as file:
             json.dump(data, file)

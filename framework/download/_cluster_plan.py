@@ -17,7 +17,7 @@ import attrs
 import torch
 import torch.distributed as dist
 
-from framework.download._cache import NEW_FILE_FLAGS, Metadata
+from framework.download._cache import NEW_FILE_FLAGS, Metadata, work_folder
 from framework.download._collective import POLL_S as POLL_S
 from framework.download._collective import _decode as _decode
 from framework.download._collective import _encode as _encode
@@ -198,8 +198,9 @@ def _transfer_device(url: str) -> torch.device:
 def _sweep(root: Path) -> None:
     """One listing of `root` for what killed calls left: markers older than
     `_STALE_MARKER_S`, and the partial files a dead receiver (or any dead writer whose
-    file no later call could resume) left, whatever their URL: this user's, untagged,
-    their writer gone. A URL never asked for again would otherwise keep them forever."""
+    file no later call could resume) left in this user's work folder, whatever their
+    URL: this user's, untagged, their writer gone. A URL never asked for again would
+    otherwise keep them forever."""
     try:
         names = os.listdir(root)
     except OSError:
@@ -212,7 +213,11 @@ def _sweep(root: Path) -> None:
                     os.unlink(root / found)
             except OSError:
                 pass
-            continue
+    try:
+        work = os.listdir(work_folder(root / "any"))
+    except OSError:
+        return
+    for found in work:
         name = PartialName.parse(root, found)
         if name is None or name.tag != NO_VALIDATOR:
             continue  # a download's: the next plain call adopts it and resumes

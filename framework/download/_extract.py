@@ -35,6 +35,7 @@ import attrs
 
 from framework.download._cache import (
     dead_leftovers,
+    enter_work_folder,
     parse_json,
     read_small_file,
     unique_token,
@@ -396,10 +397,10 @@ def extracted_from(target: Path, digest: str) -> bool:
     )
 
 
-def _sweep(target: Path) -> None:
-    """Remove temporary folders (and marker files) left by dead extractors of `target` on
-    this host."""
-    for leftover in dead_leftovers(target, (".tmp", ".old")):
+def _sweep(target: Path, folder: Path) -> None:
+    """Remove temporary folders (and marker files) left in `folder` (`target`'s work
+    folder) by dead extractors of `target` on this host."""
+    for leftover in dead_leftovers(folder / target.name, (".tmp", ".old")):
         if leftover.is_dir() and not leftover.is_symlink():
             shutil.rmtree(leftover, ignore_errors=True)
         else:
@@ -453,13 +454,36 @@ def extract_archive(
     `archive` may be an open file: the one whose digest was checked, so what is
     extracted is never something renamed over its path since."""
     try:
-        _sweep(target)
-        temp = target.with_name(f"{target.name}.{unique_token()}.tmp")
+        work = enter_work_folder(target)  # the cache folder itself is never listed
+        if not work.fresh:
+            _sweep(target, work.path)
+        temp = work.path / f"{target.name}.{unique_token()}.tmp"
         os.mkdir(temp, 0o700)  # nobody else may plant anything in it while we check and write
     except OSError as error:
         raise DownloadError(
             url, f"cannot extract into {target.parent}: {error.strerror}; use a writable cache folder"
         ) from error
+    try:
+        return _extract_into(archive, temp, target, url, limits, replace=replace, digest=digest)
+    finally:
+        if work.fresh:  # made for this extraction (a folder outside a cache): leave none behind
+            try:
+                os.rmdir(work.path)
+            except OSError:
+                pass
+
+
+def _extract_into(
+    archive: Union[Path, IO[bytes]],
+    temp: Path,
+    target: Path,
+    url: str,
+    limits: ExtractLimits,
+    *,
+    replace: bool,
+    digest: Optional[str],
+) -> Path:
+    """`extract_archive`'s work once its temporary folder `temp` is made."""
     try:
         _unpack(archive, os.path.realpath(temp), limits, url)
         # Published with the cache folder's permissions (group-writable in a shared cache),
@@ -468,7 +492,7 @@ def extract_archive(
         old: Optional[Path] = None
         if replace and os.path.lexists(target):  # a planted symlink is moved away too
             _marker(target).unlink(missing_ok=True)  # no moment where it vouches for other files
-            old = target.with_name(f"{target.name}.{unique_token()}.old")
+            old = temp.with_name(f"{target.name}.{unique_token()}.old")
             os.rename(target, old)
         ours = True
         try:
@@ -482,7 +506,8 @@ def extract_archive(
             ours = False
         if digest is not None and ours:
             folder = os.lstat(target)
-            write_json_atomic(_marker(target), {"sha256": digest, "folder": [folder.st_dev, folder.st_ino]})
+            marked = {"sha256": digest, "folder": [folder.st_dev, folder.st_ino]}
+            write_json_atomic(_marker(target), marked, temp_folder=temp.parent)
         if old is not None and old.is_symlink():
             old.unlink()
         elif old is not None:

@@ -15,7 +15,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from framework.download._partial import STALE_AFTER_S, Fetched, Partial, resumable
+from framework.download._cache import enter_work_folder
+from framework.download._partial import (
+    STALE_AFTER_S,
+    Fetched,
+    Partial,
+    resumable,
+)
 from framework.download._stream import download
 from framework.download.backend import DownloadBackend
 from framework.download.parallel import adopt_parts, fetch_parts
@@ -58,13 +64,15 @@ def fetch(
     this or another process); on any other failure it is removed.
     """
     ranged = backend.supports_ranges
-    resumed = adopt_parts(final) if ranged else None  # with one connection too
+    folder = enter_work_folder(final)
+    # A work folder made just now is empty: nothing to resume, nothing to sweep.
+    resumed = adopt_parts(final) if ranged and not folder.fresh else None  # with one connection too
     parallel = resumed is not None or (connections > 1 and ranged)
-    partial = resumed.partial if resumed is not None else Partial.adopt(final)
+    partial = resumed.partial if resumed is not None else None if folder.fresh else Partial.adopt(final)
     if partial is not None:
         logger.info("resuming %s from byte %d", url, partial.offset)
     else:
-        partial = Partial.create(final)
+        partial = Partial.create(final, folder)
     keep = False
     try:
         with _progress_bar(progress, None, final.name.split("-", 1)[-1]) as bar:

@@ -7,8 +7,9 @@ the same reason a lock path that is not a regular file (a symlink, FIFO or folde
 someone planted) is never opened: the call goes on without the lock.
 
 While the holder works (`EntryLock.working`: fetching, extracting), a heartbeat
-thread touches the owner file, so waiters wait as long as the holder is alive and
-working, however long that takes, and time out only on a holder that stopped.
+touches the owner file, so waiters wait as long as the holder is alive and working,
+however long that takes, and time out only on a holder that stopped. One thread per
+process beats for every lock it holds: a small file's fetch starts no thread.
 """
 
 from __future__ import annotations
@@ -27,7 +28,14 @@ from typing import Any, Callable, Literal, Optional, Union
 import filelock
 
 from framework._redact import redact_url
-from framework.download._cache import HOST, is_alive_local, parse_json, read_small_file, write_json_atomic
+from framework.download._cache import (
+    HOST,
+    enter_work_folder,
+    is_alive_local,
+    parse_json,
+    read_small_file,
+    write_json_atomic,
+)
 from framework.errors import LockTimeoutError
 
 __all__ = ["EntryLock", "LockKind"]
@@ -37,6 +45,8 @@ logger = logging.getLogger("framework.download")
 
 # How often a waiter wakes up to log, update its progress bar and check the timeout.
 _POLL_S = 0.05
+# How long the lock is held before its owner file says who holds it.
+_OWNER_AFTER_S = 0.05
 
 
 class EntryLock:
@@ -68,7 +78,9 @@ class EntryLock:
         self._on_wait = on_wait
         self._done = done
         self.held = False
-        self._beat_stop: Optional[threading.Event] = None
+        self._recorded: dict[str, Any] = {}  # what the owner file says besides who and since
+        self._noted: dict[str, Any] = {}  # fields for the next heartbeat to write
+        self._owner_written = False
         self._lock: Optional[filelock.BaseFileLock] = None
         if kind == "filelock":
             self._lock = filelock.FileLock(str(path), thread_local=False)
@@ -119,23 +131,12 @@ class EntryLock:
         if not self.held:
             yield
             return
-        stop = threading.Event()
         interval = min(5.0, max(0.05, self.timeout / 4))  # several beats per timeout
-
-        def beat() -> None:
-            while not stop.wait(interval):
-                try:
-                    os.utime(self.owner_path, follow_symlinks=False)
-                except OSError:  # informative only
-                    pass
-
-        thread = threading.Thread(target=beat, name="framework-lock-heartbeat", daemon=True)
-        thread.start()
+        _BEATS.add(self, interval, first=interval if self._owner_written else _OWNER_AFTER_S)
         try:
             yield
         finally:
-            stop.set()
-            thread.join()
+            _BEATS.remove(self)
 
     def _usable(self) -> bool:
         """False when something other than a regular file with no other name sits at the
@@ -149,19 +150,38 @@ class EntryLock:
         except OSError:
             return False
 
+    def note(self, **fields: Union[int, str, float, None]) -> None:
+        """Add `fields` to the owner file at the next heartbeat (`working`): a fetch over
+        before it (a small file) writes nothing more."""
+        self._noted.update(fields)
+
+    def beat(self) -> None:
+        if not self._owner_written or self._noted:
+            fields, self._noted = self._noted, {}
+            self.record(**fields)  # a new owner file: a new mtime too
+            return
+        try:
+            os.utime(self.owner_path, follow_symlinks=False)
+        except OSError:  # informative only
+            pass
+
     def record(self, **fields: Union[int, str, float, None]) -> None:
         """Write (or update) the owner file while holding the lock."""
         if self._lock is None:
             return
+        self._recorded.update(fields)
         data: dict[str, Any] = {
             "pid": os.getpid(),
             "host": HOST,  # with the PID namespace: a pid means nothing outside it
             "since": time.time(),
             "url": redact_url(self.url),  # others can read the lock's owner file
         }
-        data.update(fields)
+        data.update(self._recorded)
         try:
-            write_json_atomic(self.owner_path, data, durable=False)
+            # Its temporary file goes where a dead writer's are swept (by name, not listing).
+            temp_folder = enter_work_folder(self.path).path
+            write_json_atomic(self.owner_path, data, durable=False, temp_folder=temp_folder)
+            self._owner_written = True
         except OSError:  # informative only
             pass
 
@@ -208,7 +228,9 @@ class EntryLock:
             if time.monotonic() >= deadline:
                 raise LockTimeoutError(self.url, str(self.path), self.timeout, self.holder(), self._advice())
         self.held = True
-        self.record()
+        # Who holds the lock is written once it is held for a moment: a small file's
+        # fetch is over before anyone could wait for it, and writes no owner file.
+        _BEATS.add(self, None, first=_OWNER_AFTER_S)
         return self
 
     def __exit__(
@@ -217,11 +239,62 @@ class EntryLock:
         exc: Optional[BaseException],
         tb: Optional[TracebackType],
     ) -> None:
+        _BEATS.remove(self)  # the owner file is never touched once removed
         if self._lock is None or not self.held:
             return
         self.held = False
-        try:
-            os.unlink(self.owner_path)
-        except OSError:
-            pass
+        if self._owner_written:
+            self._owner_written = False
+            try:
+                os.unlink(self.owner_path)
+            except OSError:
+                pass
         self._lock.release()
+
+
+class _Heartbeats:
+    """The one thread of a process that beats for every lock it holds while working,
+    each at its own interval; idle (waiting on a condition) when none is held."""
+
+    def __init__(self) -> None:
+        self._reset()
+        os.register_at_fork(after_in_child=self._reset)  # the thread is not forked; its lock may be held
+
+    def _reset(self) -> None:
+        self._changed = threading.Condition()
+        # id -> lock, interval (None: beat once), next beat
+        self._due: dict[int, tuple[EntryLock, Optional[float], float]] = {}
+        self._thread: Optional[threading.Thread] = None
+
+    def add(self, lock: EntryLock, interval: Optional[float], first: float) -> None:
+        """Beat for `lock` in `first` seconds, then every `interval` (None: once)."""
+        with self._changed:
+            self._due[id(lock)] = (lock, interval, time.monotonic() + first)
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="framework-lock-heartbeat", daemon=True
+                )
+                self._thread.start()
+            self._changed.notify()
+
+    def remove(self, lock: EntryLock) -> None:
+        """Stop beating for `lock`; a beat under way ends first."""
+        with self._changed:
+            self._due.pop(id(lock), None)
+
+    def _run(self) -> None:
+        with self._changed:
+            while True:
+                now = time.monotonic()
+                for key, (lock, interval, due) in list(self._due.items()):
+                    if due <= now:
+                        lock.beat()
+                        if interval is None:
+                            del self._due[key]
+                        else:
+                            self._due[key] = (lock, interval, now + interval)
+                soonest = min((due for _lock, _interval, due in self._due.values()), default=None)
+                self._changed.wait(None if soonest is None else max(0.0, soonest - time.monotonic()))
+
+
+_BEATS = _Heartbeats()

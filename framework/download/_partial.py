@@ -7,6 +7,11 @@ to the final path (`publish_fetched`). An interrupted download leaves its partia
 file behind; a later call adopts it by renaming it to its own name first, so two
 processes never append to one file.
 
+Partial files, their records and temporary files live in the cache folder's work
+folder of this user (`work_folder`, made once), which holds only what is being written
+or was kept: a miss looks there for what earlier calls of its entry left, and the
+cache folder itself, however many entries it holds, is never listed.
+
 The cache folder may be shared with people we do not trust: only a regular file
 owned by this user is adopted, it is opened with `O_NOFOLLOW` and checked with
 `fstat` on the descriptor that is then written, so a planted symlink, FIFO or
@@ -34,10 +39,13 @@ from framework.download._cache import (
     NEW_FILE_FLAGS,
     RELEASED_PID,
     Entry,
+    WorkFolder,
     dead_leftovers,
+    enter_work_folder,
     is_alive_local,
     parse_owner,
     unique_token,
+    work_folder,
 )
 from framework.download._tap import followed
 from framework.download._validators import NO_VALIDATOR, Validators
@@ -64,6 +72,7 @@ __all__ = [
     "publish_file",
     "remove_quietly",
     "resumable",
+    "work_leftovers",
 ]
 
 logger = logging.getLogger("framework.download")
@@ -102,15 +111,18 @@ def resumable(error: BaseException) -> bool:
 @attrs.frozen
 class PartialName:
     """The one place that knows a partial file's name:
-    `<final>.<tag>.<host>.<pid>.<random>.part` (see `unique_token`)."""
+    `<final>.<tag>.<host>.<pid>.<random>.part` (see `unique_token`), inside `final`'s
+    work folder (`folder`, unless a planted one made the fetch write next to `final`)."""
 
     final: Path
     tag: str
     token: str = attrs.field(factory=unique_token)
+    folder: Optional[Path] = None
 
     @property
     def path(self) -> Path:
-        return self.final.with_name(f"{self.final.name}.{self.tag}.{self.token}.part")
+        folder = work_folder(self.final) if self.folder is None else self.folder
+        return folder / f"{self.final.name}.{self.tag}.{self.token}.part"
 
     @property
     def owner(self) -> Optional[tuple[str, int]]:
@@ -118,33 +130,40 @@ class PartialName:
 
     def renamed(self, tag: Optional[str] = None) -> PartialName:
         """This process's own name for the same file (a fresh token), optionally retagged."""
-        return PartialName(self.final, self.tag if tag is None else tag)
+        return PartialName(self.final, self.tag if tag is None else tag, folder=self.folder)
 
     def claimed(self) -> PartialName:
         """A fresh name that keeps the writer's host and pid: what an adopter renames a
         foreign writer's file to before copying it. Killed before the copy is done, it
         leaves a file that is still foreign (copied again, never renamed into use)."""
         host, pid, _random = self.token.split(".")
-        return PartialName(self.final, self.tag, f"{host}.{pid}.{secrets.token_hex(4)}")
+        return PartialName(self.final, self.tag, f"{host}.{pid}.{secrets.token_hex(4)}", self.folder)
 
     @classmethod
-    def parse(cls, folder: Path, name: str) -> Optional[PartialName]:
-        """The partial file called `name` in `folder`; None for any other name.
-        (`FINAL.TAG.HOST.PID.RANDOM.part`: neither a tag nor a host holds a dot.)"""
+    def parse(cls, final_folder: Path, name: str) -> Optional[PartialName]:
+        """The partial file called `name` in the work folder of an entry of `final_folder`;
+        None for any other name. (`FINAL.TAG.HOST.PID.RANDOM.part`: neither a tag nor a
+        host holds a dot.)"""
         fields = name[: -len(".part")].rsplit(".", 4) if name.endswith(".part") else []
         if len(fields) != 5 or not fields[0]:
             return None
-        return cls(folder / fields[0], fields[1], ".".join(fields[2:]))
+        return cls(final_folder / fields[0], fields[1], ".".join(fields[2:]))
 
     @classmethod
     def all(cls, final: Path) -> list[PartialName]:
-        """Every partial file of `final`, whoever wrote it."""
+        """Every partial file of `final` in its work folder, whoever wrote it: one listing
+        of that folder (the cache folder is never listed)."""
         try:
-            names = os.listdir(final.parent)
+            names = os.listdir(work_folder(final))
         except OSError:
             return []
         found = (cls.parse(final.parent, name) for name in names if name.startswith(final.name + "."))
         return [name for name in found if name is not None and name.final == final]
+
+
+def work_leftovers(final: Path, suffixes: tuple[str, ...]) -> list[Path]:
+    """Dead writers' temporary files of `final` in its work folder (see `dead_leftovers`)."""
+    return dead_leftovers(work_folder(final) / final.name, suffixes)
 
 
 @attrs.frozen
@@ -242,14 +261,23 @@ class Partial:
         return followed(self.name.final, hasher, self.fd, self.name.path)
 
     @classmethod
-    def create(cls, final: Path) -> Partial:
-        name = PartialName(final, NO_VALIDATOR)
-        ACTIVE.add(str(name.path))
-        try:
-            return cls(name, os.open(name.path, NEW_FILE_FLAGS, 0o644))
-        except BaseException:
-            ACTIVE.discard(str(name.path))
-            raise
+    def create(cls, final: Path, folder: Optional[WorkFolder] = None) -> Partial:
+        """A new, empty partial file of `final` in `folder` (entered now if not given)."""
+        where, attempts = folder or enter_work_folder(final), 0
+        while True:
+            name = PartialName(final, NO_VALIDATOR, folder=where.path if where.path == final.parent else None)
+            ACTIVE.add(str(name.path))
+            try:
+                return cls(name, os.open(name.path, NEW_FILE_FLAGS, 0o644))
+            except FileNotFoundError:
+                ACTIVE.discard(str(name.path))
+                attempts += 1
+                if attempts == 3:
+                    raise
+                where = enter_work_folder(final)  # someone removed it meanwhile
+            except BaseException:
+                ACTIVE.discard(str(name.path))
+                raise
 
     @classmethod
     def adopt(cls, final: Path) -> Optional[Partial]:
@@ -269,7 +297,7 @@ class Partial:
                 continue
             if ours(info) and orphaned(name, info, now):
                 orphans.append((info.st_size, name))
-        for leftover in dead_leftovers(final, (".tmp", ".parts")):  # a parallel partial's record too
+        for leftover in work_leftovers(final, (".tmp", ".parts")):  # a parallel partial's record too
             remove_quietly(leftover)
         orphans.sort(key=lambda pair: pair[0], reverse=True)
         adopted: Optional[Partial] = None
@@ -318,7 +346,7 @@ class Partial:
         publish is never that inode. On failure both go; killed, the taken file keeps its
         writer's host and pid (`PartialName.claimed`), so it is copied again, never
         renamed into use."""
-        copy = PartialName(taken.final, taken.tag)  # ours
+        copy = PartialName(taken.final, taken.tag, folder=taken.folder)  # ours
         ACTIVE.add(str(copy.path))
         partial: Optional[Partial] = None
         try:
@@ -382,7 +410,7 @@ class Partial:
         one while it lives. This process writes it no more (a parallel fetch's
         workers stopped). A failed rename leaves it ours: this process resumes it."""
         token = f"{HOST}.{RELEASED_PID}.{secrets.token_hex(4)}"
-        released = PartialName(self.name.final, self.name.tag, token)
+        released = PartialName(self.name.final, self.name.tag, token, self.name.folder)
         try:
             if self.name.tag.startswith(PARALLEL_TAG):
                 os.rename(_record_of(self.name.path), _record_of(released.path))
@@ -406,21 +434,13 @@ def _record_of(path: Path) -> Path:
 
 
 def publish_file(temp: Path, final: Path) -> None:
-    """Rename `temp` onto `final` (atomic) and make the rename durable."""
+    """Rename `temp` (fsynced) onto `final`: atomic. The folder is not fsynced: after a
+    power loss a file published in the last seconds may be missing (fetched again, or
+    its partial file resumed), never there with other bytes."""
     try:
         os.replace(temp, final)  # a symlink at `final` is replaced itself, never followed
     finally:
         ACTIVE.discard(str(temp))
-    try:
-        dir_fd = os.open(final.parent, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(dir_fd)
-    except OSError:
-        pass
-    finally:
-        os.close(dir_fd)
 
 
 def _stillours(url: str, result: Fetched) -> None:
@@ -450,7 +470,12 @@ def publish_fetched(entry: Entry, result: Fetched) -> None:
         _stillours(entry.url, result)
         validators = result.validators
         entry.publish_metadata(
-            validators.etag, validators.last_modified, result.sha256, result.info, result.fetched
+            validators.etag,
+            validators.last_modified,
+            result.sha256,
+            result.info,
+            result.fetched,
+            temp_folder=result.temp.parent,  # swept with the partial files, never by listing the cache
         )
         publish_file(result.temp, entry.final)
     except IsADirectoryError as error:  # os.replace never removes a folder

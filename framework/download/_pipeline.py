@@ -3,8 +3,10 @@
 Receiving, writing to the page cache and sha256 each cost about the same per byte;
 done one after the other they would make a cold download ~2x slower than a raw
 copy. `hashlib` releases the GIL on large updates, so a worker thread hashes while
-the receiving thread writes. Writeback to disk is started early (Linux
-`sync_file_range`), so the final `fsync` has little left to wait for.
+the receiving thread writes. A body that ends before its first batch is full (a small
+file) is hashed in the receiving thread: starting a thread would cost more. Writeback
+to disk is started early (Linux `sync_file_range`), so the final `fsync` has little
+left to wait for.
 """
 
 from __future__ import annotations
@@ -76,22 +78,28 @@ class Pipeline:
         self._offset = self._synced = start
         self._error: Optional[BaseException] = None  # what stopped the hash thread
         self._queue: queue.Queue[Optional[list[bytes]]] = queue.Queue(_QUEUE_BATCHES)
-        self._thread = threading.Thread(target=self._hash, name="framework-hash", daemon=True)
-        self._thread.start()
+        self._thread: Optional[threading.Thread] = None  # started by the first full batch
 
     def put(self, chunk: bytes) -> None:
         self._batch.append(chunk)
         self._batch_bytes += len(chunk)
         if self._batch_bytes >= BATCH_BYTES:
-            self._flush()
+            self._flush(last=False)
 
-    def _flush(self) -> None:
+    def _flush(self, last: bool = True) -> None:
         if not self._batch:
             return
         self._check()
         batch, self._batch, self._batch_bytes = self._batch, [], 0
         write_all(self.fd, batch, self.url, self.where)
-        self._queue.put(batch)  # hashed only once written: bytes and digest agree
+        # Hashed only once written: bytes and digest agree.
+        if self._thread is None and last:
+            self._hash_here(batch)
+        else:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._hash, name="framework-hash", daemon=True)
+                self._thread.start()
+            self._queue.put(batch)
         self._offset += sum(len(b) for b in batch)
         if _SYNC_RANGE is not None and self._offset - self._synced >= _WRITEBACK_EVERY:
             try:  # start writing back to disk now; this does not wait
@@ -107,7 +115,7 @@ class Pipeline:
     def close(self) -> None:
         """Wait for the hash thread to take in everything written (idempotent); raise
         if it failed, since the digest then covers only part of the file."""
-        if self._thread.is_alive():
+        if self._thread is not None and self._thread.is_alive():
             self._queue.put(None)
             self._thread.join()
         self._check()
@@ -133,6 +141,15 @@ class Pipeline:
                 self._flush()
         finally:
             self.close()
+
+    def _hash_here(self, batch: list[bytes]) -> None:
+        """Hash `batch` in this thread; a failure is reported as the hash thread's is."""
+        try:
+            for chunk in batch:
+                self.hasher.update(chunk)
+        except Exception as error:
+            self._error = error
+            self._check()
 
     def _hash(self) -> None:
         update = self.hasher.update

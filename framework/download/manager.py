@@ -11,13 +11,15 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from collections.abc import Iterator, Mapping
+import threading
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
 from typing import Any, BinaryIO, Callable, Optional
 
 from framework._redact import RedactingFilter
+from framework.download._bulk import Digests, check_workers, digests_for, fetch_all
 from framework.download._cache import Entry, Metadata, binds
 from framework.download._call import PathOrUrl, cache_writes, check_sha256, extracted, normalize
 from framework.download._extract import (
@@ -140,6 +142,7 @@ class DownloadManager:
         self._given = _check_backends(backends)
         self._made: dict[str, DownloadBackend] = {}  # by registered name: http and https share one
         self._backends_pid = os.getpid()
+        self._backends_lock = threading.Lock()  # `cached_paths` asks from several threads
         self._connections = connections
         self.part_size = part_size
 
@@ -162,19 +165,21 @@ class DownloadManager:
         """The backend for `url`'s scheme: the one given for it, else one instance per
         registered name (connections are pooled)."""
         if self._backends_pid != os.getpid():  # never share pooled sockets across fork
+            self._backends_lock = threading.Lock()  # a thread holding it was not forked
             self.close()
             self._backends_pid = os.getpid()
         given = self._given.get(url_scheme(url))
         if given is not None:
             return given
         name = backend_name_for(url)
-        backend = self._made.get(name)
-        if backend is None:
-            if name not in DownloadBackend.registry_entries():
-                raise DownloadError(url, _no_backend(url_scheme(url)))
-            cls = DownloadBackend.by_name(name)
-            backend = cls(retries=self.retries, backoff_factor=self.backoff_factor, timeout=self.timeout)
-            self._made[name] = backend
+        with self._backends_lock:
+            backend = self._made.get(name)
+            if backend is None:
+                if name not in DownloadBackend.registry_entries():
+                    raise DownloadError(url, _no_backend(url_scheme(url)))
+                cls = DownloadBackend.by_name(name)
+                backend = cls(retries=self.retries, backoff_factor=self.backoff_factor, timeout=self.timeout)
+                self._made[name] = backend
         return backend
 
     def close(self) -> None:
@@ -253,9 +258,56 @@ class DownloadManager:
         url = normalize(url_or_path)
         sha256 = check_sha256(url, sha256)
         root = Path(cache_dir).expanduser() if cache_dir is not None else self.cache_dir
-        show = (self.progress if progress is None else progress) and sys.stderr.isatty()
+        show = self.progress if progress is None else progress  # and stderr a terminal: asked on a miss
         options = {"extract": extract, "force": force, "show": show, "revalidate": revalidate}
         return self._cached(Entry(root, url), root, sha256, **options)
+
+    def cached_paths(
+        self,
+        urls_or_paths: Iterable[PathOrUrl],
+        *,
+        max_workers: int = 8,
+        cache_dir: Optional[PathOrUrl] = None,
+        sha256: Digests = None,
+        extract: bool = False,
+        force: bool = False,
+        progress: Optional[bool] = None,
+        revalidate: bool = False,
+    ) -> list[Path]:
+        """`cached_path` for many files at once, on up to `max_workers` threads: the
+        local paths, in the order of `urls_or_paths`.
+
+        Each file gets `cached_path`'s guarantees (its lock, verification, atomic
+        publish); a URL given twice is fetched once. One progress bar counts the files
+        done and the bytes published.
+
+        Args:
+            urls_or_paths: URLs or paths, as `cached_path` takes them.
+            max_workers: files fetched at the same time (each may use several
+                connections, see `connections`).
+            sha256: the expected digests: a list with one per URL (None: not checked),
+                or a mapping from URL to digest (URLs it does not name are not checked).
+            cache_dir, extract, force, progress, revalidate: as `cached_path`, for
+                every file.
+
+        Raises:
+            BulkDownloadError: once every other file is fetched (and published), naming
+                each URL that failed and why (`failures`); nothing of those is published.
+            InvalidArgumentError: a bad URL or digest, before any request.
+        """
+        if isinstance(urls_or_paths, (str, bytes, os.PathLike)):
+            raise TypeError("cached_paths takes a list of URLs or paths; for one, call cached_path")
+        workers = check_workers(max_workers)
+        urls = [normalize(url) for url in urls_or_paths]
+        digests = digests_for(urls, sha256)
+        root = Path(cache_dir).expanduser() if cache_dir is not None else self.cache_dir
+        show = self.progress if progress is None else progress
+        options = {"extract": extract, "force": force, "show": False, "revalidate": revalidate}
+
+        def fetch_one(url: str, digest: Optional[str]) -> Path:
+            return self._cached(Entry(root, url), root, digest, **options)
+
+        return fetch_all(urls, digests, fetch_one, max_workers=workers, show=show)
 
     def _cached(
         self,
@@ -310,6 +362,7 @@ class DownloadManager:
                 return False
             return not extract or extracted(entry)
 
+        show = show and sys.stderr.isatty()
         with cache_writes(url, root), self._lock(entry, show, done) as lock, lock.working():
             fetched = refetch()
             if fetched or not (current() or rebound()):
@@ -359,7 +412,7 @@ class DownloadManager:
             attempts=self.retries,
             backoff_factor=self.backoff_factor,
             progress=show,
-            on_size=lambda size: lock.record(size=size),
+            on_size=lambda size: lock.note(size=size),
             connections=self.connections,
             part_size=self.part_size,
         )

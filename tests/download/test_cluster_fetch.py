@@ -27,7 +27,7 @@ import pytest
 from framework.download import DownloadManager
 from framework.download._cache import Entry
 from tests.support import cluster_rank
-from tests.support.download import FaultServer, sha256, stray_files
+from tests.support.download import FaultServer, cache_files, sha256, stray_files
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -193,8 +193,7 @@ def release_when_received(route: Any, folder: Path) -> dict[str, bool]:
 
     def watch() -> None:
         while not route.released.wait(0.01):
-            names = os.listdir(folder) if folder.is_dir() else []
-            for name in names:
+            for name in cache_files(folder):
                 try:
                     grew = name.endswith(".part") and os.path.getsize(folder / name) > 0
                 except OSError:
@@ -339,7 +338,7 @@ def test_shared_cache_one_get_and_no_copy(http_server: FaultServer, shared: dict
     assert {r["path"] for r in results} == {str(Entry(folder, url).final)}
     assert http_server.route(url).gets == 1
     entry = Entry(folder, url)
-    assert sorted(n for n in os.listdir(folder) if not n.endswith(".lock")) == sorted(
+    assert sorted(n for n in cache_files(folder) if not n.endswith(".lock")) == sorted(
         [entry.final.name, entry.sidecar.name]
     )
     assert not any(" receives " in r["log"] for r in results), results  # nothing was sent
@@ -692,6 +691,7 @@ def _plant_orphan(cache: Path, url: str) -> Path:
 
     cache.mkdir(parents=True, exist_ok=True)
     name = PartialName(Entry(cache, url).final, NO_VALIDATOR, f"{HOST}.{_dead_pid()}.0badc0de")
+    name.path.parent.mkdir(exist_ok=True)
     name.path.write_bytes(os.urandom(4096))
     return name.path
 

@@ -18,7 +18,7 @@ import pytest
 from framework.download import DownloadManager
 from framework.download._cache import Entry
 from framework.errors import DownloadError, InvalidArgumentError
-from tests.support.download import FaultServer
+from tests.support.download import FaultServer, cache_files
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -115,7 +115,7 @@ def test_read_only_cache_miss_is_a_download_error(
         with pytest.raises(DownloadError, match="Read-only file system") as info:
             call()
         assert "writable" in str(info.value)
-    assert sorted(p.name for p in cache.iterdir()) == sorted([cached.name, cached.name + ".json"])
+    assert cache_files(cache) == sorted([cached.name, cached.name + ".json"])
 
 
 def _truncated_archive(tmp_path: Path) -> Path:

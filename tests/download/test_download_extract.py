@@ -19,7 +19,7 @@ from framework.download import DownloadManager
 from framework.download._cache import Entry
 from framework.download._extract import check_member_path
 from framework.errors import DownloadError, UnsafeArchiveError
-from tests.support.download import FORK, FaultServer, stray_files, wait_for
+from tests.support.download import FORK, FaultServer, cache_files, stray_files, wait_for
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -187,7 +187,7 @@ def test_extraction_killed_midway_leaves_no_final_folder(tmp_path: Path, cache: 
         wait_for(
             lambda: any(
                 p.name.endswith(".tmp") and len(os.listdir(p)) > 5
-                for p in (cache.iterdir() if cache.exists() else [])
+                for p in (cache / name for name in cache_files(cache))
                 if p.is_dir()
             ),
             what="extraction under way",

@@ -23,9 +23,10 @@ import pytest
 
 from framework import errors
 from framework.download import DownloadManager
-from framework.download._cache import HOST, Entry
+from framework.download._cache import HOST, Entry, work_folder
 from framework.download._extract import ExtractLimits, extract_archive, extracted_from
 from framework.errors import DownloadError, UnsafeArchiveError
+from tests.support.download import cache_files
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -320,10 +321,11 @@ def test_extracted_folder_follows_a_refetched_archive(tmp_path: Path, cache: Pat
 def test_a_dead_extractors_leftover_marker_file_is_swept(tmp_path: Path, out: Path) -> None:
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     child.wait()  # a pid that no longer runs
-    leftover = out / f"a-extracted.json.{HOST}.{child.pid}.deadbeef.tmp"
+    leftover = work_folder(out / "a-extracted") / f"a-extracted.json.{HOST}.{child.pid}.deadbeef.tmp"
+    leftover.parent.mkdir()
     leftover.write_text("{}")
     folder = _extract(_tar(tmp_path / "ok.tar", [_file("f.txt")]), out)
-    assert sorted(os.listdir(out)) == [folder.name]
+    assert cache_files(out) == [folder.name]
 
 
 def test_member_named_through_a_link_is_written_inside(tmp_path: Path, out: Path, data_filter: str) -> None:

@@ -25,6 +25,7 @@ from tests.support.download import (
     PART,
     SLOW,
     FaultServer,
+    cache_files,
     end_child,
     parts_manager,
     stray_files,
@@ -241,6 +242,7 @@ def _stale_foreign_partial(
 
     final.parent.mkdir(parents=True, exist_ok=True)
     name = PartialName(final, tag, token="elsewhere-ns7.4242.0badcafe")
+    name.path.parent.mkdir(exist_ok=True)
     fd = os.open(name.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
     if size is not None:
         os.ftruncate(fd, size)
@@ -384,9 +386,10 @@ class _TakenOverWhileSilent(HttpBackend):
         self, url: str, offset: int = 0, *, if_range: Optional[str] = None, end: Optional[int] = None
     ) -> ByteStream:
         if offset:
-            for name in os.listdir(self.folder):
-                if name.endswith(".part") and not name.startswith("taken"):
-                    os.rename(self.folder / name, self.folder / f"taken-{name}")
+            for name in cache_files(self.folder):
+                path = self.folder / name
+                if path.name.endswith(".part") and not path.name.startswith("taken"):
+                    os.rename(path, path.with_name(f"taken-{path.name}"))
         return super().open(url, offset, if_range=if_range, end=end)
 
     folder: Path

@@ -18,6 +18,7 @@ from framework_plugins.http import HttpBackend
 
 from framework.download import DownloadManager, _pipeline, cached_path
 from framework.download._cache import Entry, unique_token
+from framework.download._partial import PartialName
 from framework.download._validators import _etag_tag
 from framework.errors import (
     ChecksumError,
@@ -280,7 +281,8 @@ def _orphan(cache: Path, url: str, data: bytes, etag: str, host: str = "", pid: 
     token = unique_token().split(".")
     token[0] = host or token[0]
     token[1] = str(pid)
-    part = final.with_name(f"{final.name}.{_etag_tag(etag)}.{'.'.join(token)}.part")
+    part = PartialName(final, _etag_tag(etag), ".".join(token)).path
+    part.parent.mkdir(exist_ok=True)
     part.write_bytes(data)
     return part
 
@@ -342,7 +344,7 @@ def test_temp_files_of_dead_processes_are_swept(
     stale = _orphan(cache, url, b"{", "x")
     sidecar_temp = stale.with_name(stale.name.replace(".part", ".tmp"))
     stale.rename(sidecar_temp)
-    assert stray_files(cache) == [sidecar_temp.name]
+    assert stray_files(cache) == [f"{sidecar_temp.parent.name}/{sidecar_temp.name}"]
     manager.cached_path(url)
     assert stray_files(cache) == []
 

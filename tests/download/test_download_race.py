@@ -16,7 +16,7 @@ from framework.download import DownloadManager
 from framework.download._cache import Entry
 from framework.download._lock import EntryLock
 from framework.errors import LockTimeoutError, OfflineError
-from tests.support.download import FORK, FaultServer, sha256, stray_files, wait_for
+from tests.support.download import FORK, FaultServer, cache_files, sha256, stray_files, wait_for
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -83,7 +83,7 @@ def _largest_partial(cache: Path) -> int:
     """The size of the largest partial file in `cache` (0 if none). The fetch renames its
     partial file once it knows the version, so one listed may be gone when it is stat'ed."""
     sizes = [0]
-    for path in cache.iterdir() if cache.exists() else []:
+    for path in (cache / name for name in cache_files(cache)):
         if path.name.endswith(".part"):
             try:
                 sizes.append(path.stat().st_size)

@@ -63,7 +63,9 @@ def test_an_outage_of_the_version_query_keeps_the_finished_partial(
     assert etag is not None
     tmp_path.mkdir(parents=True, exist_ok=True)
     final = Entry(tmp_path, url).final
-    PartialName(final, Validators(etag).tag, f"{HOST}.{_dead_pid()}.deadbeef").path.write_bytes(data)
+    planted = PartialName(final, Validators(etag).tag, f"{HOST}.{_dead_pid()}.deadbeef").path
+    planted.parent.mkdir(exist_ok=True)
+    planted.write_bytes(data)
     manager = parts_manager(tmp_path, connections=1, retries=1)
     with pytest.raises(HTTPStatusError) as info:
         manager.cached_path(url)
@@ -157,7 +159,9 @@ def _partial_name(cache: Path, url: str, tag: str, host: str = HOST, pid: int = 
     final = Entry(cache, url).final
     cache.mkdir(parents=True, exist_ok=True)
     _host, _pid, token = unique_token().split(".")
-    return final.with_name(f"{final.name}.{tag}.{host}.{pid or _dead_pid()}.{token}.part")
+    path = PartialName(final, tag, f"{host}.{pid or _dead_pid()}.{token}").path
+    path.parent.mkdir(exist_ok=True)
+    return path
 
 
 def _tag(etag: str) -> str:

@@ -27,6 +27,7 @@ from tests.support.download import (
     SLOW,
     FaultServer,
     PacedProxy,
+    cache_files,
     end_child,
     parts_manager,
     sha256,
@@ -66,7 +67,7 @@ def test_large_object_comes_over_several_connections(http_server: FaultServer, t
     # what the server had sent ahead (a chunk)
     assert len(data) <= route.body_bytes <= len(data) + 2 * SLOW["chunk"]
     assert stray_files(tmp_path) == []
-    assert not [n for n in os.listdir(tmp_path) if n.endswith(".parts")]
+    assert not [n for n in cache_files(tmp_path) if n.endswith(".parts")]
 
 
 def test_a_link_one_stream_fills_keeps_one_stream(http_server: FaultServer, tmp_path: Path) -> None:
@@ -562,7 +563,7 @@ def test_wrong_sha256_publishes_nothing(http_server: FaultServer, tmp_path: Path
     with pytest.raises(ChecksumError):
         parts_manager(tmp_path).cached_path(url, sha256="0" * 64)
     assert stray_files(tmp_path) == []
-    assert not [n for n in os.listdir(tmp_path) if n.endswith((".parts", ".bin"))]
+    assert not [n for n in cache_files(tmp_path) if n.endswith((".parts", ".bin"))]
     assert parts_manager(tmp_path).cached_path(url, sha256=sha256(data)).read_bytes() == data
 
 
@@ -574,7 +575,7 @@ def _record(cache: Path) -> dict[str, Any]:
     """The parallel fetch's record of progress in `cache` ({} if none can be read)."""
     import json
 
-    for name in os.listdir(cache) if cache.exists() else []:
+    for name in cache_files(cache):
         if name.endswith(".parts"):
             try:
                 return dict(json.loads((cache / name).read_text()))
@@ -1051,7 +1052,7 @@ def test_once_a_partial_is_adopted_other_dead_writers_partials_go(
         child.start()
     try:
         wait_for(
-            lambda: len([n for n in os.listdir(tmp_path) if n.endswith(".parts")]) == 2, what="two records"
+            lambda: len([n for n in cache_files(tmp_path) if n.endswith(".parts")]) == 2, what="two records"
         )
     finally:
         for child in children:
@@ -1059,7 +1060,7 @@ def test_once_a_partial_is_adopted_other_dead_writers_partials_go(
             end_child(child)
     assert parts_manager(tmp_path).cached_path(url).read_bytes() == data
     assert stray_files(tmp_path) == []
-    assert not [n for n in os.listdir(tmp_path) if n.endswith(".parts")]
+    assert not [n for n in cache_files(tmp_path) if n.endswith(".parts")]
 
 
 def test_a_record_of_a_huge_object_stays_small_and_reads_back(tmp_path: Path) -> None:
@@ -1073,6 +1074,7 @@ def test_a_record_of_a_huge_object_stays_small_and_reads_back(tmp_path: Path) ->
     plan = _Plan(166_400 * (8 << 20), 8 << 20, Validators('"big"', None, None))
     done = set(range(166_390)) | {166_395}
     name = PartialName(tmp_path / "object.bin", "P" + plan.validators.tag)
+    name.path.parent.mkdir()
     _save_record(name, plan, done, {166_391: 166_391 * (8 << 20) + 5})
     assert _record_path(name).stat().st_size < 1024
     assert _load_record(_record_path(name)) == (plan, done, {166_391: 166_391 * (8 << 20) + 5})
@@ -1087,6 +1089,7 @@ def _dead_writer(final: str, size: int, done: list[int], reached: dict[int, int]
 
     plan = _Plan(size, PART, Validators('"v1"', None, None))
     name = PartialName(Path(final), "P" + plan.validators.tag)
+    name.path.parent.mkdir(exist_ok=True)
     with open(name.path, "wb") as out:
         out.truncate(size)
     if record:
@@ -1112,7 +1115,7 @@ def test_the_orphan_with_the_most_progress_is_adopted_and_the_others_go(tmp_path
     try:
         assert resumed.done == {0, 1, 2, 3, 5, 6, 7} and resumed.reached == {4: 4 * PART + 10}
         mine = resumed.partial.name.path.name
-        left = sorted(n for n in os.listdir(tmp_path) if n.endswith((".part", ".parts")))
+        left = sorted(n.rsplit("/", 1)[-1] for n in cache_files(tmp_path) if n.endswith((".part", ".parts")))
         assert left == sorted([mine, mine[: -len(".part")] + ".parts"])
     finally:
         resumed.partial.close(False)
@@ -1187,7 +1190,7 @@ def test_a_one_stream_call_resumes_a_parallel_partial_and_leaves_no_record(
     assert parts_manager(tmp_path, connections=1).cached_path(url).read_bytes() == data
     assert route.body_bytes == still_to_come < len(data)
     assert stray_files(tmp_path) == []
-    assert not [n for n in os.listdir(tmp_path) if n.endswith(".parts")]
+    assert not [n for n in cache_files(tmp_path) if n.endswith(".parts")]
 
 
 def test_resume_of_another_version_starts_over(http_server: FaultServer, tmp_path: Path) -> None:
@@ -1436,6 +1439,7 @@ def _complete_parallel_partial(root: Path, url: str, data: bytes, etag: str) -> 
     final = Entry(root, url).final
     validators = Validators(etag)
     name = PartialName(final, "P" + validators.tag, f"{HOST}.{_dead_pid()}.deadbeef")
+    name.path.parent.mkdir(exist_ok=True)
     name.path.write_bytes(data)
     plan = _Plan(len(data), PART, validators)
     _save_record(name, plan, set(range(plan.count)), {})

@@ -256,6 +256,7 @@ class Zombie:
             tag = PARALLEL_TAG + tag
         final.parent.mkdir(parents=True, exist_ok=True)
         name = PartialName(final, tag, token=f"elsewhere-ns9.{os.getpid()}.0badcafe")
+        name.path.parent.mkdir(exist_ok=True)
         fd = os.open(name.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
         if self.parallel:
             os.ftruncate(fd, len(data))

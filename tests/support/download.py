@@ -23,7 +23,8 @@ import attrs
 from framework_plugins.http import HttpBackend
 
 from framework.download import DownloadBackend, DownloadManager
-from framework.download._cache import Entry, unique_token
+from framework.download._cache import WORK_PREFIX, Entry, unique_token
+from framework.download._partial import PartialName
 from framework.download._validators import _etag_tag
 from framework.hookspecs import hookimpl
 from framework.registry import Registrar
@@ -90,6 +91,8 @@ class Route:
     body_bytes: int = 0  # body bytes written to clients (all GETs)
     in_flight: int = 0  # GETs whose body is being sent now
     max_in_flight: int = 0
+    # Each GET waits here before its body: answers go out only once this many are in flight.
+    barrier: Optional[threading.Barrier] = None
 
 
 class FaultServer(ThreadingHTTPServer):
@@ -102,6 +105,8 @@ class FaultServer(ThreadingHTTPServer):
         self.routes: dict[str, Route] = {}
         self.lock = threading.Lock()
         self.connections = 0
+        self.in_flight = 0  # GETs of any route whose body is being sent now
+        self.max_in_flight = 0
 
     @property
     def base(self) -> str:
@@ -248,11 +253,16 @@ class _Handler(BaseHTTPRequestHandler):
         with self.server.lock:
             route.in_flight += 1
             route.max_in_flight = max(route.max_in_flight, route.in_flight)
+            self.server.in_flight += 1
+            self.server.max_in_flight = max(self.server.max_in_flight, self.server.in_flight)
         try:
+            if route.barrier is not None:
+                route.barrier.wait()  # broken (a timeout) if fewer GETs ever come at once
             self._send_body(route, body, fault_at)
         finally:
             with self.server.lock:
                 route.in_flight -= 1
+                self.server.in_flight -= 1
 
     def _send_body(self, route: Route, body: bytes, fault_at: Optional[int]) -> None:
         sent = 0
@@ -401,11 +411,25 @@ def end_child(child: Any) -> None:
         child.join(10)
 
 
-def stray_files(folder: Path) -> list[str]:
-    """Temporary or partial files left in a cache folder."""
+def cache_files(folder: Path) -> list[str]:
+    """Every name in a cache folder and in its work folders (`.framework-partial-<uid>`),
+    as paths relative to `folder`: `folder / name` opens each. The work folders
+    themselves are left out: made once, they stay."""
     if not folder.exists():
         return []
-    return sorted(n for n in os.listdir(folder) if n.endswith((".part", ".tmp", ".old")))
+    names = []
+    for name in os.listdir(folder):
+        if name.startswith(WORK_PREFIX) and (folder / name).is_dir():
+            names.extend(f"{name}/{inner}" for inner in os.listdir(folder / name))
+        else:
+            names.append(name)
+    return sorted(names)
+
+
+def stray_files(folder: Path) -> list[str]:
+    """Temporary or partial files left in a cache folder or its work folders (relative
+    to `folder`)."""
+    return [n for n in cache_files(folder) if n.endswith((".part", ".parts", ".tmp", ".old"))]
 
 
 def wait_for(predicate: Callable[[], bool], timeout: float = 20.0, what: str = "") -> None:
@@ -444,7 +468,8 @@ def planted_partial(cache: Path, url: str, etag: str, data: bytes) -> Path:
     cache.mkdir(exist_ok=True)
     token = unique_token().split(".")
     token[1] = "999999"  # a pid that does not run
-    part = final.with_name(f"{final.name}.{_etag_tag(etag)}.{'.'.join(token)}.part")
+    part = PartialName(final, _etag_tag(etag), ".".join(token)).path
+    part.parent.mkdir(exist_ok=True)
     part.write_bytes(data)
     return part
 

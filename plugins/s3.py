@@ -10,10 +10,18 @@ from __future__ import annotations
 
 import os
 import re
+import threading
 from collections.abc import Iterator
 from typing import Any, ClassVar, Final, Optional
 
-from framework.download.backend import POOL_SIZE, ByteStream, DownloadBackend, RemoteInfo, range_place
+from framework.download.backend import (
+    POOL_SIZE,
+    ByteStream,
+    DownloadBackend,
+    RemoteInfo,
+    range_place,
+    refusals_wanted_at_once,
+)
 from framework.errors import (
     ChecksumError,
     DownloadError,
@@ -32,6 +40,51 @@ CHECKED_CHUNK_SIZE: Final = 64 << 10
 
 
 _NEEDS_BOTO3: Final = "s3:// URLs need boto3: pip install 'framework[s3]'"
+# Statuses a refusal comes with: raised at once inside `refusals_at_once` (see `_refuse_at_once`).
+_REFUSALS: Final = frozenset({429, 503})
+_MAX_RETRY_AFTER_S: Final = 60.0  # as the HTTP backend: a 429 cannot park a fetch for hours
+
+# One boto3 client per (profile, endpoint, region, retries, timeout) in this process:
+# making one costs ~0.1 s of CPU and a new connection pool, and a client is thread-safe.
+# A forked child starts with none (a parent's pooled sockets are never shared).
+_CLIENTS: dict[tuple[Any, ...], Any] = {}
+_CLIENTS_LOCK = threading.Lock()
+
+
+def _forget_clients() -> None:
+    """In a forked child: the parent's clients (and their sockets) are not this process's."""
+    global _CLIENTS_LOCK
+    _CLIENTS.clear()
+    _CLIENTS_LOCK = threading.Lock()  # a parent's thread may have held it at the fork
+
+
+os.register_at_fork(after_in_child=_forget_clients)
+
+
+class _Refused(Exception):
+    """A request refused (429, 503) that is not to be retried here (`_refuse_at_once`)."""
+
+    def __init__(self, status: int, code: str, retry_after: Optional[float]) -> None:
+        super().__init__(f"S3 {code or status}")
+        self.status, self.code, self.retry_after = status, code, retry_after
+
+
+def _refuse_at_once(response: Any = None, **_: Any) -> None:
+    """botocore's `needs-retry` hook, first in line: inside `refusals_at_once`, a 429 or
+    503 is raised at once (with its Retry-After) instead of retried after a backoff, so
+    that a parallel fetch hands the part to a connection the server serves."""
+    if response is None or not refusals_wanted_at_once():
+        return
+    http, parsed = response
+    status = getattr(http, "status_code", 0)
+    if status not in _REFUSALS:
+        return
+    value = (getattr(http, "headers", None) or {}).get("Retry-After")
+    retry_after: Optional[float] = None
+    if value is not None and value.strip().isdigit():
+        retry_after = min(float(value.strip()), _MAX_RETRY_AFTER_S)
+    code = (parsed or {}).get("Error", {}).get("Code", "") if isinstance(parsed, dict) else ""
+    raise _Refused(status, code, retry_after)
 
 
 def _split(url: str) -> tuple[str, str]:
@@ -85,31 +138,43 @@ class S3Backend(DownloadBackend):
         self.profile = profile
         self.endpoint_url = endpoint_url
         self.region = region
-        self._client: Any = None
 
     @property
     def client(self) -> Any:
-        if self._client is None:
-            try:
-                import boto3
-                from botocore.config import Config
-            except ImportError as error:
-                raise ImportError(_NEEDS_BOTO3) from error
-            config = Config(
-                max_pool_connections=POOL_SIZE,  # botocore keeps 10: fewer than one object's connections
-                retries={"max_attempts": self.retries, "mode": "standard"},
-                connect_timeout=self.timeout,
-                read_timeout=self.timeout,
-            )
-            session = boto3.session.Session(profile_name=self.profile, region_name=self.region)
-            endpoint = self.endpoint_url or os.environ.get("AWS_ENDPOINT_URL") or None
-            self._client = session.client("s3", endpoint_url=endpoint, config=config)
-        return self._client
+        """The boto3 client for these settings: one per process, shared by every backend
+        with the same profile, endpoint, region, retries and timeout (see `_CLIENTS`)."""
+        try:
+            import boto3  # checked at each use: a cached client needs boto3 too
+        except ImportError as error:
+            raise ImportError(_NEEDS_BOTO3) from error
+        endpoint = self.endpoint_url or os.environ.get("AWS_ENDPOINT_URL") or None
+        key = (self.profile, endpoint, self.region, self.retries, self.timeout)
+        client = _CLIENTS.get(key)
+        if client is None:
+            with _CLIENTS_LOCK:
+                client = _CLIENTS.get(key)
+                if client is None:
+                    client = _CLIENTS[key] = self._new_client(boto3, endpoint)
+        return client
+
+    def _new_client(self, boto3: Any, endpoint: Optional[str]) -> Any:
+        """A client (credentials are read now, from boto3's chain or the profile)."""
+        from botocore.config import Config
+
+        config = Config(
+            max_pool_connections=POOL_SIZE,  # botocore keeps 10: fewer than one object's connections
+            retries={"max_attempts": self.retries, "mode": "standard"},
+            connect_timeout=self.timeout,
+            read_timeout=self.timeout,
+        )
+        session = boto3.session.Session(profile_name=self.profile, region_name=self.region)
+        client = session.client("s3", endpoint_url=endpoint, config=config)
+        client.meta.events.register_first("needs-retry.s3.GetObject", _refuse_at_once)
+        return client
 
     def close(self) -> None:
-        if self._client is not None:
-            self._client.close()
-            self._client = None
+        """Nothing to release: the client is the process's, kept for the next call (its
+        pooled connections close with the process)."""
 
     def _call(self, url: str, method: str, **kwargs: Any) -> Any:
         try:
@@ -118,6 +183,9 @@ class S3Backend(DownloadBackend):
             return getattr(self.client, method)(**kwargs)
         except ImportError as error:
             raise MissingDependencyError(url, _NEEDS_BOTO3) from error
+        except _Refused as error:
+            message = f"S3 {error.code or error.status}"
+            raise HTTPStatusError(url, error.status, message, error.retry_after) from error
         except bce.ClientError as error:
             status = int(error.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0))
             code = error.response.get("Error", {}).get("Code", "")

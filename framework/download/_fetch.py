@@ -55,11 +55,13 @@ def fetch(
     on_size: Optional[Callable[[int], None]] = None,
     connections: int = 1,
     part_size: int = 8 << 20,
+    fixed_connections: bool = False,
 ) -> Fetched:
     """Download `url` into a partial file next to `final`, resuming where possible.
 
     With `connections` > 1 and a backend that reads bounded ranges, an object larger
-    than `part_size` comes in parts over several connections (`parallel`).
+    than `part_size` comes in parts over several connections (`parallel`): all
+    `connections` if `fixed_connections`, else as many as the ramp finds worth it.
     On a network failure or Ctrl-C the partial file is kept for a later call (of
     this or another process); on any other failure it is removed.
     """
@@ -89,6 +91,7 @@ def fetch(
                     backoff_factor=backoff_factor,
                     bar=bar,
                     on_size=on_size,
+                    fixed=fixed_connections,
                 )
             if pending is None:
                 pending = download(backend, url, partial, attempts - failed, backoff_factor, bar, on_size)

@@ -35,7 +35,7 @@ from framework.download._partial import partial_bytes, publish_fetched
 from framework.download._schemes import backend_name_for, describe_schemes, url_scheme
 from framework.download._validators import Validators
 from framework.download.backend import DownloadBackend, RemoteInfo
-from framework.download.parallel import DEFAULT_PART_SIZE, MIN_PART_SIZE, connections_from
+from framework.download.parallel import DEFAULT_PART_SIZE, MIN_PART_SIZE, connections_chosen, connections_from
 from framework.errors import DownloadError, OfflineError
 
 __all__ = ["DownloadManager", "backend_name_for", "cached_path", "default_cache_dir"]
@@ -89,11 +89,12 @@ class DownloadManager:
             `{"s3": S3Backend(profile="lab"), "https": HttpBackend(headers={...})}`.
             They are used as given (their own retries and timeouts); other schemes get
             the registered backend, made with this manager's settings.
-        connections: the most connections that fetch one object, in byte ranges, from
-            a server that serves them (HTTP, S3); 1 = one stream. How many are used is
-            adaptive: one stream that would bring the object in under half a second
-            stays alone, else connections are added while throughput grows. `None`
-            reads `FRAMEWORK_CONNECTIONS` at each call (default 16).
+        connections: how many connections fetch one object, in byte ranges, from a
+            server that serves them (HTTP, S3); 1 = one stream. One stream that would
+            bring the object in under half a second stays alone; otherwise a count
+            given here (or in `FRAMEWORK_CONNECTIONS`) is opened at once, and without
+            one connections are added while throughput grows, up to 16. `None` reads
+            `FRAMEWORK_CONNECTIONS` at each call.
         part_size: the most bytes one ranged request of a parallel fetch asks for
             (an object with fewer such parts than `connections` is cut finer, down
             to 1 MiB parts); at least 64 KiB.
@@ -415,6 +416,7 @@ class DownloadManager:
             on_size=lambda size: lock.note(size=size),
             connections=self.connections,
             part_size=self.part_size,
+            fixed_connections=connections_chosen(self._connections),
         )
         publish_fetched(entry, result)
         logger.info("published %s (%d bytes, sha256 %s)", entry.final, result.size, result.sha256)

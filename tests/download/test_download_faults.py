@@ -209,9 +209,10 @@ def test_a_refused_connection_hands_its_parts_back_at_once_and_never_sleeps_on_t
     http_server: FaultServer, tmp_path: Path
 ) -> None:
     """A server that serves two bodies at once and answers 429 with ``Retry-After: 3600``
-    beyond them: a refused connection hands its run back at once and stops (it never
-    sleeps in the backend's retries with its parts claimed: the backend honours up to
-    60 s, past this test's timeout); the two that are served fetch everything."""
+    beyond them: a refused connection hands its run back at once and waits holding no
+    part (never in the backend's retries with its parts claimed: the backend honours up
+    to 60 s, past this test's timeout); the two that are served fetch everything, and
+    the fetch ends then, not when the refused ones would ask again."""
     data = os.urandom(16 * PART)
     url = http_server.add(
         unique_path("too-many"), data, busy_over=2, busy_status=429, retry_after="3600", **SLOW

@@ -95,19 +95,21 @@ def test_the_ramp_grows_while_throughput_grows(http_server: FaultServer, tmp_pat
         ([1e7], [1]),
         # 10 s alone: 20 connections would each still have ALONE_S of work; capped at 16
         ([1e5, 1.6e6], [16, 16]),
-        # more connections do not help at all: back to one
-        ([1e5, 1.1e5], [16, 1]),
+        # more connections do not help at all, in two windows: back to one
+        ([1e5, 1.1e5, 1.1e5], [16, 16, 1]),
         # 1.5 s alone: 3 connections; each step pays, so it doubles up to the cap
         ([6.7e5, 2e6, 4e6, 7.9e6, 9.5e6], [3, 6, 12, 16, 16]),
-        # the link is full at 3: the step to 6 is undone
-        ([6.7e5, 2e6, 2.1e6], [3, 6, 3]),
+        # the link is full at 3: the step to 6 is undone after a second window
+        ([6.7e5, 2e6, 2.1e6, 2.1e6], [3, 6, 6, 3]),
         # from 12 to 16 can bring at most a third more: a sixth more keeps it, less undoes
         # it, to 12 and a quarter more (those wait for answers a fifth of their time)
-        ([6.7e5, 2e6, 4e6, 7.9e6, 8.8e6], [3, 6, 12, 16, 15]),
+        ([6.7e5, 2e6, 4e6, 7.9e6, 8.8e6, 8.8e6], [3, 6, 12, 16, 16, 15]),
         # the link is full at 8: the step to 16 is undone to 10
-        ([2.5e5, 2e6, 2.1e6], [8, 16, 10]),
-        # 14 and a quarter more is past the cap: the undone step keeps the cap's 16
-        ([1.43e5, 1.5e6, 1.55e6], [14, 16, 16]),
+        ([2.5e5, 2e6, 2.1e6, 2.1e6], [8, 16, 16, 10]),
+        # 14 is within a quarter of the cap: the cap at once; the step is still judged
+        ([1.43e5, 1.5e6], [16, 16]),
+        # 10 and a quarter more is less than the cap: 10, then 16
+        ([2e5, 1.5e6, 3e6], [10, 16, 16]),
     ],
 )
 def test_ramp_decisions(rates: list[float], wanted: list[int]) -> None:
@@ -123,6 +125,51 @@ def test_ramp_decisions(rates: list[float], wanted: list[int]) -> None:
         seen.append(ramp.update(now, now, received, 10**6, ready=True))
     assert seen == wanted
     assert ramp.settled
+
+
+def _windows(ramp: Any, rates: list[float], wait_s: float = 0.0, window_s: float = 0.06) -> list[int]:
+    """The counts `ramp` wants after windows of `window_s` at each of `rates` (bytes/s)."""
+    now, received, seen = 0.0, 0, []
+    for rate in rates:
+        ramp.update(now, now, received, 10**6, ready=True, wait_s=wait_s)  # a measurement begins
+        now += window_s
+        received += int(rate * window_s)
+        seen.append(ramp.update(now, now, received, 10**6, ready=True, wait_s=wait_s))
+    return seen
+
+
+def test_one_slow_window_undoes_no_step() -> None:
+    """A window in which the step from 6 to 12 did not pay (a busy CPU, connections
+    between requests) is followed by another; judged by the better one, it paid."""
+    from framework.download.parallel._ramp import Ramp
+
+    ramp = Ramp(cap=16)
+    assert _windows(ramp, [6.7e5, 2e6, 1e6, 4e6]) == [3, 6, 6, 12]
+    assert not ramp.settled
+
+
+def test_a_step_is_measured_over_several_request_waits() -> None:
+    """Requests wait 0.1 s for their answers: a step is measured over 0.4 s, not 0.05 s
+    (in which the connections between two requests would count as a slower link)."""
+    from framework.download.parallel._ramp import Ramp
+
+    ramp = Ramp(cap=16)
+    assert _windows(ramp, [6.7e5], wait_s=0.1) == [3]  # the probe is not a step: not longer
+    assert _windows(ramp, [1e6], wait_s=0.1) == [3]  # 0.06 s: not over yet
+    ramp = Ramp(cap=16)
+    assert _windows(ramp, [6.7e5, 2e6], wait_s=0.1, window_s=0.41) == [3, 6]
+
+
+def test_a_chosen_count_opens_all_of_it_at_once() -> None:
+    """`fixed` (connections=10 given): a stream not fast enough to stay alone is joined by
+    all ten at once, and the count is never undone; a fast one still stays alone."""
+    from framework.download.parallel._ramp import Ramp
+
+    ramp = Ramp(cap=10, fixed=True)
+    assert _windows(ramp, [6.7e5]) == [10]  # 1.5 s alone: 3 for the ramp, 10 chosen
+    assert ramp.settled
+    fast = Ramp(cap=10, fixed=True)
+    assert _windows(fast, [1e7]) == [1] and fast.settled
 
 
 def test_the_probe_does_not_count_the_bytes_that_came_with_the_answer() -> None:
@@ -321,8 +368,8 @@ def test_a_request_retried_after_a_refusal_does_not_count_as_the_servers_wait() 
     def paying_run(waits: list[float]) -> int:
         # 8 MiB/s over 2 connections, 1 MiB parts
         engine = SimpleNamespace(
-            written_at=2.0, first_written_at=1.0, received=8 << 20, waits=waits,
-            ramp=SimpleNamespace(target=2), plan=SimpleNamespace(part_size=1 << 20),
+            written_at=2.0, first_written_at=1.0, received=8 << 20, waits=waits, stream_rates=[],
+            ramp=SimpleNamespace(target=2, alone_rate=0.0), plan=SimpleNamespace(part_size=1 << 20),
         )  # fmt: skip
         return Engine._paying_run(engine)  # type: ignore[arg-type]
 
@@ -330,6 +377,27 @@ def test_a_request_retried_after_a_refusal_does_not_count_as_the_servers_wait() 
     assert paying_run([0.002] * 10 + [1.0]) == 1  # 4 x 2 ms x 4 MiB/s: a part
     assert paying_run([0.002, 1.0]) == 1
     assert paying_run([0.2] * 5 + [0.002]) == 4  # 4 x 0.2 s x 4 MiB/s = 3.2 MiB: 4 parts
+
+
+def test_a_server_whose_answers_outlast_a_run_gets_runs_of_part_size() -> None:
+    """Answers that take longer to come than a run of `part_size` takes to flow (a
+    server whose requests queue for its CPU): every run is that long, as long as the
+    answers measured say so; a near server's, or none measured yet, keep to shares."""
+    from types import SimpleNamespace
+
+    from framework.download.parallel._engine import Engine
+
+    def outlast(waits: list[float], rates: list[float]) -> bool:
+        # runs of 8 parts of 1 MiB: 1 s at 8 MiB/s
+        engine = SimpleNamespace(
+            waits=waits, stream_rates=rates, run_parts=8, plan=SimpleNamespace(part_size=1 << 20)
+        )
+        return Engine._waits_outlast_runs(engine)  # type: ignore[arg-type]
+
+    assert outlast([1.5, 1.2, 2.0], [8 << 20] * 3)
+    assert not outlast([0.2, 0.3, 0.25], [8 << 20] * 3)  # answers come sooner than runs flow
+    assert not outlast([1.5], [])  # no answer has flowed yet: the first runs are shares
+    assert not outlast([1.5, 0.1, 0.1], [8 << 20])  # the median wait, not one slow answer
 
 
 def test_ramp_waits_for_the_new_connections_first_bytes() -> None:

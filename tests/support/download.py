@@ -3,6 +3,7 @@ utilities (imported by the tests and by conftest.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import hashlib
 import multiprocessing
@@ -80,7 +81,15 @@ class Route:
     head_status: Optional[int] = None  # HEAD is answered with this (405: a server without HEAD)
     chunk: int = 64 * 1024
     delay: float = 0.0  # seconds per chunk
+    # The pace (`chunk` every `delay`) is the whole link's, not each connection's: the
+    # connections take turns, so one stream fills it.
+    shared_link: bool = False
+    link_lock: threading.Lock = attrs.field(factory=threading.Lock)
     answer_wait: float = 0.0  # seconds before each answer to a ranged GET: a server far away
+    # Seconds of work before each answer to a ranged GET, one answer at a time: a server
+    # whose requests queue for one CPU (as moto's, which reads the object at every GET).
+    serial_work: float = 0.0
+    work_lock: threading.Lock = attrs.field(factory=threading.Lock)
     gets: int = 0
     full_gets: int = 0  # GETs that started at byte 0
     heads: int = 0
@@ -221,6 +230,9 @@ class _Handler(BaseHTTPRequestHandler):
         body = data[start:stop]
         if range_header and route.answer_wait:
             time.sleep(route.answer_wait)
+        if range_header and route.serial_work:
+            with route.work_lock:
+                time.sleep(route.serial_work)
         self.send_response(status)
         if route.gzip_whole and status == 200:
             body = gzip.compress(body, compresslevel=1)
@@ -299,7 +311,8 @@ class _Handler(BaseHTTPRequestHandler):
                 route.released.wait(route.stall_s)
                 route.stalling = False
             if route.delay:
-                time.sleep(route.delay)
+                with route.link_lock if route.shared_link else contextlib.nullcontext():
+                    time.sleep(route.delay)
         if route.chunked:
             if route.last_chunk_wait:
                 self.wfile.flush()

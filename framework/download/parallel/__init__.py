@@ -12,6 +12,7 @@ from framework.download.parallel._fetch import (
     DEFAULT_CONNECTIONS,
     DEFAULT_PART_SIZE,
     MIN_PART_SIZE,
+    connections_chosen,
     connections_from,
     fetch_parts,
 )
@@ -23,6 +24,7 @@ __all__ = [
     "MIN_PART_SIZE",
     "Resumed",
     "adopt_parts",
+    "connections_chosen",
     "connections_from",
     "fetch_parts",
 ]

@@ -13,7 +13,7 @@ import os
 import statistics
 import threading
 import time
-from typing import Any, Final, Iterator, Optional
+from typing import Any, Callable, Final, Iterator, Optional
 
 import attrs
 
@@ -43,6 +43,12 @@ _WAITS_KEPT: Final = 64
 _pwrite = os.pwrite
 
 
+def _rest(lock: threading.Condition, over: Callable[[], bool], seconds: float) -> None:
+    """Wait `seconds` on `lock`, unless `over()` first (module-level: a test counts the waits)."""
+    with lock:
+        lock.wait_for(over, seconds)
+
+
 class VersionChanged(Exception):
     """A part did not come from the version the plan was made for."""
 
@@ -56,6 +62,7 @@ class _Connection:
     index: int = 0  # the part it fetches
     last: int = 0  # the last part of the run it holds (its request ends there)
     position: int = 0  # the next byte it writes (a break resumes here)
+    refusals: int = 0  # its requests refused (429, 503) in a row
 
 
 class Engine:
@@ -88,6 +95,7 @@ class Engine:
         bar: Any,
         *,
         run_parts: int,
+        first_wait: Optional[float] = None,
     ) -> None:
         self.backend, self.url, self.partial, self.plan = backend, url, partial, plan
         self.run_parts = run_parts  # the most parts one request asks for
@@ -106,6 +114,10 @@ class Engine:
         # Seconds each recent request of this run took to be answered (a window: the median
         # of a short list, taken at each claim, stays cheap however many requests there are).
         self.waits: collections.deque[float] = collections.deque(maxlen=_WAITS_KEPT)
+        if first_wait is not None:  # the first answer's: the only one known as the first runs are claimed
+            self.waits.append(first_wait)
+        # Bytes/s each recent answer came at, from its first byte to its last (a window too).
+        self.stream_rates: collections.deque[float] = collections.deque(maxlen=_WAITS_KEPT)
         self.ramp = Ramp(1)
         # The connection whose request runs on to the end of the missing parts (it was alone
         # when it asked): when others join, it claims a run first and goes on uncut.
@@ -133,10 +145,12 @@ class Engine:
         with self.lock:
             return dict(self.reached)
 
-    def run(self, cap: int, first: Optional[ByteStream]) -> None:
-        """Fetch the missing parts; part 0 and on from `first` (the first answer) when given."""
+    def run(self, cap: int, first: Optional[ByteStream], *, fixed: bool = False) -> None:
+        """Fetch the missing parts; part 0 and on from `first` (the first answer) when
+        given; over up to `cap` connections, all of them once one stream is not enough
+        if `fixed` (see `Ramp`)."""
         remaining = self.plan.size - self.partial.offset
-        self.ramp = Ramp(cap)
+        self.ramp = Ramp(cap, fixed=fixed)
         if first is not None:
             self.todo.popleft()  # part 0: a fresh plan has every part to do
         workers: list[threading.Thread] = []
@@ -160,6 +174,8 @@ class Engine:
                 raise self.errors[0]
         except BaseException:
             self.stop.set()
+            with self.lock:
+                self.lock.notify_all()  # a connection waiting out a refusal leaves now
             self._wind_down(workers, complete=False)
             raise
         try:
@@ -207,7 +223,8 @@ class Engine:
                 return False
             at, received, ready = self.written_at, self.received, self.waiting == 0
             live, left = self.live, bool(self.todo)
-            wanted = self.ramp.update(time.monotonic(), at, received, remaining - received, ready)
+            wait_s = statistics.median_low(self.waits) if self.waits else 0.0
+            wanted = self.ramp.update(time.monotonic(), at, received, remaining - received, ready, wait_s)
             if wanted > live and left:
                 self._bound_open_ended(wanted)
         if wanted > live and left:
@@ -237,24 +254,44 @@ class Engine:
         """How many parts a run claimed now holds (under the lock): what is left, divided
         among the connections there are or will soon be, at most `run_parts`. At least
         `_paying_run`, unless that is more than an even share of all that is not yet
-        written, claimed or not: the last runs still end together."""
+        written, claimed or not: the last runs still end together. Where a request of
+        `run_parts` waits longer for its answer than its bytes take to come (a server
+        that spends time on each request: its waits grow as requests queue), every run
+        is that long: each smaller request adds a wait and the server's work, more than
+        ending together saves."""
         connections = max(connections, self.ramp.target)
-        unwritten = len(self.todo) + sum(other.last - other.index for other in self.connections)
-        floor = min(self._paying_run(), max(1, unwritten // connections))
+        if self._waits_outlast_runs():
+            return self.run_parts
+        paying = self._paying_run()
+        unwritten = len(self.todo) + sum(max(0, other.last - other.index) for other in self.connections)
+        floor = min(paying, max(1, unwritten // connections))
         return min(self.run_parts, max(floor, len(self.todo) // connections))
+
+    def _waits_outlast_runs(self) -> bool:
+        """Whether answers take longer to come than a run of `run_parts` takes to flow
+        once it comes (medians of the answers so far; under the lock)."""
+        if not self.waits or not self.stream_rates:
+            return False
+        flow_s = self.run_parts * self.plan.part_size / statistics.median_low(self.stream_rates)
+        return statistics.median_low(self.waits) >= flow_s
 
     def _paying_run(self) -> int:
         """The fewest parts a request should ask for (under the lock): `PAYING_RUN` times
-        what a connection receives, at the rate each has had so far, while a request
-        waits for its answer (the median wait so far: one retried after a 503 and its
-        Retry-After does not count as the server's latency); one part before both are
-        known. Smaller requests spend much of their time waiting: from a server far away
-        or slow to answer, a tail of one-part requests leaves the link idle, and costs a
-        request's CPU on both ends each time."""
+        what a connection receives while a request waits for its answer (the median
+        wait so far: one retried after a 503 and its Retry-After does not count as the
+        server's latency), at the median rate answers came at once their bytes flowed,
+        else at the rate of the first stream alone, else the rate each connection has had
+        so far, waits included; one part before a wait is known. Smaller requests spend
+        much of their time waiting: from a server far away or slow to answer, a tail of
+        one-part requests leaves the link idle, and costs a request's CPU on both ends
+        each time."""
         elapsed = self.written_at - self.first_written_at
         if not self.waits or elapsed <= 0:
             return 1
-        per_connection = self.received / elapsed / max(1, self.ramp.target)
+        if self.stream_rates:
+            per_connection = statistics.median_low(self.stream_rates)
+        else:  # one stream's rate, as the probe measured it alone
+            per_connection = self.ramp.alone_rate or self.received / elapsed / max(1, self.ramp.target)
         wanted = PAYING_RUN * statistics.median_low(self.waits) * per_connection
         return max(1, math.ceil(wanted / self.plan.part_size))
 
@@ -387,20 +424,33 @@ class Engine:
                     last = following
         return self.plan.bounds(last)[1]
 
-    def _give_back(self, connection: _Connection) -> bool:
-        """The server refused this connection (429/503) while others are live: hand its
-        run back (first in line), cap the ramp at the connections that remain and stop
-        this one. False for the last connection: the refusal is the fetch's to handle
-        (no connection is added while it waits)."""
+    def _refused(self, connection: _Connection, error: HTTPStatusError) -> None:
+        """The server refused this connection's request (429, 503): its run goes back,
+        first in line, to the connections the server serves, and this one waits as the
+        server asks (its Retry-After, else the backoff) holding no part, then claims
+        again; no connection is added while the server refuses. After `attempts`
+        refusals in a row it stops, the count kept to the others; the last one raises."""
+        connection.refusals += 1
         with self.lock:
-            if self.live <= 1:
-                self.ramp.refused(1)
-                return False
             for index in range(connection.index, connection.last + 1):
                 bisect.insort(self.todo, index)  # kept in order: claims take the lowest
-            self.ramp.refused(self.live - 1)
-            self._leave(connection)
-            return True
+            connection.last = connection.index - 1  # holds nothing now
+            if self.open_ended is connection:
+                self.open_ended = None
+            if connection.refusals >= self.attempts or self.stop.is_set():
+                if self.live <= 1 and not self.stop.is_set():
+                    raise error
+                self.ramp.refused(self.live - 1)
+                self._leave(connection)
+                logger.info("%s refused one more connection (%s); going on with fewer", self.url, error)
+                return
+            self.ramp.refused(self.live)
+        delay = error.retry_after
+        if delay is None:
+            delay = self.backoff_factor * (2 ** (connection.refusals - 1))
+        logger.info("%s; a connection asks again in %.1fs, its parts go to the others", error, delay)
+        # Over sooner once nothing is left to claim (the others took it all) or the fetch stops.
+        _rest(self.lock, lambda: self.stop.is_set() or not self.todo, delay)
 
     def _part(self, index: int, stream: Optional[ByteStream], connection: _Connection) -> None:
         """Fetch part `index` (from `stream` if given) and, while that stream covers
@@ -417,15 +467,20 @@ class Engine:
                     stream_end = self._run_end(connection)
                     asked = time.monotonic()
                     stream = self._open(connection.position, stream_end)
-                    waited: Optional[float] = time.monotonic() - asked
+                    answered = time.monotonic()
+                    waited: Optional[float] = answered - asked
+                    connection.refusals = 0
                 else:
-                    waited = None  # the first answer: asked before the engine began
+                    waited, answered = None, 0.0  # the first answer: asked before the engine began
                 with stream:
                     if waited is not None:
                         with self.lock:
                             self.waits.append(waited)
                     self._check(stream, connection.position)
-                    if self._write(stream, stream_end, connection):
+                    done = self._write(stream, stream_end, connection)
+                    if waited is not None:
+                        self._answered_at_rate(connection.position - began, time.monotonic() - answered)
+                    if done:
                         return
                 if connection.position == began:
                     raise NetworkError(self.url, f"an answer for byte {began} on had no bytes")
@@ -434,19 +489,8 @@ class Engine:
             except HTTPStatusError as error:
                 if error.status not in (429, 503):
                     raise
-                if self._give_back(connection):
-                    logger.info("%s refused one more connection (%s); going on with fewer", self.url, error)
-                    return
-                # The last connection: the refusal is the fetch's, waited out as the
-                # server asks (its Retry-After, else the backoff), as many times as a break.
-                failures += 1
-                if failures >= self.attempts or self.stop.is_set():
-                    raise
-                delay = error.retry_after
-                if delay is None:
-                    delay = self.backoff_factor * (2 ** (failures - 1))
-                logger.warning("%s; asking again in %.1fs", error, delay)
-                self.stop.wait(delay)
+                self._refused(connection, error)
+                return
             except NetworkError as error:
                 failures += 1  # as on the single-stream path: progress does not reset it
                 if failures >= self.attempts or self.stop.is_set():
@@ -454,6 +498,12 @@ class Engine:
                 logger.warning("%s; resuming the part at byte %d", error, connection.position)
                 time.sleep(self.backoff_factor * (2 ** (failures - 1)))
             stream = None
+
+    def _answered_at_rate(self, count: int, seconds: float) -> None:
+        """An answer's `count` bytes came over `seconds` from its first byte on."""
+        if count > 0 and seconds > 0:
+            with self.lock:
+                self.stream_rates.append(count / seconds)
 
     def _open(self, position: int, end: int, *, at_once: bool = True) -> ByteStream:
         if_range = self.plan.validators.if_range

@@ -57,6 +57,7 @@ __all__ = [
     "DEFAULT_PART_SIZE",
     "MIN_PART_SIZE",
     "adopt_parts",
+    "connections_chosen",
     "connections_from",
     "fetch_parts",
 ]
@@ -103,6 +104,12 @@ def connections_from(value: Optional[int]) -> int:
     return value
 
 
+def connections_chosen(value: Optional[int]) -> bool:
+    """Whether the count was chosen (`value`, or `$FRAMEWORK_CONNECTIONS`): then a fetch
+    that is not one stream opens all of them, not as many as the ramp finds worth it."""
+    return value is not None or bool(os.environ.get("FRAMEWORK_CONNECTIONS", "").strip())
+
+
 def fetch_parts(
     backend: DownloadBackend,
     url: str,
@@ -115,8 +122,10 @@ def fetch_parts(
     backoff_factor: float,
     bar: Any,
     on_size: Optional[Callable[[int], None]],
+    fixed: bool = False,
 ) -> tuple[Optional[Any], int]:
-    """Fetch `url` into `partial` in parts.
+    """Fetch `url` into `partial` in parts, over up to `connections` (all of them if
+    `fixed`, once one stream is not enough).
 
     Returns an object with `close()` and `abandon()`, as `_stream.download` does,
     once the partial file holds the whole object (`close` waits for its hash); or
@@ -124,12 +133,15 @@ def fetch_parts(
     bytes of a whole answer it resumes), with the attempts already spent (a first
     answer that broke off counts as one)."""
     first: Optional[ByteStream] = None
+    first_wait: Optional[float] = None  # how long the first answer took: the server's first wait
     reached: dict[int, int] = {}
     if resumed is not None:
         plan, done, reached = resumed.plan, resumed.done, resumed.reached
         logger.info("resuming %s: %d of %d parts are here", url, len(done), plan.count)
     else:
+        asked = time.monotonic()
         first = _first_answer(backend, url, partial)
+        first_wait = time.monotonic() - asked
         if first is None:
             return None, 0
         try:
@@ -144,14 +156,15 @@ def fetch_parts(
         _report_size(plan.size, partial.offset, bar, on_size)
         run_parts = max(1, part_size // plan.part_size)  # the most parts one request asks for
         engine = Engine(
-            backend, url, partial, plan, done, reached, attempts, backoff_factor, bar, run_parts=run_parts
-        )
+            backend, url, partial, plan, done, reached, attempts, backoff_factor, bar,
+            run_parts=run_parts, first_wait=first_wait,
+        )  # fmt: skip
     except BaseException:
         if first is not None:
             first.close()
         discard_record(partial)
         raise
-    return _run(engine, url, partial, connections, first)
+    return _run(engine, url, partial, connections, first, fixed)
 
 
 def _first_answer(backend: DownloadBackend, url: str, partial: Partial) -> Optional[ByteStream]:
@@ -215,13 +228,13 @@ def _report_size(size: int, offset: int, bar: Any, on_size: Optional[Callable[[i
 
 
 def _run(
-    engine: Engine, url: str, partial: Partial, connections: int, first: Optional[ByteStream]
+    engine: Engine, url: str, partial: Partial, connections: int, first: Optional[ByteStream], fixed: bool
 ) -> tuple[Optional[Any], int]:
     """Run `engine` (what `fetch_parts` returns: see there)."""
     try:
         # The first stream is the engine's now: its worker closes it. Closing it here could
         # wait on that worker's blocked read (a buffered reader's close takes its lock).
-        engine.run(connections, first)
+        engine.run(connections, first, fixed=fixed)
     except VersionChanged as error:
         logger.info("%s changed while it was fetched in parts (%s); starting over", url, error)
         discard_record(partial)

@@ -25,12 +25,22 @@ class Ramp:
     slow link looks like; a fast stream whose reader or server lost the CPU for a few
     milliseconds shows one long gap instead, and is measured for all of `PROBE_S`.
 
+    **A fixed count.** With `fixed` (the user chose the count), a stream that is not to
+    stay alone is joined by all of the cap at once: the steps below are skipped.
+
     **The steps.** The first step opens as many connections as would each still have
-    `ALONE_S` of work at the probe's rate, then the count doubles, up to the cap. Each
-    step's rate is measured over `WINDOW_S` once its new connections have their first
-    bytes; a step that did not pay (less than `GAIN` more, or half the gain the added
-    connections could bring if that is less) is undone: the extra connections finish
-    the run they hold, then stop, and the count stays where it was and `SPARE` more (a
+    `ALONE_S` of work at the probe's rate, then the count doubles, up to the cap (the
+    cap at once where it is less than `GAIN` times the count: a step that small could
+    not show as a gain). Each
+    step's rate is measured once its new connections have their first bytes, over
+    `WINDOW_S` or `WAITS_PER_WINDOW` request waits (the median time a request waited for
+    its answer), whichever is longer: a window shorter than a request's wait measures
+    which connections happened to be waiting, not the link. A step that did not pay
+    (less than `GAIN` more, or half the gain the added connections could bring if that
+    is less) in one window is measured over a second one and judged by the better of
+    the two (one window slowed by a busy CPU undoes nothing); if neither paid, it is
+    undone: the extra connections finish the run they hold, then stop, and the count
+    stays where it was and `SPARE` more (a
     quarter: a request asks for at least 4 times what comes while it waits for its
     answer, so each connection waits up to a fifth of its time, and the count that just
     fills the link leaves it short while some wait: on S3 through moto, a fetch whose
@@ -45,11 +55,13 @@ class Ramp:
     CLEARLY_SLOW: Final = 8
     ALONE_S: Final = 0.5
     WINDOW_S: Final = 0.05
+    WAITS_PER_WINDOW: Final = 4
     GAIN: Final = 1.25
     SPARE: Final = 0.25
 
-    def __init__(self, cap: int) -> None:
+    def __init__(self, cap: int, *, fixed: bool = False) -> None:
         self.cap = cap
+        self.fixed = fixed
         self.target = 1
         self.settled = cap == 1
         self._before = 1  # the count before the step being measured
@@ -59,6 +71,9 @@ class Ramp:
         self._last_at = 0.0  # the last write this measurement saw
         self._gap = 0.0  # the longest time between two writes it saw
         self._now = 0.0  # when `update` was last called
+        self._doubted: Optional[float] = None  # the rate of a first window in which the step did not pay
+        self._window_s = self.WINDOW_S  # how long a step is measured
+        self.alone_rate = 0.0  # what the probe measured one stream at (bytes/s; 0 before)
 
     @property
     def poll_s(self) -> float:
@@ -74,14 +89,18 @@ class Ramp:
         """The server refused a connection: keep to the `live` ones that it serves."""
         self.target, self.settled = max(1, live), True
 
-    def update(self, now: float, at: float, received: int, remaining: int, ready: bool) -> int:
+    def update(
+        self, now: float, at: float, received: int, remaining: int, ready: bool, wait_s: float = 0.0
+    ) -> int:
         """The count wanted `now`. `received`: bytes so far, the last of them written at
         `at` (rates are measured between writes: a backend that hands over 1 MiB chunks
         is not idle between them); `remaining`: bytes still to come; `ready`: every
-        running connection has had its first byte."""
+        running connection has had its first byte; `wait_s`: the median time a request
+        waited for its answer so far (0 before one did)."""
         self._now = now
         if self.settled or not ready:
             return self.target
+        self._window_s = max(self.WINDOW_S, self.WAITS_PER_WINDOW * wait_s)
         if self._since is None or self._rest_of_the_first_packet(at, received):
             self._begin(at, received)
             return self.target
@@ -95,22 +114,37 @@ class Ramp:
         if not self._measured(now - began, at - began, alone_s):
             return self.target
         if self.target == 1:
+            self.alone_rate = rate
             if alone_s < self.ALONE_S:
                 self.settled = True
                 return self.target
-            wanted = math.ceil(alone_s / self.ALONE_S)
+            wanted = self.cap if self.fixed else math.ceil(alone_s / self.ALONE_S)
         else:
-            added = self.target / self._before - 1
-            if rate < self._rate * min(self.GAIN, 1 + added / 2):  # the last step did not pay: undo it
-                spared = self._before + int(self._before * self.SPARE)
-                self.target, self.settled = min(self.target, spared), True
+            wanted = self._after_step(rate)
+            if wanted <= self.target:
                 return self.target
-            wanted = 2 * self.target
         if self.target >= self.cap:
             self.settled = True
             return self.target
-        self._before, self._rate, self._since = self.target, rate, None
+        self._before, self._rate, self._since, self._doubted = self.target, rate, None, None
         self.target = min(self.cap, max(2, wanted))
+        if self.cap < self.target * self.GAIN:  # what is left to add could not show as a gain
+            self.target = self.cap
+        self.settled = self.fixed
+        return self.target
+
+    def _after_step(self, rate: float) -> int:
+        """The count wanted once a step's window measured `rate`: twice as many if the
+        step paid; the same while a second window is measured; fewer if neither did."""
+        added = self.target / self._before - 1
+        rate = max(rate, self._doubted or 0.0)
+        if rate >= self._rate * min(self.GAIN, 1 + added / 2):
+            return 2 * self.target
+        if self._doubted is None:  # one window proves little: measure another
+            self._doubted, self._since = rate, None
+            return self.target
+        spared = self._before + int(self._before * self.SPARE)  # neither paid: undo the step
+        self.target, self.settled = min(self.target, spared), True
         return self.target
 
     def _begin(self, at: float, received: int) -> None:
@@ -132,7 +166,7 @@ class Ramp:
     def _measured(self, elapsed_s: float, span_s: float, alone_s: float) -> bool:
         """Whether this measurement is over, `elapsed_s` into it, its writes spanning `span_s`."""
         if self.target > 1:
-            return elapsed_s >= self.WINDOW_S
+            return elapsed_s >= self._window_s
         if elapsed_s >= self.PROBE_S and span_s >= self.PROBE_S / 2:
             return True
         steady = self._gap <= span_s * 2 / 3  # two writes at least, neither gap most of the span

@@ -1,0 +1,102 @@
+"""One boto3 client per settings in a process, and refusals raised at once when a
+parallel fetch asks: counted at moto's server or a fake S3 server on 127.0.0.1."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+from typing import Any, Optional
+
+import pytest
+
+from framework.download import DownloadManager
+from framework.download.backend import refusals_at_once
+from framework.errors import HTTPStatusError
+from tests.support.download import FORK, FaultServer
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def test_s3_refusal_is_raised_at_once_when_asked(
+    http_server: FaultServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A 503 with Retry-After from an S3 server: inside `refusals_at_once` it is raised
+    at once with its Retry-After (botocore would wait it out holding the part); outside,
+    botocore's retries still wait it out."""
+    from framework_plugins.s3 import S3Backend
+
+    for name, value in (
+        ("AWS_ACCESS_KEY_ID", "t"),
+        ("AWS_SECRET_ACCESS_KEY", "t"),
+        ("AWS_DEFAULT_REGION", "us-east-1"),
+    ):
+        monkeypatch.setenv(name, value)
+    data = os.urandom(1000)
+    http_server.add("/bucket/refusing.bin", data, fail_statuses=[503], retry_after="2")
+    route = http_server.routes["/bucket/refusing.bin"]
+    backend = S3Backend(endpoint_url=http_server.base, retries=3, backoff_factor=0.01)
+    with refusals_at_once(), pytest.raises(HTTPStatusError) as caught:
+        backend.open("s3://bucket/refusing.bin", 0, end=100)
+    assert (caught.value.status, caught.value.retry_after, route.gets) == (503, 2.0, 1)
+    route.fail_statuses = [503]
+    with backend.open("s3://bucket/refusing.bin", 0, end=100) as stream:
+        assert b"".join(stream.chunks) == data[:100]
+    assert route.gets == 3  # refused once more, then served: retried inside botocore
+
+
+@pytest.fixture
+def counted_clients(monkeypatch: pytest.MonkeyPatch) -> list[Optional[str]]:
+    """The endpoints of the boto3 clients made from now on, with no client kept yet."""
+    import boto3
+    from framework_plugins import s3
+
+    monkeypatch.setattr(s3, "_CLIENTS", {})
+    made: list[Optional[str]] = []
+    real = boto3.session.Session.client
+
+    def counting(self: Any, *args: Any, **options: Any) -> Any:
+        made.append(options.get("endpoint_url"))
+        return real(self, *args, **options)
+
+    monkeypatch.setattr(boto3.session.Session, "client", counting)
+    return made
+
+
+def test_one_s3_client_across_calls_and_managers(
+    s3_env: str, tmp_path: Path, counted_clients: list[Optional[str]]
+) -> None:
+    import boto3
+
+    bucket = f"clients-{uuid.uuid4().hex[:8]}"
+    setup = boto3.client("s3", endpoint_url=s3_env)
+    setup.create_bucket(Bucket=bucket)
+    for key in ("a.bin", "b.bin"):
+        setup.put_object(Bucket=bucket, Key=key, Body=key.encode() * 100)
+    counted_clients.clear()  # the setup client above is not the backend's
+    for number, key in enumerate(("a.bin", "b.bin")):
+        with DownloadManager(tmp_path / str(number), progress=False) as manager:  # closes its backends
+            assert manager.cached_path(f"s3://{bucket}/{key}").read_bytes() == key.encode() * 100
+    assert counted_clients == [s3_env]
+
+
+def test_a_forked_child_makes_its_own_s3_client(s3_env: str, counted_clients: list[Optional[str]]) -> None:
+    from framework_plugins.s3 import S3Backend
+
+    parent = S3Backend().client
+    receive, send = FORK.Pipe(duplex=False)
+
+    def child() -> None:
+        from framework_plugins import s3
+
+        kept = len(s3._CLIENTS)
+        client = S3Backend().client
+        send.send((kept, client is parent, S3Backend().client is client, len(counted_clients)))
+
+    process = FORK.Process(target=child)
+    process.start()
+    answer = receive.recv()
+    process.join()
+    # the child kept none of the parent's, made one, and reused it; the parent made one
+    assert answer == (0, False, True, 2)
+    assert S3Backend().client is parent and counted_clients == [s3_env]

@@ -198,17 +198,20 @@ def shm_entries() -> set[str]:
 
 
 def new_shm_entries(before: set[str], wait: float = 3.0) -> set[str]:
-    """Segments present now but not in `before`, once they stay for `wait` seconds.
+    """Segments not in `before` that are present now and stay for `wait` seconds.
 
     multiprocessing unlinks a named semaphore right after creating it, so a
     `sem.mp-*` entry of any other process on the machine can show up for an
-    instant; a leaked segment stays.
+    instant (and, with tests running side by side, another one at every look); a
+    leaked segment stays, so it is in every look.
     """
     import time
 
     deadline = time.monotonic() + wait
-    while (extra := shm_entries() - before) and time.monotonic() < deadline:
+    extra = shm_entries() - before
+    while extra and time.monotonic() < deadline:
         time.sleep(0.05)
+        extra &= shm_entries()
     return extra
 
 

@@ -1,0 +1,53 @@
+"""Hostile review of the parallel fetch, the S3 client reuse and the pipelined cluster
+fetch: each test is a promise of the docs, attacked at real parts (the fault server on
+127.0.0.1, real processes)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+
+from tests.support.download import FaultServer
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _access_key_sent(headers: dict[str, str]) -> str:
+    authorization = headers.get("Authorization", "")
+    return authorization.split("Credential=", 1)[1].split("/", 1)[0] if "Credential=" in authorization else ""
+
+
+def test_s3_keys_set_in_the_environment_later_are_the_ones_sent(
+    http_server: FaultServer, monkeypatch: pytest.MonkeyPatch, fresh_s3_clients: Any
+) -> None:
+    """Credentials come from boto3's chain, the environment first: keys rotated there
+    (a notebook that sets them after a `NoCredentialsError`, a job refreshing a session
+    token) sign the next call, not the keys a process-wide client read first."""
+    from framework_plugins.s3 import S3Backend
+
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    monkeypatch.delenv("AWS_SESSION_TOKEN", raising=False)
+    data = os.urandom(1000)
+    http_server.add("/bucket/rotated.bin", data)
+    route = http_server.routes["/bucket/rotated.bin"]
+    sent = []
+    for key in ("FIRSTKEY", "SECONDKEY"):
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", key)
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", key.lower())
+        backend = S3Backend(endpoint_url=http_server.base, retries=1)
+        with backend.open("s3://bucket/rotated.bin") as stream:
+            assert b"".join(stream.chunks) == data
+        sent.append(_access_key_sent(route.headers[-1]))
+    assert sent == ["FIRSTKEY", "SECONDKEY"]
+
+
+@pytest.fixture
+def fresh_s3_clients(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No boto3 client kept from another test."""
+    pytest.importorskip("boto3")
+    from framework_plugins import s3
+
+    monkeypatch.setattr(s3, "_CLIENTS", {})

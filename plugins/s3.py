@@ -96,10 +96,7 @@ def _refuse_at_once(response: Any = None, **_: Any) -> None:
     status = getattr(http, "status_code", 0)
     if status not in _REFUSALS:
         return
-    value = (getattr(http, "headers", None) or {}).get("Retry-After")
-    retry_after: Optional[float] = None
-    if value is not None and value.strip().isdigit():
-        retry_after = min(float(value.strip()), _MAX_RETRY_AFTER_S)
+    retry_after = _retry_after((getattr(http, "headers", None) or {}).get("Retry-After"))
     code = (parsed or {}).get("Error", {}).get("Code", "") if isinstance(parsed, dict) else ""
     raise _Refused(status, code, retry_after)
 
@@ -109,6 +106,20 @@ def _chain_environment() -> str:
     secrets themselves in the key)."""
     values = "\0".join(f"{name}={os.environ.get(name, '')}" for name in _CHAIN_VARIABLES)
     return hashlib.sha256(values.encode("utf-8", "surrogateescape")).hexdigest()
+
+
+def _retry_after(value: Optional[str]) -> Optional[float]:
+    """The seconds a `Retry-After` asks to wait, delay-seconds or an HTTP-date (a past one
+    is 0), at most `_MAX_RETRY_AFTER_S`; None for none or one that is neither (`-5`, `1.5`)."""
+    if value is None:
+        return None
+    import urllib3.exceptions  # botocore's HTTP client: there with boto3
+    from urllib3.util.retry import Retry
+
+    try:
+        return min(max(0.0, float(Retry().parse_retry_after(value))), _MAX_RETRY_AFTER_S)
+    except (urllib3.exceptions.InvalidHeader, ValueError, TypeError, OverflowError):
+        return None
 
 
 def _split(url: str) -> tuple[str, str]:

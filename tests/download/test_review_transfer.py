@@ -5,6 +5,7 @@ fetch: each test is a promise of the docs, attacked at real parts (the fault ser
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 import pytest
@@ -51,3 +52,35 @@ def fresh_s3_clients(monkeypatch: pytest.MonkeyPatch) -> None:
     from framework_plugins import s3
 
     monkeypatch.setattr(s3, "_CLIENTS", {})
+
+
+def test_an_s3_refusal_with_a_retry_after_date_is_waited_as_asked(
+    http_server: FaultServer, monkeypatch: pytest.MonkeyPatch, fresh_s3_clients: Any
+) -> None:
+    """Retry-After is delay-seconds or an HTTP-date (RFC 9110 10.2.3); a refused part
+    waits what the server asked, as over HTTP, not the backoff: a date 30 s ahead is
+    about 30 s (never more than 60), a date in the past is no wait."""
+    from email.utils import formatdate
+
+    from framework_plugins.s3 import S3Backend
+
+    from framework.download.backend import refusals_at_once
+    from framework.errors import HTTPStatusError
+
+    for name, value in (
+        ("AWS_ACCESS_KEY_ID", "t"),
+        ("AWS_SECRET_ACCESS_KEY", "t"),
+        ("AWS_DEFAULT_REGION", "us-east-1"),
+    ):
+        monkeypatch.setenv(name, value)
+    http_server.add("/bucket/dated.bin", os.urandom(1000))
+    route = http_server.routes["/bucket/dated.bin"]
+    backend = S3Backend(endpoint_url=http_server.base, retries=3)
+    waits = []
+    for ahead in (30, -3600):
+        route.fail_statuses, route.retry_after = [503], formatdate(time.time() + ahead, usegmt=True)
+        with refusals_at_once(), pytest.raises(HTTPStatusError) as caught:
+            backend.open("s3://bucket/dated.bin", 0, end=100)
+        waits.append(caught.value.retry_after)
+    assert waits[0] is not None and 20 <= waits[0] <= 31
+    assert waits[1] == 0.0

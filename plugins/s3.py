@@ -63,6 +63,10 @@ _CHAIN_VARIABLES: Final = (
     "AWS_REGION",
     "AWS_CONFIG_FILE",
     "AWS_SHARED_CREDENTIALS_FILE",
+    "AWS_ROLE_ARN",
+    "AWS_WEB_IDENTITY_TOKEN_FILE",
+    "AWS_ENDPOINT_URL_S3",
+    "AWS_CA_BUNDLE",
 )
 _CLIENTS: dict[tuple[Any, ...], Any] = {}
 _CLIENTS_LOCK = threading.Lock()

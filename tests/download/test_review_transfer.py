@@ -5,12 +5,14 @@ fetch: each test is a promise of the docs, attacked at real parts (the fault ser
 from __future__ import annotations
 
 import os
+import threading
 import time
-from typing import Any
+from pathlib import Path
+from typing import Any, Optional
 
 import pytest
 
-from tests.support.download import FaultServer
+from tests.support.download import PART, SLOW, FaultServer, parts_manager, unique_path
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -84,3 +86,39 @@ def test_an_s3_refusal_with_a_retry_after_date_is_waited_as_asked(
         waits.append(caught.value.retry_after)
     assert waits[0] is not None and 20 <= waits[0] <= 31
     assert waits[1] == 0.0
+
+
+def test_a_chosen_count_is_kept_after_one_refusal_while_it_opens(
+    http_server: FaultServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """connections=8: "opens N connections ... and keeps them (fewer only if the server
+    refuses them)". One request is refused once (503, Retry-After: 0) while the eight
+    are being opened, and nothing after: the count stays eight, not the few that were
+    open at that moment (the ones started after it were never refused)."""
+    from framework.download.parallel import _engine
+
+    refused = threading.Event()
+    started: list[int] = []
+    real_start, real_refused = _engine.Engine._start, _engine.Engine._refused
+
+    def start(engine: Any, first: Any) -> Optional[threading.Thread]:
+        if first is None:
+            started.append(1)
+            if len(started) == 2:  # the first new connection's request is refused first
+                refused.wait(10)
+        return real_start(engine, first)
+
+    def refusal(engine: Any, connection: Any, error: Any) -> None:
+        real_refused(engine, connection, error)
+        refused.set()
+
+    monkeypatch.setattr(_engine.Engine, "_start", start)
+    monkeypatch.setattr(_engine.Engine, "_refused", refusal)
+    data = os.urandom(32 * PART)
+    url = http_server.add(
+        unique_path("blip"), data, swap_at_get=2, then={"fail_statuses": [503]}, retry_after="0", **SLOW
+    )
+    assert parts_manager(tmp_path, connections=8).cached_path(url).read_bytes() == data
+    route = http_server.route(url)
+    assert refused.is_set() and route.gets == 32 + 1  # every part once, and the one refusal
+    assert route.max_in_flight >= 8

@@ -88,15 +88,15 @@ def test_an_s3_refusal_with_a_retry_after_date_is_waited_as_asked(
     assert waits[1] == 0.0
 
 
-def test_a_chosen_count_is_kept_after_one_refusal_while_it_opens(
-    http_server: FaultServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """connections=8: "opens N connections ... and keeps them (fewer only if the server
-    refuses them)". One request is refused once (503, Retry-After: 0) while the eight
-    are being opened, and nothing after: the count stays eight, not the few that were
-    open at that moment (the ones started after it were never refused)."""
+def _one_refusal_while_opening(
+    http_server: FaultServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, connections: Optional[int]
+) -> int:
+    """Fetch 32 parts at a paced server that refuses one request once (503, Retry-After:
+    0): the first new connection's, before the others of its step are started. The
+    most bodies in flight at once."""
     from framework.download.parallel import _engine
 
+    monkeypatch.delenv("FRAMEWORK_CONNECTIONS", raising=False)
     refused = threading.Event()
     started: list[int] = []
     real_start, real_refused = _engine.Engine._start, _engine.Engine._refused
@@ -118,7 +118,32 @@ def test_a_chosen_count_is_kept_after_one_refusal_while_it_opens(
     url = http_server.add(
         unique_path("blip"), data, swap_at_get=2, then={"fail_statuses": [503]}, retry_after="0", **SLOW
     )
-    assert parts_manager(tmp_path, connections=8).cached_path(url).read_bytes() == data
+    assert parts_manager(tmp_path, connections=connections).cached_path(url).read_bytes() == data
     route = http_server.route(url)
     assert refused.is_set() and route.gets == 32 + 1  # every part once, and the one refusal
-    assert route.max_in_flight >= 8
+    return route.max_in_flight
+
+
+def test_a_chosen_count_is_kept_after_one_refusal_while_it_opens(
+    http_server: FaultServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """connections=8: "opens N connections ... and keeps them (fewer only if the server
+    refuses them)". One request is refused once while the eight are being opened, and
+    nothing after: the count stays eight, not the few that were open at that moment
+    (the ones started after it were never refused)."""
+    assert _one_refusal_while_opening(http_server, tmp_path, monkeypatch, 8) >= 8
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the adaptive ramp freezes at the connections live when one request is refused: "
+    "a step's connections opened just after it stop, and the ramp never grows again once "
+    "the server serves (Ramp.refused settles it for good)",
+)
+def test_the_ramp_keeps_a_step_after_one_refusal_while_it_opens(
+    http_server: FaultServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The default ramp: "No connection is added while the server refuses". A step of
+    the ramp (16 for this paced object) opening as one request is refused once, and
+    nothing after: the step's connections go on, as they do without the refusal."""
+    assert _one_refusal_while_opening(http_server, tmp_path, monkeypatch, None) >= 8

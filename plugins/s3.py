@@ -8,6 +8,7 @@ literally as the AWS CLI does: `?`, `#`, `%` and `//` are part of it.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import threading
@@ -46,7 +47,27 @@ _MAX_RETRY_AFTER_S: Final = 60.0  # as the HTTP backend: a 429 cannot park a fet
 
 # One boto3 client per (profile, endpoint, region, retries, timeout) in this process:
 # making one costs ~0.1 s of CPU and a new connection pool, and a client is thread-safe.
-# A forked child starts with none (a parent's pooled sockets are never shared).
+# A forked child starts with none (a parent's pooled sockets are never shared). A client
+# keeps the credentials and region boto3's chain gave when it was made: the environment
+# variables that chain reads are part of the key (hashed), so keys set or rotated there
+# sign the next call.
+_CHAIN_VARIABLES: Final = (
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_SECURITY_TOKEN",
+    "AWS_CREDENTIAL_EXPIRATION",
+    "AWS_PROFILE",
+    "AWS_DEFAULT_PROFILE",
+    "AWS_DEFAULT_REGION",
+    "AWS_REGION",
+    "AWS_CONFIG_FILE",
+    "AWS_SHARED_CREDENTIALS_FILE",
+    "AWS_ROLE_ARN",
+    "AWS_WEB_IDENTITY_TOKEN_FILE",
+    "AWS_ENDPOINT_URL_S3",
+    "AWS_CA_BUNDLE",
+)
 _CLIENTS: dict[tuple[Any, ...], Any] = {}
 _CLIENTS_LOCK = threading.Lock()
 
@@ -79,12 +100,30 @@ def _refuse_at_once(response: Any = None, **_: Any) -> None:
     status = getattr(http, "status_code", 0)
     if status not in _REFUSALS:
         return
-    value = (getattr(http, "headers", None) or {}).get("Retry-After")
-    retry_after: Optional[float] = None
-    if value is not None and value.strip().isdigit():
-        retry_after = min(float(value.strip()), _MAX_RETRY_AFTER_S)
+    retry_after = _retry_after((getattr(http, "headers", None) or {}).get("Retry-After"))
     code = (parsed or {}).get("Error", {}).get("Code", "") if isinstance(parsed, dict) else ""
     raise _Refused(status, code, retry_after)
+
+
+def _chain_environment() -> str:
+    """A digest of the environment boto3's chain reads when a client is made (never the
+    secrets themselves in the key)."""
+    values = "\0".join(f"{name}={os.environ.get(name, '')}" for name in _CHAIN_VARIABLES)
+    return hashlib.sha256(values.encode("utf-8", "surrogateescape")).hexdigest()
+
+
+def _retry_after(value: Optional[str]) -> Optional[float]:
+    """The seconds a `Retry-After` asks to wait, delay-seconds or an HTTP-date (a past one
+    is 0), at most `_MAX_RETRY_AFTER_S`; None for none or one that is neither (`-5`, `1.5`)."""
+    if value is None:
+        return None
+    import urllib3.exceptions  # botocore's HTTP client: there with boto3
+    from urllib3.util.retry import Retry
+
+    try:
+        return min(max(0.0, float(Retry().parse_retry_after(value))), _MAX_RETRY_AFTER_S)
+    except (urllib3.exceptions.InvalidHeader, ValueError, TypeError, OverflowError):
+        return None
 
 
 def _split(url: str) -> tuple[str, str]:
@@ -142,13 +181,14 @@ class S3Backend(DownloadBackend):
     @property
     def client(self) -> Any:
         """The boto3 client for these settings: one per process, shared by every backend
-        with the same profile, endpoint, region, retries and timeout (see `_CLIENTS`)."""
+        with the same profile, endpoint, region, retries and timeout, while the
+        environment boto3's chain reads stays the same (see `_CLIENTS`)."""
         try:
             import boto3  # checked at each use: a cached client needs boto3 too
         except ImportError as error:
             raise ImportError(_NEEDS_BOTO3) from error
         endpoint = self.endpoint_url or os.environ.get("AWS_ENDPOINT_URL") or None
-        key = (self.profile, endpoint, self.region, self.retries, self.timeout)
+        key = (self.profile, endpoint, self.region, self.retries, self.timeout, _chain_environment())
         client = _CLIENTS.get(key)
         if client is None:
             with _CLIENTS_LOCK:

@@ -428,8 +428,10 @@ class Engine:
         """The server refused this connection's request (429, 503): its run goes back,
         first in line, to the connections the server serves, and this one waits as the
         server asks (its Retry-After, else the backoff) holding no part, then claims
-        again; no connection is added while the server refuses. After `attempts`
-        refusals in a row it stops, the count kept to the others; the last one raises."""
+        again; no connection is added while the server refuses (a chosen count keeps
+        its connections: those being opened as one is refused were not). After
+        `attempts` refusals in a row it stops, the count kept to the others; the last
+        one raises."""
         connection.refusals += 1
         with self.lock:
             for index in range(connection.index, connection.last + 1):
@@ -444,7 +446,8 @@ class Engine:
                 self._leave(connection)
                 logger.info("%s refused one more connection (%s); going on with fewer", self.url, error)
                 return
-            self.ramp.refused(self.live)
+            if not self.ramp.fixed:  # a chosen count is kept: fewer only as refused ones stop (above)
+                self.ramp.refused(self.live)
         delay = error.retry_after
         if delay is None:
             delay = self.backoff_factor * (2 ** (connection.refusals - 1))

@@ -463,14 +463,9 @@ def extract_archive(
         raise DownloadError(
             url, f"cannot extract into {target.parent}: {error.strerror}; use a writable cache folder"
         ) from error
-    try:
-        return _extract_into(archive, temp, target, url, limits, replace=replace, digest=digest)
-    finally:
-        if work.fresh:  # made for this extraction (a folder outside a cache): leave none behind
-            try:
-                os.rmdir(work.path)
-            except OSError:
-                pass
+    # The work folder stays (made once, kept): another extraction or fetch may have
+    # entered it since, and removing it would fail theirs.
+    return _extract_into(archive, temp, target, url, limits, replace=replace, digest=digest)
 
 
 def _extract_into(

@@ -14,7 +14,8 @@ import pytest
 from framework.download import DownloadManager
 from framework.download import _extract as extract_module
 from framework.download._cache import Entry, work_folder
-from tests.support.download import FaultServer, planted_partial, unique_path
+from framework.errors import InvalidArgumentError
+from tests.support.download import FaultServer, planted_partial, sha256, unique_path
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -92,3 +93,14 @@ def test_a_concurrent_extraction_never_loses_its_work_folder(
     assert isinstance(results[first], Path), results[first]
     assert isinstance(results[second], Path), results[second]
     assert (results[second] / "b.txt").read_bytes() == b"b"
+
+
+def test_cached_paths_refuses_two_digests_for_one_file_in_a_mapping(tmp_path: Path) -> None:
+    """A mapping naming one file twice (two spellings) with two digests is a mistake:
+    refused, as a list with two digests for one URL is, never one silently dropped."""
+    local = tmp_path / "data.bin"
+    local.write_bytes(b"payload")
+    right, wrong = sha256(b"payload"), sha256(b"other")
+    manager = DownloadManager(tmp_path / "cache", progress=False)
+    with pytest.raises(InvalidArgumentError):
+        manager.cached_paths([local], sha256={str(local): wrong, f"{tmp_path}/./data.bin": right})

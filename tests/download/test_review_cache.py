@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import io
 import os
+import signal
 import tarfile
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +17,7 @@ from framework.download import DownloadManager
 from framework.download import _extract as extract_module
 from framework.download._cache import Entry, work_folder
 from framework.errors import InvalidArgumentError
-from tests.support.download import FaultServer, planted_partial, sha256, unique_path
+from tests.support.download import FaultServer, planted_partial, sha256, unique_path, wait_for
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -104,3 +106,102 @@ def test_cached_paths_refuses_two_digests_for_one_file_in_a_mapping(tmp_path: Pa
     manager = DownloadManager(tmp_path / "cache", progress=False)
     with pytest.raises(InvalidArgumentError):
         manager.cached_paths([local], sha256={str(local): wrong, f"{tmp_path}/./data.bin": right})
+
+
+def test_a_child_forked_while_a_thread_holds_a_lock_fetches_and_waits(
+    http_server: FaultServer, tmp_path: Path
+) -> None:
+    """A thread holds an entry's lock (its fetch is held by the server) when the process
+    forks: the child fetches another file (its own heartbeat), and waits for the held
+    entry, with a short lock timeout, as long as the parent's holder works, then
+    reads what the parent published."""
+    cache = tmp_path / "cache"
+    held_data, other_data = os.urandom(300_000), os.urandom(5000)
+    held = http_server.add(unique_path("held"), held_data, hold_after=100_000, chunk=16_384)
+    other = http_server.add(unique_path("other"), other_data)
+    route = http_server.route(held)
+    manager = DownloadManager(cache, progress=False, lock_timeout=0.5)
+    results: dict[str, Any] = {}
+    holder = threading.Thread(target=lambda: results.setdefault("held", manager.cached_path(held)))
+    holder.start()
+    try:
+        wait_for(lambda: route.body_bytes >= 80_000, what="the holder to be held")
+        pid = os.fork()
+        if pid == 0:  # the child: no pytest past this point
+            code = 1
+            try:
+                child = DownloadManager(cache, progress=False, lock_timeout=0.5)
+                ok = child.cached_path(other).read_bytes() == other_data
+                code = 0 if ok and child.cached_path(held).read_bytes() == held_data else 2
+            finally:
+                os._exit(code)
+        time.sleep(1.5)  # three lock timeouts: the child must still be waiting, not failed
+        assert os.waitpid(pid, os.WNOHANG) == (0, 0)
+    finally:
+        route.released.set()
+    holder.join(20)
+    _pid, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert results["held"].read_bytes() == held_data
+
+
+def test_two_processes_with_overlapping_lists_fetch_each_file_once(
+    http_server: FaultServer, tmp_path: Path
+) -> None:
+    """Two processes ask for overlapping lists at once (and one names a file twice):
+    every file is fetched once in all, and both get every file whole."""
+    cache = tmp_path / "cache"
+    blobs = {name: os.urandom(200_000) for name in "abcdef"}
+    urls = {
+        name: http_server.add(unique_path(name), data, chunk=16_384, delay=0.01)
+        for name, data in blobs.items()
+    }
+    lists = [[urls[n] for n in "abcd"], [urls[n] for n in "fedcc"]]
+    children = []
+    for chosen in lists:
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                paths = DownloadManager(cache, progress=False).cached_paths(chosen, max_workers=4)
+                wanted = [blobs[url.rsplit("/", 1)[-1].split("-")[0]] for url in chosen]
+                code = 0 if [path.read_bytes() for path in paths] == wanted else 2
+            finally:
+                os._exit(code)
+        children.append(pid)
+    codes = [os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for pid in children]
+    assert codes == [0, 0]
+    assert {name: http_server.route(url).gets for name, url in urls.items()} == dict.fromkeys(blobs, 1)
+
+
+def test_ctrl_c_in_cached_paths_cancels_what_has_not_begun(http_server: FaultServer, tmp_path: Path) -> None:
+    """Ctrl-C while three files are under way and one has failed: the call raises
+    KeyboardInterrupt once those three finished (published), and no file not yet begun
+    is ever asked for."""
+    cache = tmp_path / "cache"
+    held = [
+        http_server.add(unique_path(f"held{i}"), os.urandom(200_000), hold_after=50_000) for i in range(2)
+    ]
+    failing = http_server.add(unique_path("failing"), b"", status=404)
+    later = [http_server.add(unique_path(f"later{i}"), os.urandom(1000), hold_after=0) for i in range(10)]
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            DownloadManager(cache, progress=False).cached_paths([*held, failing, *later], max_workers=3)
+        except KeyboardInterrupt:
+            code = 0
+        finally:
+            os._exit(code)
+    try:
+        # The failed file's worker took the next file, held too: three under way.
+        wait_for(lambda: all(http_server.route(url).gets for url in [*held, failing, later[0]]))
+        os.kill(pid, signal.SIGINT)
+        time.sleep(0.5)
+        assert os.waitpid(pid, os.WNOHANG) == (0, 0), "the files under way must finish first"
+    finally:
+        for url in [*held, *later]:
+            http_server.route(url).released.set()
+    assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+    assert all(Entry(cache, url).lookup(None) is not None for url in [*held, later[0]])
+    assert [http_server.route(url).gets for url in later[1:]] == [0] * 9

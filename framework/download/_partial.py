@@ -402,10 +402,15 @@ class Partial:
 
     def close(self, keep: bool) -> None:
         """Close the descriptor; remove the file unless `keep` (a resumable failure, or
-        a verified file that is about to be published)."""
+        a verified file that is about to be published). A file written next to the entry
+        (its work folder refused) is never kept: no later call looks for it there."""
         os.close(self.fd)
         if not self._verified and (self.offset == 0 or self.name.tag == NO_VALIDATOR):
             keep = False  # nothing a later call could resume
+        if not self._verified and self.name.folder is not None:
+            # Next to the entry (the work folder was refused): no later call looks there.
+            keep = False
+            remove_quietly(_record_of(self.name.path))  # a parallel fetch's record too
         if not keep:
             discard(self.name.path)
         elif not self._verified:  # left for a later call, of this process or another

@@ -16,7 +16,7 @@ import pytest
 from framework.download import DownloadManager
 from framework.download import _extract as extract_module
 from framework.download._cache import Entry, work_folder
-from framework.errors import InvalidArgumentError
+from framework.errors import DownloadError, InvalidArgumentError
 from tests.support.download import FaultServer, planted_partial, sha256, unique_path, wait_for
 
 pytestmark = pytest.mark.timeout(60)
@@ -205,3 +205,24 @@ def test_ctrl_c_in_cached_paths_cancels_what_has_not_begun(http_server: FaultSer
     assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
     assert all(Entry(cache, url).lookup(None) is not None for url in [*held, later[0]])
     assert [http_server.route(url).gets for url in later[1:]] == [0] * 9
+
+
+def test_an_outage_with_a_refused_work_folder_leaves_no_partial_next_to_the_entry(
+    http_server: FaultServer, tmp_path: Path
+) -> None:
+    """With the work folder refused (a link planted at its name), the partial file goes
+    next to the entry, where no later call looks: an outage must not keep it there (it
+    would never be resumed nor swept, a file's worth of disk per failed call)."""
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    data = os.urandom(300_000)
+    url = http_server.add(unique_path("outage"), data, drop_after=100_000, drops=100)
+    work_folder(Entry(cache, url).final).symlink_to(elsewhere)
+    manager = DownloadManager(cache, connections=1, retries=1, backoff_factor=0.01, progress=False)
+    for _attempt in range(2):
+        with pytest.raises(DownloadError):
+            manager.cached_path(url)
+    assert [name for name in os.listdir(cache) if name.endswith((".part", ".parts"))] == []
+    assert os.listdir(elsewhere) == []

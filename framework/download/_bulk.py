@@ -40,6 +40,7 @@ def digests_for(urls: Sequence[str], sha256: Digests) -> list[Optional[str]]:
         by_url: dict[str, str] = {}
         for key, value in sha256.items():
             url = normalize(key)
+            value = check_sha256(url, value) or value  # lower case: "AB.." and "ab.." agree
             if by_url.setdefault(url, value) != value:  # two spellings of one file
                 raise InvalidArgumentError(
                     url, f"sha256 names it twice, with two digests ({by_url[url]} and {value})"

@@ -106,6 +106,8 @@ def test_cached_paths_refuses_two_digests_for_one_file_in_a_mapping(tmp_path: Pa
     manager = DownloadManager(tmp_path / "cache", progress=False)
     with pytest.raises(InvalidArgumentError):
         manager.cached_paths([local], sha256={str(local): wrong, f"{tmp_path}/./data.bin": right})
+    same = {str(local): right.upper(), f"{tmp_path}/./data.bin": right}  # one digest, two cases
+    assert manager.cached_paths([local], sha256=same)[0].read_bytes() == b"payload"
 
 
 def test_a_child_forked_while_a_thread_holds_a_lock_fetches_and_waits(

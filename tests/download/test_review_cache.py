@@ -228,3 +228,18 @@ def test_an_outage_with_a_refused_work_folder_leaves_no_partial_next_to_the_entr
             manager.cached_path(url)
     assert [name for name in os.listdir(cache) if name.endswith((".part", ".parts"))] == []
     assert os.listdir(elsewhere) == []
+
+
+def test_a_killed_holders_owner_file_goes_with_the_next_holder(
+    http_server: FaultServer, tmp_path: Path
+) -> None:
+    """A holder killed after writing the lock's owner file leaves it behind; the next
+    holder, even one done before its own owner file is due (a small file), removes it,
+    so no later waiter is told a dead process holds the lock, nor its size."""
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    url = http_server.add(unique_path("owner"), os.urandom(1000))
+    owner = Entry(cache, url).lock.with_name(Entry(cache, url).lock.name + ".owner")
+    owner.write_text('{"pid": 999999, "host": "gone", "since": 0, "size": 123456789}')
+    DownloadManager(cache, progress=False).cached_path(url)
+    assert not owner.exists()

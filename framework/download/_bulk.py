@@ -37,7 +37,14 @@ def digests_for(urls: Sequence[str], sha256: Digests) -> list[Optional[str]]:
     if sha256 is None:
         return [None] * len(urls)
     if isinstance(sha256, Mapping):
-        by_url = {normalize(key): value for key, value in sha256.items()}
+        by_url: dict[str, str] = {}
+        for key, value in sha256.items():
+            url = normalize(key)
+            value = check_sha256(url, value) or value  # lower case: "AB.." and "ab.." agree
+            if by_url.setdefault(url, value) != value:  # two spellings of one file
+                raise InvalidArgumentError(
+                    url, f"sha256 names it twice, with two digests ({by_url[url]} and {value})"
+                )
         unknown = sorted(set(by_url) - set(urls))
         if unknown:  # a typo would silently leave a file unchecked
             raise InvalidArgumentError(unknown[0], "sha256 names a URL that is not among the URLs asked for")

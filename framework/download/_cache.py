@@ -49,6 +49,7 @@ __all__ = [
     "is_alive_local",
     "parse_json",
     "parse_owner",
+    "private_folder",
     "read_metadata",
     "read_small_file",
     "unique_token",
@@ -191,14 +192,24 @@ def enter_work_folder(final: Path) -> WorkFolder:
         except FileExistsError:
             pass
         try:
-            info = os.lstat(folder)
+            os.lstat(folder)
         except FileNotFoundError:
             continue
-        usable = stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid() and not info.st_mode & 0o022
+        usable = private_folder(folder)
         if not usable:
             _logger.warning("%s is not a private folder of this user (planted?); not using it", folder)
         return WorkFolder(folder if usable else final.parent, fresh=False)
     return WorkFolder(final.parent, fresh=False)
+
+
+def private_folder(folder: Path) -> bool:
+    """Whether `folder` is a real folder (not a link to one) of this user that nobody
+    else may write: the only kind of work folder listed, swept or written in."""
+    try:
+        info = os.lstat(folder)
+    except OSError:
+        return False
+    return stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid() and not info.st_mode & 0o022
 
 
 def _owned(path: Path) -> bool:

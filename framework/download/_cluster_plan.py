@@ -17,7 +17,7 @@ import attrs
 import torch
 import torch.distributed as dist
 
-from framework.download._cache import NEW_FILE_FLAGS, Metadata, work_folder
+from framework.download._cache import NEW_FILE_FLAGS, Metadata, private_folder, work_folder
 from framework.download._collective import POLL_S as POLL_S
 from framework.download._collective import _decode as _decode
 from framework.download._collective import _encode as _encode
@@ -213,8 +213,11 @@ def _sweep(root: Path) -> None:
                     os.unlink(root / found)
             except OSError:
                 pass
+    folder = work_folder(root / "any")
+    if not private_folder(folder):  # planted: never listed or swept through
+        return
     try:
-        work = os.listdir(work_folder(root / "any"))
+        work = os.listdir(folder)
     except OSError:
         return
     for found in work:

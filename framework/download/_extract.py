@@ -447,9 +447,11 @@ def extract_archive(
     *,
     replace: bool,
     digest: Optional[str] = None,
+    in_cache: bool = False,
 ) -> Path:
     """Extract `archive` to `target` atomically; with `replace`, swap out an old `target`.
-    With `digest` (the archive's sha256), mark the folder as extracted from it.
+    With `digest` (the archive's sha256), mark the folder as extracted from it. With
+    `in_cache`, the work folder made for it stays (others of the cache use it).
 
     `archive` may be an open file: the one whose digest was checked, so what is
     extracted is never something renamed over its path since."""
@@ -466,7 +468,9 @@ def extract_archive(
     try:
         return _extract_into(archive, temp, target, url, limits, replace=replace, digest=digest)
     finally:
-        if work.fresh:  # made for this extraction (a folder outside a cache): leave none behind
+        # A cache's work folder is made once and kept: another extraction or fetch may
+        # have entered it since, and removing it would fail theirs.
+        if work.fresh and not in_cache:  # made for a one-off extraction: leave none behind
             try:
                 os.rmdir(work.path)
             except OSError:

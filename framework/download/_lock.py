@@ -243,12 +243,12 @@ class EntryLock:
         if self._lock is None or not self.held:
             return
         self.held = False
-        if self._owner_written:
-            self._owner_written = False
-            try:
-                os.unlink(self.owner_path)
-            except OSError:
-                pass
+        # Ours, or one a killed holder left (we hold the lock): either way, stale now.
+        self._owner_written = False
+        try:
+            os.unlink(self.owner_path)
+        except OSError:
+            pass
         self._lock.release()
 
 

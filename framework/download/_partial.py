@@ -44,6 +44,7 @@ from framework.download._cache import (
     enter_work_folder,
     is_alive_local,
     parse_owner,
+    private_folder,
     unique_token,
     work_folder,
 )
@@ -152,9 +153,13 @@ class PartialName:
     @classmethod
     def all(cls, final: Path) -> list[PartialName]:
         """Every partial file of `final` in its work folder, whoever wrote it: one listing
-        of that folder (the cache folder is never listed)."""
+        of that folder (the cache folder is never listed); none when something else
+        sits at its name (planted: never listed, nor renamed or written through)."""
+        folder = work_folder(final)
+        if not private_folder(folder):
+            return []
         try:
-            names = os.listdir(work_folder(final))
+            names = os.listdir(folder)
         except OSError:
             return []
         found = (cls.parse(final.parent, name) for name in names if name.startswith(final.name + "."))
@@ -162,8 +167,10 @@ class PartialName:
 
 
 def work_leftovers(final: Path, suffixes: tuple[str, ...]) -> list[Path]:
-    """Dead writers' temporary files of `final` in its work folder (see `dead_leftovers`)."""
-    return dead_leftovers(work_folder(final) / final.name, suffixes)
+    """Dead writers' temporary files of `final` in its work folder (see `dead_leftovers`);
+    none when the work folder is not a private folder of this user (planted)."""
+    folder = work_folder(final)
+    return dead_leftovers(folder / final.name, suffixes) if private_folder(folder) else []
 
 
 @attrs.frozen
@@ -395,10 +402,15 @@ class Partial:
 
     def close(self, keep: bool) -> None:
         """Close the descriptor; remove the file unless `keep` (a resumable failure, or
-        a verified file that is about to be published)."""
+        a verified file that is about to be published). A file written next to the entry
+        (its work folder refused) is never kept: no later call looks for it there."""
         os.close(self.fd)
         if not self._verified and (self.offset == 0 or self.name.tag == NO_VALIDATOR):
             keep = False  # nothing a later call could resume
+        if not self._verified and self.name.folder is not None:
+            # Next to the entry (the work folder was refused): no later call looks there.
+            keep = False
+            remove_quietly(_record_of(self.name.path))  # a parallel fetch's record too
         if not keep:
             discard(self.name.path)
         elif not self._verified:  # left for a later call, of this process or another

@@ -374,7 +374,9 @@ class DownloadManager:
             if fetched or not extracted(entry):
                 logger.info("extracting %s to %s", entry.final, entry.extracted)
                 with _open_published(entry) as (archive, digest):
-                    extract_archive(archive, entry.extracted, url, self.limits, replace=True, digest=digest)
+                    extract_archive(
+                        archive, entry.extracted, url, self.limits, replace=True, digest=digest, in_cache=True
+                    )
             return entry.extracted
 
     def _stale(self, entry: Entry, sha256: Optional[str]) -> Optional[RemoteInfo]:

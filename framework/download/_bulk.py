@@ -49,7 +49,7 @@ def digests_for(urls: Sequence[str], sha256: Digests) -> list[Optional[str]]:
         if unknown:  # a typo would silently leave a file unchecked
             raise InvalidArgumentError(unknown[0], "sha256 names a URL that is not among the URLs asked for")
         return [check_sha256(url, by_url.get(url)) for url in urls]
-    if isinstance(sha256, (str, bytes)) or len(sha256) != len(urls):
+    if isinstance(sha256, (str, bytes)) or not isinstance(sha256, Sequence) or len(sha256) != len(urls):
         raise InvalidArgumentError(
             urls[0] if urls else "",
             "sha256 must be a list with one digest (or None) per URL, in the same order, or a "

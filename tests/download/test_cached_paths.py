@@ -89,6 +89,7 @@ def test_digests_as_a_list_are_checked_per_file(http_server: FaultServer, cache:
         (["0" * 64], "one digest"),
         ({"http://example.org/other.bin": "0" * 64}, "not among the URLs"),
         (["xyz", None], "64 hexadecimal digits"),
+        ((d for d in ["0" * 64, "1" * 64]), "got generator"),  # no length: a list is asked for
     ],
 )
 def test_bad_digests_are_refused_before_any_request(

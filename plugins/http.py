@@ -35,7 +35,7 @@ from framework.download.backend import (
 )
 from framework.errors import DownloadError, HTTPStatusError, InvalidArgumentError, NetworkError
 
-__all__ = ["HttpBackend"]
+__all__ = ["MAX_RETRY_AFTER_S", "HttpBackend", "retry_after_seconds"]
 
 CHUNK_SIZE: Final = 1 << 20
 # How long a chunked range whose bytes are all here waits for its terminating chunk (which
@@ -332,7 +332,13 @@ def _read_the_last_chunk(raw: Any) -> None:
 
 def _retry_after(response: requests.Response) -> Optional[float]:
     """The seconds an answer's `Retry-After` asks to wait (at most `MAX_RETRY_AFTER_S`)."""
-    value = response.headers.get("Retry-After")
+    return retry_after_seconds(response.headers.get("Retry-After"))
+
+
+def retry_after_seconds(value: Optional[str]) -> Optional[float]:
+    """The seconds a `Retry-After` value asks to wait, delay-seconds or an HTTP-date (a
+    past one is 0), at most `MAX_RETRY_AFTER_S`; None for none or one that is neither
+    (`-5`, `1.5`). The S3 backend reads its refusals with it too."""
     if value is None:
         return None
     try:

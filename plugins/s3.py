@@ -15,6 +15,8 @@ import threading
 from collections.abc import Iterator
 from typing import Any, ClassVar, Final, Optional
 
+from framework_plugins.http import retry_after_seconds
+
 from framework.download.backend import (
     POOL_SIZE,
     ByteStream,
@@ -43,7 +45,6 @@ CHECKED_CHUNK_SIZE: Final = 64 << 10
 _NEEDS_BOTO3: Final = "s3:// URLs need boto3: pip install 'framework[s3]'"
 # Statuses a refusal comes with: raised at once inside `refusals_at_once` (see `_refuse_at_once`).
 _REFUSALS: Final = frozenset({429, 503})
-_MAX_RETRY_AFTER_S: Final = 60.0  # as the HTTP backend: a 429 cannot park a fetch for hours
 
 # One boto3 client per (profile, endpoint, region, retries, timeout) in this process:
 # making one costs ~0.1 s of CPU and a new connection pool, and a client is thread-safe.
@@ -100,7 +101,7 @@ def _refuse_at_once(response: Any = None, **_: Any) -> None:
     status = getattr(http, "status_code", 0)
     if status not in _REFUSALS:
         return
-    retry_after = _retry_after((getattr(http, "headers", None) or {}).get("Retry-After"))
+    retry_after = retry_after_seconds((getattr(http, "headers", None) or {}).get("Retry-After"))
     code = (parsed or {}).get("Error", {}).get("Code", "") if isinstance(parsed, dict) else ""
     raise _Refused(status, code, retry_after)
 
@@ -110,20 +111,6 @@ def _chain_environment() -> str:
     secrets themselves in the key)."""
     values = "\0".join(f"{name}={os.environ.get(name, '')}" for name in _CHAIN_VARIABLES)
     return hashlib.sha256(values.encode("utf-8", "surrogateescape")).hexdigest()
-
-
-def _retry_after(value: Optional[str]) -> Optional[float]:
-    """The seconds a `Retry-After` asks to wait, delay-seconds or an HTTP-date (a past one
-    is 0), at most `_MAX_RETRY_AFTER_S`; None for none or one that is neither (`-5`, `1.5`)."""
-    if value is None:
-        return None
-    import urllib3.exceptions  # botocore's HTTP client: there with boto3
-    from urllib3.util.retry import Retry
-
-    try:
-        return min(max(0.0, float(Retry().parse_retry_after(value))), _MAX_RETRY_AFTER_S)
-    except (urllib3.exceptions.InvalidHeader, ValueError, TypeError, OverflowError):
-        return None
 
 
 def _split(url: str) -> tuple[str, str]:

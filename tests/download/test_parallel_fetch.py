@@ -172,6 +172,35 @@ def test_a_chosen_count_opens_all_of_it_at_once() -> None:
     assert _windows(fast, [1e7]) == [1] and fast.settled
 
 
+def test_a_refusal_pauses_the_ramp_and_a_second_one_keeps_the_count() -> None:
+    """A refusal as the step to 3 opens, with 2 running: 2, and nothing added however
+    the windows pay while a refused connection waits; once the refused are answered,
+    the 2 are a step measured as any other, and the ramp doubles on. Refused again
+    after that (a server that caps its connections), the count is kept for good."""
+    from framework.download.parallel._ramp import Ramp
+
+    ramp = Ramp(cap=16)
+    assert _windows(ramp, [6.7e5]) == [3]
+    ramp.refused(2)
+    assert _windows(ramp, [2e6, 4e6]) == [2, 2] and ramp.paused and not ramp.settled
+    ramp.served()
+    assert _windows(ramp, [1.4e6, 2.8e6]) == [4, 8]
+    ramp.refused(6)
+    assert ramp.settled and not ramp.paused and ramp.target == 6
+    assert _windows(ramp, [8e6]) == [6]
+    ramp.served()
+    assert _windows(ramp, [8e6]) == [6]
+
+
+def test_a_connection_that_gives_up_keeps_the_count_for_good() -> None:
+    from framework.download.parallel._ramp import Ramp
+
+    ramp = Ramp(cap=16)
+    assert _windows(ramp, [6.7e5]) == [3]
+    ramp.keep_to(2)
+    assert ramp.settled and _windows(ramp, [4e6]) == [2]
+
+
 def test_the_probe_does_not_count_the_bytes_that_came_with_the_answer() -> None:
     """The first chunk (100 kB, there as the answer came) took no time to come: the rate
     is measured from it, 200 kB more in 20 ms (10 MB/s: 30 MB alone would take 3 s, so

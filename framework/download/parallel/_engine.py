@@ -218,6 +218,9 @@ class Engine:
         if wanted > live and left:
             logger.debug("%s: %d connections (%d bytes so far)", self.url, wanted, received)
             for _ in range(wanted - live):
+                with self.lock:
+                    if self.live >= self.ramp.target:  # a refusal came as they opened
+                        break
                 worker = self._start(None)
                 if worker is None:
                     break
@@ -306,7 +309,7 @@ class Engine:
                 stranded = self.live == 0 and bool(self.todo)
                 if first is not None or not isinstance(error, RuntimeError) or stranded:
                     raise
-                self.ramp.refused(self.live)
+                self.ramp.keep_to(self.live)
             logger.info("%s: cannot start another connection (%s); going on with fewer", self.url, error)
             return None
         return worker
@@ -387,12 +390,14 @@ class Engine:
         """The server refused this connection's request (429, 503): its run goes back,
         first in line, to the connections the server serves, and this one waits as the
         server asks (its Retry-After, else the backoff) holding no part, then claims
-        again; no connection is added while the server refuses (a chosen count keeps
-        its connections: those being opened as one is refused were not). After
+        again; no connection is added while the server refuses (the ramp keeps to
+        those running and goes on once every refused one is answered, see `Ramp`; a
+        chosen count keeps its connections: those being opened as one is refused were
+        not). After
         `attempts` refusals in a row it stops, the count kept to the others; the last
         one raises."""
-        connection.refusals += 1
         with self.lock:
+            connection.refusals += 1
             for index in range(connection.index, connection.last + 1):
                 bisect.insort(self.todo, index)  # kept in order: claims take the lowest
             connection.last = connection.index - 1  # holds nothing now
@@ -401,12 +406,12 @@ class Engine:
             if connection.refusals >= self.attempts or self.stop.is_set():
                 if self.live <= 1 and not self.stop.is_set():
                     raise error
-                self.ramp.refused(self.live - 1)
+                self.ramp.keep_to(self.live - 1)
                 self._leave(connection)
                 logger.info("%s refused one more connection (%s); going on with fewer", self.url, error)
                 return
             if not self.ramp.fixed:  # a chosen count is kept: fewer only as refused ones stop (above)
-                self.ramp.refused(self.live)
+                self.ramp.refused(self.live)  # none added until the refused are answered (`_answered`)
         delay = error.retry_after
         if delay is None:
             delay = self.backoff_factor * (2 ** (connection.refusals - 1))
@@ -431,7 +436,8 @@ class Engine:
                     stream = self._open(connection.position, stream_end)
                     answered = time.monotonic()
                     waited: Optional[float] = answered - asked
-                    connection.refusals = 0
+                    if connection.refusals:
+                        self._answered(connection)
                 else:
                     waited, answered = None, 0.0  # the first answer: asked before the engine began
                 with stream:
@@ -460,6 +466,14 @@ class Engine:
                 logger.warning("%s; resuming the part at byte %d", error, connection.position)
                 time.sleep(self.backoff_factor * (2 ** (failures - 1)))
             stream = None
+
+    def _answered(self, connection: _Connection) -> None:
+        """A connection the server refused was answered: once none that it refused is
+        still waiting to ask again, the ramp goes on."""
+        with self.lock:
+            connection.refusals = 0
+            if not any(other.refusals for other in self.connections):
+                self.ramp.served()
 
     def _answered_at_rate(self, count: int, seconds: float) -> None:
         """An answer's `count` bytes came over `seconds` from its first byte on."""

@@ -172,6 +172,35 @@ def test_a_chosen_count_opens_all_of_it_at_once() -> None:
     assert _windows(fast, [1e7]) == [1] and fast.settled
 
 
+def test_a_refusal_pauses_the_ramp_and_a_second_one_keeps_the_count() -> None:
+    """A refusal as the step to 3 opens, with 2 running: 2, and nothing added however
+    the windows pay while a refused connection waits; once the refused are answered,
+    the 2 are a step measured as any other, and the ramp doubles on. Refused again
+    after that (a server that caps its connections), the count is kept for good."""
+    from framework.download.parallel._ramp import Ramp
+
+    ramp = Ramp(cap=16)
+    assert _windows(ramp, [6.7e5]) == [3]
+    ramp.refused(2)
+    assert _windows(ramp, [2e6, 4e6]) == [2, 2] and ramp.paused and not ramp.settled
+    ramp.served()
+    assert _windows(ramp, [1.4e6, 2.8e6]) == [4, 8]
+    ramp.refused(6)
+    assert ramp.settled and not ramp.paused and ramp.target == 6
+    assert _windows(ramp, [8e6]) == [6]
+    ramp.served()
+    assert _windows(ramp, [8e6]) == [6]
+
+
+def test_a_connection_that_gives_up_keeps_the_count_for_good() -> None:
+    from framework.download.parallel._ramp import Ramp
+
+    ramp = Ramp(cap=16)
+    assert _windows(ramp, [6.7e5]) == [3]
+    ramp.keep_to(2)
+    assert ramp.settled and _windows(ramp, [4e6]) == [2]
+
+
 def test_the_probe_does_not_count_the_bytes_that_came_with_the_answer() -> None:
     """The first chunk (100 kB, there as the answer came) took no time to come: the rate
     is measured from it, 200 kB more in 20 ms (10 MB/s: 30 MB alone would take 3 s, so
@@ -361,17 +390,13 @@ def test_a_request_retried_after_a_refusal_does_not_count_as_the_servers_wait() 
     """A request that waited out a 503's Retry-After inside the HTTP client took a second
     to be answered; the server's wait is still the median of the answers', so the runs
     of a near server stay small. A far server's waits make them larger."""
-    from types import SimpleNamespace
-
-    from framework.download.parallel._engine import Engine
+    from framework.download.parallel._runs import Runs
 
     def paying_run(waits: list[float]) -> int:
-        # 8 MiB/s over 2 connections, 1 MiB parts
-        engine = SimpleNamespace(
-            written_at=2.0, first_written_at=1.0, received=8 << 20, waits=waits, stream_rates=[],
-            ramp=SimpleNamespace(target=2, alone_rate=0.0), plan=SimpleNamespace(part_size=1 << 20),
-        )  # fmt: skip
-        return Engine._paying_run(engine)  # type: ignore[arg-type]
+        runs = Runs(run_parts=8, part_size=1 << 20)  # 1 MiB parts
+        for wait in waits:
+            runs.answered(wait)
+        return runs.paying_run(pace=4 << 20)  # 8 MiB/s over 2 connections
 
     assert paying_run([]) == 1  # nothing measured yet
     assert paying_run([0.002] * 10 + [1.0]) == 1  # 4 x 2 ms x 4 MiB/s: a part
@@ -383,16 +408,15 @@ def test_a_server_whose_answers_outlast_a_run_gets_runs_of_part_size() -> None:
     """Answers that take longer to come than a run of `part_size` takes to flow (a
     server whose requests queue for its CPU): every run is that long, as long as the
     answers measured say so; a near server's, or none measured yet, keep to shares."""
-    from types import SimpleNamespace
-
-    from framework.download.parallel._engine import Engine
+    from framework.download.parallel._runs import Runs
 
     def outlast(waits: list[float], rates: list[float]) -> bool:
-        # runs of 8 parts of 1 MiB: 1 s at 8 MiB/s
-        engine = SimpleNamespace(
-            waits=waits, stream_rates=rates, run_parts=8, plan=SimpleNamespace(part_size=1 << 20)
-        )
-        return Engine._waits_outlast_runs(engine)  # type: ignore[arg-type]
+        runs = Runs(run_parts=8, part_size=1 << 20)  # runs of 8 parts of 1 MiB: 1 s at 8 MiB/s
+        for wait in waits:
+            runs.answered(wait)
+        for rate in rates:
+            runs.flowed(rate, 1.0)
+        return runs.waits_outlast_runs()
 
     assert outlast([1.5, 1.2, 2.0], [8 << 20] * 3)
     assert not outlast([0.2, 0.3, 0.25], [8 << 20] * 3)  # answers come sooner than runs flow

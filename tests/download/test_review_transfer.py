@@ -134,16 +134,11 @@ def test_a_chosen_count_is_kept_after_one_refusal_while_it_opens(
     assert _one_refusal_while_opening(http_server, tmp_path, monkeypatch, 8) >= 8
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the adaptive ramp freezes at the connections live when one request is refused: "
-    "a step's connections opened just after it stop, and the ramp never grows again once "
-    "the server serves (Ramp.refused settles it for good)",
-)
 def test_the_ramp_keeps_a_step_after_one_refusal_while_it_opens(
     http_server: FaultServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The default ramp: "No connection is added while the server refuses". A step of
     the ramp (16 for this paced object) opening as one request is refused once, and
-    nothing after: the step's connections go on, as they do without the refusal."""
+    nothing after: once the refused connection is answered the ramp grows again, not
+    kept to the two that ran at the refusal."""
     assert _one_refusal_while_opening(http_server, tmp_path, monkeypatch, None) >= 8

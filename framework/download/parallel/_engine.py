@@ -8,9 +8,7 @@ import collections
 import contextlib
 import errno
 import logging
-import math
 import os
-import statistics
 import threading
 import time
 from typing import Any, Callable, Final, Iterator, Optional
@@ -25,6 +23,7 @@ from framework.download.backend import ByteStream, DownloadBackend, refusals_at_
 from framework.download.parallel._followers import PrefixHasher, ProgressRecorder
 from framework.download.parallel._parts import _Plan, discard_record
 from framework.download.parallel._ramp import Ramp
+from framework.download.parallel._runs import Runs
 from framework.errors import DownloadError, HTTPStatusError, NetworkError
 
 __all__ = ["STOP_WAIT_S", "Engine", "VersionChanged"]
@@ -34,11 +33,6 @@ logger = logging.getLogger("framework.download")
 # How long an interrupted fetch waits for its connections before it returns: one blocked in
 # a read is left to its read timeout (on a daemon thread that writes nothing more).
 STOP_WAIT_S: Final = 1.0
-# A request asks for at least this many times the bytes its connection receives while a
-# request waits for its answer (the server's first-byte latency and the request's CPU on
-# both ends): the wait is then at most a fifth of the request's time (see `_paying_run`).
-PAYING_RUN: Final = 4
-_WAITS_KEPT: Final = 64
 # Module-level so a test can inject a write failure (ENOSPC), as `_pipeline._writev`.
 _pwrite = os.pwrite
 
@@ -73,7 +67,7 @@ class Engine:
     is left (guided self-scheduling), at most `run_parts` parts, so requests are large
     while much is left and small at the end, where the connections then finish together
     and the hash has little left once the last byte is in. Small, not tiny: a request is
-    worth its wait for an answer (`_paying_run`). While a connection
+    worth its wait for an answer (`Runs.paying_run`). While a connection
     is alone it asks for the whole run of missing parts ahead instead and goes on part
     after part (one stream is one request); the first answer is such a stream. When
     another connection claims the next part, the stream stops at the part's end.
@@ -98,7 +92,6 @@ class Engine:
         first_wait: Optional[float] = None,
     ) -> None:
         self.backend, self.url, self.partial, self.plan = backend, url, partial, plan
-        self.run_parts = run_parts  # the most parts one request asks for
         self.attempts, self.backoff_factor, self.bar = attempts, backoff_factor, bar
         self.todo = collections.deque(i for i in range(plan.count) if i not in done)
         self.reached = dict(reached)  # parts begun, not complete: the first byte not yet written
@@ -111,13 +104,7 @@ class Engine:
         self.waiting = 0  # of those, ones that have not had a byte of their first answer yet
         self.writing = 0  # of those, ones in a pwrite now
         self.first_written_at = 0.0  # when this run's first bytes were written
-        # Seconds each recent request of this run took to be answered (a window: the median
-        # of a short list, taken at each claim, stays cheap however many requests there are).
-        self.waits: collections.deque[float] = collections.deque(maxlen=_WAITS_KEPT)
-        if first_wait is not None:  # the first answer's: the only one known as the first runs are claimed
-            self.waits.append(first_wait)
-        # Bytes/s each recent answer came at, from its first byte to its last (a window too).
-        self.stream_rates: collections.deque[float] = collections.deque(maxlen=_WAITS_KEPT)
+        self.runs = Runs(run_parts, plan.part_size, first_wait)  # how many parts a request asks for
         self.ramp = Ramp(1)
         # The connection whose request runs on to the end of the missing parts (it was alone
         # when it asked): when others join, it claims a run first and goes on uncut.
@@ -223,13 +210,17 @@ class Engine:
                 return False
             at, received, ready = self.written_at, self.received, self.waiting == 0
             live, left = self.live, bool(self.todo)
-            wait_s = statistics.median_low(self.waits) if self.waits else 0.0
-            wanted = self.ramp.update(time.monotonic(), at, received, remaining - received, ready, wait_s)
+            wanted = self.ramp.update(
+                time.monotonic(), at, received, remaining - received, ready, self.runs.median_wait
+            )
             if wanted > live and left:
                 self._bound_open_ended(wanted)
         if wanted > live and left:
             logger.debug("%s: %d connections (%d bytes so far)", self.url, wanted, received)
             for _ in range(wanted - live):
+                with self.lock:
+                    if self.live >= self.ramp.target:  # a refusal came as they opened
+                        break
                 worker = self._start(None)
                 if worker is None:
                     break
@@ -251,49 +242,20 @@ class Engine:
             connection.last = self.todo.popleft()
 
     def _share(self, connections: int) -> int:
-        """How many parts a run claimed now holds (under the lock): what is left, divided
-        among the connections there are or will soon be, at most `run_parts`. At least
-        `_paying_run`, unless that is more than an even share of all that is not yet
-        written, claimed or not: the last runs still end together. Where a request of
-        `run_parts` waits longer for its answer than its bytes take to come (a server
-        that spends time on each request: its waits grow as requests queue), every run
-        is that long: each smaller request adds a wait and the server's work, more than
-        ending together saves."""
+        """How many parts a run claimed now holds (under the lock; see `Runs.share`),
+        among the connections there are or will soon be."""
         connections = max(connections, self.ramp.target)
-        if self._waits_outlast_runs():
-            return self.run_parts
-        paying = self._paying_run()
         unwritten = len(self.todo) + sum(max(0, other.last - other.index) for other in self.connections)
-        floor = min(paying, max(1, unwritten // connections))
-        return min(self.run_parts, max(floor, len(self.todo) // connections))
+        return self.runs.share(connections, len(self.todo), unwritten, self._pace())
 
-    def _waits_outlast_runs(self) -> bool:
-        """Whether answers take longer to come than a run of `run_parts` takes to flow
-        once it comes (medians of the answers so far; under the lock)."""
-        if not self.waits or not self.stream_rates:
-            return False
-        flow_s = self.run_parts * self.plan.part_size / statistics.median_low(self.stream_rates)
-        return statistics.median_low(self.waits) >= flow_s
-
-    def _paying_run(self) -> int:
-        """The fewest parts a request should ask for (under the lock): `PAYING_RUN` times
-        what a connection receives while a request waits for its answer (the median
-        wait so far: one retried after a 503 and its Retry-After does not count as the
-        server's latency), at the median rate answers came at once their bytes flowed,
-        else at the rate of the first stream alone, else the rate each connection has had
-        so far, waits included; one part before a wait is known. Smaller requests spend
-        much of their time waiting: from a server far away or slow to answer, a tail of
-        one-part requests leaves the link idle, and costs a request's CPU on both ends
-        each time."""
+    def _pace(self) -> Optional[float]:
+        """Bytes/s per connection before any answer has flowed whole: the first stream's
+        alone, as the probe measured it, else each connection's so far, waits included;
+        None before two writes (under the lock)."""
         elapsed = self.written_at - self.first_written_at
-        if not self.waits or elapsed <= 0:
-            return 1
-        if self.stream_rates:
-            per_connection = statistics.median_low(self.stream_rates)
-        else:  # one stream's rate, as the probe measured it alone
-            per_connection = self.ramp.alone_rate or self.received / elapsed / max(1, self.ramp.target)
-        wanted = PAYING_RUN * statistics.median_low(self.waits) * per_connection
-        return max(1, math.ceil(wanted / self.plan.part_size))
+        if elapsed <= 0:
+            return None
+        return self.ramp.alone_rate or self.received / elapsed / max(1, self.ramp.target)
 
     def _wind_down(self, workers: list[threading.Thread], complete: bool) -> None:
         """Wait for the workers (at most `STOP_WAIT_S` once stopped: one blocked in a read
@@ -347,7 +309,7 @@ class Engine:
                 stranded = self.live == 0 and bool(self.todo)
                 if first is not None or not isinstance(error, RuntimeError) or stranded:
                     raise
-                self.ramp.refused(self.live)
+                self.ramp.keep_to(self.live)
             logger.info("%s: cannot start another connection (%s); going on with fewer", self.url, error)
             return None
         return worker
@@ -428,12 +390,14 @@ class Engine:
         """The server refused this connection's request (429, 503): its run goes back,
         first in line, to the connections the server serves, and this one waits as the
         server asks (its Retry-After, else the backoff) holding no part, then claims
-        again; no connection is added while the server refuses (a chosen count keeps
-        its connections: those being opened as one is refused were not). After
+        again; no connection is added while the server refuses (the ramp keeps to
+        those running and goes on once every refused one is answered, see `Ramp`; a
+        chosen count keeps its connections: those being opened as one is refused were
+        not). After
         `attempts` refusals in a row it stops, the count kept to the others; the last
         one raises."""
-        connection.refusals += 1
         with self.lock:
+            connection.refusals += 1
             for index in range(connection.index, connection.last + 1):
                 bisect.insort(self.todo, index)  # kept in order: claims take the lowest
             connection.last = connection.index - 1  # holds nothing now
@@ -442,12 +406,12 @@ class Engine:
             if connection.refusals >= self.attempts or self.stop.is_set():
                 if self.live <= 1 and not self.stop.is_set():
                     raise error
-                self.ramp.refused(self.live - 1)
+                self.ramp.keep_to(self.live - 1)
                 self._leave(connection)
                 logger.info("%s refused one more connection (%s); going on with fewer", self.url, error)
                 return
             if not self.ramp.fixed:  # a chosen count is kept: fewer only as refused ones stop (above)
-                self.ramp.refused(self.live)
+                self.ramp.refused(self.live)  # none added until the refused are answered (`_answered`)
         delay = error.retry_after
         if delay is None:
             delay = self.backoff_factor * (2 ** (connection.refusals - 1))
@@ -472,13 +436,14 @@ class Engine:
                     stream = self._open(connection.position, stream_end)
                     answered = time.monotonic()
                     waited: Optional[float] = answered - asked
-                    connection.refusals = 0
+                    if connection.refusals:
+                        self._answered(connection)
                 else:
                     waited, answered = None, 0.0  # the first answer: asked before the engine began
                 with stream:
                     if waited is not None:
                         with self.lock:
-                            self.waits.append(waited)
+                            self.runs.answered(waited)
                     self._check(stream, connection.position)
                     done = self._write(stream, stream_end, connection)
                     if waited is not None:
@@ -502,11 +467,18 @@ class Engine:
                 time.sleep(self.backoff_factor * (2 ** (failures - 1)))
             stream = None
 
+    def _answered(self, connection: _Connection) -> None:
+        """A connection the server refused was answered: once none that it refused is
+        still waiting to ask again, the ramp goes on."""
+        with self.lock:
+            connection.refusals = 0
+            if not any(other.refusals for other in self.connections):
+                self.ramp.served()
+
     def _answered_at_rate(self, count: int, seconds: float) -> None:
         """An answer's `count` bytes came over `seconds` from its first byte on."""
-        if count > 0 and seconds > 0:
-            with self.lock:
-                self.stream_rates.append(count / seconds)
+        with self.lock:
+            self.runs.flowed(count, seconds)
 
     def _open(self, position: int, end: int, *, at_once: bool = True) -> ByteStream:
         if_range = self.plan.validators.if_range

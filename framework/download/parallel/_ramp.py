@@ -46,6 +46,15 @@ class Ramp:
     fills the link leaves it short while some wait: on S3 through moto, a fetch whose
     first step of 10 was undone from 16 took 1.18-1.20 s against 1.11 s for one that
     kept 16).
+
+    **A refusal.** A server that refuses a connection (429, 503) while the ramp grows
+    stops it where it is: the count keeps to the connections running then and none is
+    added while any refused one waits to ask again (`refused`). Once every refused
+    connection has been answered (`served`: a moment's overload, not a cap), the step
+    that count makes is measured as any step is, and the ramp goes on from there. Refused
+    again after that, or by a connection that gives up, the count is kept for good
+    (`keep_to`): a server that caps its connections is not asked for more each time it
+    serves the ones it allows.
     """
 
     PROBE_S: Final = 0.02
@@ -74,20 +83,38 @@ class Ramp:
         self._doubted: Optional[float] = None  # the rate of a first window in which the step did not pay
         self._window_s = self.WINDOW_S  # how long a step is measured
         self.alone_rate = 0.0  # what the probe measured one stream at (bytes/s; 0 before)
+        self.paused = False  # a refused connection waits to ask again: nothing is added
+        self._served_after_refusal = False  # the ramp went on once after a refusal
 
     @property
     def poll_s(self) -> float:
         """How soon the steering loop asks again: soon while the probe measures (its end
         is near, and each of its milliseconds costs the link), less often while a step
         is measured, rarely once settled."""
-        if self.settled:
+        if self.settled or self.paused:
             return 0.1
         probing = self.target == 1 and self._since is not None and self._now - self._since[0] < self.PROBE_S
         return 0.001 if probing else 0.005  # a stream stalled past the probe is not polled so
 
     def refused(self, live: int) -> None:
-        """The server refused a connection: keep to the `live` ones that it serves."""
-        self.target, self.settled = max(1, live), True
+        """The server refused a connection while `live` ran: keep to those and add none
+        until `served`; for good if it had already served after a refusal."""
+        self.target = max(1, min(live, self.target))
+        if self._served_after_refusal:
+            self.settled = True
+        self.paused = not self.settled
+
+    def served(self) -> None:
+        """Every refused connection has been answered since: measure the count they
+        make, as a step, and go on from there."""
+        if self.paused:
+            self.paused, self._served_after_refusal = False, True
+            self._since, self._doubted = None, None
+
+    def keep_to(self, live: int) -> None:
+        """A connection stopped for good (refused too often, or no thread for it): keep
+        to the `live` others."""
+        self.target, self.settled, self.paused = max(1, min(live, self.target)), True, False
 
     def update(
         self, now: float, at: float, received: int, remaining: int, ready: bool, wait_s: float = 0.0
@@ -98,7 +125,7 @@ class Ramp:
         running connection has had its first byte; `wait_s`: the median time a request
         waited for its answer so far (0 before one did)."""
         self._now = now
-        if self.settled or not ready:
+        if self.settled or self.paused or not ready:
             return self.target
         self._window_s = max(self.WINDOW_S, self.WAITS_PER_WINDOW * wait_s)
         if self._since is None or self._rest_of_the_first_packet(at, received):

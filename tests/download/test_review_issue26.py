@@ -24,7 +24,7 @@ from framework.download._cache import HOST, RELEASED_PID, Entry, work_folder
 from framework.download._partial import PartialName
 from framework.download._validators import _etag_tag
 from framework.errors import BulkDownloadError, InvalidArgumentError
-from tests.support.download import PART, FaultServer, parts_manager, stray_files, unique_path
+from tests.support.download import PART, FaultServer, parts_manager, stray_files, unique_path, wait_for
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -100,6 +100,40 @@ def test_ctrl_c_while_an_adopted_kept_partial_is_hashed_does_not_lose_it_after_a
     assert route.gets == 0  # interrupted before any request
     assert manager.cached_path(url).read_bytes() == data
     assert route.full_gets == 0, route.ranges  # only the rest is asked for
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="an adopter renames the released file to its own pid; killed before it writes a "
+    "byte, it leaves fsynced bytes under a live writer's name with their pre-boot mtime, "
+    "which lost_in_a_reboot discards",
+)
+def test_an_adopter_killed_before_writing_does_not_lose_a_kept_partial_after_a_reboot(
+    http_server: FaultServer, tmp_path: Path
+) -> None:
+    """The same, with the adopter killed (preempted, OOM) while its first request waits
+    for the server: it wrote nothing, so the bytes are still the fsynced ones "trusted
+    after a reboot too", and the next process resumes them."""
+    data = os.urandom(4 * PART)
+    url = http_server.add(unique_path("killed-adopter"), data, etag='"v1"', hold_after=0)
+    route = http_server.route(url)
+    kept = _plant(tmp_path, url, '"v1"', data[: 3 * PART])
+    _before_this_boot(kept)
+    pid = os.fork()
+    if pid == 0:  # the adopter: no pytest past this point
+        try:
+            parts_manager(tmp_path, connections=1).cached_path(url)
+        finally:
+            os._exit(1)
+    try:
+        wait_for(lambda: route.gets == 1, what="the adopter's request")
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    finally:
+        route.hold_after = None
+        route.released.set()
+    assert parts_manager(tmp_path, connections=1).cached_path(url).read_bytes() == data
+    assert route.full_gets == 0, route.ranges  # only the rest is asked for, twice
 
 
 @pytest.mark.xfail(

@@ -412,3 +412,39 @@ def test_the_bulk_bar_counts_the_bytes_of_extracted_archives(
     assert [(folder / "m.bin").stat().st_size for folder in folders] == [20_000, 20_000]
     last = terminal.getvalue().rstrip().rsplit("\r", 1)[-1]
     assert "2/2" in last and not last.rstrip("]").endswith(" 0.00B"), last
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="normalize() accepts a URL holding a lone surrogate; the entry's name then "
+    "encodes it and a raw UnicodeEncodeError escapes",
+)
+def test_a_url_that_cannot_be_encoded_is_an_invalid_argument_error(tmp_path: Path) -> None:
+    """The docs: "All are `DownloadError`s ...: `InvalidArgumentError` (a bad argument or
+    URL, refused before any request)". A URL built from a file name `os.listdir` gave
+    with an undecodable byte holds a lone surrogate."""
+    with pytest.raises(InvalidArgumentError):
+        DownloadManager(tmp_path, progress=False).cached_path("http://127.0.0.1:9/\udcff.bin")
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="fetch_all keeps the first error that is not a DownloadError and raises it alone "
+    "once every file is done: the other files' failures are dropped",
+)
+def test_one_files_unexpected_error_does_not_hide_the_other_failures(
+    http_server: FaultServer, tmp_path: Path
+) -> None:
+    """The docs: "every file is fetched, or has failed, before the call raises one
+    `BulkDownloadError` ... naming each failed URL and why". One URL of three cannot be
+    encoded (a raw error today), one is missing (404): the 404 must still be named."""
+    good = http_server.add(unique_path("good"), os.urandom(100))
+    missing = http_server.add(unique_path("missing"), b"", status=404)
+    with pytest.raises(Exception) as caught:
+        DownloadManager(tmp_path, progress=False, connections=1).cached_paths(
+            [good, "http://127.0.0.1:9/\udcff.bin", missing]
+        )
+    error = caught.value
+    assert isinstance(error, InvalidArgumentError) or (
+        isinstance(error, BulkDownloadError) and missing in error.failures
+    ), repr(error)

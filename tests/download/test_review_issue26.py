@@ -448,3 +448,35 @@ def test_one_files_unexpected_error_does_not_hide_the_other_failures(
     assert isinstance(error, InvalidArgumentError) or (
         isinstance(error, BulkDownloadError) and missing in error.failures
     ), repr(error)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a worker waiting for another process's lock is a future already running: Ctrl-C "
+    "cannot cancel it, and the pool's shutdown waits until that process lets go, then fetches",
+)
+def test_ctrl_c_while_a_file_waits_for_another_process_returns_without_fetching_it(
+    http_server: FaultServer, tmp_path: Path
+) -> None:
+    """A single `cached_path` waiting for another process's fetch returns at Ctrl-C. In a
+    bulk call, "Every file gets `cached_path`'s guarantees" and "Ctrl-C cancels the files
+    not yet begun": a file only waiting for another process's lock has not begun here, so
+    the call must not wait for that process (an hour-long fetch) nor fetch it after."""
+    import filelock
+
+    url = http_server.add(unique_path("waited"), os.urandom(1000))
+    other_process = filelock.FileLock(str(Entry(tmp_path, url).lock), thread_local=False)
+    other_process.acquire()
+    main = threading.main_thread().ident
+    assert main is not None
+    ctrl_c = threading.Timer(0.5, signal.pthread_kill, (main, signal.SIGINT))
+    let_go = threading.Timer(2.0, other_process.release)
+    ctrl_c.start()
+    let_go.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            DownloadManager(tmp_path, progress=False, connections=1).cached_paths([url])
+        held_at_return = other_process.is_locked
+    finally:
+        let_go.join()
+    assert held_at_return and http_server.route(url).gets == 0

@@ -480,3 +480,45 @@ def test_ctrl_c_while_a_file_waits_for_another_process_returns_without_fetching_
     finally:
         let_go.join()
     assert held_at_return and http_server.route(url).gets == 0
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="Partial.close catches only OSError around the fsync: a Ctrl-C there skips the "
+    "close and the release, leaving the file in ACTIVE (this process never adopts it) and its fd open",
+)
+def test_ctrl_c_during_the_fsync_of_a_kept_partial_still_lets_this_process_resume_it(
+    http_server: FaultServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An outage keeps 6 of 8 parts; the fsync that makes them durable before they are let
+    go takes a while for a large file, and the user presses Ctrl-C (again) meanwhile. The
+    docs: "The next attempt, in ... a later call of the same process ..., continues it"."""
+    data = os.urandom(8 * PART)
+    url = http_server.add(
+        unique_path("fsync-ctrl-c"),
+        data,
+        drop_after=6 * PART,
+        drops=1,
+        drop_kind="short",
+        then={"status": 503},
+    )
+    fsync = os.fsync
+    interrupted: list[int] = []
+
+    def interrupted_fsync(fd: int) -> None:
+        if not interrupted and os.readlink(f"/proc/self/fd/{fd}").endswith(".part"):
+            interrupted.append(fd)
+            raise KeyboardInterrupt
+        fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", interrupted_fsync)
+    manager = parts_manager(tmp_path, connections=1, retries=2)
+    with pytest.raises(KeyboardInterrupt):
+        manager.cached_path(url)
+    monkeypatch.undo()
+    assert interrupted  # the Ctrl-C came during the fsync of the kept partial file
+    route = http_server.route(url)
+    route.status = None  # the outage is over
+    full_before = route.full_gets
+    assert manager.cached_path(url).read_bytes() == data
+    assert route.full_gets == full_before, route.ranges  # only the rest is asked for

@@ -559,3 +559,34 @@ def test_ctrl_c_during_the_fsync_of_a_kept_partial_still_lets_this_process_resum
     full_before = route.full_gets
     assert manager.cached_path(url).read_bytes() == data
     assert route.full_gets == full_before, route.ranges  # only the rest is asked for
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="_CHAIN_VARIABLES lists credential and region variables only; botocore's other "
+    "environment settings (checksum validation, ...) are read once per kept client",
+)
+def test_an_s3_setting_changed_in_the_environment_is_the_one_used(
+    http_server: FaultServer, monkeypatch: pytest.MonkeyPatch, fresh_s3_clients: None
+) -> None:
+    """`S3Backend.client`: one client "while the environment boto3's chain reads stays the
+    same". A MinIO or Ceph user told to set `AWS_RESPONSE_CHECKSUM_VALIDATION=when_required`
+    sets it in the notebook and calls again: that call must not ask for checksums."""
+    from framework_plugins.s3 import S3Backend
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "key")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "secret")
+    data = os.urandom(1000)
+    http_server.add("/bucket/checksum-mode.bin", data)
+    route = http_server.routes["/bucket/checksum-mode.bin"]
+    asked = []
+    for validation in ("when_supported", "when_required"):
+        monkeypatch.setenv("AWS_RESPONSE_CHECKSUM_VALIDATION", validation)
+        with S3Backend(endpoint_url=http_server.base, retries=1).open(
+            "s3://bucket/checksum-mode.bin"
+        ) as stream:
+            assert b"".join(stream.chunks) == data
+        asked.append(
+            {name.lower(): value for name, value in route.headers[-1].items()}.get("x-amz-checksum-mode")
+        )
+    assert asked == ["ENABLED", None]

@@ -226,8 +226,8 @@ def orphaned(name: PartialName, info: os.stat_result, now: float) -> bool:
         return False
     if owner == (HOST, os.getpid()):
         return str(name.path) not in ACTIVE
-    if owner[0] == HOST:
-        return not is_alive_local(*owner)
+    if owner[0] == HOST:  # a pid from before this boot may run again, another process's now
+        return not is_alive_local(*owner) or _before_this_boot(info)
     return now - info.st_mtime >= STALE_AFTER_S
 
 
@@ -243,17 +243,24 @@ def boot_time() -> Optional[float]:
     return None
 
 
-def lost_in_a_reboot(name: PartialName, info: os.stat_result) -> bool:
-    """Whether `name` was last written before this machine booted by a writer of this
-    host that never let it go (killed by the crash, not closed): the bytes it wrote
-    last may never have reached the disk (a power loss keeps the file's length but not
-    always its data, and a resume after zeros would publish them). A released file
-    was fsynced before it was let go (`Partial.close`); another host's boots are unknown."""
-    owner = name.owner
-    if owner is None or owner[0] != HOST or owner[1] == RELEASED_PID:
-        return False
+def _before_this_boot(info: os.stat_result) -> bool:
     booted = boot_time()
     return booted is not None and info.st_mtime < booted
+
+
+def lost_in_a_reboot(name: PartialName, info: os.stat_result) -> bool:
+    """Whether `name` was last written before this machine booted by a writer that never
+    let it go (killed by the crash, not closed): the bytes it wrote last may never have
+    reached the disk (a power loss keeps the file's length but not always its data, and
+    a resume after zeros would publish them). A released file was fsynced before it was
+    let go (`Partial.close`); an adopter refreshes the time of the file it takes
+    (`_take`), so bytes it trusted stay trusted until it writes. Whatever the host: a
+    container restarted after the crash has another PID namespace, so its own file of
+    before looks like another host's."""
+    owner = name.owner
+    if owner is None or owner[1] == RELEASED_PID:
+        return False
+    return _before_this_boot(info)
 
 
 def foreign(name: PartialName) -> bool:
@@ -359,6 +366,8 @@ class Partial:
             return None
         if foreign(name):  # its writer may wake: its bytes go to a file it never had open
             return cls._copy(mine, fd)
+        if os.utime in os.supports_fd:  # trusted now: not "lost in a reboot" if this process dies
+            os.utime(fd)
         try:
             partial = cls(mine, fd)
             while chunk := os.read(fd, READ_CHUNK):
@@ -438,16 +447,22 @@ class Partial:
             # Next to the entry (the work folder was refused): no later call looks there.
             keep = False
             remove_quietly(_record_of(self.name.path))  # a parallel fetch's record too
-        if keep and not self._verified and not self.name.tag.startswith(PARALLEL_TAG):
-            try:  # (a parallel file's record vouches only for parts already fsynced)
+        synced = False
+        try:
+            if keep and not self._verified and not self.name.tag.startswith(PARALLEL_TAG):
+                # (a parallel file's record vouches only for parts already fsynced)
                 os.fsync(self.fd)
-            except OSError:
-                keep = False  # its bytes may not be on disk: a later call starts over
-        os.close(self.fd)
-        if not keep:
-            discard(self.name.path)
-        elif not self._verified:  # left for a later call, of this process or another
-            self._release()
+            synced = True
+        except OSError:
+            keep = False  # its bytes may not be on disk: a later call starts over
+        finally:
+            os.close(self.fd)
+            if not keep:
+                discard(self.name.path)
+            elif not self._verified and synced:  # left for a later call, of this process or another
+                self._release()
+            elif not self._verified:  # Ctrl-C in the fsync: this process's, trusted until a reboot
+                ACTIVE.discard(str(self.name.path))
 
     def _release(self) -> None:
         """Rename the kept file (and a parallel one's record, first) to a name no live

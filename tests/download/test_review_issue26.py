@@ -72,12 +72,6 @@ class _InterruptedHash:
         return self.inner.copy()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Partial._take renames an adopted released file to this pid before hashing it; "
-    "Ctrl-C there leaves it under a live writer's name with its pre-boot mtime, and "
-    "lost_in_a_reboot then discards fsynced bytes",
-)
 def test_ctrl_c_while_an_adopted_kept_partial_is_hashed_does_not_lose_it_after_a_reboot(
     http_server: FaultServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -102,12 +96,6 @@ def test_ctrl_c_while_an_adopted_kept_partial_is_hashed_does_not_lose_it_after_a
     assert route.full_gets == 0, route.ranges  # only the rest is asked for
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="an adopter renames the released file to its own pid; killed before it writes a "
-    "byte, it leaves fsynced bytes under a live writer's name with their pre-boot mtime, "
-    "which lost_in_a_reboot discards",
-)
 def test_an_adopter_killed_before_writing_does_not_lose_a_kept_partial_after_a_reboot(
     http_server: FaultServer, tmp_path: Path
 ) -> None:
@@ -136,12 +124,6 @@ def test_an_adopter_killed_before_writing_does_not_lose_a_kept_partial_after_a_r
     assert route.full_gets == 0, route.ranges  # only the rest is asked for, twice
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="HOST carries the PID namespace's inode, which a restarted container gets anew: "
-    "its own partial files from before a power loss look like another host's, so "
-    "lost_in_a_reboot never applies and zeros the crash left are resumed after and published",
-)
 def test_a_containers_partial_from_before_a_power_loss_is_not_resumed(
     http_server: FaultServer, tmp_path: Path
 ) -> None:
@@ -161,11 +143,6 @@ def test_a_containers_partial_from_before_a_power_loss_is_not_resumed(
     assert path.read_bytes() == data
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="orphaned() asks whether the writer's pid runs now; after a reboot pids are "
-    "handed out again from 1, so a lost partial whose pid a live process now has is kept forever",
-)
 def test_a_partial_lost_in_a_reboot_goes_even_when_its_pid_runs_again(
     http_server: FaultServer, tmp_path: Path
 ) -> None:
@@ -519,11 +496,6 @@ def test_ctrl_c_while_a_file_waits_for_another_process_returns_without_fetching_
     assert held_at_return and http_server.route(url).gets == 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Partial.close catches only OSError around the fsync: a Ctrl-C there skips the "
-    "close and the release, leaving the file in ACTIVE (this process never adopts it) and its fd open",
-)
 def test_ctrl_c_during_the_fsync_of_a_kept_partial_still_lets_this_process_resume_it(
     http_server: FaultServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

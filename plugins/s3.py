@@ -49,26 +49,15 @@ _REFUSALS: Final = frozenset({429, 503})
 # One boto3 client per (profile, endpoint, region, retries, timeout) in this process:
 # making one costs ~0.1 s of CPU and a new connection pool, and a client is thread-safe.
 # A forked child starts with none (a parent's pooled sockets are never shared). A client
-# keeps the credentials and region boto3's chain gave when it was made: the environment
-# variables that chain reads are hashed and kept beside it, so keys set or rotated there
-# sign the next call with a new client, which replaces the old one (a process whose
-# environment keeps changing holds one client per settings, not one per change).
-_CHAIN_VARIABLES: Final = (
-    "AWS_ACCESS_KEY_ID",
-    "AWS_SECRET_ACCESS_KEY",
-    "AWS_SESSION_TOKEN",
-    "AWS_SECURITY_TOKEN",
-    "AWS_CREDENTIAL_EXPIRATION",
-    "AWS_PROFILE",
-    "AWS_DEFAULT_PROFILE",
-    "AWS_DEFAULT_REGION",
-    "AWS_REGION",
-    "AWS_CONFIG_FILE",
-    "AWS_SHARED_CREDENTIALS_FILE",
-    "AWS_ROLE_ARN",
-    "AWS_WEB_IDENTITY_TOKEN_FILE",
-    "AWS_ENDPOINT_URL_S3",
-    "AWS_CA_BUNDLE",
+# keeps what boto3's chain gave when it was made (credentials, region, botocore's
+# settings): a digest of every `AWS_*` environment variable, and the stat of the shared
+# credentials and config files, is kept beside it, so keys set or rotated in either (a
+# credential helper rewriting `~/.aws/credentials`) sign the next call with a new client,
+# which replaces the old one (a process whose settings keep changing holds one client per
+# settings, not one per change). A hit costs two stats and a hash of the environment.
+_CHAIN_FILES: Final = (
+    ("AWS_SHARED_CREDENTIALS_FILE", "~/.aws/credentials"),
+    ("AWS_CONFIG_FILE", "~/.aws/config"),
 )
 _CLIENTS: dict[tuple[Any, ...], tuple[str, Any]] = {}  # settings -> (environment digest, client)
 _CLIENTS_LOCK = threading.Lock()
@@ -108,10 +97,25 @@ def _refuse_at_once(response: Any = None, **_: Any) -> None:
 
 
 def _chain_environment() -> str:
-    """A digest of the environment boto3's chain reads when a client is made (never the
-    secrets themselves in the key)."""
-    values = "\0".join(f"{name}={os.environ.get(name, '')}" for name in _CHAIN_VARIABLES)
-    return hashlib.sha256(values.encode("utf-8", "surrogateescape")).hexdigest()
+    """A digest of what boto3's chain reads when a client is made: every `AWS_*`
+    environment variable, and the identity of the shared credentials and config files
+    (never the secrets themselves in the key)."""
+    digest = hashlib.sha256()
+    for name, value in sorted(os.environ.items()):
+        if name.startswith("AWS_"):
+            digest.update(f"{name}={value}\0".encode("utf-8", "surrogateescape"))
+    for variable, default in _CHAIN_FILES:
+        digest.update(f"{_file_identity(os.environ.get(variable) or default)}\0".encode())
+    return digest.hexdigest()
+
+
+def _file_identity(path: str) -> tuple[int, ...]:
+    """What changes when a file is rewritten (inode, size, mtime); () when it is missing."""
+    try:
+        info = os.stat(os.path.expanduser(path))
+    except (OSError, ValueError):  # missing, unreadable, or a name with a NUL
+        return ()
+    return info.st_ino, info.st_size, info.st_mtime_ns
 
 
 def _split(url: str) -> tuple[str, str]:
@@ -169,8 +173,9 @@ class S3Backend(DownloadBackend):
     @property
     def client(self) -> Any:
         """The boto3 client for these settings: one per process, shared by every backend
-        with the same profile, endpoint, region, retries and timeout, while the
-        environment boto3's chain reads stays the same (see `_CLIENTS`)."""
+        with the same profile, endpoint, region, retries and timeout, while what boto3's
+        chain reads stays the same: every `AWS_*` environment variable, and the shared
+        credentials and config files (see `_CLIENTS`)."""
         try:
             import boto3  # checked at each use: a cached client needs boto3 too
         except ImportError as error:

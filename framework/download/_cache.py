@@ -15,6 +15,7 @@ a FIFO never blocks) and written through fresh `O_EXCL` names.
 
 from __future__ import annotations
 
+import errno
 import functools
 import hashlib
 import json
@@ -37,6 +38,7 @@ __all__ = [
     "HOST",
     "NEW_FILE_FLAGS",
     "RELEASED_PID",
+    "WORK_FALLBACKS",
     "WORK_PREFIX",
     "Entry",
     "Metadata",
@@ -46,6 +48,7 @@ __all__ = [
     "digest_of",
     "enter_work_folder",
     "file_identity",
+    "find_work_folder",
     "is_alive_local",
     "parse_json",
     "parse_owner",
@@ -159,16 +162,20 @@ def dead_leftovers(target: Path, suffixes: tuple[str, ...]) -> list[Path]:
     ]
 
 
-def work_folder(final: Path) -> Path:
+def work_folder(final: Path, fallback: int = 0) -> Path:
     """The folder of this user's temporary files (partial files, their records, sidecar
     and extraction temporaries) in `final`'s cache folder: made once, kept. It holds only
     what is being written or was kept to be resumed, never the entries, so looking in it
     costs the same in an empty cache and in one of 150,000 entries. Per user: only a
-    user's own partial files are ever resumed."""
-    return final.parent / f"{WORK_PREFIX}{os.geteuid()}"
+    user's own partial files are ever resumed. `fallback` > 0 names the folders used
+    instead when something was planted at the first name (see `enter_work_folder`)."""
+    suffix = f"-{fallback}" if fallback else ""
+    return final.parent / f"{WORK_PREFIX}{os.geteuid()}{suffix}"
 
 
 WORK_PREFIX: Final = ".framework-partial-"
+# Names tried after the first one when something is planted there: `<name>-1`, `-2`, `-3`.
+WORK_FALLBACKS: Final = 3
 
 
 @attrs.frozen
@@ -180,26 +187,55 @@ class WorkFolder:
     fresh: bool
 
 
+def find_work_folder(final: Path) -> Optional[Path]:
+    """The work folder that `enter_work_folder` uses for `final`, if it exists: the first
+    of its names that is a private folder of this user, skipping planted ones; None when
+    the first name not planted is free (nothing was written there). Never lists anything;
+    costs one `lstat` when nothing is planted."""
+    for fallback in range(WORK_FALLBACKS + 1):
+        folder = work_folder(final, fallback)
+        try:
+            info = os.lstat(folder)
+        except OSError:
+            return None
+        if _private(info):
+            return folder
+    return None
+
+
 def enter_work_folder(final: Path) -> WorkFolder:
     """Make sure the work folder of `final`'s cache folder exists. Something else at its
     name (a symlink, a file, a folder of another user or writable by others: planted) is
-    never used: the fetch then writes next to `final`, and nothing it leaves is resumed."""
-    folder = work_folder(final)
+    never used, listed or written through: the next name is used instead
+    (`work_folder(final, 1)`, ...), where later calls look too (`find_work_folder`).
+    Raises `FileExistsError` when every name is taken so."""
+    for fallback in range(WORK_FALLBACKS + 1):
+        found = _enter(work_folder(final, fallback))
+        if found is not None:
+            return found
+    first, last = work_folder(final), work_folder(final, WORK_FALLBACKS)
+    raise FileExistsError(
+        errno.EEXIST,
+        f"{first} and {last.name} (-1 to -{WORK_FALLBACKS}) are all taken by something that is not a "
+        "private folder of this user (planted?); remove them, or use another cache folder",
+    )
+
+
+def _enter(folder: Path) -> Optional[WorkFolder]:
+    """`folder` made now, or found a private folder of this user; None when planted."""
     for _attempt in range(3):  # someone may remove it between mkdir and lstat
         try:
             os.mkdir(folder, 0o700)
             return WorkFolder(folder, fresh=True)
         except FileExistsError:
             pass
-        try:
-            os.lstat(folder)
-        except FileNotFoundError:
+        if not os.path.lexists(folder):
             continue
-        usable = private_folder(folder)
-        if not usable:
-            _logger.warning("%s is not a private folder of this user (planted?); not using it", folder)
-        return WorkFolder(folder if usable else final.parent, fresh=False)
-    return WorkFolder(final.parent, fresh=False)
+        if private_folder(folder):
+            return WorkFolder(folder, fresh=False)
+        break
+    _logger.warning("%s is not a private folder of this user (planted?); not using it", folder)
+    return None
 
 
 def private_folder(folder: Path) -> bool:
@@ -209,6 +245,10 @@ def private_folder(folder: Path) -> bool:
         info = os.lstat(folder)
     except OSError:
         return False
+    return _private(info)
+
+
+def _private(info: os.stat_result) -> bool:
     return stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid() and not info.st_mode & 0o022
 
 

@@ -17,7 +17,7 @@ import attrs
 import torch
 import torch.distributed as dist
 
-from framework.download._cache import NEW_FILE_FLAGS, Metadata, private_folder, work_folder
+from framework.download._cache import NEW_FILE_FLAGS, Metadata, find_work_folder
 from framework.download._collective import POLL_S as POLL_S
 from framework.download._collective import _decode as _decode
 from framework.download._collective import _encode as _encode
@@ -213,15 +213,15 @@ def _sweep(root: Path) -> None:
                     os.unlink(root / found)
             except OSError:
                 pass
-    folder = work_folder(root / "any")
-    if not private_folder(folder):  # planted: never listed or swept through
+    folder = find_work_folder(root / "any")
+    if folder is None:  # none yet, or planted: never listed or swept through
         return
     try:
         work = os.listdir(folder)
     except OSError:
         return
     for found in work:
-        name = PartialName.parse(root, found)
+        name = PartialName.parse(root, found, folder)
         if name is None or name.tag != NO_VALIDATOR:
             continue  # a download's: the next plain call adopts it and resumes
         try:

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from framework.download._cache import enter_work_folder
+from framework.download._cache import WorkFolder, enter_work_folder
 from framework.download._partial import (
     STALE_AFTER_S,
     Fetched,
@@ -43,6 +43,13 @@ def _progress_bar(enabled: bool, total: Optional[int], desc: str) -> Iterator[An
         yield bar
 
 
+def _enter_work_folder(final: Path, url: str) -> WorkFolder:
+    try:
+        return enter_work_folder(final)
+    except FileExistsError as error:  # every name of it planted
+        raise DownloadError(url, f"cannot write a partial file: {error.strerror}") from error
+
+
 def fetch(
     backend: DownloadBackend,
     url: str,
@@ -57,7 +64,7 @@ def fetch(
     part_size: int = 8 << 20,
     fixed_connections: bool = False,
 ) -> Fetched:
-    """Download `url` into a partial file next to `final`, resuming where possible.
+    """Download `url` into a partial file in `final`'s work folder, resuming where possible.
 
     With `connections` > 1 and a backend that reads bounded ranges, an object larger
     than `part_size` comes in parts over several connections (`parallel`): all
@@ -66,7 +73,7 @@ def fetch(
     this or another process); on any other failure it is removed.
     """
     ranged = backend.supports_ranges
-    folder = enter_work_folder(final)
+    folder = _enter_work_folder(final, url)
     # A work folder made just now is empty: nothing to resume, nothing to sweep.
     resumed = adopt_parts(final) if ranged and not folder.fresh else None  # with one connection too
     parallel = resumed is not None or (connections > 1 and ranged)

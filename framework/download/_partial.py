@@ -8,9 +8,10 @@ file behind; a later call adopts it by renaming it to its own name first, so two
 processes never append to one file.
 
 Partial files, their records and temporary files live in the cache folder's work
-folder of this user (`work_folder`, made once), which holds only what is being written
-or was kept: a miss looks there for what earlier calls of its entry left, and the
-cache folder itself, however many entries it holds, is never listed.
+folder of this user (`enter_work_folder`: made once, the next name when one is
+planted), which holds only what is being written or was kept: a miss looks there for
+what earlier calls of its entry left, and the cache folder itself, however many
+entries it holds, is never listed.
 
 The cache folder may be shared with people we do not trust: only a regular file
 owned by this user is adopted, it is opened with `O_NOFOLLOW` and checked with
@@ -42,9 +43,9 @@ from framework.download._cache import (
     WorkFolder,
     dead_leftovers,
     enter_work_folder,
+    find_work_folder,
     is_alive_local,
     parse_owner,
-    private_folder,
     unique_token,
     work_folder,
 )
@@ -113,7 +114,8 @@ def resumable(error: BaseException) -> bool:
 class PartialName:
     """The one place that knows a partial file's name:
     `<final>.<tag>.<host>.<pid>.<random>.part` (see `unique_token`), inside `final`'s
-    work folder (`folder`, unless a planted one made the fetch write next to `final`)."""
+    work folder: `folder` when it is not the first name (something planted there made
+    the fetch use the next one, see `enter_work_folder`)."""
 
     final: Path
     tag: str
@@ -141,36 +143,42 @@ class PartialName:
         return PartialName(self.final, self.tag, f"{host}.{pid}.{secrets.token_hex(4)}", self.folder)
 
     @classmethod
-    def parse(cls, final_folder: Path, name: str) -> Optional[PartialName]:
-        """The partial file called `name` in the work folder of an entry of `final_folder`;
-        None for any other name. (`FINAL.TAG.HOST.PID.RANDOM.part`: neither a tag nor a
-        host holds a dot.)"""
+    def parse(cls, final_folder: Path, name: str, folder: Optional[Path] = None) -> Optional[PartialName]:
+        """The partial file called `name` in the work folder `folder` (None: the first
+        name) of an entry of `final_folder`; None for any other name.
+        (`FINAL.TAG.HOST.PID.RANDOM.part`: neither a tag nor a host holds a dot.)"""
         fields = name[: -len(".part")].rsplit(".", 4) if name.endswith(".part") else []
         if len(fields) != 5 or not fields[0]:
             return None
-        return cls(final_folder / fields[0], fields[1], ".".join(fields[2:]))
+        final = final_folder / fields[0]
+        return cls(final, fields[1], ".".join(fields[2:]), _unless_first(final, folder))
 
     @classmethod
     def all(cls, final: Path) -> list[PartialName]:
         """Every partial file of `final` in its work folder, whoever wrote it: one listing
-        of that folder (the cache folder is never listed); none when something else
-        sits at its name (planted: never listed, nor renamed or written through)."""
-        folder = work_folder(final)
-        if not private_folder(folder):
+        of that folder (the cache folder is never listed); a planted one is skipped,
+        never listed, nor renamed or written through (see `find_work_folder`)."""
+        folder = find_work_folder(final)
+        if folder is None:
             return []
         try:
             names = os.listdir(folder)
         except OSError:
             return []
-        found = (cls.parse(final.parent, name) for name in names if name.startswith(final.name + "."))
+        found = (cls.parse(final.parent, name, folder) for name in names if name.startswith(final.name + "."))
         return [name for name in found if name is not None and name.final == final]
 
 
 def work_leftovers(final: Path, suffixes: tuple[str, ...]) -> list[Path]:
-    """Dead writers' temporary files of `final` in its work folder (see `dead_leftovers`);
-    none when the work folder is not a private folder of this user (planted)."""
-    folder = work_folder(final)
-    return dead_leftovers(folder / final.name, suffixes) if private_folder(folder) else []
+    """Dead writers' temporary files of `final` in its work folder (see `dead_leftovers`
+    and `find_work_folder`: a planted one is never listed)."""
+    folder = find_work_folder(final)
+    return dead_leftovers(folder / final.name, suffixes) if folder is not None else []
+
+
+def _unless_first(final: Path, folder: Optional[Path]) -> Optional[Path]:
+    """`folder` for a `PartialName`: None when it is `final`'s first work folder name."""
+    return None if folder is None or folder == work_folder(final) else folder
 
 
 @attrs.frozen
@@ -304,7 +312,7 @@ class Partial:
         """A new, empty partial file of `final` in `folder` (entered now if not given)."""
         where, attempts = folder or enter_work_folder(final), 0
         while True:
-            name = PartialName(final, NO_VALIDATOR, folder=where.path if where.path == final.parent else None)
+            name = PartialName(final, NO_VALIDATOR, folder=_unless_first(final, where.path))
             ACTIVE.add(str(name.path))
             try:
                 return cls(name, os.open(name.path, NEW_FILE_FLAGS, 0o644))

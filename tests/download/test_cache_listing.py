@@ -13,7 +13,8 @@ import filelock
 import pytest
 
 from framework.download import DownloadManager
-from framework.download._cache import Entry, work_folder
+from framework.download._cache import WORK_FALLBACKS, Entry, work_folder
+from framework.errors import DownloadError
 from tests.support.download import FaultServer, planted_partial, sha256, stray_files, unique_path, wait_for
 
 pytestmark = pytest.mark.timeout(60)
@@ -139,15 +140,40 @@ def test_a_waiters_polls_list_no_cache_folder(
 def test_a_planted_work_folder_is_never_written_through(
     http_server: FaultServer, tmp_path: Path, listings: Listings
 ) -> None:
-    """Another user plants a symlink at this user's work folder: the fetch writes next to
-    the file instead, and nothing lands where the link points."""
+    """Another user plants a symlink at this user's work folder: the fetch writes in the
+    next work folder name instead, nothing lands where the link points, and the cache
+    folder is still never listed."""
     cache = tmp_path / "cache"
     cache.mkdir()
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     data = os.urandom(4096)
     url = http_server.add(unique_path("planted"), data)
-    work_folder(Entry(cache, url).final).symlink_to(elsewhere)
+    final = Entry(cache, url).final
+    work_folder(final).symlink_to(elsewhere)
+    listings.folders.clear()
     assert DownloadManager(cache, progress=False).cached_path(url).read_bytes() == data
     assert os.listdir(elsewhere) == []
-    assert work_folder(Entry(cache, url).final).is_symlink()
+    assert work_folder(final).is_symlink() and work_folder(final, 1).is_dir()
+    assert listings.of(cache) == 0
+
+
+def test_a_work_folder_planted_at_every_name_is_a_clear_error(
+    http_server: FaultServer, tmp_path: Path
+) -> None:
+    """Links planted at every work folder name this user may use: the fetch writes
+    through none of them and says what to remove, rather than writing in the cache
+    folder itself, where no later call would find what it left."""
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    url = http_server.add(unique_path("all-planted"), os.urandom(4096))
+    final = Entry(cache, url).final
+    for fallback in range(WORK_FALLBACKS + 1):
+        work_folder(final, fallback).symlink_to(elsewhere)
+    with pytest.raises(DownloadError, match=r"planted\?\); remove them") as caught:
+        DownloadManager(cache, progress=False).cached_path(url)
+    assert str(work_folder(final)) in str(caught.value)
+    assert os.listdir(elsewhere) == [] and http_server.route(url).gets == 0
+    assert [name for name in os.listdir(cache) if name.endswith((".part", ".parts", ".tmp"))] == []

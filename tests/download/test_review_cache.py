@@ -212,9 +212,9 @@ def test_ctrl_c_in_cached_paths_cancels_what_has_not_begun(http_server: FaultSer
 def test_an_outage_with_a_refused_work_folder_leaves_no_partial_next_to_the_entry(
     http_server: FaultServer, tmp_path: Path
 ) -> None:
-    """With the work folder refused (a link planted at its name), the partial file goes
-    next to the entry, where no later call looks: an outage must not keep it there (it
-    would never be resumed nor swept, a file's worth of disk per failed call)."""
+    """With the work folder refused (a link planted at its name), an outage must keep no
+    partial file next to the entry, where no later call looks (it would never be resumed
+    nor swept, a file's worth of disk per failed call), nor where the link points."""
     cache = tmp_path / "cache"
     cache.mkdir()
     elsewhere = tmp_path / "elsewhere"

@@ -322,8 +322,9 @@ class LockTimeoutError(DownloadError):
 
 class BulkDownloadError(DownloadError):
     """Files of one `DownloadManager.cached_paths` call failed; every other file of the
-    call was fetched and published. `failures`: each failed URL (as given) and its error;
-    `url` is the first of them."""
+    call was fetched and published. `failures`: each failed URL as given (`os.fspath` of
+    a path; the first spelling of a file given twice) and its error (an error other than
+    a `DownloadError` wrapped in one, as its `__cause__`); `url` is the first of them."""
 
     def __init__(self, failures: dict[str, DownloadError], total: int) -> None:
         self.failures = dict(failures)

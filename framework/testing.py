@@ -96,11 +96,11 @@ class MemoryBackend(DownloadBackend):
 
 def check_backend(backend: DownloadBackend, url: str, data: bytes) -> None:
     """Check `backend` against the `DownloadBackend` contract on `url`, an object whose
-    bytes are `data` (two bytes or more): `open` takes `(url, offset=0, *, end=None,
-    if_range=None)`, serves the object from 0 and resumes from an offset (or answers
-    whole from 0), answers an offset past the end with an empty stream of status 416,
-    `stat` agrees with it, a stream closes twice, and the backend
-    works after `close`. With `supports_ranges`, `end` bounds the range (answered
+    bytes are `data` (two bytes or more): `check_url` accepts `url`, `open` takes
+    `(url, offset=0, *, end=None, if_range=None)`, serves the object from 0 and
+    resumes from an offset (or answers whole from 0), answers an offset past the end
+    with an empty stream of status 416, `stat` agrees with it, a stream closes twice,
+    and the backend works after `close`. With `supports_ranges`, `end` bounds the range (answered
     with status 206), an `end` past the object ends at its end, and `if_range` naming
     the version serves the range.
 
@@ -114,6 +114,10 @@ def check_backend(backend: DownloadBackend, url: str, data: bytes) -> None:
         raise AssertionError(
             f"{name}.open must take (url, offset=0, *, end=None, if_range=None): {error}"
         ) from None
+    try:
+        backend.check_url(url)
+    except DownloadError as error:
+        raise AssertionError(f"{name}.check_url refuses the URL it serves: {error}") from None
     whole = _read(backend, url, 0)
     _expect(whole.start == 0 and whole.body == data, f"{name} opened at 0 gave {whole}, not the object")
     _expect(whole.size in (None, len(data)), f"{name} says the object is {whole.size} bytes, not {len(data)}")

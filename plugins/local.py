@@ -33,7 +33,7 @@ def _path(url: str) -> str:
             url, f"the local backend reads paths and file:// URLs, not {parts.scheme}://"
         )
     if parts.netloc not in ("", "localhost"):
-        raise DownloadError(url, f"file:// URLs on another host ({parts.netloc}) are not supported")
+        raise InvalidArgumentError(url, f"file:// URLs on another host ({parts.netloc}) are not supported")
     path = url2pathname(parts.path)  # which percent-decodes, once
     if "\x00" in path:
         raise InvalidArgumentError(url, "%00 (a NUL byte) in a file:// URL names no file")
@@ -60,6 +60,9 @@ class LocalBackend(DownloadBackend):
 
     schemes: ClassVar[tuple[str, ...]] = ("file",)
     supports_ranges: ClassVar[bool] = False  # one stream: a local read gains nothing from parts
+
+    def check_url(self, url: str) -> None:
+        _path(url)
 
     def _open_file(self, url: str) -> BinaryIO:
         path = _path(url)

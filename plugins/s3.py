@@ -238,6 +238,9 @@ class S3Backend(DownloadBackend):
         except bce.BotoCoreError as error:  # a missing profile or region, bad settings
             raise DownloadError(url, f"S3: {type(error).__name__}: {error}") from error
 
+    def check_url(self, url: str) -> None:
+        _split(url)
+
     def open(
         self, url: str, offset: int = 0, *, end: Optional[int] = None, if_range: Optional[str] = None
     ) -> ByteStream:

@@ -30,6 +30,15 @@ def normalize(url_or_path: PathOrUrl) -> str:
         raise InvalidArgumentError(text, "a NUL byte in the path or URL; check where it came from")
     if split_scheme(text) is not None:
         try:
+            text.encode("utf-8")  # the cache entry's name and every request encode it
+        except UnicodeEncodeError as error:  # a lone surrogate: an undecodable file name's byte
+            shown = text.encode("utf-8", "backslashreplace").decode("utf-8")
+            raise InvalidArgumentError(
+                shown,
+                f"the URL holds {text[error.start : error.end]!a}, which is no character (a byte "
+                "of a file name that was not UTF-8?); percent-encode the name's bytes",
+            ) from None
+        try:
             urlsplit(text)  # the cache entry's name is read from it
         except ValueError as error:
             raise InvalidArgumentError(text, f"not a valid URL: {error}") from error

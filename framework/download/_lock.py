@@ -38,7 +38,7 @@ from framework.download._cache import (
 )
 from framework.errors import LockTimeoutError
 
-__all__ = ["EntryLock", "LockKind"]
+__all__ = ["EntryLock", "LockKind", "WaitCancelled"]
 
 LockKind = Literal["filelock", "softfilelock", "none"]
 logger = logging.getLogger("framework.download")
@@ -49,6 +49,11 @@ _POLL_S = 0.05
 _OWNER_AFTER_S = 0.05
 
 
+class WaitCancelled(Exception):
+    """A waiter stopped waiting because its `cancelled` event was set: nothing was
+    fetched, and the lock was never held."""
+
+
 class EntryLock:
     """A lock on one cache entry, with an owner file saying who holds it.
 
@@ -56,7 +61,8 @@ class EntryLock:
     downloading (`progress()` keeps growing) waits on, so a large file never
     trips it; a holder that hangs does. `progress` returns bytes fetched so far.
     A waiter stops waiting, without taking the lock (`held` stays false), as soon
-    as `done()` says the holder's result is published.
+    as `done()` says the holder's result is published, and raises `WaitCancelled`
+    as soon as `cancelled` is set (a bulk call interrupted by Ctrl-C).
     """
 
     def __init__(
@@ -68,6 +74,7 @@ class EntryLock:
         progress: Optional[Callable[[], int]] = None,
         on_wait: Optional[Callable[[int, Optional[int]], None]] = None,
         done: Optional[Callable[[], bool]] = None,
+        cancelled: Optional[threading.Event] = None,
     ) -> None:
         self.path = path
         self.owner_path = path.with_name(path.name + ".owner")
@@ -77,6 +84,7 @@ class EntryLock:
         self._progress = progress
         self._on_wait = on_wait
         self._done = done
+        self._cancelled = cancelled
         self.held = False
         self._recorded: dict[str, Any] = {}  # what the owner file says besides who and since
         self._noted: dict[str, Any] = {}  # fields for the next heartbeat to write
@@ -210,6 +218,8 @@ class EntryLock:
             except OSError as error:  # swapped for a symlink or folder since `_usable`
                 logger.warning("cannot use the lock %s (%s); going on without it", self.path, error)
                 return self
+            if self._cancelled is not None and self._cancelled.is_set():
+                raise WaitCancelled(self.url)
             if self._done is not None and self._done():
                 return self
             seen = self._progress() if self._progress is not None else 0

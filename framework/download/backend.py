@@ -217,7 +217,8 @@ class DownloadBackend(Registrable):
       A subclass that overrides `open` without setting `supports_ranges` itself gets
       False, so a parent's `True` never promises `end` to an `open` that lacks it;
     - optionally `stat` (size and validators without reading; by default from a
-      stream opened at 0), `close` (release connections) and `schemes`/`accepts`; a
+      stream opened at 0), `check_url` (refuse a URL that can never be served, without
+      a request), `close` (release connections) and `schemes`/`accepts`; a
       backend with retries of its own may raise a refusal at once when
       `refusals_wanted_at_once()` says a parallel fetch asks for that.
 
@@ -282,6 +283,12 @@ class DownloadBackend(Registrable):
         stream with `status=416` (and `size` when known).
         """
         raise NotImplementedError
+
+    def check_url(self, url: str) -> None:
+        """Raise `InvalidArgumentError` if `url` can never be served (an S3 URL without
+        a key, say), without any request; by default nothing is checked. A bulk call
+        asks it of every URL before its first request, so that one bad URL among
+        thousands is refused at once; `open` refuses such a URL too."""
 
     def stat(self, url: str) -> RemoteInfo:
         """Size and validators of `url`; by default taken from a stream opened at 0."""

@@ -36,7 +36,7 @@ from framework.download._schemes import backend_name_for, describe_schemes, url_
 from framework.download._validators import Validators
 from framework.download.backend import DownloadBackend, RemoteInfo
 from framework.download.parallel import DEFAULT_PART_SIZE, MIN_PART_SIZE, connections_chosen, connections_from
-from framework.errors import DownloadError, OfflineError
+from framework.errors import DownloadError, InvalidArgumentError, OfflineError
 
 __all__ = ["DownloadManager", "backend_name_for", "cached_path", "default_cache_dir"]
 
@@ -177,7 +177,7 @@ class DownloadManager:
             backend = self._made.get(name)
             if backend is None:
                 if name not in DownloadBackend.registry_entries():
-                    raise DownloadError(url, _no_backend(url_scheme(url)))
+                    raise InvalidArgumentError(url, _no_backend(url_scheme(url)))
                 cls = DownloadBackend.by_name(name)
                 backend = cls(retries=self.retries, backoff_factor=self.backoff_factor, timeout=self.timeout)
                 self._made[name] = backend
@@ -260,12 +260,13 @@ class DownloadManager:
         sha256 = check_sha256(url, sha256)
         root = Path(cache_dir).expanduser() if cache_dir is not None else self.cache_dir
         show = self.progress if progress is None else progress  # and stderr a terminal: asked on a miss
-        options = {"extract": extract, "force": force, "show": show, "revalidate": revalidate}
-        return self._cached(Entry(root, url), root, sha256, **options)
+        return self._cached(
+            Entry(root, url), root, sha256, extract=extract, force=force, show=show, revalidate=revalidate
+        )
 
     def cached_paths(
         self,
-        urls_or_paths: Iterable[PathOrUrl],
+        urls: Iterable[PathOrUrl],
         *,
         max_workers: int = 8,
         cache_dir: Optional[PathOrUrl] = None,
@@ -276,14 +277,15 @@ class DownloadManager:
         revalidate: bool = False,
     ) -> list[Path]:
         """`cached_path` for many files at once, on up to `max_workers` threads: the
-        local paths, in the order of `urls_or_paths`.
+        local paths, in the order of `urls`.
 
         Each file gets `cached_path`'s guarantees (its lock, verification, atomic
         publish); a URL given twice is fetched once. One progress bar counts the files
-        done and the bytes published.
+        done and the bytes published (an archive's, with `extract`); failed files are
+        counted apart.
 
         Args:
-            urls_or_paths: URLs or paths, as `cached_path` takes them.
+            urls: URLs or paths, as `cached_path` takes them.
             max_workers: files fetched at the same time (each may use several
                 connections, see `connections`).
             sha256: the expected digests: a list with one per URL (None: not checked),
@@ -293,22 +295,53 @@ class DownloadManager:
 
         Raises:
             BulkDownloadError: once every other file is fetched (and published), naming
-                each URL that failed and why (`failures`); nothing of those is published.
-            InvalidArgumentError: a bad URL or digest, before any request.
+                each URL that failed, as given (`os.fspath` of a path; the first spelling
+                of a file given twice), and why (`failures`); an error that is not a
+                `DownloadError` is wrapped in one, its cause. Nothing of those is published.
+            InvalidArgumentError: a bad argument, URL or digest, before any request.
+            KeyboardInterrupt: the files not begun, or only waiting for another
+                process's lock, are not fetched; those under way finish.
         """
-        if isinstance(urls_or_paths, (str, bytes, os.PathLike)):
+        if isinstance(urls, (str, bytes, os.PathLike)):
             raise TypeError("cached_paths takes a list of URLs or paths; for one, call cached_path")
-        workers = check_workers(max_workers)
-        urls = [normalize(url) for url in urls_or_paths]
-        digests = digests_for(urls, sha256)
+        given = [os.fspath(url) for url in urls]
+        normalized = [normalize(url) for url in given]
+        workers = check_workers(max_workers, given[0] if given else "")
+        digests = digests_for(normalized, sha256)
+        if not self.offline:  # offline, a cached file is served whatever its backend
+            self._check_urls(normalized)
         root = Path(cache_dir).expanduser() if cache_dir is not None else self.cache_dir
         show = self.progress if progress is None else progress
-        options = {"extract": extract, "force": force, "show": False, "revalidate": revalidate}
 
-        def fetch_one(url: str, digest: Optional[str]) -> Path:
-            return self._cached(Entry(root, url), root, digest, **options)
+        def fetch_one(url: str, digest: Optional[str], cancelled: threading.Event) -> tuple[Path, int]:
+            entry = Entry(root, url)
+            path = self._cached(
+                entry,
+                root,
+                digest,
+                extract=extract,
+                force=force,
+                show=False,
+                revalidate=revalidate,
+                cancelled=cancelled,
+            )
+            try:
+                return path, os.stat(entry.final).st_size
+            except OSError:  # removed meanwhile (by another user of the cache): counts nothing
+                return path, 0
 
-        return fetch_all(urls, digests, fetch_one, max_workers=workers, show=show)
+        return fetch_all(normalized, given, digests, fetch_one, max_workers=workers, show=show)
+
+    def _check_urls(self, urls: Iterable[str]) -> None:
+        """An `InvalidArgumentError` for the first URL whose scheme no backend serves, or
+        that its backend's `check_url` refuses: before any request."""
+        backends: dict[str, DownloadBackend] = {}
+        for url in urls:
+            scheme = url_scheme(url)
+            backend = backends.get(scheme)
+            if backend is None:
+                backend = backends[scheme] = self.backend_for(url)
+            backend.check_url(url)
 
     def _cached(
         self,
@@ -320,8 +353,10 @@ class DownloadManager:
         force: bool,
         show: bool,
         revalidate: bool,
+        cancelled: Optional[threading.Event] = None,
     ) -> Path:
-        """`cached_path` for the entry of `root` a plain (not distributed) call asks for."""
+        """`cached_path` for the entry of `root` a plain (not distributed) call asks for;
+        waiting for another process's lock ends in `WaitCancelled` once `cancelled` is set."""
         url = entry.url
         # The server's current version when it differs from the cached copy: whoever
         # gets the lock first fetches it, the others find it published.
@@ -364,7 +399,7 @@ class DownloadManager:
             return not extract or extracted(entry)
 
         show = show and sys.stderr.isatty()
-        with cache_writes(url, root), self._lock(entry, show, done) as lock, lock.working():
+        with cache_writes(url, root), self._lock(entry, show, done, cancelled) as lock, lock.working():
             fetched = refetch()
             if fetched or not (current() or rebound()):
                 self._fetch(entry, sha256, show, lock)
@@ -390,7 +425,9 @@ class DownloadManager:
         logger.info("%s changed on the server; fetching it again", entry.url)
         return info
 
-    def _lock(self, entry: Entry, show: bool, done: Callable[[], bool]) -> EntryLock:
+    def _lock(
+        self, entry: Entry, show: bool, done: Callable[[], bool], cancelled: Optional[threading.Event]
+    ) -> EntryLock:
         on_wait: Optional[Callable[[int, Optional[int]], None]] = None
         if show:
             on_wait = _WaitBar(entry.final.name)
@@ -402,6 +439,7 @@ class DownloadManager:
             progress=lambda: partial_bytes(entry.final),
             on_wait=on_wait,
             done=done,
+            cancelled=cancelled,
         )
 
     def _fetch(self, entry: Entry, sha256: Optional[str], show: bool, lock: EntryLock) -> None:

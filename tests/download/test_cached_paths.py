@@ -3,14 +3,17 @@ guarantees, against the real HTTP test server (GETs and concurrent bodies counte
 
 from __future__ import annotations
 
+import io
 import os
 import threading
 from pathlib import Path
+from typing import Optional
 
 import pytest
 
 from framework.download import DownloadManager
 from framework.download._cache import Entry
+from framework.download.backend import ByteStream, DownloadBackend
 from framework.errors import BulkDownloadError, ChecksumError, HTTPStatusError, InvalidArgumentError
 from tests.support.download import FaultServer, sha256, stray_files, unique_path
 
@@ -105,8 +108,63 @@ def test_bad_calls_are_clear_errors(http_server: FaultServer, cache: Path) -> No
     url = http_server.add(unique_path("one"), b"x")
     with pytest.raises(TypeError, match="call cached_path"):
         _manager(cache).cached_paths(url)
-    with pytest.raises(ValueError, match="max_workers"):
+    with pytest.raises(InvalidArgumentError, match="max_workers"):
         _manager(cache).cached_paths([url], max_workers=0)
     with pytest.raises(InvalidArgumentError, match="two sha256"):
         _manager(cache).cached_paths([url, url], sha256=["0" * 64, "1" * 64])
     assert _manager(cache).cached_paths([]) == []
+
+
+class _Buggy(DownloadBackend):
+    """A plugin backend with a bug: its `open` raises a `KeyError`, not a `DownloadError`."""
+
+    def open(self, url: str, offset: int = 0, *, if_range: Optional[str] = None) -> ByteStream:
+        raise KeyError("etag")
+
+
+def test_an_unexpected_error_is_wrapped_and_hides_no_other_failure(
+    http_server: FaultServer, cache: Path
+) -> None:
+    good = http_server.add(unique_path("beside-a-bug"), b"good")
+    missing = http_server.add(unique_path("missing-beside-a-bug"), b"", status=404)
+    manager = DownloadManager(cache, progress=False, connections=1, retries=1, backends={"buggy": _Buggy()})
+    with pytest.raises(BulkDownloadError) as info:
+        manager.cached_paths([good, "buggy://x", missing])
+    failures = info.value.failures
+    assert list(failures) == ["buggy://x", missing]
+    assert isinstance(failures["buggy://x"].__cause__, KeyError) and "KeyError" in str(failures["buggy://x"])
+    assert isinstance(failures[missing], HTTPStatusError)
+    assert Entry(cache, good).final.read_bytes() == b"good"
+
+
+def test_failures_are_keyed_by_the_first_spelling_given(
+    cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(BulkDownloadError) as info:
+        _manager(cache).cached_paths([tmp_path / "gone.bin", "gone.bin", "./gone.bin"])
+    assert list(info.value.failures) == [str(tmp_path / "gone.bin")] and info.value.total == 1
+
+
+def test_an_unknown_scheme_in_the_list_is_refused_before_any_request(
+    http_server: FaultServer, cache: Path
+) -> None:
+    good = http_server.add(unique_path("before-gopher"), b"x")
+    with pytest.raises(InvalidArgumentError, match="no download backend") as info:
+        _manager(cache).cached_paths([good, "gopher://host/x"])
+    assert info.value.url == "gopher://host/x" and http_server.route(good).gets == 0
+
+
+def test_the_bar_counts_failed_files_apart_not_as_done(
+    http_server: FaultServer, cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    terminal = io.StringIO()
+    terminal.isatty = lambda: True  # type: ignore[method-assign]
+    monkeypatch.setattr("sys.stderr", terminal)
+    good = http_server.add(unique_path("bar-good"), os.urandom(3000))
+    missing = http_server.add(unique_path("bar-missing"), b"", status=404)
+    manager = DownloadManager(cache, progress=True, connections=1, retries=1)
+    with pytest.raises(BulkDownloadError):
+        manager.cached_paths([good, missing], max_workers=1)
+    last = terminal.getvalue().rstrip().rsplit("\r", 1)[-1]
+    assert "1/2" in last and "1 failed" in last and "2.93kB" in last, last

@@ -253,11 +253,6 @@ def test_a_killed_writers_partial_next_to_the_entry_does_not_stay_forever(
 # -- cached_paths -------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="fetch_all submits every file before its try: a Ctrl-C during the submissions "
-    "leaves the pool's `with` waiting for every file already submitted, none cancelled",
-)
 def test_ctrl_c_while_files_are_being_submitted_cancels_those_not_begun(
     http_server: FaultServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -289,10 +284,6 @@ def test_ctrl_c_while_files_are_being_submitted_cancels_those_not_begun(
     assert [http_server.route(url).gets for url in queued] == [0, 0, 0]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="failures is keyed by the normalized URL (file:///abs/...), not by the path as given",
-)
 def test_bulk_failures_are_keyed_by_the_url_as_given(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`BulkDownloadError`: "`failures`: each failed URL (as given) and its error". A
     caller passing relative paths looks its failures up by what it passed."""
@@ -354,11 +345,6 @@ def test_s3_keys_rotated_in_the_credentials_file_are_the_ones_sent(
 # -- cached_paths: the arguments the docs name ------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the URL of each file is checked only when its worker fetches it: the other "
-    "files are fetched first, and the bad URL comes back inside a BulkDownloadError",
-)
 def test_a_bad_url_in_the_list_is_refused_before_any_request(
     http_server: FaultServer, tmp_path: Path
 ) -> None:
@@ -372,7 +358,6 @@ def test_a_bad_url_in_the_list_is_refused_before_any_request(
     assert [http_server.route(url).gets for url in good] == [0, 0]
 
 
-@pytest.mark.xfail(strict=True, reason="max_workers is checked with a plain ValueError, not a DownloadError")
 def test_a_bad_max_workers_is_an_invalid_argument_error(tmp_path: Path) -> None:
     """The docs: "All are `DownloadError`s ...: `InvalidArgumentError` (a bad argument or URL,
     refused before any request)", as `connections=0` is: code that catches
@@ -383,7 +368,6 @@ def test_a_bad_max_workers_is_an_invalid_argument_error(tmp_path: Path) -> None:
         DownloadManager(tmp_path / "cache", progress=False).cached_paths([local], max_workers=0)
 
 
-@pytest.mark.xfail(strict=True, reason="the first parameter is named urls_or_paths, the docs call it urls")
 def test_cached_paths_takes_its_urls_by_the_documented_name(tmp_path: Path) -> None:
     """The docs' signature: `DownloadManager.cached_paths(urls, *, max_workers=8, ...)`."""
     local = tmp_path / "one.bin"
@@ -392,11 +376,6 @@ def test_cached_paths_takes_its_urls_by_the_documented_name(tmp_path: Path) -> N
     assert manager.cached_paths(urls=[local])[0].read_bytes() == b"x"  # type: ignore[call-arg]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the bar adds os.stat(path).st_size only when the returned path is a file; with "
-    "extract=True it is the extracted folder, so the bytes published stay 0",
-)
 def test_the_bulk_bar_counts_the_bytes_of_extracted_archives(
     http_server: FaultServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -413,11 +392,6 @@ def test_the_bulk_bar_counts_the_bytes_of_extracted_archives(
     assert "2/2" in last and not last.rstrip("]").endswith(" 0.00B"), last
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="normalize() accepts a URL holding a lone surrogate; the entry's name then "
-    "encodes it and a raw UnicodeEncodeError escapes",
-)
 def test_a_url_that_cannot_be_encoded_is_an_invalid_argument_error(tmp_path: Path) -> None:
     """The docs: "All are `DownloadError`s ...: `InvalidArgumentError` (a bad argument or
     URL, refused before any request)". A URL built from a file name `os.listdir` gave
@@ -426,11 +400,6 @@ def test_a_url_that_cannot_be_encoded_is_an_invalid_argument_error(tmp_path: Pat
         DownloadManager(tmp_path, progress=False).cached_path("http://127.0.0.1:9/\udcff.bin")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="fetch_all keeps the first error that is not a DownloadError and raises it alone "
-    "once every file is done: the other files' failures are dropped",
-)
 def test_one_files_unexpected_error_does_not_hide_the_other_failures(
     http_server: FaultServer, tmp_path: Path
 ) -> None:
@@ -449,11 +418,6 @@ def test_one_files_unexpected_error_does_not_hide_the_other_failures(
     ), repr(error)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a worker waiting for another process's lock is a future already running: Ctrl-C "
-    "cannot cancel it, and the pool's shutdown waits until that process lets go, then fetches",
-)
 def test_ctrl_c_while_a_file_waits_for_another_process_returns_without_fetching_it(
     http_server: FaultServer, tmp_path: Path
 ) -> None:

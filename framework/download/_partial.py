@@ -445,15 +445,14 @@ class Partial:
 
     def close(self, keep: bool) -> None:
         """Close the descriptor; remove the file unless `keep` (a resumable failure, or
-        a verified file that is about to be published). A file written next to the entry
-        (its work folder refused) is never kept: no later call looks for it there. A
-        file kept for a later call is fsynced first: released, it is trusted after a
-        reboot too (see `lost_in_a_reboot`)."""
+        a verified file that is about to be published). A file in a fallback work folder
+        (the first name was planted) is never kept: once the first name is free again, no
+        later call looks there. A file kept for a later call is fsynced first: released,
+        it is trusted after a reboot too (see `lost_in_a_reboot`)."""
         if not self._verified and (self.offset == 0 or self.name.tag == NO_VALIDATOR):
             keep = False  # nothing a later call could resume
         if not self._verified and self.name.folder is not None:
-            # Next to the entry (the work folder was refused): no later call looks there.
-            keep = False
+            keep = False  # in a fallback work folder: see above
             remove_quietly(_record_of(self.name.path))  # a parallel fetch's record too
         synced = False
         try:

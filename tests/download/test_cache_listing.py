@@ -7,7 +7,6 @@ import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import filelock
 import pytest
@@ -15,37 +14,24 @@ import pytest
 from framework.download import DownloadManager
 from framework.download._cache import WORK_FALLBACKS, Entry, work_folder
 from framework.errors import DownloadError
-from tests.support.download import FaultServer, planted_partial, sha256, stray_files, unique_path, wait_for
+from tests.support.download import (
+    FaultServer,
+    Listings,
+    counted_listings,
+    planted_partial,
+    sha256,
+    stray_files,
+    unique_path,
+    wait_for,
+)
 
 pytestmark = pytest.mark.timeout(60)
 
 
-class Listings:
-    """Every `os.listdir` / `os.scandir` call (pathlib and glob go through them), by folder."""
-
-    def __init__(self) -> None:
-        self.folders: list[str] = []
-
-    def of(self, folder: Path) -> int:
-        return sum(1 for seen in self.folders if os.path.realpath(seen) == os.path.realpath(folder))
-
-
 @pytest.fixture
-def listings(monkeypatch: pytest.MonkeyPatch) -> Iterator[Listings]:
-    seen = Listings()
-    listdir, scandir = os.listdir, os.scandir
-
-    def counting_listdir(path: Any = ".") -> Any:
-        seen.folders.append(os.fspath(path))
-        return listdir(path)
-
-    def counting_scandir(path: Any = ".") -> Any:
-        seen.folders.append(os.fspath(path))
-        return scandir(path)
-
-    monkeypatch.setattr(os, "listdir", counting_listdir)
-    monkeypatch.setattr(os, "scandir", counting_scandir)
-    yield seen
+def listings() -> Iterator[Listings]:
+    with counted_listings() as seen:
+        yield seen
 
 
 def _filled(cache: Path, entries: int) -> Path:

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import io
 import os
 import signal
-import tarfile
 import threading
 import time
 from pathlib import Path
@@ -17,18 +15,9 @@ from framework.download import DownloadManager
 from framework.download import _extract as extract_module
 from framework.download._cache import Entry, work_folder
 from framework.errors import DownloadError, InvalidArgumentError
-from tests.support.download import FaultServer, planted_partial, sha256, unique_path, wait_for
+from tests.support.download import FaultServer, one_member_tar, planted_partial, sha256, unique_path, wait_for
 
 pytestmark = pytest.mark.timeout(60)
-
-
-def _tar(name: str, data: bytes) -> bytes:
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w") as archive:
-        info = tarfile.TarInfo(name)
-        info.size = len(data)
-        archive.addfile(info, io.BytesIO(data))
-    return buffer.getvalue()
 
 
 def test_a_planted_work_folder_link_is_never_listed_or_renamed_through(
@@ -57,8 +46,8 @@ def test_a_concurrent_extraction_never_loses_its_work_folder(
     that made the folder must not remove it under the other one."""
     cache = tmp_path / "cache"
     manager = DownloadManager(cache, progress=False)
-    first = http_server.add(unique_path("a.tar"), _tar("a.txt", b"a"))
-    second = http_server.add(unique_path("b.tar"), _tar("b.txt", b"b"))
+    first = http_server.add(unique_path("a.tar"), one_member_tar("a.txt", b"a"))
+    second = http_server.add(unique_path("b.tar"), one_member_tar("b.txt", b"b"))
     manager.cached_path(first)
     manager.cached_path(second)
     os.rmdir(work_folder(Entry(cache, first).final))

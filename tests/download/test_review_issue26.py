@@ -10,7 +10,6 @@ import io
 import os
 import secrets
 import signal
-import tarfile
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -24,7 +23,17 @@ from framework.download._cache import HOST, RELEASED_PID, Entry, work_folder
 from framework.download._partial import PartialName
 from framework.download._validators import _etag_tag
 from framework.errors import BulkDownloadError, InvalidArgumentError
-from tests.support.download import PART, FaultServer, parts_manager, stray_files, unique_path, wait_for
+from tests.support.download import (
+    PART,
+    FaultServer,
+    Listings,
+    counted_listings,
+    one_member_tar,
+    parts_manager,
+    stray_files,
+    unique_path,
+    wait_for,
+)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -161,45 +170,14 @@ def test_a_partial_lost_in_a_reboot_goes_even_when_its_pid_runs_again(
 # -- the work folder and "the cache folder itself is never listed" ----------------------
 
 
-class _Listings:
-    """Every `os.listdir` / `os.scandir` call, by folder."""
-
-    def __init__(self) -> None:
-        self.folders: list[str] = []
-
-    def of(self, folder: Path) -> int:
-        return sum(1 for seen in self.folders if os.path.realpath(seen) == os.path.realpath(folder))
-
-
 @pytest.fixture
-def listings(monkeypatch: pytest.MonkeyPatch) -> Iterator[_Listings]:
-    seen = _Listings()
-    listdir, scandir = os.listdir, os.scandir
-
-    def counting_listdir(path: Any = ".") -> Any:
-        seen.folders.append(os.fspath(path))
-        return listdir(path)
-
-    def counting_scandir(path: Any = ".") -> Any:
-        seen.folders.append(os.fspath(path))
-        return scandir(path)
-
-    monkeypatch.setattr(os, "listdir", counting_listdir)
-    monkeypatch.setattr(os, "scandir", counting_scandir)
-    yield seen
-
-
-def _tar(name: str, data: bytes) -> bytes:
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w") as archive:
-        info = tarfile.TarInfo(name)
-        info.size = len(data)
-        archive.addfile(info, io.BytesIO(data))
-    return buffer.getvalue()
+def listings() -> Iterator[Listings]:
+    with counted_listings() as seen:
+        yield seen
 
 
 def test_an_extraction_with_a_refused_work_folder_lists_no_cache_folder(
-    http_server: FaultServer, tmp_path: Path, listings: _Listings
+    http_server: FaultServer, tmp_path: Path, listings: Listings
 ) -> None:
     """Something planted at the work folder's name (here a symlink) makes the fetch
     write next to the entry; "The cache folder itself is never listed" still holds for
@@ -210,7 +188,7 @@ def test_an_extraction_with_a_refused_work_folder_lists_no_cache_folder(
         (cache / f"{index:020x}-unrelated.bin").touch()
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    url = http_server.add(unique_path("refused.tar"), _tar("a.txt", b"a"))
+    url = http_server.add(unique_path("refused.tar"), one_member_tar("a.txt", b"a"))
     work_folder(Entry(cache, url).final).symlink_to(elsewhere)
     listings.folders.clear()
     folder = DownloadManager(cache, progress=False).cached_path(url, extract=True)
@@ -385,7 +363,10 @@ def test_the_bulk_bar_counts_the_bytes_of_extracted_archives(
     terminal = io.StringIO()
     terminal.isatty = lambda: True  # type: ignore[method-assign]
     monkeypatch.setattr("sys.stderr", terminal)
-    urls = [http_server.add(unique_path(f"bar{i}.tar"), _tar("m.bin", os.urandom(20_000))) for i in range(2)]
+    urls = [
+        http_server.add(unique_path(f"bar{i}.tar"), one_member_tar("m.bin", os.urandom(20_000)))
+        for i in range(2)
+    ]
     folders = DownloadManager(tmp_path, progress=True).cached_paths(urls, extract=True)
     assert [(folder / "m.bin").stat().st_size for folder in folders] == [20_000, 20_000]
     last = terminal.getvalue().rstrip().rsplit("\r", 1)[-1]

@@ -6,11 +6,13 @@ from __future__ import annotations
 import contextlib
 import gzip
 import hashlib
+import io
 import multiprocessing
 import os
 import socket
 import struct
 import sys
+import tarfile
 import threading
 import time
 import uuid
@@ -520,3 +522,45 @@ class Lying(HttpBackend):
             inner = stream.chunks
             stream.chunks = (c for cs in (inner, iter([b"extra"])) for c in cs)
         return stream
+
+
+def one_member_tar(name: str, data: bytes) -> bytes:
+    """An uncompressed tar archive holding one file, `name`, of `data`."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        info = tarfile.TarInfo(name)
+        info.size = len(data)
+        archive.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+class Listings:
+    """Every `os.listdir` / `os.scandir` call (pathlib and glob go through them), by
+    folder; see `counted_listings`."""
+
+    def __init__(self) -> None:
+        self.folders: list[str] = []
+
+    def of(self, folder: Path) -> int:
+        return sum(1 for seen in self.folders if os.path.realpath(seen) == os.path.realpath(folder))
+
+
+@contextmanager
+def counted_listings() -> Iterator[Listings]:
+    """Count the folders listed while the block runs."""
+    seen = Listings()
+    listdir, scandir = os.listdir, os.scandir
+
+    def counting_listdir(path: Any = ".") -> Any:
+        seen.folders.append(os.fspath(path))
+        return listdir(path)
+
+    def counting_scandir(path: Any = ".") -> Any:
+        seen.folders.append(os.fspath(path))
+        return scandir(path)
+
+    os.listdir, os.scandir = counting_listdir, counting_scandir  # type: ignore[assignment]
+    try:
+        yield seen
+    finally:
+        os.listdir, os.scandir = listdir, scandir

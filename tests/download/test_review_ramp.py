@@ -196,3 +196,72 @@ def test_a_refusal_does_not_cost_the_server_a_new_connection(
     route = http_server.route(url)
     assert route.refused >= 8  # the cap was met, often
     assert http_server.connections - opened <= 8 + 4, (http_server.connections - opened, route.refused)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a connection that gives up while a chosen count opens calls keep_to(live - 1): "
+    "the connections not yet started are never opened (8 chosen, 1 kept)",
+)
+def test_a_chosen_count_keeps_its_connections_when_one_gives_up_while_they_open(
+    http_server: FaultServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ "A chosen count keeps its connections (those opened as another was refused go
+    on)" and opens N "fewer only if the server refuses them". With `retries=1` one
+    refusal (503) stops the first new connection of `connections=8`, before the other
+    six are started: the server refused one connection, so seven should fetch; the
+    fetch keeps to the one that ran at that moment instead."""
+    from framework.download.parallel import _engine
+
+    monkeypatch.delenv("FRAMEWORK_CONNECTIONS", raising=False)
+    refused = threading.Event()
+    started: list[int] = []
+    real_start, real_refused = _engine.Engine._start, _engine.Engine._refused
+
+    def start(engine: Any, first: Any) -> Optional[threading.Thread]:
+        if first is None:
+            started.append(1)
+            if len(started) == 2:  # the first new connection's request is refused first
+                refused.wait(10)
+        return real_start(engine, first)
+
+    def refusal(engine: Any, connection: Any, error: Any) -> None:
+        refused.set()
+        real_refused(engine, connection, error)
+
+    monkeypatch.setattr(_engine.Engine, "_start", start)
+    monkeypatch.setattr(_engine.Engine, "_refused", refusal)
+    data = os.urandom(32 * PART)
+    url = http_server.add(unique_path("gives-up-while-opening"), data, retry_after="0", **SLOW)
+    route = http_server.route(url)
+    route.fail_statuses = _Every(lambda n: n == 2)
+    assert parts_manager(tmp_path, connections=8, retries=1).cached_path(url).read_bytes() == data
+    assert refused.is_set()
+    assert route.max_in_flight >= 7, route.max_in_flight
+
+
+def test_refusals_alternating_with_answers_grow_the_ramp_once_then_keep_the_count(
+    http_server: FaultServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ "No connection is added while the server refuses ... refused again after that,
+    it keeps the count for good": a server that refuses every other request (503,
+    Retry-After: 0). No start raises the count past the connections live at the first
+    refusal while the ramp is paused, nor past those live at the first refusal after
+    it was served; the object comes whole, once."""
+    monkeypatch.delenv("FRAMEWORK_CONNECTIONS", raising=False)
+    log = _instrument(monkeypatch)
+    data = os.urandom(64 * PART)
+    url = http_server.add(unique_path("alternating"), data, retry_after="0", **SLOW)
+    route = http_server.route(url)
+    route.fail_statuses = _Every(lambda n: n > 1 and n % 2 == 0)
+    assert parts_manager(tmp_path, connections=None).cached_path(url).read_bytes() == data
+    assert route.body_bytes <= len(data) + PART
+    refusals = [at for at, event in enumerate(log) if event[0] == "refused"]
+    assert refusals
+    first = refusals[0]
+    for event, live, paused, _ in log[first:]:
+        if event == "start" and paused:
+            assert live <= log[first][1]
+    kept = [at for at in refusals if log[at][3]]  # refusals once the count was kept
+    for at in kept[:1]:
+        assert all(live <= log[at][1] for event, live, _, _ in log[at:] if event == "start")

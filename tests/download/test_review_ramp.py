@@ -164,7 +164,7 @@ def test_a_failure_while_a_refused_connection_waits_wakes_it(
     part; another connection then finds the object changed (the fetch starts over from
     byte 0 in one stream): the waiting one leaves at once, no thread is left behind, and
     the new version is what is published."""
-    data, new = os.urandom(32 * PART), os.urandom(32 * PART)
+    data, new = os.urandom(16 * PART), os.urandom(16 * PART)
     url = http_server.add(unique_path("changed-while-refused"), data, retry_after="3600", **SLOW)
     route = http_server.route(url)
     route.fail_statuses = _Every(lambda n: n == 2)
@@ -231,7 +231,7 @@ def test_a_chosen_count_keeps_its_connections_when_one_gives_up_while_they_open(
 
     monkeypatch.setattr(_engine.Engine, "_start", start)
     monkeypatch.setattr(_engine.Engine, "_refused", refusal)
-    data = os.urandom(32 * PART)
+    data = os.urandom(16 * PART)
     url = http_server.add(unique_path("gives-up-while-opening"), data, retry_after="0", **SLOW)
     route = http_server.route(url)
     route.fail_statuses = _Every(lambda n: n == 2)

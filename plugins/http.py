@@ -212,7 +212,7 @@ class HttpBackend(DownloadBackend):
         # A 416 to a request with a Range is reported as a stream (the manager decides);
         # to one without, it is final, as any other 4xx.
         if response.status_code >= 400 and (response.status_code != 416 or "Range" not in headers):
-            response.close()
+            _close_keeping_the_connection(response)
             where = f" (redirected to {response.url})" if response.url != url else ""
             raise HTTPStatusError(
                 url,
@@ -345,6 +345,23 @@ def retry_after_seconds(value: Optional[str]) -> Optional[float]:
         return min(max(0.0, float(Retry().parse_retry_after(value))), MAX_RETRY_AFTER_S)
     except (urllib3.exceptions.InvalidHeader, ValueError, TypeError, OverflowError):
         return None
+
+
+_SMALL_BODY: Final = 64 << 10
+
+
+def _close_keeping_the_connection(response: Any) -> None:
+    """Close an answer that is not a body we keep (a refusal, an error): a short body is
+    read first, so its connection goes back to the pool instead of being dropped (a
+    server refusing connections beyond its limit would otherwise see a new one for each
+    retry)."""
+    length = _int(response.headers.get("Content-Length"))
+    if length is not None and length <= _SMALL_BODY:
+        try:
+            response.content  # noqa: B018 (read: releases the connection to the pool)
+        except Exception:  # a broken body: the connection is dropped below, as before
+            pass
+    response.close()
 
 
 def _int(value: Any) -> Optional[int]:

@@ -176,11 +176,6 @@ def test_a_failure_while_a_refused_connection_waits_wakes_it(
     assert _parallel_threads() == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a refused part request closes its pooled connection (the 503/429 body is not "
-    "read), so every refusal costs the capped server a new TCP connection",
-)
 def test_a_refusal_does_not_cost_the_server_a_new_connection(
     http_server: FaultServer, tmp_path: Path
 ) -> None:
@@ -198,11 +193,6 @@ def test_a_refusal_does_not_cost_the_server_a_new_connection(
     assert http_server.connections - opened <= 8 + 4, (http_server.connections - opened, route.refused)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a connection that gives up while a chosen count opens calls keep_to(live - 1): "
-    "the connections not yet started are never opened (8 chosen, 1 kept)",
-)
 def test_a_chosen_count_keeps_its_connections_when_one_gives_up_while_they_open(
     http_server: FaultServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

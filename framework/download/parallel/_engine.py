@@ -406,7 +406,8 @@ class Engine:
             if connection.refusals >= self.attempts or self.stop.is_set():
                 if self.live <= 1 and not self.stop.is_set():
                     raise error
-                self.ramp.keep_to(self.live - 1)
+                # A chosen count loses this one only: those not yet opened were never refused.
+                self.ramp.keep_to(self.ramp.target - 1 if self.ramp.fixed else self.live - 1)
                 self._leave(connection)
                 logger.info("%s refused one more connection (%s); going on with fewer", self.url, error)
                 return

@@ -101,9 +101,8 @@ def _chain_environment() -> str:
     environment variable, and the identity of the shared credentials and config files
     (never the secrets themselves in the key)."""
     digest = hashlib.sha256()
-    for name, value in sorted(os.environ.items()):
-        if name.startswith("AWS_"):
-            digest.update(f"{name}={value}\0".encode("utf-8", "surrogateescape"))
+    for name, value in sorted(item for item in os.environ.items() if item[0].startswith("AWS_")):
+        digest.update(f"{name}={value}\0".encode("utf-8", "surrogateescape"))
     for variable, default in _CHAIN_FILES:
         digest.update(f"{_file_identity(os.environ.get(variable) or default)}\0".encode())
     return digest.hexdigest()

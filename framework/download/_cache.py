@@ -229,9 +229,11 @@ def _enter(folder: Path) -> Optional[WorkFolder]:
             return WorkFolder(folder, fresh=True)
         except FileExistsError:
             pass
-        if not os.path.lexists(folder):
+        try:
+            info = os.lstat(folder)
+        except FileNotFoundError:
             continue
-        if private_folder(folder):
+        if _private(info):
             return WorkFolder(folder, fresh=False)
         break
     _logger.warning("%s is not a private folder of this user (planted?); not using it", folder)

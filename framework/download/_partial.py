@@ -24,6 +24,7 @@ parallel one (`parallel`) write through `Partial`, and `_fetch` picks between th
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
@@ -239,8 +240,9 @@ def orphaned(name: PartialName, info: os.stat_result, now: float) -> bool:
     return now - info.st_mtime >= STALE_AFTER_S
 
 
+@functools.cache
 def boot_time() -> Optional[float]:
-    """When this machine booted (Linux's `/proc/stat`), None where unknown."""
+    """When this machine booted (Linux's `/proc/stat`, read once), None where unknown."""
     try:
         with open("/proc/stat", encoding="ascii") as stat_file:
             for line in stat_file:

@@ -14,7 +14,15 @@ from typing import Any, Optional
 import pytest
 
 from framework.errors import HTTPStatusError
-from tests.support.download import PART, SLOW, FaultServer, cache_files, parts_manager, unique_path
+from tests.support.download import (
+    PART,
+    SLOW,
+    FaultServer,
+    cache_files,
+    parts_manager,
+    refusal_before_the_second_start,
+    unique_path,
+)
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -201,26 +209,8 @@ def test_a_chosen_count_keeps_its_connections_when_one_gives_up_while_they_open(
     refusal (503) stops the first new connection of `connections=8`, before the other
     six are started: the server refused one connection, so seven should fetch; the
     fetch keeps to the one that ran at that moment instead."""
-    from framework.download.parallel import _engine
-
     monkeypatch.delenv("FRAMEWORK_CONNECTIONS", raising=False)
-    refused = threading.Event()
-    started: list[int] = []
-    real_start, real_refused = _engine.Engine._start, _engine.Engine._refused
-
-    def start(engine: Any, first: Any) -> Optional[threading.Thread]:
-        if first is None:
-            started.append(1)
-            if len(started) == 2:  # the first new connection's request is refused first
-                refused.wait(10)
-        return real_start(engine, first)
-
-    def refusal(engine: Any, connection: Any, error: Any) -> None:
-        refused.set()
-        real_refused(engine, connection, error)
-
-    monkeypatch.setattr(_engine.Engine, "_start", start)
-    monkeypatch.setattr(_engine.Engine, "_refused", refusal)
+    refused = refusal_before_the_second_start(monkeypatch)
     data = os.urandom(16 * PART)
     url = http_server.add(unique_path("gives-up-while-opening"), data, retry_after="0", **SLOW)
     route = http_server.route(url)

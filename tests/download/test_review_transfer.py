@@ -5,14 +5,20 @@ fetch: each test is a promise of the docs, attacked at real parts (the fault ser
 from __future__ import annotations
 
 import os
-import threading
 import time
 from pathlib import Path
 from typing import Any, Optional
 
 import pytest
 
-from tests.support.download import PART, SLOW, FaultServer, parts_manager, unique_path
+from tests.support.download import (
+    PART,
+    SLOW,
+    FaultServer,
+    parts_manager,
+    refusal_before_the_second_start,
+    unique_path,
+)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -94,26 +100,8 @@ def _one_refusal_while_opening(
     """Fetch 32 parts at a paced server that refuses one request once (503, Retry-After:
     0): the first new connection's, before the others of its step are started. The
     most bodies in flight at once."""
-    from framework.download.parallel import _engine
-
     monkeypatch.delenv("FRAMEWORK_CONNECTIONS", raising=False)
-    refused = threading.Event()
-    started: list[int] = []
-    real_start, real_refused = _engine.Engine._start, _engine.Engine._refused
-
-    def start(engine: Any, first: Any) -> Optional[threading.Thread]:
-        if first is None:
-            started.append(1)
-            if len(started) == 2:  # the first new connection's request is refused first
-                refused.wait(10)
-        return real_start(engine, first)
-
-    def refusal(engine: Any, connection: Any, error: Any) -> None:
-        real_refused(engine, connection, error)
-        refused.set()
-
-    monkeypatch.setattr(_engine.Engine, "_start", start)
-    monkeypatch.setattr(_engine.Engine, "_refused", refusal)
+    refused = refusal_before_the_second_start(monkeypatch)
     data = os.urandom(32 * PART)
     url = http_server.add(
         unique_path("blip"), data, swap_at_get=2, then={"fail_statuses": [503]}, retry_after="0", **SLOW

@@ -564,3 +564,31 @@ def counted_listings() -> Iterator[Listings]:
         yield seen
     finally:
         os.listdir, os.scandir = listdir, scandir
+
+
+def refusal_before_the_second_start(monkeypatch: Any) -> threading.Event:
+    """Hold a parallel fetch's second connection start until a refused request has been
+    handled (at most 10 s): the refusal lands while a step's connections are being
+    opened. The event returned is set once one was."""
+    from framework.download.parallel import _engine
+
+    refused = threading.Event()
+    started: list[int] = []
+    real_start, real_refused = _engine.Engine._start, _engine.Engine._refused
+
+    def start(engine: Any, first: Any) -> Any:
+        if first is None:
+            started.append(1)
+            if len(started) == 2:  # the first new connection's request is refused first
+                refused.wait(10)
+        return real_start(engine, first)
+
+    def refusal(engine: Any, connection: Any, error: Any) -> None:
+        try:
+            real_refused(engine, connection, error)
+        finally:
+            refused.set()
+
+    monkeypatch.setattr(_engine.Engine, "_start", start)
+    monkeypatch.setattr(_engine.Engine, "_refused", refusal)
+    return refused

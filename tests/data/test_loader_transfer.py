@@ -124,7 +124,7 @@ def test_no_shared_memory_left_after_many_early_breaks() -> None:
     before = shm_entries()
     workers: set[int] = set()
     data = make(BusyReader(400), num_workers=2, max_instances_in_memory=8, transfer="shared_memory")
-    for _ in range(100):
+    for _ in range(40):
         for i, _batch in enumerate(data):
             if i == 3:
                 workers |= child_pids()

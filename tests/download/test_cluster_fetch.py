@@ -356,8 +356,8 @@ def assert_same_error_everywhere(
 
 @pytest.fixture(scope="module")
 def failing(http_server: FaultServer, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """The calls that fail on node-local caches, in one group with a 10 s timeout; its
-    last call stalls rank 2."""
+    """The calls that fail on node-local caches, in one group with a 6 s timeout (the
+    slow link and the stall each cost about that much); its last call stalls rank 2."""
     tmp_path = tmp_path_factory.mktemp("failing")
     data = {
         "wrong-sum": os.urandom(1 << 20),
@@ -388,7 +388,7 @@ def failing(http_server: FaultServer, tmp_path_factory: pytest.TempPathFactory) 
         tmp_path,
         two_nodes(tmp_path),
         [{"url": urls[name], **call} for name, call in calls.items()],
-        pg_timeout=10,
+        pg_timeout=6,
         timeout=180,
     )
     return {"tmp": tmp_path, "data": data, "urls": urls, "results": dict(zip(calls, results))}

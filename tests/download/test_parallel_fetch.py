@@ -383,7 +383,9 @@ def test_a_server_slow_to_answer_gets_fewer_larger_requests(
     # one or two (an even share of the few parts left)
     assert len(far) < len(near), (near, far)
     assert min(far[:-2]) >= 2, far
-    assert far[-1] <= 8, far  # the last run is a share of what was left, not a whole paying run
+    # The last run is a share of what was left, not a whole paying run. (How large a
+    # share depends on the rates a busy machine measures: only its bound is asserted.)
+    assert far[-1] < max(far[:-1]), far
 
 
 def test_a_request_retried_after_a_refusal_does_not_count_as_the_servers_wait() -> None:

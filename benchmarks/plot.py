@@ -51,6 +51,7 @@ TABLES = {
     "cluster": _tables.cluster_table,
     "smallfiles": _tables.smallfiles_table,
     "matrix": _tables.matrix_table,
+    "first_batch": _tables.first_batch_table,
 }
 
 ROOT = Path(__file__).resolve().parent.parent

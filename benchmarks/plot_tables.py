@@ -349,3 +349,23 @@ def matrix_table(results: Mapping[str, Any]) -> str:
         parts.append(f"Not installed, so not run: {', '.join(f'`{name}`' for name in skipped)}.")
     parts.append(f"Below 0.9x: {'; '.join(flagged)}." if flagged else "No cell below 0.9x.")
     return "\n".join(parts)
+
+
+def first_batch_table(results: Mapping[str, Any]) -> str:
+    rows = [
+        [
+            f"`{name}`",
+            f"{row['first_batch_s']:.3f}",
+            f"{row['first_batch_vs_torch']:.2f}x",
+            f"{row['batches_per_s']:.1f}",
+            f"{row['throughput_vs_torch']:.2f}x",
+        ]
+        for name, row in results["rows"].items()
+    ]
+    return "\n".join([
+        f"{results['instances']:,} instances at 1 ms each, batch size {results['batch_size']}, "
+        f"max_instances_in_memory={results['max_instances_in_memory']}, medians of "
+        f"{results['repeats']} ({results['machine']}).\n",
+        _table(["loader", "first batch (s)", "vs torch", "batches/s", "vs torch"], rows),
+    ])  # fmt: skip
+

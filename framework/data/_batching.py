@@ -115,11 +115,25 @@ class BatchPlan:
             lists.pop()
         return lists
 
+    def chunk_size(self, number: int) -> int:
+        """How many instances lazy chunk `number` of a slot holds: one batch first, then
+        twice as many as the chunk before, up to `max_instances_in_memory`. A shuffle or
+        a sampler needs a whole chunk before its first batch: the first batch of a pass
+        then waits for one batch's reading, not for `max_instances_in_memory`'s (the
+        first chunks shuffle within smaller windows, as a shuffle buffer that fills).
+        A function of the chunk's number alone, so a resumed slot cuts the same chunks."""
+        most = self.max_instances_in_memory
+        assert most is not None
+        batch = self.batch_size or (self.batch_sampler.get_batch_size() if self.batch_sampler else None)
+        if not batch or number >= 32:
+            return most
+        return min(most, batch << number)
+
     def resumable(self, slot: _Slot) -> Iterator[tuple[list[Any], list[Optional[int]], Point]]:
         """Lazy mode: (instances, their record indexes, where to restart after them).
 
         The slot's `items` are (instance, record index) pairs; they are batched one
-        chunk of `max_instances_in_memory` at a time, from `start` (a chunk and how much
+        chunk (`chunk_size`) at a time, from `start` (a chunk and how much
         of it was taken). Each chunk starts from seeds of its own (`reseed` seeds the
         reader's random streams), so a chunk read again after a seek is the same
         chunk; `where()` gives the (record, seek token) a chunk starts at.
@@ -142,10 +156,9 @@ class BatchPlan:
 
     def _chunks(self, slot: _Slot) -> Iterator[tuple[Point, Iterator[tuple[Any, Optional[int]]]]]:
         """(where chunk n starts, its items), lazily: the next chunk starts after the last."""
-        size = self.max_instances_in_memory
-        assert size is not None
         number, pulled = slot.start.chunk, slot.start.skip
         while True:
+            size = self.chunk_size(number)
             record, token = slot.where()
             slot.reseed(derive_seed(slot.seed, "chunk", number))
             counter = itertools.count()

@@ -34,6 +34,7 @@ from framework.errors import ResumeError
 from framework.registry import import_target, imports_allowed
 
 __all__ = [
+    "EAGER_STATE_VERSIONS",
     "STATE_VERSION",
     "Consumed",
     "Point",
@@ -51,7 +52,11 @@ __all__ = [
     "sample_digests",
 ]
 
-STATE_VERSION = 2  # 1: the per-topology states of issue 9 (no "version" key)
+# 1: the per-topology states of issue 9 (no "version" key); 2: lazy chunks all of
+# max_instances_in_memory (an eager state of version 2 still resumes: nothing it names
+# changed); 3: lazy chunks that grow from one batch (`BatchPlan.chunk_size`).
+STATE_VERSION = 3
+EAGER_STATE_VERSIONS = (2, 3)
 
 _T = TypeVar("_T")
 _T_co = TypeVar("_T_co", covariant=True)

@@ -23,6 +23,7 @@ from framework.data._pass import Progress
 from framework.data._position import Position
 from framework.data._settings import LoaderSettings
 from framework.data._shards import (
+    EAGER_STATE_VERSIONS,
     STATE_VERSION,
     Consumed,
     check_files,
@@ -153,13 +154,7 @@ def resumed_position(settings: LoaderSettings, cache: InstanceCache, state: Mapp
             ),
             "malformed",
         )
-    if state["version"] != STATE_VERSION:
-        raise ResumeError(
-            f"the state has format version {state['version']!r}, and this version of "
-            f"framework reads version {STATE_VERSION}: resume it with the version that "
-            "saved it, or start the epoch afresh",
-            "malformed",
-        )
+    _check_version(state)
     check_files(state.get("files"))  # before the settings: its own clear error
     check_reader(settings.reader)
     saved = state.get("settings")
@@ -208,6 +203,30 @@ def resumed_position(settings: LoaderSettings, cache: InstanceCache, state: Mapp
     # Another split: a new pass over what is left, seeded from the saved pass.
     seed = derive_seed(first.seed, "resumed", world, settings.slots_per_rank(), rank)
     return Position(epoch=first.epoch, seed=seed, base=consumed)
+
+
+def _check_version(state: Mapping[str, Any]) -> None:
+    """ResumeError unless this version reads a state of `state`'s format version."""
+    version = state["version"]
+    if version == STATE_VERSION:
+        return
+    lazy = isinstance(state.get("settings"), Mapping) and bool(state["settings"].get("lazy"))
+    if version in EAGER_STATE_VERSIONS and not lazy:
+        return  # an eager state names the same positions in both versions
+    if version == 2:
+        raise ResumeError(
+            "the state was saved by a lazy loader of an earlier version of framework, "
+            "whose chunks all held max_instances_in_memory instances; this version's "
+            "first chunks grow from one batch, so the saved positions point elsewhere. "
+            "Resume it with the version that saved it, or start the epoch afresh",
+            "malformed",
+        )
+    raise ResumeError(
+        f"the state has format version {version!r}, and this version of framework reads "
+        f"version {STATE_VERSION}: resume it with the version that saved it, or start the "
+        "epoch afresh",
+        "malformed",
+    )
 
 
 def same_split(settings: LoaderSettings, state: Mapping[str, Any]) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import copy
 import itertools
 import os
@@ -165,8 +166,37 @@ def test_lazy_sampler_is_applied_per_chunk() -> None:
     data = loader(20, batch_sampler=sampler, max_instances_in_memory=6)
     batches = ids(data)
     assert sorted(flat(batches)) == list(range(20))
+    starts = [0, 2, 6, 12, 18]  # chunks of one batch, then twice as many, up to 6
     for batch in batches:
-        assert len({i // 6 for i in batch}) == 1  # never mixes two chunks
+        assert len({bisect.bisect_right(starts, i) for i in batch}) == 1  # never mixes two chunks
+
+
+class _Tally(CountingReader):
+    """Counts the instances it has read (in this process)."""
+
+    def _read(self, file_path: Any) -> Iterator[dict[str, Any]]:
+        self.read = 0
+        for instance in super()._read(file_path):
+            self.read += 1
+            yield instance
+
+
+@pytest.mark.parametrize("sampled", [False, True], ids=["shuffle", "sampler"])
+def test_a_lazy_pass_batches_after_reading_one_batch_not_a_whole_chunk(sampled: bool) -> None:
+    """A shuffle and a sampler each need a whole chunk: the first chunk of a pass holds
+    one batch, so the first batch comes after 8 instances are read, not 1,000; the
+    chunks then double, and every instance still comes once."""
+    reader = _Tally(3000)
+    options: dict[str, Any] = {"batch_size": 8, "shuffle": True}
+    if sampled:
+        options = {"batch_sampler": BatchSampler.by_name("bucket")(batch_size=8, sorting_keys=["tokens"])}
+    data = MultiProcessDataLoader(reader, "x", max_instances_in_memory=1000, quiet=True, **options)
+    batches = iter(data)
+    first = next(batches)
+    assert reader.read <= 8 + 1, reader.read  # the chunk's 8, and the next one's first
+    assert len(first["id"]) == 8
+    seen = first["id"].tolist() + flat(batch["id"].tolist() for batch in batches)
+    assert sorted(seen) == list(range(3000))
 
 
 def test_iter_instances_is_a_generator_with_hooks_applied() -> None:

@@ -64,12 +64,29 @@ def test_a_state_from_another_topology_is_refused(change: dict[str, Any], field:
 
 @pytest.mark.parametrize(
     ("change", "message"),
-    [({"version": 99}, r"format version 99.*reads version 2"), ({"version": None}, "format version None")],
+    [({"version": 99}, r"format version 99.*reads version 3"), ({"version": None}, "format version None")],
 )
 def test_a_state_of_another_format_version_is_refused(change: dict[str, Any], message: str) -> None:
     state = {**_loader().state_dict(), **change}
     with pytest.raises(ValueError, match=message):
         _loader().load_state_dict(state)
+
+
+def test_an_eager_state_of_version_2_resumes_and_a_lazy_one_is_refused() -> None:
+    """Version 3 changed where lazy chunks end (they grow from one batch); an eager
+    state names the same positions in both versions."""
+    eager = _loader()
+    iterator = iter(eager)
+    seen = [next(iterator)["id"].tolist() for _ in range(3)]
+    state = {**eager.state_dict(), "version": 2}
+    resumed = _loader()
+    resumed.load_state_dict(state)
+    rest = [batch["id"].tolist() for batch in resumed]
+    assert sorted(i for batch in seen + rest for i in batch) == list(range(40))
+    lazy = _loader(max_instances_in_memory=8)
+    next(iter(lazy))
+    with pytest.raises(ValueError, match=r"earlier version of framework.*grow from one batch"):
+        _loader(max_instances_in_memory=8).load_state_dict({**lazy.state_dict(), "version": 2})
 
 
 def test_a_state_of_the_first_format_is_refused_clearly() -> None:

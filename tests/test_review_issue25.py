@@ -319,12 +319,6 @@ def test_the_readme_example_runs_without_a_warning(tmp_path: Path) -> None:
     )
     assert "Warning" not in out.stderr, out.stderr
 
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="CONTRIBUTING.md: 'The history of a change lives here [the commit body], not in "
-    "the docs or in comments'; 40-odd test comments still begin '# Before: ...'",
-)
 def test_no_comment_tells_the_history_of_a_change() -> None:
     found = [
         f"{path.relative_to(ROOT)}:{number}"

@@ -346,8 +346,8 @@ def _loader(reader: DatasetReader | None = None, **options: Any) -> MultiProcess
 @pytest.mark.parametrize("stop", ["islice", "zip"])
 @pytest.mark.parametrize("options", [{}, {"max_instances_in_memory": 4, "num_workers": 2}])
 def test_carry_over_survives_a_consumer_that_stops_at_len(stop: str, options: dict[str, Any]) -> None:
-    # Before: the epoch's generator was still suspended at its last batch, so when it
-    # was collected it closed the carried-over pass: instances 6..9 never came.
+    # The epoch's generator, suspended at its last batch, must not close the carried-over
+    # pass when it is collected: instances 6..9 come next epoch.
     loader = _loader(CountingReader(10), batch_size=3, batches_per_epoch=2, **options)
     seen: list[int] = []
     for _ in range(3):
@@ -361,7 +361,8 @@ def test_carry_over_survives_a_consumer_that_stops_at_len(stop: str, options: di
 
 
 def test_a_second_iterator_with_batches_per_epoch_yields_a_whole_epoch() -> None:
-    # Before: the second iterator started from the first one's count and yielded 2.
+    # Each iterator counts its own batches: a second one yields a whole epoch, not the rest
+    # of the first one's count.
     data = loader(batch_size=2, batches_per_epoch=3, seed=1)
     first = iter(data)
     next(first)
@@ -378,7 +379,7 @@ def _new_collator(instances: list[dict[str, Any]]) -> dict[str, Any]:
 
 @pytest.mark.parametrize("setting", ["collate_fn", "reader", "num_workers", "data_path"])
 def test_a_setting_assigned_after_construction_takes_effect(setting: str) -> None:
-    # Before: the passes and the state read a copy of the settings taken in __init__.
+    # The passes and the state read the live settings, not a copy taken in __init__.
     data = loader(6, batch_size=2, max_instances_in_memory=4, seed=1)
     if setting == "collate_fn":
         data.collate_fn = _new_collator
@@ -404,7 +405,7 @@ def test_a_batch_setting_assigned_after_construction_batches_the_cache_anew() ->
 
 
 def test_a_copy_of_the_loader_has_its_own_settings() -> None:
-    # Before: a shallow copy shared the settings object, so the original moved too.
+    # A copy owns its settings: changing the copy leaves the original as it was.
     data = loader(6, batch_size=2, seed=1)
     other = copy.copy(data)
     other.set_target_device("cpu")
@@ -430,8 +431,8 @@ def test_a_copy_after_a_carried_over_epoch_yields_the_same_next_epoch(options: d
 
 @pytest.mark.timeout(120)
 def test_a_sampler_batch_larger_than_max_instances_in_memory_is_refused() -> None:
-    # Before: accepted; the sampler saw 4 instances at a time and made batches of 4
-    # (or none with drop_last) instead of 8.
+    # A sampler batch larger than max_instances_in_memory is refused: the sampler would see
+    # 4 instances at a time and make batches of 4 (or none with drop_last) instead of 8.
     from framework_plugins.samplers import BucketBatchSampler
 
     sampler = BucketBatchSampler(batch_size=8, sorting_keys=["tokens"], drop_last=True)

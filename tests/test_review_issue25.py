@@ -299,12 +299,6 @@ def test_every_registry_name_the_docs_use_is_in_its_all() -> None:
             used |= {name.strip() for name in names.split(",")}
     assert sorted(used - set(framework.registry.__all__)) == []
 
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="the README's 30-second example (num_workers=2, a reader that does not shard) "
-    "prints the UnshardedReadWarning on a newcomer's first run",
-)
 def test_the_readme_example_runs_without_a_warning(tmp_path: Path) -> None:
     text = (ROOT / "README.md").read_text(encoding="utf-8")
     example = text.split("## 30-second example", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]

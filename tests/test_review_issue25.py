@@ -299,6 +299,7 @@ def test_every_registry_name_the_docs_use_is_in_its_all() -> None:
             used |= {name.strip() for name in names.split(",")}
     assert sorted(used - set(framework.registry.__all__)) == []
 
+
 def test_the_readme_example_runs_without_a_warning(tmp_path: Path) -> None:
     text = (ROOT / "README.md").read_text(encoding="utf-8")
     example = text.split("## 30-second example", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
@@ -312,6 +313,7 @@ def test_the_readme_example_runs_without_a_warning(tmp_path: Path) -> None:
         cwd=tmp_path,
     )
     assert "Warning" not in out.stderr, out.stderr
+
 
 def test_no_comment_tells_the_history_of_a_change() -> None:
     found = [

@@ -12,6 +12,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BatchSampler",
+    "BucketBatchSampler",
     "ConfigError",
     "DataCollator",
     "DataLoader",
@@ -34,6 +35,7 @@ __all__ = [
 
 _LOCATIONS = {
     "BatchSampler": "framework.data",
+    "BucketBatchSampler": "framework.data",
     "ConfigError": "framework.errors",
     "DataCollator": "framework.data",
     "DataLoader": "framework.data",
@@ -58,6 +60,7 @@ if _TYPE_CHECKING:
     from framework.config import Lazy
     from framework.data import (
         BatchSampler,
+        BucketBatchSampler,
         DataCollator,
         DataLoader,
         DatasetReader,

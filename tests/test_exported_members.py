@@ -6,7 +6,7 @@ import framework
 import framework.errors
 
 CONTRACT = {
-    "BatchSampler", "ConfigError", "DataCollator", "DataLoader", "DatasetReader",
+    "BatchSampler", "BucketBatchSampler", "ConfigError", "DataCollator", "DataLoader", "DatasetReader",
     "DefaultDataCollator", "DistributedInfo", "DownloadBackend", "DownloadError", "DownloadManager",
     "FrameworkError", "Lazy", "MultiProcessDataLoader",
     "Registrable", "WorkerError", "WorkerInfo", "cached_path", "hookimpl", "hookspec",

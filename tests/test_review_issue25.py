@@ -238,11 +238,6 @@ def test_the_docs_carry_no_lab_notes() -> None:
 # -- 7: the first hour ---------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 25 Build 7: BucketBatchSampler importable from framework; only "
-    "framework.data has it, while DefaultDataCollator and MultiProcessDataLoader are top level",
-)
 def test_bucket_batch_sampler_is_importable_from_framework() -> None:
     import framework
 
@@ -282,11 +277,6 @@ def test_the_port_figures_in_the_docs_come_from_the_results() -> None:
     assert typed == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="docs/concepts/registry.md tells users to call framework.registry.import_target, "
-    "but the trimmed framework.registry.__all__ (and so the API reference) leaves it out",
-)
 def test_every_registry_name_the_docs_use_is_in_its_all() -> None:
     import framework.registry
 

@@ -32,7 +32,15 @@ from framework.registry._targets import import_target as import_target
 from framework.registry._targets import imports_allowed as imports_allowed
 from framework.registry._targets import warn_plugin as warn_plugin
 
-__all__ = ["PluginWarning", "Registrable", "Registrar", "Registry", "get_registry", "use_registry"]
+__all__ = [
+    "PluginWarning",
+    "Registrable",
+    "Registrar",
+    "Registry",
+    "get_registry",
+    "import_target",
+    "use_registry",
+]
 
 # Plugin loading builds on `Registry`, so it is wired in here rather than imported there.
 _store.plugin_loading = _plugins

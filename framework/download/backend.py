@@ -7,6 +7,7 @@ and progress all live once, in `DownloadManager`.
 
 from __future__ import annotations
 
+import inspect
 import re
 import threading
 from collections.abc import Iterator, Mapping
@@ -17,7 +18,7 @@ from typing import Any, Callable, ClassVar, Final, Optional
 import attrs
 
 from framework.config import ConfigChecks
-from framework.errors import DownloadError
+from framework.errors import DownloadError, InvalidArgumentError
 from framework.registry import Registrable
 
 __all__ = [
@@ -26,6 +27,7 @@ __all__ = [
     "ByteStream",
     "DownloadBackend",
     "RemoteInfo",
+    "contract_refused",
     "parse_content_range",
     "range_body_length",
     "range_place",
@@ -197,6 +199,23 @@ def range_unsupported(url: str, backend: DownloadBackend, offset: int, end: int)
     )
 
 
+def contract_refused(url: str, backend: DownloadBackend, error: TypeError) -> Optional[InvalidArgumentError]:
+    """The error for an `open` that cannot take the contract's one call shape (a backend
+    written for another signature), or None when the TypeError came from inside it.
+    The signature is read only here, to say what is wrong; calls never depend on it."""
+    try:
+        inspect.signature(backend.open).bind("url", 0, end=None, if_range=None)
+    except TypeError:
+        return InvalidArgumentError(
+            url,
+            f"{type(backend).__name__}.open cannot be called as the DownloadBackend contract "
+            f"calls it, open(url, offset, end=..., if_range=...) ({error}); give it the "
+            "signature open(self, url, offset=0, *, end=None, if_range=None): a backend "
+            "without ranges keeps supports_ranges False and is never given an end",
+        )
+    return None
+
+
 class DownloadBackend(Registrable):
     """Reads objects of the URL schemes in `schemes`; registered by name (`"http"`, ...).
 
@@ -245,16 +264,6 @@ class DownloadBackend(Registrable):
             }
         },
     )
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        # `supports_ranges` speaks for the `open` of the class that set it: an `open`
-        # written elsewhere in the MRO (an override or a mixin, maybe of an older
-        # signature, without `end`) must not inherit the promise.
-        opener = next(c for c in cls.__mro__ if "open" in vars(c))
-        declarer = next(c for c in cls.__mro__ if "supports_ranges" in vars(c))
-        if not issubclass(declarer, opener):
-            cls.supports_ranges = False
 
     def __init__(self, *, retries: int = 5, backoff_factor: float = 0.5, timeout: float = 60.0) -> None:
         self.config_checks.enforce({"retries": retries, "backoff_factor": backoff_factor, "timeout": timeout})

@@ -90,7 +90,8 @@ def test_several_files_one_without_a_final_newline_resume_anywhere(
 @pytest.mark.parametrize(
     ("workers", "lazy", "forms"),
     # compressed at 0 workers only: workers read a compressed file as the test above shows
-    [(0, 4, ("", "")), (2, 4, ("", "")), (0, None, ("", "")), (0, 4, (".gz", ".zst")), (0, None, (".gz", ".zst"))],
+    [(0, 4, ("", "")), (2, 4, ("", "")), (0, None, ("", "")),
+     (0, 4, (".gz", ".zst")), (0, None, (".gz", ".zst"))],
 )
 def test_a_byte_order_mark_is_read_and_resumed(tmp_path: Path, kind: str, workers: int,
                                               lazy: Optional[int], forms: tuple[str, str]) -> None:

@@ -38,7 +38,7 @@ def _sniff(head: bytes) -> Optional[str]:
 
 def compression_of(path: Union[str, Path]) -> Optional[str]:
     """`"gzip"`, `"zstd"` or None (read as it is), by the name's suffix."""
-    return COMPRESSIONS.get(Path(path).suffix)
+    return COMPRESSIONS.get(Path(path).suffix.lower())
 
 
 def open_data_file(path: Union[str, Path]) -> BinaryIO:
@@ -113,7 +113,7 @@ class DecompressedStream(io.RawIOBase):
         self._raw.seek(0)
         self._decompress = self._new()
         self._started = False  # the current member or frame has taken input
-        self._pending = b""  # decompressed, not yet read
+        self._pending = memoryview(b"")  # decompressed, not yet read (a view: read without copying)
         self._at = 0  # where in `_pending` reading resumes
         self._position = 0  # offset into the decompressed stream
 
@@ -166,7 +166,7 @@ class DecompressedStream(io.RawIOBase):
                 break
             data = self._decompress.unused_data  # the next member or frame
             self._decompress, self._started = self._new(), False
-        self._pending = self._pending[self._at :] + b"".join(pieces)
+        self._pending = memoryview(b"".join(pieces))  # called once `_pending` is all read
         self._at = 0
         return True
 

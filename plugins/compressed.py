@@ -22,7 +22,11 @@ COMPRESSIONS = {".gz": "gzip", ".zst": "zstd"}
 _SUFFIX = {form: suffix for suffix, form in COMPRESSIONS.items()}
 ZSTD_EXTRA = "pip install 'framework[zstd]'"
 
-_CHUNK = 32 * 1024  # compressed bytes a read takes in: bounds what one step decompresses to
+# Compressed bytes are taken in small steps, so one step's output stays bounded however well
+# the data compresses (zstd can expand 2 KiB to tens of MiB, gzip to 2 MiB), until a
+# read has at least `_OUTPUT` bytes to give.
+_STEP = 2 * 1024
+_OUTPUT = 64 * 1024
 
 
 def _sniff(head: bytes) -> Optional[str]:
@@ -138,16 +142,29 @@ class DecompressedStream(io.RawIOBase):
         return size
 
     def _fill(self) -> bool:
-        """Decompress the next input chunk into `_pending`; False at the end of the file."""
-        data = self._raw.read(_CHUNK)
-        if not data:
-            if self._started:
-                raise ValueError(
-                    f"{self.name}: the {self.form} stream ends mid-stream after "
-                    f"{self._position + len(self._pending) - self._at} decompressed bytes: the "
-                    "file is truncated (an interrupted download or copy?); fetch or copy it again"
-                )
-            return False
+        """Decompress input until `_pending` holds `_OUTPUT` bytes or the file ends (when
+        `_pending` is all read); False at the end of the file."""
+        pieces: list[bytes] = []
+        size = 0
+        while size < _OUTPUT:
+            data = self._raw.read(_STEP)
+            if not data:
+                if self._started:
+                    raise ValueError(
+                        f"{self.name}: the {self.form} stream ends mid-stream after "
+                        f"{self._position + size} decompressed bytes: the file is truncated "
+                        "(an interrupted download or copy?); fetch or copy it again"
+                    )
+                break
+            for piece in self._decompressed(data):
+                pieces.append(piece)
+                size += len(piece)
+        self._pending = memoryview(b"".join(pieces))
+        self._at = 0
+        return size > 0
+
+    def _decompressed(self, data: bytes) -> list[bytes]:
+        """The bytes `data` decompresses to, across the ends of members or frames."""
         pieces = []
         while data:
             if not self._started and self.form == "gzip":
@@ -166,9 +183,7 @@ class DecompressedStream(io.RawIOBase):
                 break
             data = self._decompress.unused_data  # the next member or frame
             self._decompress, self._started = self._new(), False
-        self._pending = memoryview(b"".join(pieces))  # called once `_pending` is all read
-        self._at = 0
-        return True
+        return pieces
 
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
         if whence == io.SEEK_CUR:

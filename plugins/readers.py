@@ -3,7 +3,9 @@
 Each reader shards the raw records (lines or rows) *before* the costly part of
 reading them (JSON parsing, tokenizing, type conversion), so each worker process and
 each distributed rank does only its own share of the work; that is why they set
-both `manual_*_sharding` flags and call `shard_iterable` themselves.
+both `manual_*_sharding` flags and call `shard_iterable` themselves. Files are read as
+they are: plain, `.gz` or `.zst` (`framework_plugins.compressed`); every worker reads a
+compressed file from its start and keeps its own records, as with a plain one.
 
 Every instance is a dict that the default collator batches as it is: strings and
 lists of strings stay lists, numbers become tensors, and token ids (`"text"` with

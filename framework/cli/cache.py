@@ -78,6 +78,13 @@ def _cache_dir(args: argparse.Namespace) -> Path:
     return Path(args.cache_dir).expanduser() if args.cache_dir else default_cache_dir()
 
 
+def _count(number: int, noun: str) -> str:
+    """`1 entry`, `2 entries`, `0 stale files`."""
+    if number == 1:
+        return f"1 {noun}"
+    return f"{number} {noun[:-1]}ies" if noun.endswith("y") else f"{number} {noun}s"
+
+
 def _when(stamp: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M", time.gmtime(stamp))
 
@@ -119,7 +126,7 @@ def list_entries(args: argparse.Namespace) -> int:
     widths = [max([len(h)] + [len(row[i]) for row in table]) for i, h in enumerate(headers)]
     for row in (headers, *table):
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
-    print(f"{len(found)} entries, {format_size(total)} ({total} bytes) in {_cache_dir(args)}")
+    print(f"{_count(len(found), 'entry')}, {format_size(total)} ({total} bytes) in {_cache_dir(args)}")
     return 0
 
 
@@ -146,7 +153,7 @@ def verify_entries(args: argparse.Namespace) -> int:
         if args.fix:
             fixed = "; removed" if remove(entry) else "; not removed: another process is fetching it"
         print(f"bad: {entry.url}: {problem}{fixed}")
-    print(f"{len(chosen)} entries checked, {bad} bad")
+    print(f"{_count(len(chosen), 'entry')} checked, {bad} bad")
     return 1 if bad else 0
 
 
@@ -165,7 +172,8 @@ def prune_cache(args: argparse.Namespace) -> int:
         print(f"skipped: {entry.url}: another process is fetching it")
     freed, holds = ("would free", "would hold") if done.dry_run else ("freed", "holds")
     print(
-        f"{freed} {format_size(done.freed)}: {len(done.removed)} entries, {len(done.swept)} stale "
-        f"files; the cache {holds} {format_size(done.size)} (at most {done.max_size} bytes asked)"
+        f"{freed} {format_size(done.freed)}: {_count(len(done.removed), 'entry')}, "
+        f"{_count(len(done.swept), 'stale file')}; the cache {holds} {format_size(done.size)} "
+        f"(at most {done.max_size} bytes asked)"
     )
     return 0 if done.fits else 1

@@ -407,7 +407,8 @@ def _note_use(path: Path, info: os.stat_result) -> None:
     use, whatever the filesystem's `noatime` or `relatime` (`framework cache prune`
     removes the least recently used first). Its mtime stays (it binds the sidecar); on
     another user's file (not permitted) or a read-only cache, nothing is recorded."""
-    if os.utime not in os.supports_fd:
+    key = (info.st_dev, info.st_ino)
+    if os.utime not in os.supports_fd or key in _UNNOTED:
         return
     try:
         fd = os.open(path, _READ_FLAGS)
@@ -417,10 +418,16 @@ def _note_use(path: Path, info: os.stat_result) -> None:
         now = os.fstat(fd)
         if (now.st_dev, *file_identity(now)) == (info.st_dev, *file_identity(info)):
             os.utime(fd, ns=(time.time_ns(), now.st_mtime_ns))
-    except OSError:
-        pass
+    except OSError:  # tried once per process: a read-only cache's hits stay one lstat and one read
+        if len(_UNNOTED) >= 65536:
+            _UNNOTED.clear()
+        _UNNOTED.add(key)
     finally:
         os.close(fd)
+
+
+# Files (device, inode) whose use this process could not record.
+_UNNOTED: set[tuple[int, int]] = set()
 
 
 def binds(meta: Metadata, info: os.stat_result) -> bool:

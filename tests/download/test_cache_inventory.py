@@ -356,3 +356,11 @@ def test_the_commands_run_as_a_program(
     pruned = run("prune", "--max-size", "25kB")
     assert pruned.returncode == 0 and pruned.stderr == ""
     assert [entry.url for entry in entries(cache)] == [urls[1]]
+
+
+@pytest.mark.parametrize("action", ["ls", "verify", "prune"])
+def test_each_action_has_help(action: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as stopped:
+        main(["cache", action, "--help"])
+    assert stopped.value.code == 0
+    assert f"usage: framework cache {action}" in capsys.readouterr().out

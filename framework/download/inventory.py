@@ -334,11 +334,17 @@ def _stale_in(cache_dir: Path, folder: Path) -> list[Path]:
 
 
 def _sweep(cache_dir: Path, path: Path, lock: LockKind) -> bool:
-    """Remove a stale file (a folder: a dead extractor's); a partial file only while
-    nobody holds its entry's lock (a fetch may be adopting it)."""
-    partial = PartialName.parse(cache_dir, path.name, path.parent) if path.name.endswith(".part") else None
-    if partial is not None:
-        with _unlocked(partial.final.with_name(f"{partial.final.name}.lock"), path.name, lock) as free:
+    """Remove a stale file (a folder: a dead extractor's). A partial file, or a sidecar
+    without its file, only while nobody holds its entry's lock: a fetch may be adopting
+    the one, or publishing the file of the other (its sidecar goes first)."""
+    final: Optional[Path] = None
+    if path.name.endswith(".part"):
+        partial = PartialName.parse(cache_dir, path.name, path.parent)
+        final = partial.final if partial is not None else None
+    elif path.parent == cache_dir and path.name.endswith(".json"):
+        final = path.with_name(path.name[: -len(".json")])
+    if final is not None:
+        with _unlocked(final.with_name(f"{final.name}.lock"), path.name, lock) as free:
             if free:
                 _unlink(path)
             return free

@@ -225,6 +225,23 @@ def test_an_entry_whose_lock_another_process_holds_is_never_removed(
     assert entries(cache) == []
 
 
+def test_a_stale_partial_whose_entry_is_locked_stays(http_server: FaultServer, cache: Path) -> None:
+    """A fetch holding the lock may be adopting the orphaned partial file: it stays."""
+    url = http_server.base + "/adopted.bin"
+    orphan = planted_partial(cache, url, '"v1"', b"o" * 4000)
+    held, release = FORK.Event(), FORK.Event()
+    child = FORK.Process(target=_hold_lock, args=(str(Entry(cache, url).lock), held, release))
+    child.start()
+    try:
+        assert held.wait(20)
+        assert stale_files(cache) == [orphan]
+        assert prune(cache, 0).swept == () and orphan.exists()
+    finally:
+        release.set()
+        end_child(child)
+    assert prune(cache, 0).swept == (orphan,) and not orphan.exists()
+
+
 def test_prune_never_removes_a_users_own_files(
     http_server: FaultServer, manager: DownloadManager, cache: Path
 ) -> None:

@@ -17,7 +17,8 @@ is named by a hash of its URL plus the file name, with files next to it:
 `<name>.lock` (and `.lock.owner`: who is downloading), `<name>-extracted/`
 (and `<name>-extracted.json`: the sha256 of the archive it was extracted from),
 and, in `.framework-partial-<uid>/` while a download runs, its partial file
-`<name>.<etag>.<host>.<pid>.<token>.part` and other temporaries.
+`<name>.<etag>.<host>.<pid>.<token>.part` and other temporaries. `inventory` lists,
+verifies and trims them (`framework cache ls|verify|prune`).
 """
 
 from __future__ import annotations

@@ -204,7 +204,7 @@ def _glob(pattern: str, start: int, manager: DownloadManager) -> list[Shard]:
     if not backend.supports_listing:
         raise listing_unsupported(pattern, backend)
     prefix, rest = pattern[:start], pattern[start:]
-    listed = backend.list(prefix, recursive="/" in rest)
+    listed = backend.list(prefix, recursive="/" in rest or "**" in rest)
     # The first name of the rest is a whole name (where `**` means any folders) only
     # when the prefix ends a folder.
     whole_first = prefix == "" or prefix.endswith(("/", os.sep))

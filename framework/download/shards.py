@@ -8,7 +8,8 @@ A spec is one string, a path, or a list of them; each string is one of:
   to the width written) or `{train,valid}.gz` (alternatives), nested or several;
 - a glob (`*`, `?`, `[...]`, `**` for any folders) on a backend that lists
   (`DownloadBackend.supports_listing`): the longest literal prefix is listed, the
-  rest matched name by name with fnmatch's rules (`*` never crosses a `/`);
+  rest matched name by name with fnmatch's rules (`*` never crosses a `/`; `[*]` is a
+  literal `*`);
 - anything else: one shard, as written.
 
 The order is deterministic (the order given; a glob's matches sorted by URL; a
@@ -74,12 +75,13 @@ def resolve_shards(spec: ShardSpec, manager: Optional[DownloadManager] = None) -
     items = [spec] if isinstance(spec, (str, os.PathLike)) else list(spec)
     if not items:
         raise ShardSpecError("[]", "no shards named: the list is empty")
-    manager = manager if manager is not None else DownloadManager()
-    shards: list[Shard] = []
     for item in items:
         if not isinstance(item, (str, os.PathLike)):
             raise ShardSpecError(repr(item), f"a shard is a path or URL string, got {type(item).__name__}")
-        shards.extend(_resolve_one(os.fspath(item), manager))
+    if manager is None:
+        with DownloadManager() as made:  # its connections are closed once resolved
+            return resolve_shards(items, made)
+    shards = [shard for item in items for shard in _resolve_one(os.fspath(item), manager)]
     _refuse_duplicates(shards)
     return shards
 

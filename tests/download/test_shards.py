@@ -85,7 +85,17 @@ def test_an_http_url_with_a_query_or_an_ipv6_host_is_one_shard(manager: Download
 
 @pytest.fixture
 def shard_folder(tmp_path: Path) -> Path:
-    for name in ("a-1.csv", "a-2.csv", "a-10.csv", "b.csv", ".a-hidden.csv", "sub/a-3.csv", "sub/x/a-4.csv"):
+    names = (
+        "a-1.csv",
+        "a-2.csv",
+        "a-10.csv",
+        "b.csv",
+        ".a-hidden.csv",
+        "sub/a-3.csv",
+        "sub/x/a-4.csv",
+        "c[1]*.csv",
+    )
+    for name in names:
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(name)
     return tmp_path
@@ -101,6 +111,7 @@ def shard_folder(tmp_path: Path) -> Path:
         ("**/a-*.csv", ["a-1.csv", "a-10.csv", "a-2.csv", "sub/a-3.csv", "sub/x/a-4.csv"]),
         ("sub/**", ["sub/a-3.csv", "sub/x/a-4.csv"]),
         ("*a-hidden*", [".a-hidden.csv"]),
+        ("c[[]1][*].csv", ["c[1]*.csv"]),
     ],
 )
 def test_a_local_glob_matches_name_by_name(
@@ -236,6 +247,16 @@ def test_a_manifest_over_http_gives_urls_checksums_and_sizes(
     assert route.gets == 1 and route.heads >= 1  # cached, and asked whether it is still current
 
 
+def test_a_cached_manifest_resolves_offline(http_server: FaultServer, manager: DownloadManager) -> None:
+    url = http_server.add(unique_path("offline") + "/manifest.txt", b"a.gz\t\t3\nb.gz\n")
+    online = resolve_shards(f"manifest:{url}", manager)
+    route = http_server.route(url)
+    asked = (route.gets, route.heads)
+    with DownloadManager(manager.cache_dir, offline=True, progress=False) as offline:
+        assert resolve_shards(f"manifest:{url}", offline) == online
+    assert (route.gets, route.heads) == asked  # not even asked whether it changed
+
+
 def test_a_manifest_edited_in_place_is_read_again(http_server: FaultServer, manager: DownloadManager) -> None:
     path = unique_path("edited") + "/manifest.txt"
     url = http_server.add(path, b"a.gz\nb.gz\n")
@@ -327,6 +348,17 @@ def test_a_spec_that_names_no_shard_or_one_twice_is_refused(
 ) -> None:
     with pytest.raises(ShardSpecError, match=why):
         resolve_shards(spec, manager)
+
+
+def test_without_a_manager_one_from_the_environment_is_used(
+    shard_folder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FRAMEWORK_CACHE", os.fspath(shard_folder / "cache"))
+    manifest = shard_folder / "list.txt"
+    manifest.write_text("a-1.csv\n")
+    shards = resolve_shards(f"manifest:{manifest}")
+    assert shards == [Shard(f"{shard_folder}/a-1.csv")]
+    assert any((shard_folder / "cache").iterdir())  # fetched into the environment's cache
 
 
 def test_a_glob_and_a_list_that_overlap_are_refused(shard_folder: Path, manager: DownloadManager) -> None:

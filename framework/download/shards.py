@@ -81,17 +81,18 @@ def resolve_shards(spec: ShardSpec, manager: Optional[DownloadManager] = None) -
     if manager is None:
         with DownloadManager() as made:  # its connections are closed once resolved
             return resolve_shards(items, made)
-    shards = [shard for item in items for shard in _resolve_one(os.fspath(item), manager)]
+    listing: dict[str, bool] = {}  # by scheme: whether its backend lists
+    shards = [shard for item in items for shard in _resolve_one(os.fspath(item), manager, listing)]
     _refuse_duplicates(shards)
     return shards
 
 
-def _resolve_one(text: str, manager: DownloadManager) -> list[Shard]:
+def _resolve_one(text: str, manager: DownloadManager, listing: dict[str, bool]) -> list[Shard]:
     if text.startswith(MANIFEST_PREFIX):
         return _manifest(text[len(MANIFEST_PREFIX) :], manager)
     shards: list[Shard] = []
     for name in expand_braces(text):
-        start = _wildcard(name, manager)
+        start = _wildcard(name, manager, listing)
         shards.extend([Shard(name)] if start is None else _glob(name, start, manager))
     return shards
 
@@ -187,14 +188,18 @@ def _choices(inside: str, spec: str) -> list[str]:
 # Globs ---------------------------------------------------------------------------------
 
 
-def _wildcard(name: str, manager: DownloadManager) -> Optional[int]:
+def _wildcard(name: str, manager: DownloadManager, listing: dict[str, bool]) -> Optional[int]:
     """Where the first `*`, `?` or `[` of `name` is (None: no glob). On a scheme that
     cannot list, only the URL's path is read (a `?` there starts the query, a `[` may be
-    an IPv6 host): a `*` or `[` in the path is a glob, to be refused."""
+    an IPv6 host): a `*` or `[` in the path is a glob, to be refused. `listing` keeps
+    each scheme's answer for the next names."""
     found = _MAGIC.search(name)
-    if found is None:
-        return None
-    if split_scheme(name) is None or manager.backend_for(name).supports_listing:
+    scheme = split_scheme(name)
+    if found is None or scheme is None:
+        return None if found is None else found.start()
+    if scheme not in listing:
+        listing[scheme] = manager.backend_for(name).supports_listing
+    if listing[scheme]:
         return found.start()
     parts = urlsplit(name)
     in_path = _MAGIC.search(parts.path)

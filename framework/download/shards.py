@@ -99,17 +99,17 @@ def _resolve_one(text: str, manager: DownloadManager, listing: dict[str, bool]) 
 
 def _refuse_duplicates(shards: Sequence[Shard]) -> None:
     seen: set[str] = set()
-    twice: list[str] = []
+    twice: dict[str, None] = {}  # in the order first seen twice
     for shard in shards:
-        if shard.url in seen and shard.url not in twice:
-            twice.append(shard.url)
+        if shard.url in seen:
+            twice[shard.url] = None
         seen.add(shard.url)
     if twice:
-        shown = ", ".join(twice[:_SHOWN]) + (
+        shown = ", ".join(list(twice)[:_SHOWN]) + (
             f" and {len(twice) - _SHOWN} more" if len(twice) > _SHOWN else ""
         )
         raise ShardSpecError(
-            twice[0],
+            next(iter(twice)),
             f"{len(twice)} shard(s) named more than once: {shown}; each shard is read once an epoch, "
             "so name it once (do two globs or a glob and a list overlap?)",
         )
@@ -255,7 +255,7 @@ def _manifest(url: str, manager: DownloadManager) -> list[Shard]:
     # served only while the original is still that version.
     path = manager.cached_path(url, revalidate=True)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")  # a byte-order mark is not part of the first URL
     except UnicodeDecodeError as error:
         raise ShardSpecError(url, f"a manifest is UTF-8 text; this one is not ({error.reason})") from None
     shards = list(_manifest_lines(text, url))
@@ -283,7 +283,7 @@ def _manifest_lines(text: str, manifest: str) -> Iterator[Shard]:
             raise ShardSpecError(
                 manifest, f"the sha256 {sha256!r} is not 64 hex digits", line=number
             ) from None
-        if size is not None and not size.isdigit():
+        if size is not None and not (size.isascii() and size.isdigit()):
             raise ShardSpecError(manifest, f"the size {size!r} is not a whole number of bytes", line=number)
         yield Shard(_join(manifest, fields[0]), sha256, int(size) if size is not None else None)
 

@@ -222,7 +222,7 @@ def test_a_manifest_over_http_gives_urls_checksums_and_sizes(
     }
     for name, body in bodies.items():
         http_server.add(f"{folder}/{name}", body)
-    lines = ["# 200 shards, then three written other ways", ""]
+    lines = ["\ufeff# 200 shards, then three written other ways", ""]
     lines += [f"{name}\t{_sha(body)}\t{len(body)}" for name, body in bodies.items()]
     lines += ["  ", "/elsewhere/root.jsonl", "../up.jsonl\t\t12", "s3://bucket/key.jsonl"]
     url = http_server.add(f"{folder}/manifest.tsv", "\r\n".join(lines).encode())
@@ -300,6 +300,7 @@ def test_a_local_manifest_is_read_relative_to_its_folder(tmp_path: Path, manager
         (f"a.gz\t{'0' * 63}\n", 1, "not 64 hex digits"),
         (f"a.gz\t{'0' * 64}\t12k\n", 1, "not a whole number"),
         ("a.gz\t\t-1\n", 1, "not a whole number"),
+        ("\ufeffa.gz\n# \u00b2\nb.gz\t\t\u00b2\n", 3, "not a whole number"),
     ],
 )
 def test_a_bad_manifest_line_is_named_by_its_number(

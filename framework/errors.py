@@ -19,6 +19,8 @@ FrameworkError
       ├── CorruptArchiveError   an archive that is truncated or damaged
       ├── OfflineError          FRAMEWORK_OFFLINE=1 and the file is not cached
       ├── InvalidArgumentError  (also a ValueError) refused before any request
+      │    └── ListingUnsupportedError a glob on a backend that cannot list objects
+      ├── ShardSpecError        (also a ValueError) shards named wrongly: a brace, a manifest line
       ├── MissingDependencyError (also an ImportError) a backend's package is not installed
       ├── LockTimeoutError      another process held the lock for too long
       ├── BulkDownloadError     files of a `cached_paths` call failed (the others are published)
@@ -47,6 +49,7 @@ __all__ = [
     "FrameworkError",
     "HTTPStatusError",
     "InvalidArgumentError",
+    "ListingUnsupportedError",
     "LockTimeoutError",
     "MissingDependencyError",
     "NetworkError",
@@ -55,6 +58,7 @@ __all__ = [
     "RanksOutOfStepError",
     "RegistryError",
     "ResumeError",
+    "ShardSpecError",
     "StepTimeoutError",
     "UnknownNameError",
     "UnsafeArchiveError",
@@ -299,6 +303,34 @@ class OfflineError(DownloadError):
 class InvalidArgumentError(DownloadError, ValueError):
     """An argument of the call that cannot be right (say, a sha256 that is not 64 hex
     digits); raised before any request is made."""
+
+
+class ListingUnsupportedError(InvalidArgumentError):
+    """A glob (or a `list` call) for a scheme whose backend cannot list objects (its
+    `supports_listing` is False: HTTP has no listing). `scheme` is the URL's scheme,
+    `backend` the backend's class name; the message says how to name the shards instead."""
+
+    def __init__(self, url: str, scheme: str, backend: str) -> None:
+        self.scheme = scheme
+        self.backend = backend
+        super().__init__(
+            url,
+            f"{backend} cannot list {scheme}:// objects (its supports_listing is False), so a glob "
+            "cannot name them; name the shards instead: a brace range "
+            "(train-{00000..00255}.jsonl.gz), a list, or a manifest (manifest:URL, one URL a line)",
+        )
+
+
+class ShardSpecError(DownloadError, ValueError):
+    """Shards named in a way that cannot be resolved: a malformed brace, a glob matching
+    nothing, a bad manifest line, a shard named twice. `url` is the spec (or the
+    manifest's URL), `line` the manifest's line number (1-based) when one is at fault,
+    `why` what was wrong."""
+
+    def __init__(self, url: str, why: str, line: Optional[int] = None) -> None:
+        self.why = why
+        self.line = line
+        super().__init__(url, f"line {line}: {why}" if line is not None else why)
 
 
 class MissingDependencyError(DownloadError, ImportError):

@@ -3,9 +3,10 @@
 - `fresh_registry()`: a copy of the active registry for the length of a block, so
   what a test registers never leaks into the next (pluggy's fresh `pm` per test).
 - `MemoryBackend`: a download backend serving `mem://` URLs from a dict of bytes,
-  counting how often each URL is opened.
+  counting how often each URL is opened; it lists them too.
 - `check_backend(backend, url, data)`: checks a download backend against the
-  `DownloadBackend` contract on one object, ranges included when it declares them.
+  `DownloadBackend` contract on one object, ranges and listing included when it
+  declares them.
 - `assert_reader_shards_exactly_once(reader, path)`: reads `path` as every worker of
   every rank would, for several worker/rank grids (some always leaving a remainder for
   this data), and checks the shards together yield each instance exactly once.
@@ -15,8 +16,10 @@ Importing this module imports no torch.
 
 from __future__ import annotations
 
+import builtins
 import collections
 import inspect
+import uuid
 from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, ClassVar, Optional
@@ -24,7 +27,13 @@ from typing import Any, ClassVar, Optional
 import attrs
 
 from framework.data.reader import DatasetReader, DatasetReaderInput, DistributedInfo, Instance, WorkerInfo
-from framework.download.backend import ByteStream, DownloadBackend, RemoteInfo, range_unsupported
+from framework.download.backend import (
+    ByteStream,
+    DownloadBackend,
+    ListedObject,
+    RemoteInfo,
+    range_unsupported,
+)
 from framework.errors import DownloadError, HTTPStatusError
 from framework.registry import Registry, get_registry, use_registry
 
@@ -51,15 +60,18 @@ def fresh_registry(registry: Optional[Registry] = None) -> Iterator[Registry]:
 
 
 class MemoryBackend(DownloadBackend):
-    """Serves `mem://` URLs from `objects`; `opens` counts the opens of each URL.
+    """Serves `mem://` URLs from `objects`; `opens` counts the opens of each URL, `lists`
+    the calls to `list`.
 
     Register it under the scheme's name (`MemoryBackend.register("mem")` inside
     `fresh_registry`, or `registrar.add(DownloadBackend, "mem", MemoryBackend)` in a
     plugin). Both dicts are class-level, since the download manager makes the instance.
     """
 
+    supports_listing: ClassVar[bool] = True
     objects: ClassVar[dict[str, bytes]] = {}
     opens: ClassVar[collections.Counter[str]] = collections.Counter()
+    lists: ClassVar[builtins.list[str]] = []
 
     def __init__(self, **options: Any) -> None:
         self.options = options  # retries, timeouts: nothing to retry in memory
@@ -68,6 +80,7 @@ class MemoryBackend(DownloadBackend):
     def reset(cls) -> None:
         cls.objects.clear()
         cls.opens.clear()
+        cls.lists.clear()
 
     def open(
         self, url: str, offset: int = 0, *, end: Optional[int] = None, if_range: Optional[str] = None
@@ -81,6 +94,14 @@ class MemoryBackend(DownloadBackend):
             return ByteStream(iter(()), start=offset, size=len(data), status=416)
         self.opens[url] += 1
         return ByteStream(iter([data[offset:]]), start=offset, size=len(data), etag=self._etag(url))
+
+    def list(self, prefix: str, *, recursive: bool = True) -> builtins.list[ListedObject]:
+        self.lists.append(prefix)
+        return [
+            ListedObject(url, size=len(data), etag=self._etag(url))
+            for url, data in sorted(self.objects.items())
+            if url.startswith(prefix) and (recursive or "/" not in url[len(prefix) :])
+        ]
 
     def stat(self, url: str) -> RemoteInfo:
         data = self.objects.get(url)
@@ -102,7 +123,11 @@ def check_backend(backend: DownloadBackend, url: str, data: bytes) -> None:
     with an empty stream of status 416, `stat` agrees with it, a stream closes twice,
     and the backend works after `close`. With `supports_ranges`, `end` bounds the range (answered
     with status 206), an `end` past the object ends at its end, and `if_range` naming
-    the version serves the range.
+    the version serves the range. With `supports_listing`, `list` takes `(prefix, *,
+    recursive=True)` and, for the object's folder (the URL up to its last `/`) and for
+    the URL itself, finds the object with its size, every URL starting with the prefix,
+    sorted and once; `recursive=False` keeps to the folder's level; a prefix nothing
+    starts with finds nothing; a listed ETag agrees with `stat`'s.
 
     Raises AssertionError saying which promise was broken."""
     name = type(backend).__name__
@@ -133,6 +158,8 @@ def check_backend(backend: DownloadBackend, url: str, data: bytes) -> None:
     _expect(None in (info.etag, whole.etag) or info.etag == whole.etag, f"{name}.stat names another version")
     if backend.supports_ranges:
         _check_ranges(backend, url, data, whole.if_range)
+    if backend.supports_listing:
+        _check_listing(backend, url, data, info)
     stream = backend.open(url, 0)
     stream.close()
     stream.close()
@@ -176,6 +203,30 @@ def _check_ranges(backend: DownloadBackend, url: str, data: bytes, version: Opti
         got = _read(backend, url, 1, end=middle + 1, if_range=version)
         wanted = got.start == 1 and got.body == data[1 : middle + 1]
         _expect(wanted, f"{name} asked for [1, {middle + 1}) if still {version} gave {got}")
+
+
+def _check_listing(backend: DownloadBackend, url: str, data: bytes, info: RemoteInfo) -> None:
+    name, folder = type(backend).__name__, url[: url.rfind("/") + 1]
+    try:
+        inspect.signature(backend.list).bind(folder, recursive=True)
+    except TypeError as error:
+        raise AssertionError(f"{name}.list must take (prefix, *, recursive=True): {error}") from None
+    for prefix, recursive in ((folder, True), (folder, False), (url, True)):
+        listed = backend.list(prefix, recursive=recursive)
+        urls = [item.url for item in listed]
+        asked = f"{name}.list({prefix!r}, recursive={recursive})"
+        _expect(urls == sorted(set(urls)), f"{asked} is not sorted by URL, each once: {urls[:5]}")
+        stray = [found for found in urls if not found.startswith(prefix)]
+        _expect(not stray, f"{asked} gave URLs not starting with the prefix: {stray[:5]}")
+        deeper = [found for found in urls if "/" in found[len(prefix) :]]
+        _expect(recursive or not deeper, f"{asked} gave objects below the folder's level: {deeper[:5]}")
+        mine = [item for item in listed if item.url == url]
+        _expect(len(mine) == 1, f"{asked} did not find {url} (found {urls[:5]})")
+        _expect(mine[0].size in (None, len(data)), f"{asked} says {mine[0].size} bytes, not {len(data)}")
+        etags = (mine[0].etag, info.etag)
+        _expect(None in etags or etags[0] == etags[1], f"{asked} names another version than stat: {etags}")
+    nothing = f"{folder}no-such-object-{uuid.uuid4().hex}"
+    _expect(backend.list(nothing) == [], f"{name}.list({nothing!r}) found objects")
 
 
 def _expect(condition: bool, message: str) -> None:

@@ -19,10 +19,18 @@ closes their sessions.
 
 from __future__ import annotations
 
+import builtins
+import posixpath
 from collections.abc import Iterator, Mapping
-from typing import Any, BinaryIO, Final, Optional
+from typing import Any, BinaryIO, ClassVar, Final, Optional
 
-from framework.download.backend import ByteStream, DownloadBackend, RemoteInfo, range_unsupported
+from framework.download.backend import (
+    ByteStream,
+    DownloadBackend,
+    ListedObject,
+    RemoteInfo,
+    range_unsupported,
+)
 from framework.errors import (
     DownloadError,
     HTTPStatusError,
@@ -97,6 +105,8 @@ class FsspecBackend(DownloadBackend):
         retries, backoff_factor, timeout: as in `DownloadManager` (fsspec's filesystems
             keep their own retry policies).
     """
+
+    supports_listing: ClassVar[bool] = True  # through the filesystem's `find`
 
     def __init__(
         self,
@@ -218,6 +228,32 @@ class FsspecBackend(DownloadBackend):
         filesystems, self._filesystems = self._filesystems, {}
         for fs in filesystems.values():
             _close_filesystem(fs)
+
+    def list(self, prefix: str, *, recursive: bool = True) -> builtins.list[ListedObject]:
+        """The files whose path starts with the prefix's, found by the filesystem's `find`
+        in the folder the prefix ends in (one level down with `recursive=False`)."""
+        fs, path = self._filesystem(prefix)
+        if prefix.endswith("/") and not path.endswith("/"):
+            path += "/"  # fsspec strips it: the folder itself, not the names starting with its name
+        folder = path.rstrip("/") if path.endswith("/") else posixpath.dirname(path)
+        depth = None if recursive else 1
+        try:
+            found = self._call(prefix, "listing", lambda: fs.find(folder, maxdepth=depth, detail=True))
+        except HTTPStatusError as error:
+            if error.status == 404:  # no such folder: nothing under the prefix
+                return []
+            raise
+        listed = []
+        for name, info in found.items():
+            rest = name[len(path) :]
+            if (
+                name.startswith(path)
+                and info.get("type", "file") == "file"
+                and (recursive or "/" not in rest)
+            ):
+                size, etag, modified = _validators(info)
+                listed.append(ListedObject(prefix + rest, size=size, etag=etag, last_modified=modified))
+        return sorted(listed, key=lambda item: item.url)
 
     def stat(self, url: str) -> RemoteInfo:
         fs, path = self._filesystem(url)

@@ -147,6 +147,8 @@ class HttpBackend(DownloadBackend):
         retries, backoff_factor, timeout: as in `DownloadManager`.
 
     Headers and auth go to the URL's host only; a redirect elsewhere does not get them.
+    HTTP has no listing (`supports_listing` is False): shards on a web server are named
+    by a brace range or a manifest, not a glob.
     """
 
     schemes: ClassVar[tuple[str, ...]] = ("http", "https")

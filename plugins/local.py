@@ -7,14 +7,21 @@ files are read: a folder, FIFO or device is refused at once, never waited on.
 
 from __future__ import annotations
 
+import builtins
 import os
 import stat
 from collections.abc import Iterator
 from typing import BinaryIO, ClassVar, Final, Optional
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 from urllib.request import url2pathname
 
-from framework.download.backend import ByteStream, DownloadBackend, RemoteInfo, range_unsupported
+from framework.download.backend import (
+    ByteStream,
+    DownloadBackend,
+    ListedObject,
+    RemoteInfo,
+    range_unsupported,
+)
 from framework.errors import DownloadError, InvalidArgumentError
 
 __all__ = ["LocalBackend"]
@@ -55,11 +62,35 @@ def _kind(mode: int) -> str:
     return "a socket" if stat.S_ISSOCK(mode) else "not a regular file"
 
 
+def _files_under(prefix: str, recursive: bool) -> Iterator[tuple[str, int]]:
+    """(path, size) of each regular file whose path starts with `prefix`, walking only
+    the folders that can hold one (symbolic links to folders are not followed)."""
+    top = os.path.dirname(prefix)
+    pending = [top]
+    while pending:
+        folder = pending.pop()
+        try:
+            entries = list(os.scandir(folder or "."))
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        for entry in entries:
+            path = os.path.join(folder, entry.name) if folder else entry.name
+            if entry.is_dir(follow_symlinks=False):
+                # A folder is walked if it can still hold a match: it extends the prefix,
+                # or the prefix goes on inside it.
+                inside = path + os.sep
+                if recursive and (inside.startswith(prefix) or prefix.startswith(inside)):
+                    pending.append(path)
+            elif path.startswith(prefix) and entry.is_file():
+                yield path, entry.stat().st_size
+
+
 class LocalBackend(DownloadBackend):
     """Reads a local file (a plain path or a `file://` URL)."""
 
     schemes: ClassVar[tuple[str, ...]] = ("file",)
     supports_ranges: ClassVar[bool] = False  # one stream: a local read gains nothing from parts
+    supports_listing: ClassVar[bool] = True
 
     def check_url(self, url: str) -> None:
         _path(url)
@@ -93,6 +124,20 @@ class LocalBackend(DownloadBackend):
             return ByteStream(iter(()), start=offset, size=size, status=416)
         file.seek(offset)
         return ByteStream(_chunks(file), start=offset, size=size, close_callback=file.close)
+
+    def list(self, prefix: str, *, recursive: bool = True) -> builtins.list[ListedObject]:
+        """The regular files whose path starts with `prefix` (a plain path, or a
+        `file://` URL: then the rest of each name is percent-encoded)."""
+        path = _path(prefix)
+        # A file:// prefix ends percent-encoded where the path ends decoded: the rest of
+        # each name is encoded again after the prefix as given.
+        rest_of = (lambda rest: rest) if "://" not in prefix else (lambda rest: quote(rest, safe="/"))
+        found = [
+            ListedObject(prefix + rest_of(file[len(path) :]), size=size)
+            for file, size in _files_under(path, recursive)
+            if recursive or os.sep not in file[len(path) :]
+        ]
+        return sorted(found, key=lambda listed: listed.url)
 
     def stat(self, url: str) -> RemoteInfo:
         with self._open_file(url) as file:

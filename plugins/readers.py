@@ -3,7 +3,9 @@
 Each reader shards the raw records (lines or rows) *before* the costly part of
 reading them (JSON parsing, tokenizing, type conversion), so each worker process and
 each distributed rank does only its own share of the work; that is why they set
-both `manual_*_sharding` flags and call `shard_iterable` themselves.
+both `manual_*_sharding` flags and call `shard_iterable` themselves. Files are read as
+they are: plain, `.gz` or `.zst` (`framework_plugins.compressed`); every worker reads a
+compressed file from its start and keeps its own records, as with a plain one.
 
 Every instance is a dict that the default collator batches as it is: strings and
 lists of strings stay lists, numbers become tensors, and token ids (`"text"` with
@@ -14,13 +16,14 @@ from __future__ import annotations
 
 import codecs
 import csv
-import gzip
 import io
 import json
 import zlib
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from pathlib import Path, PurePath
-from typing import Annotated, Any, BinaryIO, Generic, Optional, TextIO, TypeVar, Union, cast
+from typing import Annotated, Any, BinaryIO, Generic, Optional, TextIO, TypeVar, Union
+
+from framework_plugins.compressed import open_data_file
 
 from framework.config import AtLeast, ConfigChecks
 from framework.data.reader import DatasetReader, DatasetReaderInput
@@ -37,21 +40,15 @@ UNKNOWN_ID = 1
 
 
 def open_text(path: PathLike) -> TextIO:
-    """Open `path` for reading text (UTF-8, a byte-order mark skipped); `.gz` files are
-    decompressed on the fly."""
+    """Open `path` for reading text (UTF-8, a byte-order mark skipped); `.gz` and `.zst`
+    files are decompressed on the fly."""
     return io.TextIOWrapper(open_binary(path), encoding="utf-8-sig", newline="")
 
 
 def open_binary(path: PathLike) -> BinaryIO:
-    """Open `path` for reading bytes; `.gz` files are decompressed on the fly (and seek)."""
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"data file not found: {path}")
-    if path.is_dir():
-        raise IsADirectoryError(f"data path {path} is a folder; give the reader a file")
-    if path.suffix == ".gz":
-        return cast(BinaryIO, gzip.open(path, "rb"))
-    return open(path, "rb")
+    """Open `path` for reading bytes; `.gz` and `.zst` files are decompressed on the fly
+    (and seek, by offsets into the decompressed bytes): see `framework_plugins.compressed`."""
+    return open_data_file(path)
 
 
 def data_files(file_path: DatasetReaderInput) -> list[str]:

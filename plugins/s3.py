@@ -8,11 +8,13 @@ literally as the AWS CLI does: `?`, `#`, `%` and `//` are part of it.
 
 from __future__ import annotations
 
+import builtins
 import hashlib
 import os
 import re
 import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, ClassVar, Final, Optional
 
 from framework_plugins.http import retry_after_seconds
@@ -21,6 +23,7 @@ from framework.download.backend import (
     POOL_SIZE,
     ByteStream,
     DownloadBackend,
+    ListedObject,
     RemoteInfo,
     range_place,
     refusals_wanted_at_once,
@@ -132,12 +135,55 @@ def _split(url: str) -> tuple[str, str]:
     return bucket, key
 
 
+def _split_prefix(prefix: str) -> tuple[str, str]:
+    """(bucket, key prefix) of `s3://bucket/prefix`; the key prefix may be empty, the
+    bucket may not (a listing never spans buckets)."""
+    bucket, slash, key = prefix.partition("://")[2].partition("/")
+    if not slash or not bucket:
+        raise InvalidArgumentError(
+            prefix, "an S3 listing names one bucket: s3://bucket/ or s3://bucket/prefix (no glob in it)"
+        )
+    _split(f"{prefix}-" if not key else prefix)  # no credentials or port, as in a URL
+    return bucket, key
+
+
 def _checksum_error(url: str, error: Exception) -> DownloadError:
     """S3's checksum of a whole object did not match the bytes (botocore checked it)."""
     found = re.search(r"Expected checksum (\S+) did not match calculated checksum: (\S+)", str(error))
     if found is None:
         return DownloadError(url, f"the bytes do not match S3's checksum of the object: {error}")
     return ChecksumError(url, found[1], found[2], what="S3 checksum")
+
+
+@contextmanager
+def _s3_errors(url: str) -> Iterator[None]:
+    """botocore's and the client's failures inside the block as `DownloadError`s naming
+    `url` (an `InvalidRange` is raised as it is: `open` reports it as a 416)."""
+    try:
+        from botocore import exceptions as bce
+
+        yield
+    except ImportError as error:
+        raise MissingDependencyError(url, _NEEDS_BOTO3) from error
+    except _Refused as error:
+        message = f"S3 {error.code or error.status}"
+        raise HTTPStatusError(url, error.status, message, error.retry_after) from error
+    except bce.ClientError as error:
+        status = int(error.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0))
+        code = error.response.get("Error", {}).get("Code", "")
+        if status == 416 or code == "InvalidRange":
+            raise
+        raise HTTPStatusError(url, status, f"S3 {code or status}: {error}") from error
+    except bce.NoCredentialsError as error:
+        raise DownloadError(
+            url, "no AWS credentials found: set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or a profile"
+        ) from error
+    except (bce.EndpointConnectionError, bce.ConnectionError, bce.ReadTimeoutError) as error:
+        raise NetworkError(url, str(error)) from error
+    except bce.ParamValidationError as error:  # e.g. a bucket name S3 cannot have
+        raise InvalidArgumentError(url, f"S3 refused the request before sending it: {error}") from error
+    except bce.BotoCoreError as error:  # a missing profile or region, bad settings
+        raise DownloadError(url, f"S3: {type(error).__name__}: {error}") from error
 
 
 class S3Backend(DownloadBackend):
@@ -153,6 +199,9 @@ class S3Backend(DownloadBackend):
 
     schemes: ClassVar[tuple[str, ...]] = ("s3",)
     supports_ranges: ClassVar[bool] = True  # a parallel fetch asks for parts (`end`)
+    supports_listing: ClassVar[bool] = True
+    # Keys per ListObjectsV2 page: S3 answers at most 1000.
+    list_page_size: ClassVar[int] = 1000
 
     def __init__(
         self,
@@ -211,31 +260,8 @@ class S3Backend(DownloadBackend):
         pooled connections close with the process)."""
 
     def _call(self, url: str, method: str, **kwargs: Any) -> Any:
-        try:
-            from botocore import exceptions as bce
-
+        with _s3_errors(url):
             return getattr(self.client, method)(**kwargs)
-        except ImportError as error:
-            raise MissingDependencyError(url, _NEEDS_BOTO3) from error
-        except _Refused as error:
-            message = f"S3 {error.code or error.status}"
-            raise HTTPStatusError(url, error.status, message, error.retry_after) from error
-        except bce.ClientError as error:
-            status = int(error.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0))
-            code = error.response.get("Error", {}).get("Code", "")
-            if status == 416 or code == "InvalidRange":
-                raise
-            raise HTTPStatusError(url, status, f"S3 {code or status}: {error}") from error
-        except bce.NoCredentialsError as error:
-            raise DownloadError(
-                url, "no AWS credentials found: set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or a profile"
-            ) from error
-        except (bce.EndpointConnectionError, bce.ConnectionError, bce.ReadTimeoutError) as error:
-            raise NetworkError(url, str(error)) from error
-        except bce.ParamValidationError as error:  # e.g. a bucket name S3 cannot have
-            raise InvalidArgumentError(url, f"S3 refused the request before sending it: {error}") from error
-        except bce.BotoCoreError as error:  # a missing profile or region, bad settings
-            raise DownloadError(url, f"S3: {type(error).__name__}: {error}") from error
 
     def check_url(self, url: str) -> None:
         _split(url)
@@ -301,6 +327,31 @@ class S3Backend(DownloadBackend):
             raise NetworkError(url, f"S3 stream broke off: {error}") from error
         if length is not None and received != length:
             raise NetworkError(url, f"S3 stream broke off after {received} of {length} bytes")
+
+    def list(self, prefix: str, *, recursive: bool = True) -> builtins.list[ListedObject]:
+        """The objects whose key starts with the prefix's, `list_page_size` keys per
+        ListObjectsV2 call, with their sizes and ETags; `recursive=False` lists one level
+        (keys with no `/` after the prefix)."""
+        bucket, key_prefix = _split_prefix(prefix)
+        options: dict[str, Any] = {"Bucket": bucket, "Prefix": key_prefix}
+        if not recursive:
+            options["Delimiter"] = "/"  # the folders below come as CommonPrefixes, not read
+        found = []
+        with _s3_errors(prefix):
+            paginator = self.client.get_paginator("list_objects_v2")
+            pages = paginator.paginate(**options, PaginationConfig={"PageSize": self.list_page_size})
+            for page in pages:
+                for item in page.get("Contents", ()):
+                    modified = item.get("LastModified")
+                    found.append(
+                        ListedObject(
+                            prefix + item["Key"][len(key_prefix) :],
+                            size=item.get("Size"),
+                            etag=item.get("ETag"),
+                            last_modified=modified.isoformat() if modified is not None else None,
+                        )
+                    )
+        return sorted(found, key=lambda listed: listed.url)
 
     def stat(self, url: str) -> RemoteInfo:
         bucket, key = _split(url)

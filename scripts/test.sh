@@ -2,7 +2,7 @@
 # Set up, then run every check CI runs: lint, types, tests, docs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh test,s3,fsspec,docs
+bash scripts/setup.sh test,s3,fsspec,zstd,docs
 export PATH="$PWD/.venv/bin:$PATH"
 export NO_MKDOCS_2_WARNING=1
 

@@ -20,7 +20,7 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
     assert capsys.readouterr().out.strip() == f"framework {framework.__version__}"
 
 
-@pytest.mark.parametrize("command", ["plugins", "download", "run"])
+@pytest.mark.parametrize("command", ["plugins", "download", "cache", "run"])
 def test_every_subcommand_has_help(command: str, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as info:
         main([command, "--help"])
@@ -31,7 +31,7 @@ def test_every_subcommand_has_help(command: str, capsys: pytest.CaptureFixture[s
 def test_no_command_says_so_in_one_line_and_fails(capsys: pytest.CaptureFixture[str]) -> None:
     assert main([]) == 2
     assert capsys.readouterr().err.splitlines() == [
-        "framework: error: give a command: config, download, plugins, run (see framework --help)"
+        "framework: error: give a command: cache, config, download, plugins, run (see framework --help)"
     ]
 
 

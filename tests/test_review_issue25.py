@@ -87,11 +87,6 @@ class _RecordingBackend(DownloadBackend):
         return ByteStream(chunks(), start=offset, size=len(_BODY), etag='"v1"', status=status)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 25 Build 2: 'one call shape'; open_stream passes end= and if_range= only "
-    "when set, so one download calls open(url, 0) and then open(url, n, if_range=...)",
-)
 def test_the_manager_calls_open_in_one_shape(tmp_path: Path) -> None:
     _RecordingBackend.shapes = []
     with DownloadManager(
@@ -112,12 +107,6 @@ class _Ranged(DownloadBackend):
         return ByteStream(iter([_BODY[offset:stop]]), start=offset, size=len(_BODY), etag='"v1"', status=206)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="supports_ranges is a declared class attribute, but __init_subclass__ reads the "
-    "MRO and silently sets it False on a subclass whose open keeps the full declared "
-    "signature and calls super(): class attributes stop inheriting",
-)
 def test_a_subclass_keeping_the_declared_open_keeps_supports_ranges() -> None:
     class WithHeader(_Ranged):
         def open(

@@ -1,4 +1,4 @@
-"""The `framework` command: `plugins`, `download`, `run` and `config`.
+"""The `framework` command: `plugins`, `download`, `cache`, `run` and `config`.
 
 Each subcommand lives in its own module with `add_parser(subparsers)`; heavy
 imports happen inside the handlers, so `--help` and `plugins` start fast.
@@ -22,6 +22,7 @@ __all__ = ["build_parser", "main", "one_line"]
 _COMMANDS = (
     "framework.cli.plugins",
     "framework.cli.download",
+    "framework.cli.cache",
     "framework.cli.run",
     "framework.cli.config",
 )

@@ -38,6 +38,7 @@ __all__ = [
     "HOST",
     "NEW_FILE_FLAGS",
     "RELEASED_PID",
+    "USE_RESOLUTION_S",
     "WORK_FALLBACKS",
     "WORK_PREFIX",
     "Entry",
@@ -84,6 +85,9 @@ HOST: Final = "-".join(
 )
 # Open flags for reading a small file that anyone may have planted.
 _READ_FLAGS: Final = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+# A hit records its use (the file's access time) when the last one recorded is older:
+# at most one write per entry and minute, none on most hits.
+USE_RESOLUTION_S: Final = 60.0
 # Open flags for a new file under a fresh name: never an existing file or a symlink.
 NEW_FILE_FLAGS: Final = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _MAX_SMALL_FILE: Final = 1 << 16
@@ -310,6 +314,8 @@ class Entry:
         `sha256` is given and the file or its sidecar belongs to another user: anyone
         who can write the cache folder could have put both there, so the file is then
         hashed (once per process and file version, see `digest_of`) before it is trusted.
+        A hit records its use when the last one recorded is `USE_RESOLUTION_S` old
+        (`_note_use`: an open and a time set, at most once a minute per entry).
         """
         found = self._bound()
         if found is None:
@@ -319,6 +325,8 @@ class Entry:
             sha256 = sha256.lower()
             if meta.get("sha256") != sha256 or (foreign and digest_of(self.final, info) != sha256):
                 return None
+        if time.time() - info.st_atime >= USE_RESOLUTION_S:
+            _note_use(self.final, info)
         return meta
 
     def cached(self) -> Optional[Metadata]:
@@ -392,6 +400,34 @@ class Entry:
             "mtime_ns": mtime_ns,
         }
         write_json_atomic(self.sidecar, dict(meta), durable=False, temp_folder=temp_folder)
+
+
+def _note_use(path: Path, info: os.stat_result) -> None:
+    """Set the access time of the published file `info` describes to now: a hit is a
+    use, whatever the filesystem's `noatime` or `relatime` (`framework cache prune`
+    removes the least recently used first). Its mtime stays (it binds the sidecar); on
+    another user's file (not permitted) or a read-only cache, nothing is recorded."""
+    key = (info.st_dev, info.st_ino)
+    if os.utime not in os.supports_fd or key in _UNNOTED:
+        return
+    try:
+        fd = os.open(path, _READ_FLAGS)
+    except OSError:
+        return
+    try:
+        now = os.fstat(fd)
+        if (now.st_dev, *file_identity(now)) == (info.st_dev, *file_identity(info)):
+            os.utime(fd, ns=(time.time_ns(), now.st_mtime_ns))
+    except OSError:  # tried once per process: a read-only cache's hits stay one lstat and one read
+        if len(_UNNOTED) >= 65536:
+            _UNNOTED.clear()
+        _UNNOTED.add(key)
+    finally:
+        os.close(fd)
+
+
+# Files (device, inode) whose use this process could not record.
+_UNNOTED: set[tuple[int, int]] = set()
 
 
 def binds(meta: Metadata, info: os.stat_result) -> bool:

@@ -19,7 +19,14 @@ from typing import Any, Callable, Optional
 from framework.download._partial import Partial, resumable
 from framework.download._pipeline import Pipeline
 from framework.download._validators import NO_VALIDATOR, Validators
-from framework.download.backend import UNPLACED, ByteStream, DownloadBackend, RemoteInfo, range_unsupported
+from framework.download.backend import (
+    UNPLACED,
+    ByteStream,
+    DownloadBackend,
+    RemoteInfo,
+    contract_refused,
+    range_unsupported,
+)
 from framework.errors import ChecksumError, DownloadError, HTTPStatusError, NetworkError
 
 __all__ = ["EndedShort", "download", "open_stream", "place", "receive"]
@@ -35,16 +42,18 @@ def open_stream(
     end: Optional[int] = None,
     if_range: Optional[str] = None,
 ) -> ByteStream:
-    """`backend.open(url, offset, end=end, if_range=if_range)`, each keyword passed
-    only when set: a backend written before `end` existed (`open(url, offset, *,
-    if_range)`) is never handed one, and it is never asked for a bounded range
-    unless it declares `DownloadBackend.supports_ranges`."""
+    """`backend.open(url, offset, end=end, if_range=if_range)`: the one shape every
+    call takes. A backend is never asked for a bounded range unless it declares
+    `DownloadBackend.supports_ranges`."""
     if end is not None and not backend.supports_ranges:
         raise range_unsupported(url, backend, offset, end)
-    keywords: dict[str, Any] = {
-        key: value for key, value in (("end", end), ("if_range", if_range)) if value is not None
-    }
-    return backend.open(url, offset, **keywords)
+    try:
+        return backend.open(url, offset, end=end, if_range=if_range)
+    except TypeError as error:
+        refusal = contract_refused(url, backend, error)
+        if refusal is None:
+            raise
+        raise refusal from error
 
 
 def place(backend: DownloadBackend, url: str, stream: ByteStream, partial: Partial) -> bool:

@@ -7,6 +7,8 @@ and progress all live once, in `DownloadManager`.
 
 from __future__ import annotations
 
+import builtins
+import inspect
 import re
 import threading
 from collections.abc import Iterator, Mapping
@@ -17,7 +19,7 @@ from typing import Any, Callable, ClassVar, Final, Optional
 import attrs
 
 from framework.config import ConfigChecks
-from framework.errors import DownloadError
+from framework.errors import DownloadError, InvalidArgumentError, ListingUnsupportedError
 from framework.registry import Registrable
 
 __all__ = [
@@ -25,7 +27,10 @@ __all__ = [
     "UNPLACED",
     "ByteStream",
     "DownloadBackend",
+    "ListedObject",
     "RemoteInfo",
+    "contract_refused",
+    "listing_unsupported",
     "parse_content_range",
     "range_body_length",
     "range_place",
@@ -101,6 +106,17 @@ class RemoteInfo:
     etag: Optional[str] = None
     last_modified: Optional[str] = None
     date: Optional[str] = None  # the answer's Date: says whether Last-Modified is a strong validator
+
+
+@attrs.frozen
+class ListedObject:
+    """One object a backend's `list` found: its URL (the prefix asked for, then the rest
+    of the object's name), and what the listing says of it without another request."""
+
+    url: str
+    size: Optional[int] = None
+    etag: Optional[str] = None
+    last_modified: Optional[str] = None
 
 
 @attrs.define
@@ -197,6 +213,30 @@ def range_unsupported(url: str, backend: DownloadBackend, offset: int, end: int)
     )
 
 
+def contract_refused(url: str, backend: DownloadBackend, error: TypeError) -> Optional[InvalidArgumentError]:
+    """The error for an `open` that cannot take the contract's one call shape (a backend
+    written for another signature), or None when the TypeError came from inside it.
+    The signature is read only here, to say what is wrong; calls never depend on it."""
+    try:
+        inspect.signature(backend.open).bind("url", 0, end=None, if_range=None)
+    except TypeError:
+        return InvalidArgumentError(
+            url,
+            f"{type(backend).__name__}.open cannot be called as the DownloadBackend contract "
+            f"calls it, open(url, offset, end=..., if_range=...) ({error}); give it the "
+            "signature open(self, url, offset=0, *, end=None, if_range=None): a backend "
+            "without ranges keeps supports_ranges False and is never given an end",
+        )
+    return None
+
+
+def listing_unsupported(url: str, backend: DownloadBackend) -> ListingUnsupportedError:
+    """The error for a listing asked of a backend that cannot list
+    (`DownloadBackend.supports_listing` is False)."""
+    scheme = url.partition("://")[0].lower() if "://" in url else "file"
+    return ListingUnsupportedError(url, scheme, type(backend).__name__)
+
+
 class DownloadBackend(Registrable):
     """Reads objects of the URL schemes in `schemes`; registered by name (`"http"`, ...).
 
@@ -213,9 +253,12 @@ class DownloadBackend(Registrable):
       from byte `offset` (see `open` for each argument and what an answer reports);
     - `supports_ranges = True` if `open` honours `end` (a bounded range): the manager
       may then fetch a large object in parts over several connections. Left False, the
-      manager never passes `end`, and fetches over one stream, resumed from `offset`.
-      A subclass that overrides `open` without setting `supports_ranges` itself gets
-      False, so a parent's `True` never promises `end` to an `open` that lacks it;
+      manager never passes an `end` (it passes `end=None`), and fetches over one
+      stream, resumed from `offset`. A class attribute: a subclass inherits it;
+    - `supports_listing = True` with `list(prefix, *, recursive=True)` if the scheme
+      can list the objects under a prefix (S3, a local folder, most fsspec
+      filesystems): a glob over its URLs then names many shards. Left False (HTTP),
+      `list` raises `ListingUnsupportedError` and a glob is refused;
     - optionally `stat` (size and validators without reading; by default from a
       stream opened at 0), `check_url` (refuse a URL that can never be served, without
       a request), `close` (release connections) and `schemes`/`accepts`; a
@@ -232,6 +275,8 @@ class DownloadBackend(Registrable):
     schemes: ClassVar[tuple[str, ...]] = ()
     # Whether `open` honours `end`: the manager asks for bounded ranges only then.
     supports_ranges: ClassVar[bool] = False
+    # Whether `list` finds the objects under a prefix: a glob is resolved only then.
+    supports_listing: ClassVar[bool] = False
 
     # A retry count below 0 or a timeout of 0 would fail at the first request instead:
     # refused by the constructor and by `framework config validate` alike.
@@ -245,16 +290,6 @@ class DownloadBackend(Registrable):
             }
         },
     )
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        # `supports_ranges` speaks for the `open` of the class that set it: an `open`
-        # written elsewhere in the MRO (an override or a mixin, maybe of an older
-        # signature, without `end`) must not inherit the promise.
-        opener = next(c for c in cls.__mro__ if "open" in vars(c))
-        declarer = next(c for c in cls.__mro__ if "supports_ranges" in vars(c))
-        if not issubclass(declarer, opener):
-            cls.supports_ranges = False
 
     def __init__(self, *, retries: int = 5, backoff_factor: float = 0.5, timeout: float = 60.0) -> None:
         self.config_checks.enforce({"retries": retries, "backoff_factor": backoff_factor, "timeout": timeout})
@@ -289,6 +324,17 @@ class DownloadBackend(Registrable):
         a key, say), without any request; by default nothing is checked. A bulk call
         asks it of every URL before its first request, so that one bad URL among
         thousands is refused at once; `open` refuses such a URL too."""
+
+    def list(self, prefix: str, *, recursive: bool = True) -> builtins.list[ListedObject]:
+        """The objects whose URL starts with `prefix`, sorted by URL, each URL written as
+        `prefix` followed by the rest of the object's name (`list("s3://b/train/p")`
+        finds `s3://b/train/part-0.gz`). `recursive=False` keeps only the objects whose
+        rest holds no `/` (one folder level, where the scheme has folders). A prefix
+        matching nothing gives an empty list; folders themselves are not objects.
+
+        Only called when `supports_listing` is True; by default it raises
+        `ListingUnsupportedError` (HTTP has no listing)."""
+        raise listing_unsupported(prefix, self)
 
     def stat(self, url: str) -> RemoteInfo:
         """Size and validators of `url`; by default taken from a stream opened at 0."""

@@ -1,11 +1,12 @@
 """Property: resume is exactly once (issue 24).
 
-Random readers (built-in seekable "text"/"jsonl"/"csv" over several files with CRLF or
-lone-CR line ends, blank lines, byte-order marks, no final newline; custom readers that
-are not seekable, one sharding its records itself and skipping some), samplers (basic
-or bucket, with or without `sorting_keys`, shuffle, `drop_last`, `batches_per_epoch`),
-lazy or eager, `num_workers` 0-3, states saved twice, random interruption points and
-kinds, resumed twice with other `num_workers`: see `tests.support.resume_properties` for one trial.
+Random readers (built-in seekable "text"/"jsonl"/"csv" over several files, plain, `.gz`
+or `.zst`, with CRLF or lone-CR line ends, blank lines, byte-order marks, no final
+newline; custom readers that are not seekable, one sharding its records itself and
+skipping some), samplers (basic or bucket, with or without `sorting_keys`, shuffle,
+`drop_last`, `batches_per_epoch`), lazy or eager, `num_workers` 0-3, states saved twice,
+random interruption points and kinds, resumed twice with other `num_workers`: see
+`tests.support.resume_properties` for one trial.
 
 CI runs a small budget; the long profile (it prints the number of trials run):
 ``FRAMEWORK_PROPERTY_EXAMPLES=500 python -m pytest tests/data/test_resume_properties.py``

@@ -7,6 +7,7 @@ import os
 import socket
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -60,3 +61,42 @@ def s3_env(s3_server: str, monkeypatch: pytest.MonkeyPatch) -> str:
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
     monkeypatch.delenv("AWS_PROFILE", raising=False)
     return s3_server
+
+
+@pytest.fixture(scope="session")
+def listed_bucket(s3_server: str) -> Iterator[tuple[str, dict[str, str]]]:
+    """A bucket with 210 objects under train/ (more than 4 pages of 50 keys), two under
+    train/sub/ and one under valid/; yields its name and each key's ETag as PutObject
+    answered it. The body of each object is its key."""
+    import boto3
+
+    client = boto3.client(
+        "s3",
+        endpoint_url=s3_server,
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+        region_name="us-east-1",
+    )
+    bucket = f"listing-{os.getpid()}-{os.urandom(3).hex()}"
+    client.create_bucket(Bucket=bucket)
+    keys = [f"train/part-{index:05d}.jsonl.gz" for index in range(210)]
+    keys += ["train/sub/a.jsonl.gz", "train/sub/b.jsonl.gz", "valid/part-00000.jsonl.gz"]
+    etags = {key: client.put_object(Bucket=bucket, Key=key, Body=key.encode())["ETag"] for key in keys}
+    yield bucket, etags
+
+
+@pytest.fixture
+def list_calls(s3_env: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+    """The prefixes of the ListObjectsV2 calls the S3 backend sends, 50 keys a page."""
+    from framework_plugins.s3 import S3Backend
+
+    monkeypatch.setattr(S3Backend, "list_page_size", 50)
+    calls: list[str] = []
+
+    def count(params: dict[str, Any], **_: Any) -> None:
+        calls.append(params["Prefix"])
+
+    events = S3Backend().client.meta.events
+    events.register("before-parameter-build.s3.ListObjectsV2", count)
+    yield calls
+    events.unregister("before-parameter-build.s3.ListObjectsV2", count)

@@ -3,10 +3,8 @@
 
 from __future__ import annotations
 
-import inspect
 import os
 import re
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar, Optional
 
@@ -14,7 +12,7 @@ import pytest
 
 from framework.download import DownloadManager
 from framework.download.backend import ByteStream, DownloadBackend, RemoteInfo
-from framework.errors import DownloadError
+from framework.errors import DownloadError, InvalidArgumentError
 from framework.testing import MemoryBackend, check_backend
 
 HOWTO = Path(__file__).resolve().parents[2] / "docs" / "howto" / "download-backend.md"
@@ -82,9 +80,36 @@ def test_a_backend_with_ranges_is_fetched_in_parts_through_the_one_call_shape(tm
     assert all(if_range == '"v1"' for offset, _end, if_range in backend.calls if offset)
 
 
-def test_a_backend_of_the_older_signature_still_works(tmp_path: Path) -> None:
-    assert _manager(tmp_path, _Legacy()).cached_path("contract://legacy/x.bin").read_bytes() == DATA
-    assert _Legacy.supports_ranges is False
+class _Oldest(DownloadBackend):
+    """Written against the first signature: no keywords at all."""
+
+    def open(self, url: str, offset: int = 0) -> ByteStream:  # type: ignore[override]
+        return ByteStream(iter([DATA[offset:]]), start=offset, size=len(DATA), etag='"v1"')
+
+
+@pytest.mark.parametrize("backend", [_Legacy(), _Oldest()], ids=["without-end", "without-keywords"])
+def test_a_backend_of_another_signature_is_a_clear_error_before_any_byte(
+    tmp_path: Path, backend: DownloadBackend
+) -> None:
+    """The manager calls `open` in one shape, `open(url, offset, end=, if_range=)`: a
+    backend written for another signature is told what to change, at its first call."""
+    with pytest.raises(
+        InvalidArgumentError, match=r"open\(self, url, offset=0, \*, end=None, if_range=None\)"
+    ):
+        _manager(tmp_path, backend).cached_path("contract://legacy/x.bin")
+    assert not [p for p in tmp_path.rglob("*") if p.is_file() and not p.name.endswith(".lock")]
+
+
+def test_a_type_error_inside_open_stays_a_type_error(tmp_path: Path) -> None:
+    class Broken(_OneStream):
+        def open(
+            self, url: str, offset: int = 0, *, end: Optional[int] = None, if_range: Optional[str] = None
+        ) -> ByteStream:
+            raise TypeError("a bug inside the backend")
+
+    with pytest.raises(Exception, match="a bug inside the backend") as info:
+        _manager(tmp_path, Broken()).cached_path("contract://broken/x.bin")
+    assert not isinstance(info.value, InvalidArgumentError)
 
 
 def test_asking_a_one_stream_backend_for_a_range_is_a_clear_error() -> None:
@@ -221,71 +246,37 @@ def test_check_backend_catches_bytes_past_the_end_not_answered_416() -> None:
         check_backend(NoStatus(), "contract://x", DATA)
 
 
-def test_a_subclass_of_the_http_backend_written_for_the_old_signature_still_downloads(
-    tmp_path: Path,
-) -> None:
-    # A user's HttpBackend subclass overriding `open` with the older signature (no `end`)
-    # does not inherit `supports_ranges`: it is fetched over one stream.
+def test_a_subclass_of_the_http_backend_keeps_supports_ranges(tmp_path: Path) -> None:
+    """A user's HttpBackend subclass overriding `open` with the contract's signature
+    inherits `supports_ranges`: the object comes in parts over several connections."""
     from framework_plugins.http import HttpBackend
 
     from framework.download import DownloadManager
-    from tests.support.download import FaultServer, serving, unique_path
+    from tests.support.download import PART, SLOW, FaultServer, serving, unique_path
 
     class LoggingHttp(HttpBackend):
         opened: list[int] = []
 
-        def open(self, url: str, offset: int = 0, *, if_range: Optional[str] = None) -> ByteStream:  # type: ignore[override]
+        def open(
+            self, url: str, offset: int = 0, *, end: Optional[int] = None, if_range: Optional[str] = None
+        ) -> ByteStream:
             self.opened.append(offset)
-            return super().open(url, offset, if_range=if_range)
+            return super().open(url, offset, end=end, if_range=if_range)
 
-    data = bytes(range(256)) * 4096
+    data = os.urandom(12 * PART)
     with serving(FaultServer()) as server:
-        url = server.add(unique_path("legacy-subclass"), data, etag='"v1"')
+        url = server.add(unique_path("contract-subclass"), data, etag='"v1"', **SLOW)
         manager = DownloadManager(
-            tmp_path, connections=4, part_size=64 << 10, progress=False, backoff_factor=0.01,
+            tmp_path, connections=4, part_size=PART, progress=False, backoff_factor=0.01,
             backends={"http": LoggingHttp(backoff_factor=0.01)},
         )  # fmt: skip
         assert manager.cached_path(url).read_bytes() == data
-    assert not LoggingHttp.supports_ranges and LoggingHttp.opened == [0]
+    assert LoggingHttp.supports_ranges and len(LoggingHttp.opened) > 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="if_range is part of the DownloadBackend.open contract (docs/howto/download-backend.md): "
-    "an open(url, offset) without it is handed if_range= when a broken body is resumed (TypeError); "
-    "the manager reads no signature to tell",
-)
-def test_a_backend_of_the_oldest_signature_resumes_a_broken_body(tmp_path: Path) -> None:
-    # An open(url, offset) without `if_range` downloads while nothing breaks; a body that
-    # breaks off is resumed with `if_range=`.
-    from framework.download import DownloadManager
-    from framework.download.backend import ByteStream, DownloadBackend
-    from framework.errors import NetworkError
-
-    data = bytes(range(256)) * 4096
-    broken: list[int] = []
-
-    class Oldest(DownloadBackend):
-        def open(self, url: str, offset: int) -> ByteStream:  # type: ignore[override]
-            def chunks() -> Iterator[bytes]:
-                if not broken:
-                    broken.append(offset)
-                    yield data[offset : len(data) // 2]
-                    raise NetworkError(url, "connection reset")
-                yield data[offset:]
-
-            return ByteStream(chunks(), start=offset, size=len(data), etag='"v1"')
-
-    manager = DownloadManager(
-        tmp_path, progress=False, backoff_factor=0, backends={"oldest": Oldest(backoff_factor=0)}
-    )
-    assert manager.cached_path("oldest://x/a.bin").read_bytes() == data
-
-
-def test_a_mixin_open_before_http_backend_does_not_keep_supports_ranges() -> None:
-    # The mixin's `open` (the older signature, no `end`) is the one called, but it is
-    # not in the subclass's own body, so __init_subclass__ leaves HttpBackend's True:
-    # the manager then passes end= to an open that lacks it (TypeError mid-download).
+def test_a_mixin_open_of_another_signature_before_http_backend_is_a_clear_error() -> None:
+    """The mixin's `open` (no `end`) is the one called; `supports_ranges` is HttpBackend's
+    True, as declared: the call tells what to change instead of a bare TypeError."""
     from framework_plugins.http import HttpBackend
 
     class LoggingOpen:
@@ -297,6 +288,5 @@ def test_a_mixin_open_before_http_backend_does_not_keep_supports_ranges() -> Non
 
     from framework.download._stream import open_stream
 
-    assert "end" not in inspect.signature(Mine.open).parameters
-    with pytest.raises(DownloadError):  # what a non-ranged backend answers; today: TypeError
+    with pytest.raises(InvalidArgumentError, match="cannot be called as the DownloadBackend contract"):
         open_stream(Mine(), "http://127.0.0.1:9/x", 0, end=10)

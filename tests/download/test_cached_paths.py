@@ -121,7 +121,9 @@ def test_bad_calls_are_clear_errors(http_server: FaultServer, cache: Path) -> No
 class _Buggy(DownloadBackend):
     """A plugin backend with a bug: its `open` raises a `KeyError`, not a `DownloadError`."""
 
-    def open(self, url: str, offset: int = 0, *, if_range: Optional[str] = None) -> ByteStream:
+    def open(
+        self, url: str, offset: int = 0, *, end: Optional[int] = None, if_range: Optional[str] = None
+    ) -> ByteStream:
         raise KeyError("etag")
 
 

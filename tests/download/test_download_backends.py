@@ -7,6 +7,7 @@ import io
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Optional
 
 import pytest
 
@@ -101,7 +102,9 @@ def test_third_party_backend_via_plugin_hook(manager: DownloadManager) -> None:
 def test_third_party_backend_via_register_decorator(manager: DownloadManager) -> None:
     @DownloadBackend.register("myscheme")
     class Mine(DownloadBackend):
-        def open(self, url: str, offset: int = 0) -> ByteStream:
+        def open(
+            self, url: str, offset: int = 0, *, end: Optional[int] = None, if_range: Optional[str] = None
+        ) -> ByteStream:
             return ByteStream(iter([b"mine"[offset:]]), start=offset, size=4)
 
     assert manager.cached_path("myscheme://anything/x.txt").read_bytes() == b"mine"

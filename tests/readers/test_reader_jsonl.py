@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gzip
 import json
 from pathlib import Path
 from typing import Any, Callable
@@ -11,6 +10,7 @@ import pytest
 
 from framework import DatasetReader
 from framework.errors import ConfigError
+from tests.support.compression import write
 
 
 def write_jsonl(path: Path, records: list[Any]) -> str:
@@ -35,10 +35,10 @@ def test_field_selection_and_blank_lines(tmp_path: Path) -> None:
     assert list(reader.read(str(path))) == [{"c": 3, "a": 1}, {"c": 6, "a": 4}]
 
 
-def test_gzip_input(tmp_path: Path) -> None:
-    path = tmp_path / "data.jsonl.gz"
-    with gzip.open(path, "wt", encoding="utf-8") as handle:
-        handle.writelines(json.dumps(r) + "\n" for r in RECORDS)
+@pytest.mark.parametrize("form", [".gz", ".zst"])
+def test_compressed_input(tmp_path: Path, form: str) -> None:
+    raw = "".join(json.dumps(r) + "\n" for r in RECORDS).encode()
+    path = write(tmp_path / "data.jsonl", raw, form)
     reader = DatasetReader.by_name("jsonl")()
     assert list(reader.read(str(path))) == RECORDS
 

@@ -1,6 +1,6 @@
 """The built-in readers resume exactly over real files (issue 24): several files, one
-without a final newline; files identified by their content (a re-staged copy resumes,
-a reorder is refused); a UTF-8 byte-order mark."""
+without a final newline, plain or compressed (`.gz`, `.zst`); files identified by their
+content (a re-staged copy resumes, a reorder is refused); a UTF-8 byte-order mark."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import pytest
 
 from framework.data.multiprocess import MultiProcessDataLoader
 from framework.data.reader import DatasetReader
+from tests.support.compression import FORMS, write
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -28,7 +29,9 @@ def _reader(kind: str) -> DatasetReader:
     return DatasetReader.by_name(kind)()
 
 
-def _write(path: Path, kind: str, ids: range, final_newline: bool = True, bom: bool = False) -> None:
+def _write(path: Path, kind: str, ids: range, final_newline: bool = True, bom: bool = False,
+           form: str = "") -> Path:
+    """The records `ids` in `path` (+ `form`: `.gz`, `.zst`); the path written."""
     if kind == "csv":
         text = "id,text\n" + "".join(f"{i},row {i}\n" for i in ids)
     elif kind == "jsonl":
@@ -37,7 +40,7 @@ def _write(path: Path, kind: str, ids: range, final_newline: bool = True, bom: b
         text = "".join(f"{i} row {i}\n" for i in ids)
     if not final_newline:
         text = text[:-1]
-    path.write_bytes(((BOM if bom else "") + text).encode("utf-8"))
+    return write(path, ((BOM if bom else "") + text).encode("utf-8"), form)
 
 
 def _key(batch: dict[str, Any]) -> list[Any]:
@@ -66,29 +69,38 @@ def _resume_at_every_batch(make: Callable[[], MultiProcessDataLoader], total: in
         assert head + [x for batch in resumed for x in _key(batch)] == whole, cut
 
 
+@pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("kind", ["jsonl", "text", "csv"])
 @pytest.mark.parametrize(("workers", "lazy"), [(0, 1), (0, 3), (2, 2)])
 def test_several_files_one_without_a_final_newline_resume_anywhere(
-    tmp_path: Path, kind: str, workers: int, lazy: int
+    tmp_path: Path, kind: str, workers: int, lazy: int, form: str
 ) -> None:
     # A state saved right after the last line of a file without a final newline resumes in
     # the next file: that file's end as the offset must not read as "the file changed".
-    paths = [tmp_path / f"{n}.txt" for n in range(3)]
-    _write(paths[0], kind, range(0, 3), final_newline=False)
-    _write(paths[1], kind, range(3, 6))
-    _write(paths[2], kind, range(6, 9), final_newline=False)
+    # Compressed: the offsets are into the decompressed bytes, each file two members/frames.
+    paths = [
+        _write(tmp_path / "0.txt", kind, range(0, 3), final_newline=False, form=form),
+        _write(tmp_path / "1.txt", kind, range(3, 6), form=form),
+        _write(tmp_path / "2.txt", kind, range(6, 9), final_newline=False, form=form),
+    ]
     _resume_at_every_batch(lambda: _loader(kind, [str(p) for p in paths], workers, lazy), 9)
 
 
 @pytest.mark.parametrize("kind", ["jsonl", "text", "csv"])
-@pytest.mark.parametrize(("workers", "lazy"), [(0, 4), (2, 4), (0, None)])
+@pytest.mark.parametrize(
+    ("workers", "lazy", "forms"),
+    # compressed at 0 workers only: workers read a compressed file as the test above shows
+    [(0, 4, ("", "")), (2, 4, ("", "")), (0, None, ("", "")),
+     (0, 4, (".gz", ".zst")), (0, None, (".gz", ".zst"))],
+)
 def test_a_byte_order_mark_is_read_and_resumed(tmp_path: Path, kind: str, workers: int,
-                                              lazy: Optional[int]) -> None:
+                                              lazy: Optional[int], forms: tuple[str, str]) -> None:
     # A byte order mark is not data: jsonl parses the first line, csv names the first column
     # "id" (not "\ufeffid"), and text leaves it out of its first line.
-    paths = [tmp_path / "a.txt", tmp_path / "b.txt"]
-    _write(paths[0], kind, range(0, 4), bom=True)
-    _write(paths[1], kind, range(4, 8), bom=True, final_newline=False)
+    paths = [
+        _write(tmp_path / "a.txt", kind, range(0, 4), bom=True, form=forms[0]),
+        _write(tmp_path / "b.txt", kind, range(4, 8), bom=True, final_newline=False, form=forms[1]),
+    ]
     data = [str(p) for p in paths]
     batches = list(_loader(kind, data, workers, lazy))
     assert sorted(x for batch in batches for x in _key(batch)) == list(range(8))

@@ -9,6 +9,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
+from tests.support.compression import FORMS
 from tests.support.resume_properties import INTERRUPTS, SOURCES, Case, FileSpec
 
 # Regions the strategies avoid while a defect there is open (each flag also has its
@@ -67,6 +68,7 @@ def cases(draw: Any, world: bool = False) -> Case:
         if len(specs) > 1 and "no_final_newline_several_files" in KNOWN_DEFECTS:
             specs = tuple(replace(spec, final_newline=True) for spec in specs)
         options["files"] = specs
+        options["compression"] = draw(st.sampled_from(FORMS))
     batch_size = draw(st.integers(1, 4))
     lazy = draw(st.one_of(st.none(), st.integers(batch_size, 8)))
     bucket = draw(st.booleans())

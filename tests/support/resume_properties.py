@@ -28,6 +28,7 @@ from framework.data.collate import DefaultDataCollator
 from framework.data.multiprocess import MultiProcessDataLoader
 from framework.data.reader import DatasetReader
 from framework.data.sampler import BatchSampler
+from tests.support.compression import compress
 
 Key = Any  # an instance's identity: an id (int) or a line of text (str)
 Batches = list[list[Key]]
@@ -111,6 +112,7 @@ class FileSpec:
 class Case:
     source: str
     files: tuple[FileSpec, ...] = ()  # text, jsonl, csv
+    compression: str = ""  # their files as they are (""), or ".gz", ".zst"
     n: int = 0  # plain, sharded
     skip: tuple[int, ...] = ()  # sharded
     lazy: Optional[int] = None  # max_instances_in_memory
@@ -176,9 +178,9 @@ def write_data(case: Case, folder: Path, write: bool = True) -> Data:
         raw = body.encode("utf-8")
         if spec.bom:
             raw = b"\xef\xbb\xbf" + raw
-        path = folder / f"data{number}.{case.source}"
+        path = folder / f"data{number}.{case.source}{case.compression}"
         if write:
-            path.write_bytes(raw)
+            path.write_bytes(compress(raw, case.compression))
         data.paths.append(str(path))
     return data
 

@@ -130,13 +130,6 @@ class _LinesReader(DatasetReader):
         yield from self.shard_iterable({"x": float(n)} for n in Path(file_path).read_text().split())
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="ARCHITECTURE.md: a loader option is 'a Setting, so an assignment after "
-    "construction reaches the passes and the state'; the persistent pool keeps its workers "
-    "(and the eager cache its instances) whatever was assigned, while state_dict() reports "
-    "the new value",
-)
 @pytest.mark.parametrize("mode", ["lazy_persistent_workers", "eager"])
 def test_a_data_path_assigned_between_epochs_is_read(tmp_path: Path, mode: str) -> None:
     first, second = tmp_path / "a.txt", tmp_path / "b.txt"
@@ -168,11 +161,6 @@ def _tagging_collate(instances: list[dict[str, Any]]) -> dict[str, Any]:
     return {"x": torch.tensor([i["x"] for i in instances]), "tag": torch.ones(len(instances))}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="ARCHITECTURE.md's Setting promise: collate_fn assigned between epochs is ignored by "
-    "persistent workers (it works with persistent_workers=False)",
-)
 def test_a_collate_fn_assigned_between_epochs_reaches_persistent_workers(tmp_path: Path) -> None:
     path = tmp_path / "a.txt"
     path.write_text(" ".join(str(n) for n in range(8)))

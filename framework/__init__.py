@@ -7,8 +7,7 @@ does not import torch until something needs it.
 from typing import TYPE_CHECKING as _TYPE_CHECKING
 
 from framework._lazy import lazy_exports as _lazy_exports
-
-__version__ = "0.1.0"
+from framework._version import __version__ as __version__
 
 __all__ = [
     "BatchSampler",
@@ -77,3 +76,10 @@ if _TYPE_CHECKING:
 
 
 __getattr__, __dir__ = _lazy_exports(__name__, _LOCATIONS)
+
+# The composition root: no layer imports one above it, so the root, above them all,
+# joins them. Importing `framework.cli.run_config` imports the config layer, which gives
+# the registry its config builder (`Registrable.from_config`), and gives the config layer
+# the shape of a `framework run` config (`framework.config.validate(config)`). Neither
+# imports torch.
+import framework.cli.run_config  # noqa: E402,F401

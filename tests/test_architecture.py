@@ -24,15 +24,16 @@ MAX_FUNCTION_LINES = 80
 # manager imports the cluster fetch inside `cached_path(..., cluster=True)`: the cluster
 # fetch needs torch.distributed, and a plain call must not import torch.
 DEFERRED_IN_DOWNLOAD = {("framework.download.manager", "framework.download._cluster")}
-# Imports that point up the layers, made late by `importlib.import_module`. Each upper
-# module installs itself in the lower one when imported; the lower one imports it by
-# name only when used before that happened.
-LATE_BOUND = {
-    # `Registrable.from_config` builds through the config layer
-    ("framework.registry._registrable", "framework.config"),
-    # `framework.config.validate(config)` without a base checks a `framework run` config
-    ("framework.config._validate", "framework.cli.run_config"),
-}
+# The layers, top to bottom, as pyproject.toml's import-linter contract lists them;
+# `framework` itself (the composition root) sits above them all.
+LAYERS = [
+    ("framework.cli",),
+    ("framework.data", "framework.download"),
+    ("framework.distributed",),
+    ("framework.config",),
+    ("framework.registry", "framework.hookspecs"),
+    ("framework.errors",),
+]
 
 
 def _modules() -> dict[str, Path]:
@@ -134,12 +135,14 @@ def _owner(dotted: str) -> str | None:
     return dotted or None
 
 
-def _graph(leave_out: set[tuple[str, str]] = LATE_BOUND) -> dict[str, set[str]]:
+def _graph() -> dict[str, set[str]]:
+    """Each module's imports of other framework modules: every import, in a function or
+    not, `importlib.import_module("...")` included."""
     graph: dict[str, set[str]] = {module: set() for module in MODULES}
     for module in MODULES:
         for dotted, _, _ in _imports(module):
             target = _owner(dotted)
-            if target and target != module and (module, target) not in leave_out:
+            if target and target != module:
                 graph[module].add(target)
     return graph
 
@@ -195,9 +198,32 @@ def test_no_import_cycles() -> None:
     assert _cycles(_graph()) == []
 
 
-def test_the_late_bound_imports_are_the_named_ones() -> None:
-    graph = _graph(leave_out=set())
-    assert [pair for pair in sorted(LATE_BOUND) if pair[1] not in graph[pair[0]]] == []
+def _layer(module: str) -> int:
+    """The index of `module`'s layer in LAYERS. Above them: the first-party plugins, then
+    the root package and `python -m framework`. `framework.testing` sits beside the
+    engines; the root's own helper modules (`framework._lazy`, ...) below every layer."""
+    if module.startswith("framework_plugins"):
+        return -2
+    if module in ("framework", "framework.__main__"):
+        return -1
+    if module == "framework.testing":
+        return 1
+    for index, packages in enumerate(LAYERS):
+        if any(module == package or module.startswith(package + ".") for package in packages):
+            return index
+    assert module.startswith("framework._"), f"{module} is in no layer: add it to LAYERS"
+    return len(LAYERS)
+
+
+def test_no_layer_imports_a_layer_above_it_even_at_run_time() -> None:
+    """What import-linter checks, also for imports inside functions and importlib's."""
+    upward = [
+        (module, target)
+        for module, targets in _graph().items()
+        for target in targets
+        if _layer(target) < _layer(module)
+    ]
+    assert upward == []
 
 
 def _package_of(module: str) -> str:

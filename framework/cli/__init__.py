@@ -14,7 +14,7 @@ import warnings
 from collections.abc import Sequence
 from typing import NoReturn, Optional, Union
 
-from framework import __version__
+from framework._version import __version__
 from framework.cli._text import one_line
 
 __all__ = ["build_parser", "main", "one_line"]

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-__all__ = ["one_line"]
+__all__ = ["CACHE_DIR_HELP", "one_line"]
+
+# The --cache-dir option's help, in every command that takes one.
+CACHE_DIR_HELP = "cache folder (default: $FRAMEWORK_CACHE or ~/.cache/framework)"
 
 
 def one_line(text: str) -> str:

@@ -8,9 +8,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["add_parser"]
+from framework.cli._text import CACHE_DIR_HELP
 
-_CACHE_DIR_HELP = "cache folder (default: $FRAMEWORK_CACHE or ~/.cache/framework)"
+__all__ = ["add_parser"]
 
 
 def add_parser(subparsers: Any) -> None:
@@ -28,7 +28,7 @@ def add_parser(subparsers: Any) -> None:
         "size, sha256, whether an extracted folder goes with it, and when it was last used; "
         "then a total. Nothing is read but the records.",
     )
-    listing.add_argument("--cache-dir", help=_CACHE_DIR_HELP)
+    listing.add_argument("--cache-dir", help=CACHE_DIR_HELP)
     listing.add_argument("--json", action="store_true", help="print JSON instead of a table")
     listing.set_defaults(handler=list_entries)
     check = actions.add_parser(
@@ -40,7 +40,7 @@ def add_parser(subparsers: Any) -> None:
         "cached_path fetches them again.",
     )
     check.add_argument("urls", nargs="*", metavar="URL", help="only these entries (default: all)")
-    check.add_argument("--cache-dir", help=_CACHE_DIR_HELP)
+    check.add_argument("--cache-dir", help=CACHE_DIR_HELP)
     check.add_argument("--fix", action="store_true", help="remove the bad entries")
     check.set_defaults(handler=verify_entries)
     trim = actions.add_parser(
@@ -51,7 +51,7 @@ def add_parser(subparsers: Any) -> None:
         "process is fetching is skipped; files that are not cache entries are never removed. "
         "Exit status 1 if the cache still holds more than SIZE.",
     )
-    trim.add_argument("--cache-dir", help=_CACHE_DIR_HELP)
+    trim.add_argument("--cache-dir", help=CACHE_DIR_HELP)
     trim.add_argument(
         "--max-size",
         required=True,

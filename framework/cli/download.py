@@ -6,6 +6,8 @@ import argparse
 import logging
 from typing import Any
 
+from framework.cli._text import CACHE_DIR_HELP
+
 
 def add_parser(subparsers: Any) -> None:
     parser = subparsers.add_parser(
@@ -19,7 +21,7 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("url", metavar="URL", help="what to fetch")
     parser.add_argument("--sha256", help="expected sha256 hex digest of the file")
     parser.add_argument("--extract", action="store_true", help="unpack a tar/zip archive; print the folder")
-    parser.add_argument("--cache-dir", help="cache folder (default: $FRAMEWORK_CACHE or ~/.cache/framework)")
+    parser.add_argument("--cache-dir", help=CACHE_DIR_HELP)
     parser.add_argument("--force", action="store_true", help="fetch (and extract) again")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.set_defaults(handler=run)

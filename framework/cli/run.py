@@ -161,8 +161,8 @@ def _build_loader(loader_config: Mapping[str, Any], reader: Any, data_path: str)
 def _loader_parameters(loader_config: Mapping[str, Any]) -> set[str]:
     """The config keys of the loader type the config names (empty if unknown): its
     constructor's parameters, with those it forwards through `**kwargs` to its parent."""
-    from framework import DataLoader
     from framework.config import signature_of
+    from framework.data import DataLoader
 
     type_name = loader_config.get("type", DataLoader.default_implementation)
     try:
@@ -233,7 +233,7 @@ def _data_to_read(data_path: str, *, progress: bool, distributed: bool) -> Path:
     local = _local_path(data_path)
     if local is not None:
         return local
-    from framework import cached_path
+    from framework.download import cached_path
 
     return cached_path(data_path, progress=progress, distributed=distributed)
 
@@ -256,7 +256,7 @@ def _torch_device(name: Optional[str]) -> Any:
 
 def _reader_and_loader_config(config: Mapping[str, Any], *, progress: bool) -> tuple[Any, dict[str, Any]]:
     """The reader, built, and the loader's config as a mapping with a `"type"`."""
-    from framework import DatasetReader
+    from framework.data import DatasetReader
 
     reader_config = config["dataset_reader"]
     try:

@@ -8,7 +8,6 @@ with `use_run_config`.
 from __future__ import annotations
 
 import difflib
-import importlib
 from collections.abc import Callable, Iterable, Mapping
 from os import PathLike
 from typing import Any, Optional, Union
@@ -32,7 +31,6 @@ __all__ = [
 ]
 
 RUN_CONFIG_META_KEYS = META_KEYS  # allowed in a run config and in every component's, for editors
-RUN_CONFIG_MODULE = "framework.cli.run_config"  # installs the run config's shape when imported
 _run_config: Optional[Callable[..., None]] = None
 
 
@@ -44,10 +42,8 @@ def use_run_config(shape: Callable[..., None]) -> None:
 
 def run_config_shape() -> Callable[..., None]:
     """The signature a `framework run` config is checked against (the CLI's)."""
-    if _run_config is None:
-        importlib.import_module(RUN_CONFIG_MODULE)
-    if _run_config is None:
-        raise ConfigError("", f"{RUN_CONFIG_MODULE} did not install the run config's shape")
+    if _run_config is None:  # installed by `framework.cli.run_config`, imported by `framework`'s root
+        raise ConfigError("", "the shape of a `framework run` config was not installed (import framework)")
     return _run_config
 
 

@@ -44,6 +44,10 @@ class InstanceCache:
         other.instances, other.indexes = self.instances, self.indexes
         return other
 
+    def forget(self) -> None:
+        """Drop what was read: the reader or data_path changed, the next `load` reads."""
+        self.instances = self.indexes = self._lists = None
+
     def load(self) -> list[Instance]:
         """Every instance of this rank's share, read on the first call."""
         if self.instances is None:

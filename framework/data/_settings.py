@@ -155,6 +155,8 @@ class _Configured(Protocol):
     @property
     def _progress(self) -> _Epochs: ...
 
+    def _setting_changed(self, reads_data: bool) -> None: ...
+
 
 class Setting(Generic[_T]):
     """A loader attribute that lives in the loader's `LoaderSettings` (its `_settings`):
@@ -164,10 +166,13 @@ class Setting(Generic[_T]):
     A setting that decides which instances an epoch holds or how they batch
     (`shapes_epoch`) cannot change while an epoch is under way: the epoch was read and
     batched with the old value, and a state saved then would pair the old position
-    with the new value."""
+    with the new value. A new value reaches the workers too: persistent workers,
+    started with the old one, are not kept; and a setting that decides what is read
+    (`reads_data`) drops the instances the eager cache read with the old one."""
 
-    def __init__(self, *, shapes_epoch: bool = False) -> None:
-        self.shapes_epoch = shapes_epoch
+    def __init__(self, *, shapes_epoch: bool = False, reads_data: bool = False) -> None:
+        self.shapes_epoch = shapes_epoch or reads_data
+        self.reads_data = reads_data
 
     def __set_name__(self, owner: type, name: str) -> None:
         self.name = name
@@ -190,13 +195,26 @@ class Setting(Generic[_T]):
                 f"read and batched with the old value. Assign it between epochs (after a pass "
                 f"has run to its end), or build a new loader"
             )
+        old = self.read(loader._settings)
         self.write(loader._settings, value)
+        if not _same(old, value):
+            loader._setting_changed(self.reads_data)
 
     def read(self, settings: LoaderSettings) -> Any:
         return getattr(settings, self.name)
 
     def write(self, settings: LoaderSettings, value: _T) -> None:
         setattr(settings, self.name, value)
+
+
+def _same(old: Any, new: Any) -> bool:
+    """Whether an assignment keeps the value (the same object, or an equal plain one)."""
+    if old is new:
+        return True
+    try:
+        return bool(isinstance(new, (bool, int, float, str)) and old == new)
+    except Exception:
+        return False
 
 
 class PlanSetting(Setting[_T]):

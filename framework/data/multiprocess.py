@@ -136,8 +136,8 @@ class MultiProcessDataLoader(DataLoader):
 
     # The settings, as attributes: an assignment after construction takes effect (the
     # next pass, `len()` and `state_dict()` read it), as for a plain attribute.
-    reader: Setting[DatasetReader] = Setting(shapes_epoch=True)
-    data_path: Setting[DatasetReaderInput] = Setting(shapes_epoch=True)
+    reader: Setting[DatasetReader] = Setting(reads_data=True)
+    data_path: Setting[DatasetReaderInput] = Setting(reads_data=True)
     batch_size: PlanSetting[Optional[int]] = PlanSetting()
     drop_last: PlanSetting[bool] = PlanSetting()
     shuffle: PlanSetting[bool] = PlanSetting()
@@ -343,6 +343,14 @@ class MultiProcessDataLoader(DataLoader):
         # One swap of the loader's random streams per chunk (memory stays bounded).
         for instance, _ in self._cache.read(step=self.max_instances_in_memory):
             yield instance
+
+    def _setting_changed(self, reads_data: bool) -> None:
+        """A setting was assigned a new value (see `Setting`): persistent workers started
+        with the old one are not kept (a pass reading from them keeps them to its end),
+        and instances read with an old reader or data_path are read again."""
+        self._pools.retire()
+        if reads_data:
+            self._cache.forget()
 
     def set_target_device(self, device: Union[int, str, torch.device]) -> None:
         new = as_device(device)  # ConfigError for a device torch would not take

@@ -51,11 +51,13 @@ __all__ = [
     "file_identity",
     "find_work_folder",
     "is_alive_local",
+    "lock_of",
     "parse_json",
     "parse_owner",
     "private_folder",
     "read_metadata",
     "read_small_file",
+    "sidecar_of",
     "unique_token",
     "work_folder",
     "write_json_atomic",
@@ -63,6 +65,16 @@ __all__ = [
 
 _logger = logging.getLogger("framework.download")
 _SUFFIX_CHARS: Final = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def sidecar_of(final: Path) -> Path:
+    """The metadata sidecar beside an entry's published file."""
+    return final.with_name(f"{final.name}.json")
+
+
+def lock_of(final: Path) -> Path:
+    """The lock file of an entry's published file."""
+    return final.with_name(f"{final.name}.lock")
 
 
 def _pid_namespace() -> str:
@@ -296,11 +308,11 @@ class Entry:
 
     @property
     def sidecar(self) -> Path:
-        return self.final.with_name(f"{self.final.name}.json")
+        return sidecar_of(self.final)
 
     @property
     def lock(self) -> Path:
-        return self.final.with_name(f"{self.final.name}.lock")
+        return lock_of(self.final)
 
     @property
     def extracted(self) -> Path:

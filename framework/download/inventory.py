@@ -39,8 +39,10 @@ from framework.download._cache import (
     binds,
     dead_leftovers,
     enter_work_folder,
+    lock_of,
     private_folder,
     read_metadata,
+    sidecar_of,
     unique_token,
     work_folder,
 )
@@ -87,11 +89,11 @@ class CacheEntry:
 
     @property
     def sidecar(self) -> Path:
-        return self.path.with_name(f"{self.path.name}.json")
+        return sidecar_of(self.path)
 
     @property
     def lock(self) -> Path:
-        return self.path.with_name(f"{self.path.name}.lock")
+        return lock_of(self.path)
 
 
 @attrs.frozen
@@ -221,7 +223,7 @@ def _entry(cache_dir: Path, name: str, names: set[str]) -> Optional[CacheEntry]:
         info = os.lstat(path)
     except OSError:
         return None
-    meta = read_metadata(path.with_name(f"{name}.json"))
+    meta = read_metadata(sidecar_of(path))
     if meta is None or not stat.S_ISREG(info.st_mode):
         return None
     folder = path.with_name(f"{name}-extracted")
@@ -344,7 +346,7 @@ def _sweep(cache_dir: Path, path: Path, lock: LockKind) -> bool:
     elif path.parent == cache_dir and path.name.endswith(".json"):
         final = path.with_name(path.name[: -len(".json")])
     if final is not None:
-        with _unlocked(final.with_name(f"{final.name}.lock"), path.name, lock) as free:
+        with _unlocked(lock_of(final), path.name, lock) as free:
             if free:
                 _unlink(path)
             return free

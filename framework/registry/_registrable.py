@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import difflib
-import importlib
 from collections.abc import Callable, Mapping
 from os import PathLike
 from typing import Any, ClassVar, Optional, TypeVar, Union
@@ -180,9 +179,7 @@ class Registrable:
         other keys are matched to `__init__` parameters by their annotations,
         recursively. `extras` go to any constructor, at any depth, that takes them.
         """
-        if _builder is None:  # the config layer installs its builder when imported
-            importlib.import_module("framework.config")
-        if _builder is None:
+        if _builder is None:  # the config layer installs it, imported by `framework`'s root
             raise RegistryError("framework.config did not install its config builder")
         get_registry().ensure_discovered()
         built: _R = _builder(cls, config, extras)

@@ -101,6 +101,22 @@ def test_persistent_workers_survive_epochs(no_leaks: None) -> None:
     data.close()
 
 
+def test_persistent_workers_are_kept_unless_a_setting_changes(no_leaks: None) -> None:
+    """Assigning a setting its own value keeps the workers; a new value starts new ones
+    (the old ones were started with the old value)."""
+    data = make(CountingReader(20), num_workers=2, max_instances_in_memory=8,
+                persistent_workers=True)  # fmt: skip
+    list(data)
+    pids = [p.pid for p in data._pool.processes]
+    data.batch_size, data.collate_fn = data.batch_size, data.collate_fn
+    list(data)
+    assert [p.pid for p in data._pool.processes] == pids
+    data.batch_size = 5
+    assert [len(b["id"]) for b in data] == [5] * 4
+    assert not set(p.pid for p in data._pool.processes) & set(pids)
+    data.close()
+
+
 def test_workers_use_one_thread() -> None:
     class ThreadsCollator:
         def __call__(self, instances: list[Any]) -> Any:

@@ -8,6 +8,7 @@ import itertools
 import os
 import warnings
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -526,3 +527,59 @@ def test_a_setting_that_does_not_shape_the_epoch_may_change_mid_epoch() -> None:
     data.quiet = False
     data.quiet = True
     assert len(flat(ids(iterator))) == 10
+
+
+class _LinesReader(DatasetReader):
+    """Reads the numbers in a file; shards by itself."""
+
+    def __init__(self) -> None:
+        super().__init__(manual_multiprocess_sharding=True, manual_distributed_sharding=True)
+
+    def _read(self, file_path: Any) -> Iterator[dict[str, float]]:
+        yield from self.shard_iterable({"x": float(n)} for n in Path(file_path).read_text().split())
+
+
+@pytest.mark.parametrize("mode", ["lazy_persistent_workers", "eager"])
+def test_a_data_path_assigned_between_epochs_is_read(tmp_path: Path, mode: str) -> None:
+    first, second = tmp_path / "a.txt", tmp_path / "b.txt"
+    first.write_text(" ".join(str(n) for n in range(8)))
+    second.write_text(" ".join(str(100 + n) for n in range(8)))
+    lazy = mode.startswith("lazy")
+    loader = MultiProcessDataLoader(
+        _LinesReader(),
+        str(first),
+        batch_size=4,
+        num_workers=2,
+        quiet=True,
+        max_instances_in_memory=8 if lazy else None,
+        persistent_workers=lazy,
+    )
+    try:
+        assert sorted(float(x) for batch in loader for x in batch["x"]) == [float(n) for n in range(8)]
+        loader.data_path = str(second)  # between epochs: allowed
+        assert loader.state_dict()["settings"]["data_path"] == str(second)
+        got = sorted(float(x) for batch in loader for x in batch["x"])
+        assert got == [float(100 + n) for n in range(8)]
+    finally:
+        loader.close()
+
+
+def _tagging_collate(instances: list[dict[str, Any]]) -> dict[str, Any]:
+    import torch
+
+    return {"x": torch.tensor([i["x"] for i in instances]), "tag": torch.ones(len(instances))}
+
+
+def test_a_collate_fn_assigned_between_epochs_reaches_persistent_workers(tmp_path: Path) -> None:
+    path = tmp_path / "a.txt"
+    path.write_text(" ".join(str(n) for n in range(8)))
+    loader = MultiProcessDataLoader(
+        _LinesReader(), str(path), batch_size=4, num_workers=2, quiet=True, max_instances_in_memory=8,
+        persistent_workers=True,
+    )  # fmt: skip
+    try:
+        assert all("tag" not in batch for batch in loader)
+        loader.collate_fn = _tagging_collate
+        assert all("tag" in batch for batch in loader)
+    finally:
+        loader.close()

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import ast
 import re
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -301,3 +303,49 @@ def test_the_architecture_map_names_real_modules_and_all_of_them() -> None:
         if path.name != "__init__.py" and path.name not in named and path.stem not in text
     )
     assert missing == []
+
+
+def test_no_import_cycle_when_every_runtime_import_counts() -> None:
+    """No cycle once every import that runs counts, importlib's included: nothing is left
+    out of the graph."""
+    assert _cycles(_graph()) == []
+
+
+def test_the_config_layer_never_imports_the_cli_layer() -> None:
+    """No module of the config (or registry) layer imports the command line, counting
+    imports inside functions and importlib's: the root package joins the layers. (Once
+    `framework` is imported, framework.cli.run_config is loaded: the root loads it, to
+    give the config layer the run config's shape.)"""
+    graph = _graph()
+    lower = [m for m in graph if m.startswith(("framework.config", "framework.registry"))]
+    assert lower and [(m, t) for m in lower for t in graph[m] if t.startswith("framework.cli")] == []
+    code = (
+        "import framework.config as c, framework.registry as r, inspect\n"
+        "print(inspect.getsource(r.Registrable.from_config))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert "import_module" not in out.stdout
+
+
+def test_no_test_file_is_named_after_a_round() -> None:
+    """Tests sit beside their unit and are named after it (CONTRIBUTING.md), not after the
+    round of work that wrote them."""
+    round_named = re.compile(r"test_(review|hardening|defences|round|sitting)|issue\d+")
+    found = sorted(
+        str(path.relative_to(ROOT))
+        for path in (ROOT / "tests").rglob("test_*.py")
+        if round_named.search(path.name)
+    )
+    assert found == []
+
+
+def test_no_comment_tells_the_history_of_a_change() -> None:
+    """A test's comment says what it guards; the history of a change lives in its commit
+    (CONTRIBUTING.md)."""
+    found = [
+        f"{path.relative_to(ROOT)}:{number}"
+        for path in sorted((ROOT / "tests").rglob("*.py"))
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if re.search(r"#\s*Before:", line)
+    ]
+    assert found == []

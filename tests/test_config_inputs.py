@@ -184,8 +184,8 @@ def test_a_yaml_suffix_in_any_case_is_read_as_yaml(name: str, tmp_path: Path) ->
 def test_a_config_file_that_never_ends_is_an_error_not_a_memory_blowup(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Before: `framework config validate /dev/zero` read until memory ran out. A file
-    # past the cap (shrunk here, so the test is fast) is one ConfigError.
+    # `framework config validate /dev/zero` must not read until memory runs out: a file past
+    # the cap (shrunk here, so the test is fast) is one ConfigError.
     import framework.config._load
 
     monkeypatch.setattr(framework.config._load, "MAX_CONFIG_BYTES", 1000)

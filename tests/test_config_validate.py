@@ -383,9 +383,9 @@ def forwarding() -> None:
 @pytest.mark.usefixtures("forwarding")
 @pytest.mark.parametrize("key", ["self", 1])
 def test_a_key_kwargs_cannot_take_is_refused_by_validate_and_the_schema(key: Any) -> None:
-    # Before: validate() and the schema accepted {"self": 1} (and a YAML int key) for a
-    # class whose __init__ ends in **kwargs, while from_config raised (Python cannot pass
-    # self=, nor a keyword that is not a string).
+    # A key **kwargs cannot take ({"self": 1}, a YAML int key) is refused by validate() and
+    # the schema, as from_config refuses it (Python cannot pass self=, nor a keyword that is
+    # not a string).
     errors, built, schema_ok = judges({"type": "kw", key: 1})
     assert not built
     assert len(errors) == 1 and errors[0].startswith(f"{key}: Kw cannot take this key through **kwargs")
@@ -418,8 +418,8 @@ def tokenizer_modules(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterat
     ],
 )
 def test_a_tokenizer_the_constructor_refuses_is_refused_by_validate(tokenizer: str) -> None:
-    # Before: validate() called any tokenizer path valid, while from_config refused it;
-    # and a module raising at import escaped from_config as a RuntimeError.
+    # validate() refuses a tokenizer path from_config refuses, and a module raising at import
+    # is a ConfigError, not a RuntimeError out of from_config.
     config = {"type": "text", "tokenizer": tokenizer}
     errors = validate(config, DatasetReader)
     assert [e.path for e in errors] == ["tokenizer"]
@@ -452,8 +452,8 @@ def builtin_parameters() -> None:
     ("key", "value"), [("kind", {"type": "builtins"}), ("buffer", {"source": "ab"}), ("error", {"args": 1})]
 )
 def test_a_builtin_class_is_not_made_from_a_mapping(key: str, value: Any) -> None:
-    # Before: validate() took any mapping for a builtin class (its signature cannot be
-    # read, so every key passed), while from_config failed calling it and the schema refused.
+    # A builtin class's signature cannot be read, so validate() must not take any mapping for
+    # it: from_config would fail calling it, and the schema refuses it.
     errors, built, schema_ok = judges({"type": "builtins", key: value})
     assert (built, schema_ok) == (False, False)
     assert [e.split(":")[0] for e in errors] == [key]
@@ -461,8 +461,9 @@ def test_a_builtin_class_is_not_made_from_a_mapping(key: str, value: Any) -> Non
 
 @pytest.mark.usefixtures("tokenizer_modules")
 def test_a_base_whose_module_raises_at_import_is_a_config_error() -> None:
-    # Before: validate(config, base="pkg.mod:Base") and json_schema(...) let the module's
-    # RuntimeError (or SystemExit) escape: only ImportError and AttributeError were caught.
+    # validate(config, base="pkg.mod:Base") and json_schema(...) turn any error of the
+    # module's import (a RuntimeError, a SystemExit) into a ConfigError, not only ImportError
+    # and AttributeError.
     with pytest.raises(ConfigError, match=r"^base: cannot import 'review_broken_tokenizer:Base'.*boom"):
         validate({}, base="review_broken_tokenizer:Base")
     with pytest.raises(ConfigError, match=r"^base: "):
@@ -479,8 +480,8 @@ def limited_float() -> None:
 
 @pytest.mark.usefixtures("limited_float")
 def test_nan_is_not_at_least_anything() -> None:
-    # Before: Annotated[float, AtLeast(1)] took NaN (json.loads reads it; NaN < 1 is
-    # false), and the constructor was given it.
+    # Annotated[float, AtLeast(1)] refuses NaN (json.loads reads it; NaN < 1 is false), so the
+    # constructor never gets it.
     config = {"type": "limited", "rate": float("nan")}
     assert [e.path for e in validate(config, Thing)] == ["rate"]
     with pytest.raises(ConfigError, match=r"^rate: "):
@@ -499,8 +500,8 @@ def limited_set() -> None:
 
 @pytest.mark.usefixtures("limited_set")
 def test_a_set_of_at_least_n_counts_each_item_once() -> None:
-    # Before: [1, 1] passed AtLeast(2) on a set[int] (a list of 2), and the set built
-    # from it held one item.
+    # AtLeast(2) on a set[int] counts distinct items: [1, 1] is a list of 2 but builds a set
+    # of one.
     assert [e.path for e in validate({"type": "pairs", "ids": [1, 1]}, Thing)] == ["ids"]
     assert validate({"type": "pairs", "ids": [1, 2, 2]}, Thing) == []
     assert Thing.from_config({"type": "pairs", "ids": [1, 2, 2]}).ids == {1, 2}  # type: ignore[attr-defined]

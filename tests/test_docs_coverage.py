@@ -196,3 +196,37 @@ def test_docstrings_use_markdown_backticks_not_rst() -> None:
         for match in rst.finditer(text)
     ]
     assert not found, f"write `code`, not ``code``, in docstrings: {found[:10]}"
+
+
+# Phrases of lab notes left on the site: experiments, what was measured and dropped, history.
+_NARRATIVE = {
+    "docs/concepts/download.md": [
+        "three such pauses did not do it",
+        "were measured open with a cap of 3",
+        "Hashing in one pass at the end instead was measured",
+    ],
+    "docs/concepts/loader.md": ["digesting every instance cost 1.5-2x"],
+    "docs/howto/download-backend.md": ["A backend written before `end` existed"],
+    "docs/concepts/security.md": ["test_review_cache.py", "test_review_issue26.py"],
+}
+
+
+def test_the_docs_carry_no_lab_notes() -> None:
+    found = []
+    for page, phrases in _NARRATIVE.items():
+        text = " ".join((REPO_ROOT / page).read_text(encoding="utf-8").split())
+        found += [f"{page}: {phrase!r}" for phrase in phrases if phrase in text]
+    assert found == []
+
+
+def test_every_registry_name_the_docs_use_is_in_its_all() -> None:
+    import framework.registry
+
+    used: set[str] = set()
+    for page in (REPO_ROOT / "docs").rglob("*.md"):
+        used |= set(re.findall(r"framework\.registry\.([A-Za-z]\w*)", page.read_text(encoding="utf-8")))
+        for names in re.findall(
+            r"from framework\.registry import ([\w, ]+)", page.read_text(encoding="utf-8")
+        ):
+            used |= {name.strip() for name in names.split(",")}
+    assert sorted(used - set(framework.registry.__all__)) == []

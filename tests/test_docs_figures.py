@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -75,3 +76,35 @@ def test_the_generator_notices_a_changed_result(plot: ModuleType, tmp_path: Path
     problems = plot.stale(tmp_path)
     assert any("bench_download.png" in problem for problem in problems)
     assert any("README.md" in problem for problem in problems)
+
+
+def _numbers(value: Any, key: str = "") -> Iterator[tuple[str, float]]:
+    if isinstance(value, dict):
+        for name, inner in value.items():
+            yield from _numbers(inner, f"{key}.{name}")
+    elif isinstance(value, list):
+        for inner in value:
+            yield from _numbers(inner, key)
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        yield key, float(value)
+
+
+def test_the_port_figures_in_the_docs_come_from_the_results() -> None:
+    """CONTRIBUTING.md: "Benchmark figures in the README and the docs come from
+    benchmarks/results/*.json ... never type a figure": every time the quickstart and
+    the port guide quote is a first-batch figure of the results, and they type no ratio."""
+    import json
+
+    first_batches = {
+        round(value, 2)
+        for path in (REPO_ROOT / "benchmarks" / "results").glob("*.json")
+        for key, value in _numbers(json.loads(path.read_text(encoding="utf-8")))
+        if "first_batch" in key
+    }
+    typed = []
+    for page in ("docs/quickstart.md", "docs/howto/port-allennlp.md"):
+        text = (REPO_ROOT / page).read_text(encoding="utf-8")
+        seconds = re.findall(r"\b(\d+\.\d+) s\b", text)
+        typed += [f"{page}: {figure} s" for figure in seconds if round(float(figure), 2) not in first_batches]
+        typed += [f"{page}: {ratio}" for ratio in re.findall(r"\b\d+(?:\.\d+)?x\b", text)]
+    assert typed == []

@@ -77,3 +77,10 @@ def test_registry_and_testing_modules_export_what_they_define() -> None:
         assert defined <= set(module.__all__), f"{module.__name__}: {defined - set(module.__all__)}"
         for name in module.__all__:
             assert hasattr(module, name), f"{module.__name__}.{name}"
+
+
+def test_bucket_batch_sampler_is_importable_from_framework() -> None:
+    import framework
+
+    assert "BucketBatchSampler" in framework.__all__
+    from framework import BucketBatchSampler  # noqa: F401

@@ -35,3 +35,18 @@ def test_readme_gives_the_two_commands_ci_runs() -> None:
     ci = (README.parent / ".ci" / "run").read_text()
     assert "bash scripts/run.sh" in text and "bash scripts/test.sh" in text
     assert "bash scripts/test.sh" in ci
+
+
+def test_the_readme_example_runs_without_a_warning(tmp_path: Path) -> None:
+    text = README.read_text(encoding="utf-8")
+    example = text.split("## 30-second example", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    script = tmp_path / "example.py"
+    script.write_text(example)
+    out = subprocess.run(
+        [sys.executable, "-W", "default", str(script)],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=tmp_path,
+    )
+    assert "Warning" not in out.stderr, out.stderr

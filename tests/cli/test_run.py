@@ -429,8 +429,8 @@ def test_ctrl_c_stops_cleanly(tmp_path: Path, cli_env: dict[str, str]) -> None:
 def test_an_override_merges_into_a_component_written_as_its_name(
     tmp_path: Path, written: str, override: Any, merged: Any
 ) -> None:
-    # Before: {"dataset_reader": {"lowercase": true}} replaced "text" (the name alone is
-    # {"type": "text"}), and the run failed with "dataset_reader.type: missing 'type'".
+    # An override of a component written as its name ("text" is {"type": "text"}) merges
+    # into it: replacing it would leave no "type" and fail the run.
     file = tmp_path / "config.json"
     file.write_text(
         json.dumps({"dataset_reader": written, "data_path": "x", "data_loader": {"batch_size": 1}})
@@ -441,8 +441,8 @@ def test_an_override_merges_into_a_component_written_as_its_name(
 
 @pytest.mark.timeout(120)
 def test_a_data_path_of_an_unknown_user_is_a_config_error(tmp_path: Path) -> None:
-    # Before: "~no_such_user_zz/x" made `framework run` fail with a RuntimeError from
-    # Path.expanduser, after the config had been called valid.
+    # "~no_such_user_zz/x" cannot be expanded: a ConfigError before the run, not a
+    # RuntimeError from Path.expanduser after the config was called valid.
     from framework.cli.run import _resolve_data_path
 
     with pytest.raises(ConfigError, match=r"^data_path: cannot expand '~no_such_user_zz/x'"):

@@ -346,9 +346,9 @@ def test_config_validate_prints_each_error_on_one_line(
 def test_a_long_worker_timeout_that_validate_accepts_runs(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], timeout: float
 ) -> None:
-    # Before: validate() accepted timeout 1e7 s (any finite positive number), and the
-    # run failed in the loader: poll() takes at most 2**31-1 ms ("timeout is too large",
-    # or OverflowError from infinity for 1e308).
+    # A worker timeout validate() accepts must run: poll() takes at most 2**31-1 ms, so the
+    # loader caps a long one (1e7 s, or 1e308) instead of failing with "timeout is too large"
+    # or an OverflowError.
     from framework.cli import main
 
     (tmp_path / "corpus.txt").write_text("a b\nc d\ne f\n")

@@ -8,6 +8,7 @@ import itertools
 import os
 import warnings
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -346,8 +347,8 @@ def _loader(reader: DatasetReader | None = None, **options: Any) -> MultiProcess
 @pytest.mark.parametrize("stop", ["islice", "zip"])
 @pytest.mark.parametrize("options", [{}, {"max_instances_in_memory": 4, "num_workers": 2}])
 def test_carry_over_survives_a_consumer_that_stops_at_len(stop: str, options: dict[str, Any]) -> None:
-    # Before: the epoch's generator was still suspended at its last batch, so when it
-    # was collected it closed the carried-over pass: instances 6..9 never came.
+    # The epoch's generator, suspended at its last batch, must not close the carried-over
+    # pass when it is collected: instances 6..9 come next epoch.
     loader = _loader(CountingReader(10), batch_size=3, batches_per_epoch=2, **options)
     seen: list[int] = []
     for _ in range(3):
@@ -361,7 +362,8 @@ def test_carry_over_survives_a_consumer_that_stops_at_len(stop: str, options: di
 
 
 def test_a_second_iterator_with_batches_per_epoch_yields_a_whole_epoch() -> None:
-    # Before: the second iterator started from the first one's count and yielded 2.
+    # Each iterator counts its own batches: a second one yields a whole epoch, not the rest
+    # of the first one's count.
     data = loader(batch_size=2, batches_per_epoch=3, seed=1)
     first = iter(data)
     next(first)
@@ -378,7 +380,7 @@ def _new_collator(instances: list[dict[str, Any]]) -> dict[str, Any]:
 
 @pytest.mark.parametrize("setting", ["collate_fn", "reader", "num_workers", "data_path"])
 def test_a_setting_assigned_after_construction_takes_effect(setting: str) -> None:
-    # Before: the passes and the state read a copy of the settings taken in __init__.
+    # The passes and the state read the live settings, not a copy taken in __init__.
     data = loader(6, batch_size=2, max_instances_in_memory=4, seed=1)
     if setting == "collate_fn":
         data.collate_fn = _new_collator
@@ -404,7 +406,7 @@ def test_a_batch_setting_assigned_after_construction_batches_the_cache_anew() ->
 
 
 def test_a_copy_of_the_loader_has_its_own_settings() -> None:
-    # Before: a shallow copy shared the settings object, so the original moved too.
+    # A copy owns its settings: changing the copy leaves the original as it was.
     data = loader(6, batch_size=2, seed=1)
     other = copy.copy(data)
     other.set_target_device("cpu")
@@ -430,8 +432,8 @@ def test_a_copy_after_a_carried_over_epoch_yields_the_same_next_epoch(options: d
 
 @pytest.mark.timeout(120)
 def test_a_sampler_batch_larger_than_max_instances_in_memory_is_refused() -> None:
-    # Before: accepted; the sampler saw 4 instances at a time and made batches of 4
-    # (or none with drop_last) instead of 8.
+    # A sampler batch larger than max_instances_in_memory is refused: the sampler would see
+    # 4 instances at a time and make batches of 4 (or none with drop_last) instead of 8.
     from framework_plugins.samplers import BucketBatchSampler
 
     sampler = BucketBatchSampler(batch_size=8, sorting_keys=["tokens"], drop_last=True)
@@ -525,3 +527,59 @@ def test_a_setting_that_does_not_shape_the_epoch_may_change_mid_epoch() -> None:
     data.quiet = False
     data.quiet = True
     assert len(flat(ids(iterator))) == 10
+
+
+class _LinesReader(DatasetReader):
+    """Reads the numbers in a file; shards by itself."""
+
+    def __init__(self) -> None:
+        super().__init__(manual_multiprocess_sharding=True, manual_distributed_sharding=True)
+
+    def _read(self, file_path: Any) -> Iterator[dict[str, float]]:
+        yield from self.shard_iterable({"x": float(n)} for n in Path(file_path).read_text().split())
+
+
+@pytest.mark.parametrize("mode", ["lazy_persistent_workers", "eager"])
+def test_a_data_path_assigned_between_epochs_is_read(tmp_path: Path, mode: str) -> None:
+    first, second = tmp_path / "a.txt", tmp_path / "b.txt"
+    first.write_text(" ".join(str(n) for n in range(8)))
+    second.write_text(" ".join(str(100 + n) for n in range(8)))
+    lazy = mode.startswith("lazy")
+    loader = MultiProcessDataLoader(
+        _LinesReader(),
+        str(first),
+        batch_size=4,
+        num_workers=2,
+        quiet=True,
+        max_instances_in_memory=8 if lazy else None,
+        persistent_workers=lazy,
+    )
+    try:
+        assert sorted(float(x) for batch in loader for x in batch["x"]) == [float(n) for n in range(8)]
+        loader.data_path = str(second)  # between epochs: allowed
+        assert loader.state_dict()["settings"]["data_path"] == str(second)
+        got = sorted(float(x) for batch in loader for x in batch["x"])
+        assert got == [float(100 + n) for n in range(8)]
+    finally:
+        loader.close()
+
+
+def _tagging_collate(instances: list[dict[str, Any]]) -> dict[str, Any]:
+    import torch
+
+    return {"x": torch.tensor([i["x"] for i in instances]), "tag": torch.ones(len(instances))}
+
+
+def test_a_collate_fn_assigned_between_epochs_reaches_persistent_workers(tmp_path: Path) -> None:
+    path = tmp_path / "a.txt"
+    path.write_text(" ".join(str(n) for n in range(8)))
+    loader = MultiProcessDataLoader(
+        _LinesReader(), str(path), batch_size=4, num_workers=2, quiet=True, max_instances_in_memory=8,
+        persistent_workers=True,
+    )  # fmt: skip
+    try:
+        assert all("tag" not in batch for batch in loader)
+        loader.collate_fn = _tagging_collate
+        assert all("tag" in batch for batch in loader)
+    finally:
+        loader.close()

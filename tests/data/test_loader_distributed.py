@@ -36,8 +36,8 @@ def test_ranks_read_disjoint_shards_and_yield_equal_batches(
 
 @pytest.mark.timeout(120)
 def test_an_empty_or_failing_rank_ends_the_epoch_on_every_rank(free_port: int, tmp_path: Path) -> None:
-    # Before: the empty (or failing) rank raised on its own and the others waited in
-    # the even_batches all_reduce until the process group's timeout.
+    # An empty (or failing) rank must end the epoch on every rank: raising on its own would
+    # leave the others waiting in the even_batches all_reduce until the group's timeout.
     world = 3
     start_ranks(empty_or_failing_rank, (world, free_port, str(tmp_path)), world)
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]

@@ -29,7 +29,8 @@ def _global_state() -> tuple[Any, ...]:
 
 @pytest.mark.parametrize("options", [{}, {"max_instances_in_memory": 8}])
 def test_building_and_iterating_leaves_the_callers_rng_untouched(options: dict[str, Any]) -> None:
-    # Before: the loader reseeded the global random/numpy/torch streams in this process.
+    # The loader seeds its own streams, never the global random/numpy/torch ones of this
+    # process.
     random.seed(7)
     torch.manual_seed(7)
     numpy.random.seed(7)
@@ -42,8 +43,8 @@ def test_building_and_iterating_leaves_the_callers_rng_untouched(options: dict[s
 
 
 def test_lazy_resume_is_exact_while_the_training_loop_draws_from_random() -> None:
-    # Before: the reader shared the caller's stream, so the caller's draws between
-    # batches changed the data, and a resumed run differed from an uninterrupted one.
+    # The reader draws from its own stream: the caller's draws between batches must change
+    # neither the data nor a resumed run.
     def noise(draw: bool, state: dict[str, Any] | None = None, stop: int | None = None) -> Any:
         loader = _loader(RandomReader(24), max_instances_in_memory=8)
         if state is not None:

@@ -144,8 +144,8 @@ def test_importing_the_base_modules_does_not_import_torch() -> None:
 
 @pytest.mark.timeout(120)
 def test_a_reader_whose_read_returns_a_list_and_shards_does_not_warn() -> None:
-    # Before: read() reset the "did it shard?" flags after _read had already run (a
-    # list is built at once), so a reader that did shard was warned about duplicates.
+    # A _read that returns a list runs at once: the "did it shard?" flags must be reset
+    # before it runs, or a reader that did shard is warned about duplicates.
     reader = ListReader(12)
     reader._set_worker_info(WorkerInfo(2, 0))
     with warnings.catch_warnings():

@@ -247,8 +247,8 @@ def test_a_mangled_consumed_part_is_a_clear_error(consumed: Any) -> None:
 
 @pytest.mark.slow
 def test_a_rank_whose_epoch_ended_still_counts_in_the_whole_job_state(free_port: int, tmp_path: Path) -> None:
-    # Before: rank 1's state_dict() described its next epoch (nothing consumed), so the
-    # whole-job state dealt its 24 instances out again on resume (duplicates).
+    # A rank whose epoch ended counts what it consumed in the whole-job state; describing its
+    # next epoch would deal its 24 instances out again on resume (duplicates).
     start_ranks(uneven_rank, (2, free_port, str(tmp_path), "save"), 2)
     saved = [json.loads((tmp_path / f"save{r}.json").read_text()) for r in range(2)]
     for name in MODES:

@@ -87,8 +87,8 @@ def resumed_from(mode: str, state: dict[str, Any], **extra: Any) -> list[list[in
 def test_an_exception_inside_next_leaves_the_state_in_the_pass_it_cut_short(
     mode: str, error: BaseException
 ) -> None:
-    # Before: the exception ended the pass, so state_dict() described the next epoch
-    # and the rest of this one (9 of 14 batches) was skipped silently.
+    # An exception inside next() leaves the state in the pass it cut short: the rest of that
+    # pass (9 of 14 batches) comes on resume, not silently skipped.
     uninterrupted = ids(build(mode))
     loader = build(mode, Interrupting(5, error))
     iterator = iter(loader)
@@ -105,8 +105,8 @@ def test_an_exception_inside_next_leaves_the_state_in_the_pass_it_cut_short(
 
 @pytest.mark.parametrize("mode", list(MODES))
 def test_state_dict_after_break_describes_the_pass_cut_short(mode: str) -> None:
-    # Before: state_dict() after `break` described the next epoch; resuming from it
-    # repeated every batch taken before the break.
+    # state_dict() after `break` describes the pass cut short, so resuming from it repeats
+    # no batch taken before the break.
     uninterrupted = ids(build(mode))
     loader = build(mode)
     head = []
@@ -174,8 +174,9 @@ class SkippingReader(DatasetReader):
 
 @pytest.mark.parametrize(("before", "after"), [(2, 0), (0, 3), (3, 2)])
 def test_eager_resume_with_other_num_workers_and_a_reader_that_skips_records(before: int, after: int) -> None:
-    # Before: the eager cache's order depended on num_workers when a reader skipped
-    # records, yet resuming took the exact path: instances came twice, others never.
+    # With a reader that skips records, the eager cache's order depends on num_workers:
+    # resuming with another count must not take the exact path (instances twice, others
+    # never).
     def loader(workers: int) -> MultiProcessDataLoader:
         return MultiProcessDataLoader(SkippingReader(), "x", batch_size=3, shuffle=True, quiet=True,
                                       seed=3, num_workers=workers)
@@ -216,9 +217,9 @@ def bucket_loader(workers: int, lazy: Optional[int], n: int = 64) -> MultiProces
 
 @pytest.mark.parametrize("workers", [0, 2])
 def test_lazy_resume_with_a_guessing_bucket_sampler_is_batch_for_batch(workers: int) -> None:
-    # Before: a worker guessed the sorting key once, from its first chunk, and kept it;
-    # a resumed worker guessed from the chunk it resumed in ("b", not "a"), batched
-    # that chunk differently and dropped the wrong batches.
+    # A worker guesses the sorting key from the first chunk of the pass, also when resumed:
+    # a guess from the chunk it resumed in ("b", not "a") would batch that chunk differently
+    # and drop the wrong batches.
     original = bucket_loader(workers, 8)
     iterator = iter(original)
     head = ids(itertools.islice(iterator, 7))
@@ -267,9 +268,9 @@ class SeekingReader(DatasetReader):
 
 @pytest.mark.parametrize("taken", [0, 1, 3])
 def test_a_state_saved_soon_after_a_resume_still_seeks(taken: int) -> None:
-    # Before: a slot that had not begun a chunk of its own since a resume in another
-    # split had no seek token, so the state's `consumed` had none either, and the next
-    # resume read every record from the start (50M lines at 70%: 16 s to a first batch).
+    # A slot that has not begun a chunk of its own since a resume in another split still
+    # carries a seek token in `consumed`: without one, the next resume reads every record
+    # from the start (for 50M lines, seconds to a first batch).
     def loader(workers: int, reader: Optional[SeekingReader] = None) -> MultiProcessDataLoader:
         return MultiProcessDataLoader(reader or SeekingReader(), "x", batch_size=4, shuffle=True, seed=0,
                                       num_workers=workers, max_instances_in_memory=8, quiet=True)
@@ -336,7 +337,8 @@ def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[int], list
 def test_eager_resume_where_a_rank_has_nothing_left_yields_an_empty_epoch(
     two_ranks: tuple[list[int], list[dict[str, Any]]],
 ) -> None:
-    # Before: the bucket sampler guessed its sorting keys from no instances and raised.
+    # A rank with nothing left resumes an empty epoch: the bucket sampler must not guess its
+    # sorting keys from no instances.
     head, results = two_ranks
     tails = [result["empty"] for result in results]
     assert [] in tails
@@ -348,8 +350,8 @@ def test_eager_resume_where_a_rank_has_nothing_left_yields_an_empty_epoch(
 def test_a_rank_already_in_its_next_epoch_speaks_for_the_one_it_finished(
     two_ranks: tuple[list[int], list[dict[str, Any]]],
 ) -> None:
-    # Before: rank 1's next-epoch position was merged into epoch 0's whole-job state,
-    # so resuming it yielded 34 instances instead of the 13 epoch 0 had left.
+    # A rank already in its next epoch speaks for the one it finished: its next-epoch
+    # position merged into epoch 0's state would resume 34 instances, not the 13 left.
     _, saved = two_ranks
     for name in AHEAD_MODES:
         states = [result["ahead"][name]["state"] for result in saved]
@@ -367,9 +369,9 @@ def test_a_rank_already_in_its_next_epoch_speaks_for_the_one_it_finished(
 def test_ranks_calling_state_dict_at_different_batches_get_a_clear_error(
     two_ranks: tuple[list[int], list[dict[str, Any]]],
 ) -> None:
-    # Before: rank 0's state_dict() collective met rank 1's per-batch one (lazy) and
-    # every rank waited for the group timeout (30 min), then got a raw gloo error;
-    # eager ranks saved a state from different steps without a word.
+    # Ranks calling state_dict() at different batches get a clear error at once: a lazy
+    # rank's per-batch collective meeting another's state_dict() one would wait for the
+    # group timeout (30 min), and eager ranks would save a state of different steps.
     _, results = two_ranks
     for name in ("lazy", "eager"):
         for rank in range(2):
@@ -437,8 +439,8 @@ def _ids(batches: Iterator[dict[str, Any]]) -> list[list[int]]:
      {"batches_per_epoch": 5}, {"batches_per_epoch": 5, "max_instances_in_memory": 8}],
 )
 def test_state_after_an_early_break_describes_what_comes_next(options: dict[str, Any]) -> None:
-    # Before: state_dict() still described the abandoned pass (3 batches in), so a
-    # resumed run replayed its rest while the live loader had moved on.
+    # After an early break the state describes what comes next, not the abandoned pass (3
+    # batches in), so a resumed run does not replay its rest.
     loader = _loader(shuffle=True, **options)
     for index, _ in enumerate(loader):
         if index == 2:

@@ -116,8 +116,8 @@ def test_a_state_without_a_valid_loop_epoch() -> None:
 
 
 def test_batches_per_epoch_set_after_construction_counts_loop_epochs_in_the_state() -> None:
-    # Before: the state read batches_per_epoch from a copy taken in __init__ (None) and
-    # recorded the pass epoch (1), not the two loop epochs that ended.
+    # The state reads batches_per_epoch as set now (not as at __init__) and records the two
+    # loop epochs that ended, not the pass epoch.
     loader = counting(0, max_instances_in_memory=4)
     loader.batches_per_epoch = 2
     assert [len(list(loader)) for _ in range(2)] == [2, 2]

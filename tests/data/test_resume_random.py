@@ -81,9 +81,9 @@ CASES = [
 @pytest.mark.parametrize(("reader", "workers", "lazy", "sampler"), CASES)
 def test_random_draws_resume_batch_for_batch(reader: str, workers: int, lazy: Optional[int],
                                              sampler: bool) -> None:
-    # Before: a masking collator drew from the reader's stream (lazy: a resumed chunk
-    # collated fewer batches before the cut, so the rest drew other numbers) or from the
-    # training loop's (a reader overriding apply_token_indexers, eager with workers).
+    # A masking collator draws from its own stream: drawing from the reader's (lazy: a
+    # resumed chunk collates fewer batches before the cut) or the training loop's (a reader
+    # overriding apply_token_indexers, eager with workers) would not resume batch for batch.
     def make() -> MultiProcessDataLoader:
         return _loader(RandomReader(40) if reader == "random" else AugmentingHook(40),
                        workers, lazy, sampler)
@@ -103,8 +103,8 @@ def test_random_draws_resume_batch_for_batch(reader: str, workers: int, lazy: Op
 @pytest.mark.parametrize("seed", [3, None])
 def test_iterating_never_moves_the_callers_streams(workers: int, lazy: Optional[int],
                                                    seed: Optional[int]) -> None:
-    # Before: the hook and the collator drew from the caller's streams (in the main
-    # process), and an unseeded loader drew each epoch's seed from `random`.
+    # The hook and the collator draw from the loader's streams, not the caller's (in the main
+    # process), and an unseeded loader does not take each epoch's seed from `random`.
     random.seed(7)
     torch.manual_seed(7)
     numpy.random.seed(7)

@@ -68,8 +68,8 @@ OTHER = [(2, 8, 3), (2, None, 3), (0, None, 2)]
 @pytest.mark.parametrize(("workers", "lazy", "after"), SAME)
 def test_a_reader_whose_order_changed_is_refused(tmp_path: Path, workers: int, lazy: Optional[int],
                                                  after: int) -> None:
-    # Before: the saved positions were resumed over other instances, silently: some
-    # instances of the epoch twice, some never.
+    # A reader whose order changed is refused: its saved positions would resume over other
+    # instances, some of the epoch twice, some never.
     counter = tmp_path / "calls"
     counter.write_text("0")
     state = _save(_loader(RotatingReader(counter), "x", workers, lazy))

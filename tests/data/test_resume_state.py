@@ -98,7 +98,8 @@ def test_a_state_of_the_first_format_is_refused_clearly() -> None:
 
 @pytest.mark.parametrize("state", [{}, {"position": {"epoch": 0}}, {"position": None}, [1, 2]])
 def test_a_malformed_state_is_a_clear_error(state: Any) -> None:
-    # Before: a bare KeyError/TypeError from deep inside.
+    # A malformed state is a ValueError naming what is expected, not a bare
+    # KeyError/TypeError from deep inside.
     with pytest.raises(ValueError, match=r"expects what MultiProcessDataLoader\.state_dict"):
         _loader().load_state_dict(state)
 

@@ -172,8 +172,8 @@ def _ids(batches: Any) -> list[list[int]]:
 
 
 def test_set_target_device_between_epochs_keeps_the_carried_pass() -> None:
-    # Before: the device change shut down the pool the carried-over pass reads from,
-    # and the next epoch raised WorkerError "the loader was closed".
+    # A device change keeps the pool the carried-over pass reads from: shutting it down would
+    # make the next epoch raise WorkerError "the loader was closed".
     before = child_pids()
     data = make(
         CountingReader(20),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar, Optional
 
@@ -12,7 +13,7 @@ import pytest
 
 from framework.download import DownloadManager
 from framework.download.backend import ByteStream, DownloadBackend, RemoteInfo
-from framework.errors import DownloadError, InvalidArgumentError
+from framework.errors import DownloadError, InvalidArgumentError, NetworkError
 from framework.testing import MemoryBackend, check_backend
 
 HOWTO = Path(__file__).resolve().parents[2] / "docs" / "howto" / "download-backend.md"
@@ -290,3 +291,57 @@ def test_a_mixin_open_of_another_signature_before_http_backend_is_a_clear_error(
 
     with pytest.raises(InvalidArgumentError, match="cannot be called as the DownloadBackend contract"):
         open_stream(Mine(), "http://127.0.0.1:9/x", 0, end=10)
+
+
+_BODY = bytes(range(256)) * 64
+
+
+class _RecordingBackend(DownloadBackend):
+    """One stream (no ranges); the first body breaks off halfway; records the keywords
+    each `open` is called with."""
+
+    supports_ranges: ClassVar[bool] = False
+    shapes: ClassVar[list[tuple[str, ...]]] = []
+
+    def open(self, url: str, offset: int = 0, **keywords: Any) -> ByteStream:  # type: ignore[override]
+        self.shapes.append(tuple(sorted(keywords)))
+        first = len(self.shapes) == 1
+
+        def chunks() -> Iterator[bytes]:
+            if first:
+                yield _BODY[offset : len(_BODY) // 2]
+                raise NetworkError(url, "connection reset")
+            yield _BODY[offset:]
+
+        status = 206 if offset else 200
+        return ByteStream(chunks(), start=offset, size=len(_BODY), etag='"v1"', status=status)
+
+
+def test_the_manager_calls_open_in_one_shape(tmp_path: Path) -> None:
+    _RecordingBackend.shapes = []
+    with DownloadManager(
+        tmp_path, progress=False, backoff_factor=0.0, backends={"rec": _RecordingBackend()}
+    ) as manager:
+        assert manager.cached_path("rec://object").read_bytes() == _BODY
+    assert len(_RecordingBackend.shapes) >= 2  # the break was resumed
+    assert set(_RecordingBackend.shapes) == {("end", "if_range")}, _RecordingBackend.shapes
+
+
+class _RangedBody(DownloadBackend):
+    supports_ranges: ClassVar[bool] = True
+
+    def open(
+        self, url: str, offset: int = 0, *, end: Optional[int] = None, if_range: Optional[str] = None
+    ) -> ByteStream:
+        stop = len(_BODY) if end is None else min(end, len(_BODY))
+        return ByteStream(iter([_BODY[offset:stop]]), start=offset, size=len(_BODY), etag='"v1"', status=206)
+
+
+def test_a_subclass_keeping_the_declared_open_keeps_supports_ranges() -> None:
+    class WithHeader(_RangedBody):
+        def open(
+            self, url: str, offset: int = 0, *, end: Optional[int] = None, if_range: Optional[str] = None
+        ) -> ByteStream:
+            return super().open(url, offset, end=end, if_range=if_range)
+
+    assert WithHeader.supports_ranges

@@ -18,6 +18,7 @@ from tests.support.download import (
     FaultServer,
     Listings,
     counted_listings,
+    one_member_tar,
     planted_partial,
     sha256,
     stray_files,
@@ -163,3 +164,23 @@ def test_a_work_folder_planted_at_every_name_is_a_clear_error(
     assert str(work_folder(final)) in str(caught.value)
     assert os.listdir(elsewhere) == [] and http_server.route(url).gets == 0
     assert [name for name in os.listdir(cache) if name.endswith((".part", ".parts", ".tmp"))] == []
+
+
+def test_an_extraction_with_a_refused_work_folder_lists_no_cache_folder(
+    http_server: FaultServer, tmp_path: Path, listings: Listings
+) -> None:
+    """Something planted at the work folder's name (here a symlink) makes the fetch
+    write next to the entry; "The cache folder itself is never listed" still holds for
+    a fetch, and must for the extraction too."""
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    for index in range(50):
+        (cache / f"{index:020x}-unrelated.bin").touch()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    url = http_server.add(unique_path("refused.tar"), one_member_tar("a.txt", b"a"))
+    work_folder(Entry(cache, url).final).symlink_to(elsewhere)
+    listings.folders.clear()
+    folder = DownloadManager(cache, progress=False).cached_path(url, extract=True)
+    assert (folder / "a.txt").read_bytes() == b"a"
+    assert listings.of(cache) == 0, listings.folders

@@ -62,8 +62,8 @@ def test_an_unreachable_host_is_one_line(cache: Path) -> None:
 
 
 def test_the_download_command_leaves_the_callers_log_levels(tmp_path: Path) -> None:
-    # Before: main(["download", ...]) set urllib3's and framework.download's loggers to
-    # ERROR for good, so a notebook (or the next test) lost their warnings.
+    # `framework download` quiets urllib3's and framework.download's loggers only while it
+    # runs: a notebook (or the next test) keeps their warnings.
     import logging
 
     from framework.cli import main

@@ -229,8 +229,8 @@ def test_waiter_progress_bar(capsys: pytest.CaptureFixture[str]) -> None:
 def test_a_retry_setting_no_request_could_use_is_refused_by_validate_and_the_constructor(
     name: str, key: str, value: float
 ) -> None:
-    # Before: accepted by validate(), the schema and the constructor, then a failure at
-    # the first request (a negative retry count, a zero timeout).
+    # A retry setting no request could use (a negative retry count, a zero timeout) is refused
+    # by validate(), the schema and the constructor, not at the first request.
     import jsonschema
 
     from framework import DownloadBackend

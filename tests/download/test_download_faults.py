@@ -1,4 +1,5 @@
-"""Issue 24, the download manager's single-node paths: each test failed before its fix.
+"""The download manager's single-node paths under faults: odd answers and settings,
+outages, refused connections, silent writers that wake and adopters that are killed.
 
 Real servers on 127.0.0.1 (`FaultServer`, or a small one of the test's own)."""
 

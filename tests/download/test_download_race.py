@@ -6,6 +6,7 @@ import hashlib
 import logging
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 from typing import Any, Optional
@@ -16,7 +17,7 @@ from framework.download import DownloadManager
 from framework.download._cache import Entry
 from framework.download._lock import EntryLock
 from framework.errors import LockTimeoutError, OfflineError
-from tests.support.download import FORK, FaultServer, cache_files, sha256, stray_files, wait_for
+from tests.support.download import FORK, FaultServer, cache_files, sha256, stray_files, unique_path, wait_for
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -148,3 +149,55 @@ def test_lock_timeout_names_holder_then_sigkill_lets_next_in(
         proc.join(timeout=10)
     manager = DownloadManager(cache, lock=kind, lock_timeout=10, progress=False)  # type: ignore[arg-type]
     assert manager.cached_path(url).read_bytes() == b"payload"
+
+
+def test_a_child_forked_while_a_thread_holds_a_lock_fetches_and_waits(
+    http_server: FaultServer, tmp_path: Path
+) -> None:
+    """A thread holds an entry's lock (its fetch is held by the server) when the process
+    forks: the child fetches another file (its own heartbeat), and waits for the held
+    entry, with a short lock timeout, as long as the parent's holder works, then
+    reads what the parent published."""
+    cache = tmp_path / "cache"
+    held_data, other_data = os.urandom(300_000), os.urandom(5000)
+    held = http_server.add(unique_path("held"), held_data, hold_after=100_000, chunk=16_384)
+    other = http_server.add(unique_path("other"), other_data)
+    route = http_server.route(held)
+    manager = DownloadManager(cache, progress=False, lock_timeout=0.5)
+    results: dict[str, Any] = {}
+    holder = threading.Thread(target=lambda: results.setdefault("held", manager.cached_path(held)))
+    holder.start()
+    try:
+        wait_for(lambda: route.body_bytes >= 80_000, what="the holder to be held")
+        pid = os.fork()
+        if pid == 0:  # the child: no pytest past this point
+            code = 1
+            try:
+                child = DownloadManager(cache, progress=False, lock_timeout=0.5)
+                ok = child.cached_path(other).read_bytes() == other_data
+                code = 0 if ok and child.cached_path(held).read_bytes() == held_data else 2
+            finally:
+                os._exit(code)
+        time.sleep(1.5)  # three lock timeouts: the child must still be waiting, not failed
+        assert os.waitpid(pid, os.WNOHANG) == (0, 0)
+    finally:
+        route.released.set()
+    holder.join(20)
+    _pid, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert results["held"].read_bytes() == held_data
+
+
+def test_a_killed_holders_owner_file_goes_with_the_next_holder(
+    http_server: FaultServer, tmp_path: Path
+) -> None:
+    """A holder killed after writing the lock's owner file leaves it behind; the next
+    holder, even one done before its own owner file is due (a small file), removes it,
+    so no later waiter is told a dead process holds the lock, nor its size."""
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    url = http_server.add(unique_path("owner"), os.urandom(1000))
+    owner = Entry(cache, url).lock.with_name(Entry(cache, url).lock.name + ".owner")
+    owner.write_text('{"pid": 999999, "host": "gone", "since": 0, "size": 123456789}')
+    DownloadManager(cache, progress=False).cached_path(url)
+    assert not owner.exists()

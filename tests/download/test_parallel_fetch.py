@@ -250,11 +250,12 @@ def test_a_clearly_slow_stream_ends_the_probe_early() -> None:
 
 
 def test_a_fast_stream_that_lost_the_cpu_is_not_taken_for_a_slow_one() -> None:
-    """Recorded (a hostile review, 4 busy loops on 2 cores): a loopback server's first
-    8 kB, then a whole 1 MiB read 0.86 ms later (not the rest of a packet: a stream that
+    """Writes recorded with 4 busy loops on 2 cores: a loopback server's first 8 kB,
+    then a whole 1 MiB read 0.86 ms later (not the rest of a packet: a stream that
     fast), then the reader had no CPU for 7.7 ms and wrote 8 kB. Over that one gap the
-    rate looks 2,000 times too slow; it opened 16 connections at 8.7 ms and took 1.2 s
-    instead of 0.35 s. One long gap is not a steady trickle: the probe goes on."""
+    rate looks 2,000 times too slow, and 16 connections would open at 8.7 ms for a
+    stream that fills the link alone. One long gap is not a steady trickle: the probe
+    goes on."""
     from framework.download.parallel._ramp import Ramp
 
     ramp = Ramp(cap=16)

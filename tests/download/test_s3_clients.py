@@ -4,6 +4,7 @@ parallel fetch asks: counted at moto's server or a fake S3 server on 127.0.0.1."
 from __future__ import annotations
 
 import os
+import time
 import uuid
 from pathlib import Path
 from typing import Any, Optional
@@ -117,3 +118,130 @@ def test_a_changed_environment_replaces_the_client_it_made(
         assert client is not first and S3Backend().client is client
         first = client
     assert len(counted_clients) == 6 and len(s3._CLIENTS) == 1
+
+
+@pytest.fixture
+def fresh_s3_clients(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No boto3 client kept from another test, and no AWS setting of the machine."""
+    pytest.importorskip("boto3")
+    from framework_plugins import s3
+
+    monkeypatch.setattr(s3, "_CLIENTS", {})
+    for name in [name for name in os.environ if name.startswith("AWS_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setenv("AWS_CONFIG_FILE", os.devnull)
+
+
+def _access_key_sent(headers: dict[str, str]) -> str:
+    authorization = headers.get("Authorization", "")
+    return authorization.split("Credential=", 1)[1].split("/", 1)[0] if "Credential=" in authorization else ""
+
+
+def test_s3_keys_rotated_in_the_credentials_file_are_the_ones_sent(
+    http_server: FaultServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fresh_s3_clients: None
+) -> None:
+    """The docs: "honours ... the usual credential chain": tools such as `aws configure`,
+    saml2aws or a Vault agent rewrite `~/.aws/credentials` with new (short-lived) keys;
+    the next call signs with them, as a fresh boto3 client would, not with the keys the
+    process-wide client read at its first call (expired by then)."""
+    from framework_plugins.s3 import S3Backend
+
+    credentials = tmp_path / "credentials"
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(credentials))
+    data = os.urandom(1000)
+    http_server.add("/bucket/rotated-file.bin", data)
+    route = http_server.routes["/bucket/rotated-file.bin"]
+    sent = []
+    for key in ("FIRSTKEY", "SECONDKEY"):
+        credentials.write_text(
+            f"[default]\naws_access_key_id = {key}\naws_secret_access_key = {key.lower()}\n"
+        )
+        backend = S3Backend(endpoint_url=http_server.base, retries=1)
+        with backend.open("s3://bucket/rotated-file.bin") as stream:
+            assert b"".join(stream.chunks) == data
+        sent.append(_access_key_sent(route.headers[-1]))
+    assert sent == ["FIRSTKEY", "SECONDKEY"]
+
+
+def test_an_s3_setting_changed_in_the_environment_is_the_one_used(
+    http_server: FaultServer, monkeypatch: pytest.MonkeyPatch, fresh_s3_clients: None
+) -> None:
+    """`S3Backend.client`: one client "while the environment boto3's chain reads stays the
+    same". A MinIO or Ceph user told to set `AWS_RESPONSE_CHECKSUM_VALIDATION=when_required`
+    sets it in the notebook and calls again: that call must not ask for checksums."""
+    from framework_plugins.s3 import S3Backend
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "key")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "secret")
+    data = os.urandom(1000)
+    http_server.add("/bucket/checksum-mode.bin", data)
+    route = http_server.routes["/bucket/checksum-mode.bin"]
+    asked = []
+    for validation in ("when_supported", "when_required"):
+        monkeypatch.setenv("AWS_RESPONSE_CHECKSUM_VALIDATION", validation)
+        with S3Backend(endpoint_url=http_server.base, retries=1).open(
+            "s3://bucket/checksum-mode.bin"
+        ) as stream:
+            assert b"".join(stream.chunks) == data
+        asked.append(
+            {name.lower(): value for name, value in route.headers[-1].items()}.get("x-amz-checksum-mode")
+        )
+    assert asked == ["ENABLED", None]
+
+
+def test_s3_keys_set_in_the_environment_later_are_the_ones_sent(
+    http_server: FaultServer, monkeypatch: pytest.MonkeyPatch, fresh_s3_clients: Any
+) -> None:
+    """Credentials come from boto3's chain, the environment first: keys rotated there
+    (a notebook that sets them after a `NoCredentialsError`, a job refreshing a session
+    token) sign the next call, not the keys a process-wide client read first."""
+    from framework_plugins.s3 import S3Backend
+
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    monkeypatch.delenv("AWS_SESSION_TOKEN", raising=False)
+    data = os.urandom(1000)
+    http_server.add("/bucket/rotated.bin", data)
+    route = http_server.routes["/bucket/rotated.bin"]
+    sent = []
+    for key in ("FIRSTKEY", "SECONDKEY"):
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", key)
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", key.lower())
+        backend = S3Backend(endpoint_url=http_server.base, retries=1)
+        with backend.open("s3://bucket/rotated.bin") as stream:
+            assert b"".join(stream.chunks) == data
+        sent.append(_access_key_sent(route.headers[-1]))
+    assert sent == ["FIRSTKEY", "SECONDKEY"]
+
+
+def test_an_s3_refusal_with_a_retry_after_date_is_waited_as_asked(
+    http_server: FaultServer, monkeypatch: pytest.MonkeyPatch, fresh_s3_clients: Any
+) -> None:
+    """Retry-After is delay-seconds or an HTTP-date (RFC 9110 10.2.3); a refused part
+    waits what the server asked, as over HTTP, not the backoff: a date 30 s ahead is
+    about 30 s (never more than 60), a date in the past is no wait."""
+    from email.utils import formatdate
+
+    from framework_plugins.s3 import S3Backend
+
+    from framework.download.backend import refusals_at_once
+    from framework.errors import HTTPStatusError
+
+    for name, value in (
+        ("AWS_ACCESS_KEY_ID", "t"),
+        ("AWS_SECRET_ACCESS_KEY", "t"),
+        ("AWS_DEFAULT_REGION", "us-east-1"),
+    ):
+        monkeypatch.setenv(name, value)
+    http_server.add("/bucket/dated.bin", os.urandom(1000))
+    route = http_server.routes["/bucket/dated.bin"]
+    backend = S3Backend(endpoint_url=http_server.base, retries=3)
+    waits = []
+    for ahead in (30, -3600):
+        route.fail_statuses, route.retry_after = [503], formatdate(time.time() + ahead, usegmt=True)
+        with refusals_at_once(), pytest.raises(HTTPStatusError) as caught:
+            backend.open("s3://bucket/dated.bin", 0, end=100)
+        waits.append(caught.value.retry_after)
+    assert waits[0] is not None and 20 <= waits[0] <= 31
+    assert waits[1] == 0.0

@@ -75,8 +75,8 @@ def _resume_at_every_batch(make: Callable[[], MultiProcessDataLoader], total: in
 def test_several_files_one_without_a_final_newline_resume_anywhere(
     tmp_path: Path, kind: str, workers: int, lazy: int, form: str
 ) -> None:
-    # Before: a state saved right after the last line of a file without a final
-    # newline held that file's end as its offset, and resuming said "the file changed".
+    # A state saved right after the last line of a file without a final newline resumes in
+    # the next file: that file's end as the offset must not read as "the file changed".
     # Compressed: the offsets are into the decompressed bytes, each file two members/frames.
     paths = [
         _write(tmp_path / "0.txt", kind, range(0, 3), final_newline=False, form=form),
@@ -95,8 +95,8 @@ def test_several_files_one_without_a_final_newline_resume_anywhere(
 )
 def test_a_byte_order_mark_is_read_and_resumed(tmp_path: Path, kind: str, workers: int,
                                               lazy: Optional[int], forms: tuple[str, str]) -> None:
-    # Before: jsonl failed on the first line ("not valid JSON"), csv named the first
-    # column "\ufeffid", and text kept the mark in its first line's text.
+    # A byte order mark is not data: jsonl parses the first line, csv names the first column
+    # "id" (not "\ufeffid"), and text leaves it out of its first line.
     paths = [
         _write(tmp_path / "a.txt", kind, range(0, 4), bom=True, form=forms[0]),
         _write(tmp_path / "b.txt", kind, range(4, 8), bom=True, final_newline=False, form=forms[1]),
@@ -146,8 +146,8 @@ def test_a_byte_identical_copy_with_a_new_mtime_resumes(tmp_path: Path, kind: st
 def test_the_same_records_reordered_with_the_old_size_and_mtime_are_refused(
     tmp_path: Path, kind: str, size: str
 ) -> None:
-    # Before: size and mtime matched, so the saved offsets resumed over other records:
-    # some yielded twice, some never.
+    # Records reordered with the old size and mtime are refused: the saved offsets would
+    # resume over other records, some yielded twice, some never.
     count = 20 if size == "small" else 60_000  # the large one is sampled, not hashed whole
     path = tmp_path / "data.txt"
     _write(path, kind, range(count))

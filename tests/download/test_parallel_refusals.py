@@ -1,6 +1,6 @@
-"""Hostile review of how a parallel fetch meets a server that refuses connections (429,
-503, Retry-After): each test is a promise of docs/concepts/download.md, attacked at the
-fault server on 127.0.0.1 and counted (connections, requests, bytes), never timed."""
+"""How a parallel fetch meets a server that refuses connections (429, 503, Retry-After):
+each test is a promise of docs/concepts/download.md, checked at the fault server on
+127.0.0.1 and counted (connections, requests, bytes), never timed."""
 
 from __future__ import annotations
 
@@ -245,3 +245,41 @@ def test_refusals_alternating_with_answers_grow_the_ramp_once_then_keep_the_coun
     kept = [at for at in refusals if log[at][3]]  # refusals once the count was kept
     for at in kept[:1]:
         assert all(live <= log[at][1] for event, live, _, _ in log[at:] if event == "start")
+
+
+def _one_refusal_while_opening(
+    http_server: FaultServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, connections: Optional[int]
+) -> int:
+    """Fetch 32 parts at a paced server that refuses one request once (503, Retry-After:
+    0): the first new connection's, before the others of its step are started. The
+    most bodies in flight at once."""
+    monkeypatch.delenv("FRAMEWORK_CONNECTIONS", raising=False)
+    refused = refusal_before_the_second_start(monkeypatch)
+    data = os.urandom(32 * PART)
+    url = http_server.add(
+        unique_path("blip"), data, swap_at_get=2, then={"fail_statuses": [503]}, retry_after="0", **SLOW
+    )
+    assert parts_manager(tmp_path, connections=connections).cached_path(url).read_bytes() == data
+    route = http_server.route(url)
+    assert refused.is_set() and route.gets == 32 + 1  # every part once, and the one refusal
+    return route.max_in_flight
+
+
+def test_a_chosen_count_is_kept_after_one_refusal_while_it_opens(
+    http_server: FaultServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """connections=8: "opens N connections ... and keeps them (fewer only if the server
+    refuses them)". One request is refused once while the eight are being opened, and
+    nothing after: the count stays eight, not the few that were open at that moment
+    (the ones started after it were never refused)."""
+    assert _one_refusal_while_opening(http_server, tmp_path, monkeypatch, 8) >= 8
+
+
+def test_the_ramp_keeps_a_step_after_one_refusal_while_it_opens(
+    http_server: FaultServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The default ramp: "No connection is added while the server refuses". A step of
+    the ramp (16 for this paced object) opening as one request is refused once, and
+    nothing after: once the refused connection is answered the ramp grows again, not
+    kept to the two that ran at the refusal."""
+    assert _one_refusal_while_opening(http_server, tmp_path, monkeypatch, None) >= 8

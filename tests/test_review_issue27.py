@@ -1,0 +1,176 @@
+"""Review of issue 27 (cache ls|verify|prune, shard specs, compressed readers): each
+test reproduces a break found in review, marked `xfail(strict=True)` so that it flips
+(and fails the suite) once the break is fixed and the mark can go."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import filelock
+import pytest
+
+from framework.data.multiprocess import MultiProcessDataLoader
+from framework.data.reader import DatasetReader
+from framework.download import DownloadManager
+from framework.download._cache import Entry
+from framework.download.inventory import entries, prune
+from framework.download.shards import Shard, resolve_shards
+from framework.errors import ShardSpecError, WorkerError
+from tests.support.download import FORK, FaultServer, end_child, serving, unique_path
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture(scope="module")
+def http_server() -> Iterator[FaultServer]:
+    with serving(FaultServer()) as server:
+        yield server
+
+
+@pytest.fixture
+def cache(tmp_path: Path) -> Path:
+    return tmp_path / "cache"
+
+
+@pytest.fixture
+def manager(cache: Path) -> Iterator[DownloadManager]:
+    with DownloadManager(cache, progress=False, connections=1, lock_timeout=20) as made:
+        yield made
+
+
+# Cache inventory -------------------------------------------------------------------------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="inventory._dangling takes any cached file named `*.json` whose bytes parse as "
+    "metadata (a size and a sha256) for a sidecar without its file: prune sweeps that entry's "
+    "own file as 'stale', whatever --max-size, without its lock",
+)
+def test_prune_never_sweeps_a_cached_json_file_as_a_stale_sidecar(
+    http_server: FaultServer, manager: DownloadManager, cache: Path
+) -> None:
+    # A dataset's own checksum record, as many hosts publish next to their shards.
+    record = json.dumps({"file": "train-00000.jsonl.gz", "size": 8388608, "sha256": "9f" * 32}).encode()
+    url = http_server.add(unique_path("corpus") + "/checksums.json", record)
+    path = manager.cached_path(url)
+    assert [entry.url for entry in entries(cache)] == [url]
+    done = prune(cache, 1 << 40)  # a terabyte: nothing has to go
+    assert done.swept == () and done.removed == ()
+    assert path.read_bytes() == record
+
+
+def _hold_soft_lock(lock_path: str, held: object, release: object) -> None:
+    # What a fetch by `DownloadManager(lock="softfilelock")` holds (filesystems without flock).
+    with filelock.SoftFileLock(lock_path):
+        held.set()  # type: ignore[attr-defined]
+        release.wait(30)  # type: ignore[attr-defined]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="prune/remove always take the entry lock as 'filelock' (flock); an entry another "
+    "process holds with lock='softfilelock' (a marker file) looks free and is removed mid-fetch; "
+    "`framework cache prune` has no way to say which lock the cache uses",
+)
+def test_prune_skips_an_entry_a_softfilelock_fetch_holds(http_server: FaultServer, cache: Path) -> None:
+    url = http_server.add(unique_path("soft"), os.urandom(20_000))
+    with DownloadManager(cache, progress=False, connections=1, lock="softfilelock") as soft:
+        soft.cached_path(url)
+    held, release = FORK.Event(), FORK.Event()
+    child = FORK.Process(target=_hold_soft_lock, args=(str(Entry(cache, url).lock), held, release))
+    child.start()
+    try:
+        assert held.wait(20)
+        done = prune(cache, 0)
+        assert [entry.url for entry in done.skipped] == [url]
+        assert [entry.url for entry in entries(cache)] == [url]
+    finally:
+        release.set()
+        end_child(child)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="remove() takes the entry lock as 'filelock', which creates `<name>.lock` and leaves "
+    "it: in a cache used with lock='softfilelock' that file is a held soft lock, so the next "
+    "cached_path of a pruned (or verify --fix'ed) URL waits for lock_timeout and fails",
+)
+def test_a_url_pruned_from_a_softfilelock_cache_is_fetched_again(
+    http_server: FaultServer, cache: Path
+) -> None:
+    url = http_server.add(unique_path("soft-again"), os.urandom(5000))
+    with DownloadManager(cache, progress=False, connections=1, lock="softfilelock", lock_timeout=2) as soft:
+        soft.cached_path(url)
+        assert [entry.url for entry in prune(cache, 0).removed] == [url]
+        assert soft.cached_path(url).read_bytes() == http_server.route(url).data
+
+
+# Shard specs ----------------------------------------------------------------------------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="shards._refuse_duplicates compares the strings: the same file named as a relative "
+    "path and through an absolute glob (or as a path and a file:// URL) is two shards, read "
+    "twice an epoch, with no error",
+)
+@pytest.mark.parametrize("form", ["relative", "file-url"])
+def test_one_file_named_twice_in_two_forms_is_refused(
+    form: str, tmp_path: Path, manager: DownloadManager, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("train-0.jsonl", "train-1.jsonl"):
+        (tmp_path / name).write_text('{"x": 1}\n')
+    monkeypatch.chdir(tmp_path)
+    named = "train-0.jsonl" if form == "relative" else (tmp_path / "train-0.jsonl").as_uri()
+    with pytest.raises(ShardSpecError, match="named more than once"):
+        resolve_shards([named, f"{tmp_path}/train-*.jsonl"], manager)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="shards._manifest_lines splits with str.splitlines, which also breaks at U+2028, "
+    "form feeds, U+0085...: a # comment holding one yields a bogus shard, and the line numbers "
+    "of errors after it are off",
+)
+@pytest.mark.parametrize("separator", ["\u2028", "\x0c"])
+def test_a_manifest_comment_is_never_a_shard_and_lines_are_counted_at_newlines(
+    separator: str, tmp_path: Path, manager: DownloadManager
+) -> None:
+    manifest = tmp_path / "train.tsv"
+    manifest.write_text(f"# made by shardtool{separator}on the cluster\ntrain-0.jsonl.gz\n", encoding="utf-8")
+    assert resolve_shards(f"manifest:{manifest}", manager) == [Shard(str(tmp_path / "train-0.jsonl.gz"))]
+    manifest.write_text(f"# made by shardtool{separator}\ntrain-0.jsonl.gz\tnot-a-digest\n", encoding="utf-8")
+    with pytest.raises(ShardSpecError) as raised:
+        resolve_shards(f"manifest:{manifest}", manager)
+    assert raised.value.line == 2  # as an editor, `sed -n 2p` and `wc -l` count
+
+
+# Compressed readers ---------------------------------------------------------------------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="readers._lines decodes each line with bytes.decode: a .jsonl.gz whose bytes are not "
+    "UTF-8 text (compressed twice, or binary) is a bare UnicodeDecodeError that names no file "
+    "(nor line), unlike a damaged or misnamed one",
+)
+@pytest.mark.parametrize("workers", [0, 1])
+def test_a_compressed_file_that_is_not_text_is_an_error_naming_the_file(tmp_path: Path, workers: int) -> None:
+    path = tmp_path / "data.jsonl.gz"
+    path.write_bytes(gzip.compress(gzip.compress(b'{"id": 1}\n' * 100)))  # compressed twice
+    loader = MultiProcessDataLoader(
+        DatasetReader.by_name("jsonl")(),
+        str(path),
+        batch_size=5,
+        num_workers=workers,
+        max_instances_in_memory=10,
+        quiet=True,
+    )
+    with pytest.raises(WorkerError) as raised:
+        list(loader)
+    assert "data.jsonl.gz" in str(raised.value).splitlines()[0]

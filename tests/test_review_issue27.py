@@ -122,7 +122,8 @@ def test_a_url_pruned_from_a_softfilelock_cache_is_fetched_again(
     strict=True,
     reason="shards._refuse_duplicates compares the strings: the same file named as a relative "
     "path and through an absolute glob (or as a path and a file:// URL) is two shards, read "
-    "twice an epoch, with no error",
+    "twice an epoch, with no error, though the download manager's own `normalize` (which "
+    "cached_paths uses to fetch a file given twice once) spells both file:///.../train-0.jsonl",
 )
 @pytest.mark.parametrize("form", ["relative", "file-url"])
 def test_one_file_named_twice_in_two_forms_is_refused(

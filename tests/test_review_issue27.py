@@ -5,6 +5,7 @@ test reproduces a break found in review, marked `xfail(strict=True)` so that it 
 from __future__ import annotations
 
 import gzip
+import io
 import json
 import os
 from collections.abc import Iterator
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import filelock
 import pytest
+from framework_plugins.compressed import open_data_file
 
 from framework.data.multiprocess import MultiProcessDataLoader
 from framework.data.reader import DatasetReader
@@ -201,3 +203,28 @@ def test_an_s3_glob_never_yields_a_folder_marker(s3_env: str, tmp_path: Path) ->
         deep = [shard.url for shard in resolve_shards(f"s3://{bucket}/train/**", manager)]
     assert flat == [f"s3://{bucket}/train/part-0.jsonl"]
     assert deep == [f"s3://{bucket}/train/part-0.jsonl", f"s3://{bucket}/train/sub/part-1.jsonl"]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="compressed.DecompressedStream reports any ZstdError as 'damaged ... fetch or copy the "
+    "file again': an intact .zst written with a long window (`zstd --long=30`, past libzstd's "
+    "default 128 MiB decoding limit) is called damaged, and fetching it again cannot help",
+)
+def test_an_intact_long_window_zst_file_is_read_or_refused_for_what_it_is(tmp_path: Path) -> None:
+    zstandard = pytest.importorskip("zstandard")
+    raw = b'{"x": 1}\n' * 1000
+    params = zstandard.ZstdCompressionParameters.from_level(
+        19, window_log=30, enable_ldm=True, write_content_size=False
+    )
+    written = io.BytesIO()
+    with zstandard.ZstdCompressor(compression_params=params).stream_writer(written, closefd=False) as sink:
+        sink.write(raw)
+    path = tmp_path / "data.jsonl.zst"
+    path.write_bytes(written.getvalue())
+    assert zstandard.get_frame_parameters(written.getvalue()).window_size == 1 << 30  # as --long=30 writes
+    try:
+        with open_data_file(path) as handle:
+            assert handle.read() == raw
+    except ValueError as error:  # refusing it is fine, as long as the cause is named
+        assert "damaged" not in str(error) and "fetch or copy" not in str(error)

@@ -141,6 +141,23 @@ def test_one_file_named_twice_in_two_forms_is_refused(
 
 @pytest.mark.xfail(
     strict=True,
+    reason="a one-level glob lists without recursing (S3's Delimiter, local's one folder) and "
+    "drops the folders it sees, then says 'nothing is under <prefix>' of a prefix full of "
+    "shards one folder down: the error points the user at the wrong cause",
+)
+def test_a_glob_matching_nothing_never_says_a_folder_of_shards_is_empty(
+    tmp_path: Path, manager: DownloadManager
+) -> None:
+    (tmp_path / "year-2024").mkdir()
+    (tmp_path / "year-2024" / "part-0.jsonl.gz").write_bytes(gzip.compress(b'{"x": 1}\n'))
+    with pytest.raises(ShardSpecError, match="the glob matched nothing") as raised:
+        resolve_shards(f"{tmp_path}/*.jsonl.gz", manager)
+    message = str(raised.value)
+    assert "year-2024" in message or "nothing is under" not in message
+
+
+@pytest.mark.xfail(
+    strict=True,
     reason="shards._manifest_lines splits with str.splitlines, which also breaks at U+2028, "
     "form feeds, U+0085...: a # comment holding one yields a bogus shard, and the line numbers "
     "of errors after it are off",

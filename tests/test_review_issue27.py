@@ -4,6 +4,7 @@ test reproduces a break found in review, marked `xfail(strict=True)` so that it 
 
 from __future__ import annotations
 
+import bz2
 import gzip
 import io
 import json
@@ -180,14 +181,19 @@ def test_a_manifest_comment_is_never_a_shard_and_lines_are_counted_at_newlines(
 
 @pytest.mark.xfail(
     strict=True,
-    reason="readers._lines decodes each line with bytes.decode: a .jsonl.gz whose bytes are not "
-    "UTF-8 text (compressed twice, or binary) is a bare UnicodeDecodeError that names no file "
-    "(nor line), unlike a damaged or misnamed one",
+    reason="readers._lines decodes each line with bytes.decode: a file whose bytes are not UTF-8 "
+    "text (a .jsonl.gz compressed twice, a .jsonl.bz2 the readers do not decompress) is a bare "
+    "UnicodeDecodeError that names no file (nor line), unlike a damaged or misnamed one",
 )
 @pytest.mark.parametrize("workers", [0, 1])
-def test_a_compressed_file_that_is_not_text_is_an_error_naming_the_file(tmp_path: Path, workers: int) -> None:
-    path = tmp_path / "data.jsonl.gz"
-    path.write_bytes(gzip.compress(gzip.compress(b'{"id": 1}\n' * 100)))  # compressed twice
+@pytest.mark.parametrize("name", ["data.jsonl.gz", "data.jsonl.bz2"])
+def test_a_data_file_that_is_not_text_is_an_error_naming_the_file(
+    tmp_path: Path, name: str, workers: int
+) -> None:
+    records = b'{"id": 1}\n' * 100
+    path = tmp_path / name
+    # compressed twice; or in a form that is read as it is
+    path.write_bytes(gzip.compress(gzip.compress(records)) if name.endswith(".gz") else bz2.compress(records))
     loader = MultiProcessDataLoader(
         DatasetReader.by_name("jsonl")(),
         str(path),
@@ -198,7 +204,7 @@ def test_a_compressed_file_that_is_not_text_is_an_error_naming_the_file(tmp_path
     )
     with pytest.raises(WorkerError) as raised:
         list(loader)
-    assert "data.jsonl.gz" in str(raised.value).splitlines()[0]
+    assert name in str(raised.value).splitlines()[0]
 
 
 @pytest.mark.xfail(

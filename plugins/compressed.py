@@ -175,6 +175,12 @@ class DecompressedStream(io.RawIOBase):
             try:
                 pieces.append(self._decompress.decompress(data))
             except self._errors as error:
+                if "too much memory" in str(error):  # zstd: a window past its 128 MiB default
+                    raise ValueError(
+                        f"{self.name} is zstd-compressed with a window larger than 128 MiB "
+                        f"(zstd --long), which would need that much memory in every reader "
+                        f"({error}); compress it again without --long, or with --long=27 or less"
+                    ) from None
                 raise ValueError(
                     f"{self.name}: the {self.form} stream is damaged near compressed byte "
                     f"{self._raw.tell()} ({error}); fetch or copy the file again"

@@ -124,6 +124,13 @@ class FileRecords(Generic[_R]):
         self._offset, self._number, self._reading = offset, number, True
         bom = not offset  # a UTF-8 byte-order mark may open the file: not part of its text
         try:
+            yield from self._decoded(index, handle, bom)
+        finally:
+            self.position = [index, self._offset, self._number]
+            self._reading = False
+
+    def _decoded(self, index: int, handle: BinaryIO, bom: bool) -> Generator[str, None, None]:
+        try:
             for raw in handle:  # split at b"\n"; a mid-line b"\r" is rare, so split again only then
                 if bom:
                     bom = False
@@ -141,9 +148,12 @@ class FileRecords(Generic[_R]):
                     self._offset += len(piece)
                     self._number += 1
                     yield piece.decode("utf-8")
-        finally:
-            self.position = [index, self._offset, self._number]
-            self._reading = False
+        except UnicodeDecodeError as error:
+            raise ValueError(
+                f"{self.names[index]}: line {self._number} is not UTF-8 text ({error}); is "
+                "the file compressed in a form not read here (the readers decompress .gz and "
+                ".zst), or compressed twice?"
+            ) from None
 
     def _records(self, index: int, name: str, handle: BinaryIO, offset: int, number: int) -> Iterator[_R]:
         raise NotImplementedError

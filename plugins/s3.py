@@ -342,6 +342,8 @@ class S3Backend(DownloadBackend):
             pages = paginator.paginate(**options, PaginationConfig={"PageSize": self.list_page_size})
             for page in pages:
                 for item in page.get("Contents", ()):
+                    if item["Key"].endswith("/"):  # a folder marker ("Create folder", sync tools): no object
+                        continue
                     modified = item.get("LastModified")
                     found.append(
                         ListedObject(

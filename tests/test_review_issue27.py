@@ -53,12 +53,6 @@ def manager(cache: Path) -> Iterator[DownloadManager]:
 # Cache inventory -------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="inventory._dangling takes any cached file named `*.json` whose bytes parse as "
-    "metadata (a size and a sha256) for a sidecar without its file: prune sweeps that entry's "
-    "own file as 'stale', whatever --max-size, without its lock",
-)
 def test_prune_never_sweeps_a_cached_json_file_as_a_stale_sidecar(
     http_server: FaultServer, manager: DownloadManager, cache: Path
 ) -> None:
@@ -121,13 +115,6 @@ def test_a_url_pruned_from_a_softfilelock_cache_is_fetched_again(
 # Shard specs ----------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="shards._refuse_duplicates compares the strings: the same file named as a relative "
-    "path and through an absolute glob (or as a path and a file:// URL) is two shards, read "
-    "twice an epoch, with no error, though the download manager's own `normalize` (which "
-    "cached_paths uses to fetch a file given twice once) spells both file:///.../train-0.jsonl",
-)
 @pytest.mark.parametrize("form", ["relative", "file-url"])
 def test_one_file_named_twice_in_two_forms_is_refused(
     form: str, tmp_path: Path, manager: DownloadManager, monkeypatch: pytest.MonkeyPatch
@@ -140,12 +127,6 @@ def test_one_file_named_twice_in_two_forms_is_refused(
         resolve_shards([named, f"{tmp_path}/train-*.jsonl"], manager)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a one-level glob lists without recursing (S3's Delimiter, local's one folder) and "
-    "drops the folders it sees, then says 'nothing is under <prefix>' of a prefix full of "
-    "shards one folder down: the error points the user at the wrong cause",
-)
 def test_a_glob_matching_nothing_never_says_a_folder_of_shards_is_empty(
     tmp_path: Path, manager: DownloadManager
 ) -> None:
@@ -157,12 +138,6 @@ def test_a_glob_matching_nothing_never_says_a_folder_of_shards_is_empty(
     assert "year-2024" in message or "nothing is under" not in message
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="shards._manifest_lines splits with str.splitlines, which also breaks at U+2028, "
-    "form feeds, U+0085...: a # comment holding one yields a bogus shard, and the line numbers "
-    "of errors after it are off",
-)
 @pytest.mark.parametrize("separator", ["\u2028", "\x0c"])
 def test_a_manifest_comment_is_never_a_shard_and_lines_are_counted_at_newlines(
     separator: str, tmp_path: Path, manager: DownloadManager
@@ -179,12 +154,6 @@ def test_a_manifest_comment_is_never_a_shard_and_lines_are_counted_at_newlines(
 # Compressed readers ---------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="readers._lines decodes each line with bytes.decode: a file whose bytes are not UTF-8 "
-    "text (a .jsonl.gz compressed twice, a .jsonl.bz2 the readers do not decompress) is a bare "
-    "UnicodeDecodeError that names no file (nor line), unlike a damaged or misnamed one",
-)
 @pytest.mark.parametrize("workers", [0, 1])
 @pytest.mark.parametrize("name", ["data.jsonl.gz", "data.jsonl.bz2"])
 def test_a_data_file_that_is_not_text_is_an_error_naming_the_file(
@@ -207,12 +176,6 @@ def test_a_data_file_that_is_not_text_is_an_error_naming_the_file(
     assert name in str(raised.value).splitlines()[0]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="S3Backend.list returns the zero-byte folder markers (`train/`, `train/sub/`, as the "
-    "S3 console's 'Create folder' and many sync tools write) as objects: `*` and `**` yield them "
-    "as shards, where the local and fsspec backends list files only",
-)
 def test_an_s3_glob_never_yields_a_folder_marker(s3_env: str, tmp_path: Path) -> None:
     import boto3
 
@@ -228,12 +191,6 @@ def test_an_s3_glob_never_yields_a_folder_marker(s3_env: str, tmp_path: Path) ->
     assert deep == [f"s3://{bucket}/train/part-0.jsonl", f"s3://{bucket}/train/sub/part-1.jsonl"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="compressed.DecompressedStream reports any ZstdError as 'damaged ... fetch or copy the "
-    "file again': an intact .zst written with a long window (`zstd --long=30`, past libzstd's "
-    "default 128 MiB decoding limit) is called damaged, and fetching it again cannot help",
-)
 def test_an_intact_long_window_zst_file_is_read_or_refused_for_what_it_is(tmp_path: Path) -> None:
     zstandard = pytest.importorskip("zstandard")
     raw = b'{"x": 1}\n' * 1000

@@ -287,8 +287,10 @@ def _disk_bytes(path: Path) -> int:
 
 
 def _dangling(cache_dir: Path, name: str, names: set[str]) -> bool:
-    """Whether `name` is a sidecar of ours (valid metadata, named for an entry) whose file is gone."""
-    if not name.endswith(".json"):
+    """Whether `name` is a sidecar of ours (valid metadata, named for an entry) whose file
+    is gone. A file with a sidecar of its own is an entry (a cached `.json` file), never
+    a sidecar, whatever its bytes hold."""
+    if not name.endswith(".json") or f"{name}.json" in names:
         return False
     base = name[: -len(".json")]
     return (

@@ -28,7 +28,7 @@ from urllib.parse import urljoin, urlsplit
 
 import attrs
 
-from framework.download._call import check_sha256
+from framework.download._call import check_sha256, normalize
 from framework.download._schemes import split_scheme
 from framework.download.backend import ListedObject, listing_unsupported
 from framework.download.manager import DownloadManager
@@ -101,9 +101,10 @@ def _refuse_duplicates(shards: Sequence[Shard]) -> None:
     seen: set[str] = set()
     twice: dict[str, None] = {}  # in the order first seen twice
     for shard in shards:
-        if shard.url in seen:
+        key = normalize(shard.url)  # a path, ./path and file:///path are one file, as the cache sees them
+        if key in seen:
             twice[shard.url] = None
-        seen.add(shard.url)
+        seen.add(key)
     if twice:
         shown = ", ".join(list(twice)[:_SHOWN]) + (
             f" and {len(twice) - _SHOWN} more" if len(twice) > _SHOWN else ""
@@ -211,7 +212,8 @@ def _glob(pattern: str, start: int, manager: DownloadManager) -> list[Shard]:
     if not backend.supports_listing:
         raise listing_unsupported(pattern, backend)
     prefix, rest = pattern[:start], pattern[start:]
-    listed = backend.list(prefix, recursive="/" in rest or "**" in rest)
+    recursive = "/" in rest or "**" in rest
+    listed = backend.list(prefix, recursive=recursive)
     # The first name of the rest is a whole name (where `**` means any folders) only
     # when the prefix ends a folder.
     whole_first = prefix == "" or prefix.endswith(("/", os.sep))
@@ -222,7 +224,8 @@ def _glob(pattern: str, start: int, manager: DownloadManager) -> list[Shard]:
         and _matches(item.url[len(prefix) :].split("/"), rest.split("/"), whole_first)
     ]
     if not matched:
-        raise ShardSpecError(pattern, f"the glob matched nothing: {_what_was_listed(prefix, listed)}")
+        listing = _what_was_listed(prefix, listed, recursive)
+        raise ShardSpecError(pattern, f"the glob matched nothing: {listing}")
     return sorted(matched, key=lambda shard: shard.url)
 
 
@@ -237,12 +240,15 @@ def _matches(names: list[str], patterns: list[str], whole_first: bool = True) ->
     return bool(names) and fnmatch.fnmatchcase(names[0], first) and _matches(names[1:], others)
 
 
-def _what_was_listed(prefix: str, listed: Sequence[ListedObject]) -> str:
+def _what_was_listed(prefix: str, listed: Sequence[ListedObject], recursive: bool) -> str:
+    # A one-level glob lists one folder: what lies in its subfolders was not looked at.
+    where = f"under {prefix!r}" if recursive else f"directly under {prefix!r} (subfolders not listed)"
+    deeper = "" if recursive else "; `*` stays within a folder: `**/` matches in subfolders too"
     if not listed:
-        return f"nothing is under {prefix!r}"
+        return f"no object {where}{deeper}"
     shown = ", ".join(item.url for item in listed[:_SHOWN])
     more = f", and {len(listed) - _SHOWN} more" if len(listed) > _SHOWN else ""
-    return f"{len(listed)} object(s) under {prefix!r}, none matching: {shown}{more}"
+    return f"{len(listed)} object(s) {where}, none matching: {shown}{more}{deeper}"
 
 
 # Manifests -----------------------------------------------------------------------------
@@ -265,7 +271,10 @@ def _manifest(url: str, manager: DownloadManager) -> list[Shard]:
 
 
 def _manifest_lines(text: str, manifest: str) -> Iterator[Shard]:
-    for number, line in enumerate(text.splitlines(), start=1):
+    # Lines end at \n (and \r\n): not at the other breaks str.splitlines knows (U+2028,
+    # form feeds...), which a comment may hold, and which editors do not count as lines.
+    for number, line in enumerate(text.split("\n"), start=1):
+        line = line.removesuffix("\r")
         if not line.strip() or line.lstrip().startswith("#"):
             continue
         fields = [field.strip() for field in line.split("\t")]

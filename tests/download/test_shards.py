@@ -152,8 +152,9 @@ def test_a_glob_matching_nothing_names_the_pattern_and_what_was_listed(
     with pytest.raises(ShardSpecError) as caught:
         resolve_shards(pattern, manager)
     assert caught.value.url == pattern
-    assert f"3 object(s) under '{shard_folder}/a-'" in str(caught.value) and "a-1.csv" in str(caught.value)
-    with pytest.raises(ShardSpecError, match="nothing is under"):
+    assert f"3 object(s) directly under '{shard_folder}/a-'" in str(caught.value)
+    assert "a-1.csv" in str(caught.value) and "`**/` matches in subfolders" in str(caught.value)
+    with pytest.raises(ShardSpecError, match="no object directly under"):
         resolve_shards(f"{shard_folder}/missing/*.csv", manager)
 
 

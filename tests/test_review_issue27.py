@@ -73,12 +73,6 @@ def _hold_soft_lock(lock_path: str, held: object, release: object) -> None:
         release.wait(30)  # type: ignore[attr-defined]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="prune/remove always take the entry lock as 'filelock' (flock); an entry another "
-    "process holds with lock='softfilelock' (a marker file) looks free and is removed mid-fetch; "
-    "`framework cache prune` has no way to say which lock the cache uses",
-)
 def test_prune_skips_an_entry_a_softfilelock_fetch_holds(http_server: FaultServer, cache: Path) -> None:
     url = http_server.add(unique_path("soft"), os.urandom(20_000))
     with DownloadManager(cache, progress=False, connections=1, lock="softfilelock") as soft:
@@ -88,7 +82,7 @@ def test_prune_skips_an_entry_a_softfilelock_fetch_holds(http_server: FaultServe
     child.start()
     try:
         assert held.wait(20)
-        done = prune(cache, 0)
+        done = prune(cache, 0, lock="softfilelock")  # the lock the cache's fetches take
         assert [entry.url for entry in done.skipped] == [url]
         assert [entry.url for entry in entries(cache)] == [url]
     finally:
@@ -96,19 +90,13 @@ def test_prune_skips_an_entry_a_softfilelock_fetch_holds(http_server: FaultServe
         end_child(child)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="remove() takes the entry lock as 'filelock', which creates `<name>.lock` and leaves "
-    "it: in a cache used with lock='softfilelock' that file is a held soft lock, so the next "
-    "cached_path of a pruned (or verify --fix'ed) URL waits for lock_timeout and fails",
-)
 def test_a_url_pruned_from_a_softfilelock_cache_is_fetched_again(
     http_server: FaultServer, cache: Path
 ) -> None:
     url = http_server.add(unique_path("soft-again"), os.urandom(5000))
     with DownloadManager(cache, progress=False, connections=1, lock="softfilelock", lock_timeout=2) as soft:
         soft.cached_path(url)
-        assert [entry.url for entry in prune(cache, 0).removed] == [url]
+        assert [entry.url for entry in prune(cache, 0, lock="softfilelock").removed] == [url]
         assert soft.cached_path(url).read_bytes() == http_server.route(url).data
 
 

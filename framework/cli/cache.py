@@ -13,6 +13,15 @@ from framework.cli._text import CACHE_DIR_HELP
 __all__ = ["add_parser"]
 
 
+# Entries are skipped while another process holds their lock: of the kind the cache's
+# fetches take (DownloadManager(lock=...)), as two kinds do not see each other.
+_LOCK_OPTION: dict[str, Any] = {
+    "choices": ["filelock", "softfilelock"],
+    "default": "filelock",
+    "help": "the lock the cache's fetches take (DownloadManager's lock=; default: filelock)",
+}
+
+
 def add_parser(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "cache",
@@ -42,6 +51,7 @@ def add_parser(subparsers: Any) -> None:
     check.add_argument("urls", nargs="*", metavar="URL", help="only these entries (default: all)")
     check.add_argument("--cache-dir", help=CACHE_DIR_HELP)
     check.add_argument("--fix", action="store_true", help="remove the bad entries")
+    check.add_argument("--lock", **_LOCK_OPTION)
     check.set_defaults(handler=verify_entries)
     trim = actions.add_parser(
         "prune",
@@ -60,6 +70,7 @@ def add_parser(subparsers: Any) -> None:
         help="at most this much: bytes, or 500MB, 50GB, 1.5TiB (KB..TB: powers of 1000; KiB..TiB: of 1024)",
     )
     trim.add_argument("--dry-run", action="store_true", help="say what would be removed; remove nothing")
+    trim.add_argument("--lock", **_LOCK_OPTION)
     trim.set_defaults(handler=prune_cache)
 
 
@@ -151,7 +162,11 @@ def verify_entries(args: argparse.Namespace) -> int:
         bad += 1
         fixed = ""
         if args.fix:
-            fixed = "; removed" if remove(entry) else "; not removed: another process is fetching it"
+            fixed = (
+                "; removed"
+                if remove(entry, lock=args.lock)
+                else "; not removed: another process is fetching it"
+            )
         print(f"bad: {entry.url}: {problem}{fixed}")
     print(f"{_count(len(chosen), 'entry')} checked, {bad} bad")
     return 1 if bad else 0
@@ -162,7 +177,7 @@ def prune_cache(args: argparse.Namespace) -> int:
     from framework.download.sizes import format_size
 
     root = _cache_dir(args)
-    done = prune(root, args.max_size, dry_run=args.dry_run)
+    done = prune(root, args.max_size, dry_run=args.dry_run, lock=args.lock)
     verb = "would remove" if done.dry_run else "removed"
     for path in done.swept:
         print(f"{verb}: {path} (stale)")

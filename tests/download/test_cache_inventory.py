@@ -381,3 +381,22 @@ def test_each_action_has_help(action: str, capsys: pytest.CaptureFixture[str]) -
         main(["cache", action, "--help"])
     assert stopped.value.code == 0
     assert f"usage: framework cache {action}" in capsys.readouterr().out
+
+
+def test_prune_with_the_caches_soft_lock_keeps_a_held_entry_and_fetches_again(
+    http_server: FaultServer, cache: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--lock softfilelock` for a cache whose fetches take that lock: an entry whose soft
+    lock is held is skipped, and one removed leaves no lock file that a later fetch
+    would wait on."""
+    with DownloadManager(cache, progress=False, connections=1, lock="softfilelock", lock_timeout=2) as soft:
+        held_url, free_url = _fill(http_server, soft, [2000, 3000])
+        held = filelock.SoftFileLock(str(Entry(cache, held_url).lock))
+        with held:
+            code, out, _ = _cli(
+                capsys, "prune", "--cache-dir", str(cache), "--max-size", "0", "--lock", "softfilelock"
+            )
+        assert code == 1 and held_url in out
+        assert [entry.url for entry in entries(cache)] == [held_url]
+        assert not Entry(cache, free_url).lock.exists()
+        assert soft.cached_path(free_url).read_bytes() == http_server.route(free_url).data

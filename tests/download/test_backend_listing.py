@@ -14,8 +14,14 @@ import pytest
 from framework_plugins.http import HttpBackend
 from framework_plugins.local import LocalBackend
 
+from framework.download import DownloadManager
 from framework.download.backend import DownloadBackend, ListedObject
-from framework.errors import HTTPStatusError, InvalidArgumentError, ListingUnsupportedError
+from framework.download.shards import resolve_shards
+from framework.errors import (
+    HTTPStatusError,
+    InvalidArgumentError,
+    ListingUnsupportedError,
+)
 from framework.testing import MemoryBackend, check_backend
 
 pytestmark = pytest.mark.timeout(60)
@@ -194,3 +200,18 @@ def test_check_backend_catches_a_broken_listing(how: str, message: str) -> None:
             check_backend(_Lister(), "mem://d/a", b"first")
     finally:
         MemoryBackend.reset()
+
+
+def test_an_s3_glob_never_yields_a_folder_marker(s3_env: str, tmp_path: Path) -> None:
+    import boto3
+
+    client = boto3.client("s3", endpoint_url=s3_env)
+    bucket = f"markers-{os.getpid()}-{os.urandom(3).hex()}"
+    client.create_bucket(Bucket=bucket)
+    for key in ("train/", "train/part-0.jsonl", "train/sub/", "train/sub/part-1.jsonl"):
+        client.put_object(Bucket=bucket, Key=key, Body=b"" if key.endswith("/") else b'{"x": 1}\n')
+    with DownloadManager(tmp_path / "cache", progress=False) as manager:
+        flat = [shard.url for shard in resolve_shards(f"s3://{bucket}/train/*", manager)]
+        deep = [shard.url for shard in resolve_shards(f"s3://{bucket}/train/**", manager)]
+    assert flat == [f"s3://{bucket}/train/part-0.jsonl"]
+    assert deep == [f"s3://{bucket}/train/part-0.jsonl", f"s3://{bucket}/train/sub/part-1.jsonl"]

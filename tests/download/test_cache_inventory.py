@@ -400,3 +400,50 @@ def test_prune_with_the_caches_soft_lock_keeps_a_held_entry_and_fetches_again(
         assert [entry.url for entry in entries(cache)] == [held_url]
         assert not Entry(cache, free_url).lock.exists()
         assert soft.cached_path(free_url).read_bytes() == http_server.route(free_url).data
+
+
+def test_prune_never_sweeps_a_cached_json_file_as_a_stale_sidecar(
+    http_server: FaultServer, manager: DownloadManager, cache: Path
+) -> None:
+    # A dataset's own checksum record, as many hosts publish next to their shards.
+    record = json.dumps({"file": "train-00000.jsonl.gz", "size": 8388608, "sha256": "9f" * 32}).encode()
+    url = http_server.add(unique_path("corpus") + "/checksums.json", record)
+    path = manager.cached_path(url)
+    assert [entry.url for entry in entries(cache)] == [url]
+    done = prune(cache, 1 << 40)  # a terabyte: nothing has to go
+    assert done.swept == () and done.removed == ()
+    assert path.read_bytes() == record
+
+
+def _hold_soft_lock(lock_path: str, held: object, release: object) -> None:
+    # What a fetch by `DownloadManager(lock="softfilelock")` holds (filesystems without flock).
+    with filelock.SoftFileLock(lock_path):
+        held.set()  # type: ignore[attr-defined]
+        release.wait(30)  # type: ignore[attr-defined]
+
+
+def test_prune_skips_an_entry_a_softfilelock_fetch_holds(http_server: FaultServer, cache: Path) -> None:
+    url = http_server.add(unique_path("soft"), os.urandom(20_000))
+    with DownloadManager(cache, progress=False, connections=1, lock="softfilelock") as soft:
+        soft.cached_path(url)
+    held, release = FORK.Event(), FORK.Event()
+    child = FORK.Process(target=_hold_soft_lock, args=(str(Entry(cache, url).lock), held, release))
+    child.start()
+    try:
+        assert held.wait(20)
+        done = prune(cache, 0, lock="softfilelock")  # the lock the cache's fetches take
+        assert [entry.url for entry in done.skipped] == [url]
+        assert [entry.url for entry in entries(cache)] == [url]
+    finally:
+        release.set()
+        end_child(child)
+
+
+def test_a_url_pruned_from_a_softfilelock_cache_is_fetched_again(
+    http_server: FaultServer, cache: Path
+) -> None:
+    url = http_server.add(unique_path("soft-again"), os.urandom(5000))
+    with DownloadManager(cache, progress=False, connections=1, lock="softfilelock", lock_timeout=2) as soft:
+        soft.cached_path(url)
+        assert [entry.url for entry in prune(cache, 0, lock="softfilelock").removed] == [url]
+        assert soft.cached_path(url).read_bytes() == http_server.route(url).data

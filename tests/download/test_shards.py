@@ -3,6 +3,7 @@ and manifests (on the HTTP test server and S3), and each way a spec can be wrong
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import os
 from pathlib import Path
@@ -367,3 +368,39 @@ def test_a_glob_and_a_list_that_overlap_are_refused(shard_folder: Path, manager:
     with pytest.raises(ShardSpecError, match="named more than once") as caught:
         resolve_shards([f"{shard_folder}/a-*.csv", os.fspath(shard_folder / "a-2.csv")], manager)
     assert caught.value.url == f"{shard_folder}/a-2.csv"
+
+
+@pytest.mark.parametrize("form", ["relative", "file-url"])
+def test_one_file_named_twice_in_two_forms_is_refused(
+    form: str, tmp_path: Path, manager: DownloadManager, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("train-0.jsonl", "train-1.jsonl"):
+        (tmp_path / name).write_text('{"x": 1}\n')
+    monkeypatch.chdir(tmp_path)
+    named = "train-0.jsonl" if form == "relative" else (tmp_path / "train-0.jsonl").as_uri()
+    with pytest.raises(ShardSpecError, match="named more than once"):
+        resolve_shards([named, f"{tmp_path}/train-*.jsonl"], manager)
+
+
+def test_a_glob_matching_nothing_never_says_a_folder_of_shards_is_empty(
+    tmp_path: Path, manager: DownloadManager
+) -> None:
+    (tmp_path / "year-2024").mkdir()
+    (tmp_path / "year-2024" / "part-0.jsonl.gz").write_bytes(gzip.compress(b'{"x": 1}\n'))
+    with pytest.raises(ShardSpecError, match="the glob matched nothing") as raised:
+        resolve_shards(f"{tmp_path}/*.jsonl.gz", manager)
+    message = str(raised.value)
+    assert "year-2024" in message or "nothing is under" not in message
+
+
+@pytest.mark.parametrize("separator", ["\u2028", "\x0c"])
+def test_a_manifest_comment_is_never_a_shard_and_lines_are_counted_at_newlines(
+    separator: str, tmp_path: Path, manager: DownloadManager
+) -> None:
+    manifest = tmp_path / "train.tsv"
+    manifest.write_text(f"# made by shardtool{separator}on the cluster\ntrain-0.jsonl.gz\n", encoding="utf-8")
+    assert resolve_shards(f"manifest:{manifest}", manager) == [Shard(str(tmp_path / "train-0.jsonl.gz"))]
+    manifest.write_text(f"# made by shardtool{separator}\ntrain-0.jsonl.gz\tnot-a-digest\n", encoding="utf-8")
+    with pytest.raises(ShardSpecError) as raised:
+        resolve_shards(f"manifest:{manifest}", manager)
+    assert raised.value.line == 2  # as an editor, `sed -n 2p` and `wc -l` count

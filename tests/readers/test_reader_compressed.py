@@ -4,7 +4,9 @@ the `zstandard` package."""
 
 from __future__ import annotations
 
+import bz2
 import gzip
+import io
 import random
 import sys
 from pathlib import Path
@@ -121,3 +123,44 @@ def test_csv_and_text_read_compressed_files(tmp_path: Path, form: str) -> None:
         "first line",
         "second",
     ]
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+@pytest.mark.parametrize("name", ["data.jsonl.gz", "data.jsonl.bz2"])
+def test_a_data_file_that_is_not_text_is_an_error_naming_the_file(
+    tmp_path: Path, name: str, workers: int
+) -> None:
+    records = b'{"id": 1}\n' * 100
+    path = tmp_path / name
+    # compressed twice; or in a form that is read as it is
+    path.write_bytes(gzip.compress(gzip.compress(records)) if name.endswith(".gz") else bz2.compress(records))
+    loader = MultiProcessDataLoader(
+        DatasetReader.by_name("jsonl")(),
+        str(path),
+        batch_size=5,
+        num_workers=workers,
+        max_instances_in_memory=10,
+        quiet=True,
+    )
+    with pytest.raises(WorkerError) as raised:
+        list(loader)
+    assert name in str(raised.value).splitlines()[0]
+
+
+def test_an_intact_long_window_zst_file_is_read_or_refused_for_what_it_is(tmp_path: Path) -> None:
+    zstandard = pytest.importorskip("zstandard")
+    raw = b'{"x": 1}\n' * 1000
+    params = zstandard.ZstdCompressionParameters.from_level(
+        19, window_log=30, enable_ldm=True, write_content_size=False
+    )
+    written = io.BytesIO()
+    with zstandard.ZstdCompressor(compression_params=params).stream_writer(written, closefd=False) as sink:
+        sink.write(raw)
+    path = tmp_path / "data.jsonl.zst"
+    path.write_bytes(written.getvalue())
+    assert zstandard.get_frame_parameters(written.getvalue()).window_size == 1 << 30  # as --long=30 writes
+    try:
+        with open_data_file(path) as handle:
+            assert handle.read() == raw
+    except ValueError as error:  # refusing it is fine, as long as the cause is named
+        assert "damaged" not in str(error) and "fetch or copy" not in str(error)

@@ -88,7 +88,7 @@ def test_a_damaged_stream_in_a_worker_is_a_worker_error_naming_the_file(tmp_path
         ("data.jsonl", compress(RAW, ".zst"), r"data\.jsonl holds zstd-compressed data .* data\.jsonl\.zst"),
         (
             "data.csv",
-            gzip.compress(b"a,b\n1,2\n"),
+            gzip.compress(b"a,b\n1,2\n", mtime=0),
             r"holds gzip-compressed data .* rename it to data\.csv\.gz",
         ),
     ],

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Optional
 
@@ -138,6 +139,22 @@ def _access_key_sent(headers: dict[str, str]) -> str:
     return authorization.split("Credential=", 1)[1].split("/", 1)[0] if "Credential=" in authorization else ""
 
 
+def _keys_sent(http_server: FaultServer, name: str, rotate: Callable[[str], None]) -> list[str]:
+    """The access key each of two calls signs with, `rotate(key)` run before each."""
+    from framework_plugins.s3 import S3Backend
+
+    data = os.urandom(1000)
+    http_server.add(f"/bucket/{name}", data)
+    route = http_server.routes[f"/bucket/{name}"]
+    sent = []
+    for key in ("FIRSTKEY", "SECONDKEY"):
+        rotate(key)
+        with S3Backend(endpoint_url=http_server.base, retries=1).open(f"s3://bucket/{name}") as stream:
+            assert b"".join(stream.chunks) == data
+        sent.append(_access_key_sent(route.headers[-1]))
+    return sent
+
+
 def test_s3_keys_rotated_in_the_credentials_file_are_the_ones_sent(
     http_server: FaultServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fresh_s3_clients: None
 ) -> None:
@@ -145,23 +162,15 @@ def test_s3_keys_rotated_in_the_credentials_file_are_the_ones_sent(
     saml2aws or a Vault agent rewrite `~/.aws/credentials` with new (short-lived) keys;
     the next call signs with them, as a fresh boto3 client would, not with the keys the
     process-wide client read at its first call (expired by then)."""
-    from framework_plugins.s3 import S3Backend
-
     credentials = tmp_path / "credentials"
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(credentials))
-    data = os.urandom(1000)
-    http_server.add("/bucket/rotated-file.bin", data)
-    route = http_server.routes["/bucket/rotated-file.bin"]
-    sent = []
-    for key in ("FIRSTKEY", "SECONDKEY"):
+
+    def rotate(key: str) -> None:
         credentials.write_text(
             f"[default]\naws_access_key_id = {key}\naws_secret_access_key = {key.lower()}\n"
         )
-        backend = S3Backend(endpoint_url=http_server.base, retries=1)
-        with backend.open("s3://bucket/rotated-file.bin") as stream:
-            assert b"".join(stream.chunks) == data
-        sent.append(_access_key_sent(route.headers[-1]))
-    assert sent == ["FIRSTKEY", "SECONDKEY"]
+
+    assert _keys_sent(http_server, "rotated-file.bin", rotate) == ["FIRSTKEY", "SECONDKEY"]
 
 
 def test_an_s3_setting_changed_in_the_environment_is_the_one_used(
@@ -196,23 +205,15 @@ def test_s3_keys_set_in_the_environment_later_are_the_ones_sent(
     """Credentials come from boto3's chain, the environment first: keys rotated there
     (a notebook that sets them after a `NoCredentialsError`, a job refreshing a session
     token) sign the next call, not the keys a process-wide client read first."""
-    from framework_plugins.s3 import S3Backend
-
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
     monkeypatch.delenv("AWS_PROFILE", raising=False)
     monkeypatch.delenv("AWS_SESSION_TOKEN", raising=False)
-    data = os.urandom(1000)
-    http_server.add("/bucket/rotated.bin", data)
-    route = http_server.routes["/bucket/rotated.bin"]
-    sent = []
-    for key in ("FIRSTKEY", "SECONDKEY"):
+
+    def rotate(key: str) -> None:
         monkeypatch.setenv("AWS_ACCESS_KEY_ID", key)
         monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", key.lower())
-        backend = S3Backend(endpoint_url=http_server.base, retries=1)
-        with backend.open("s3://bucket/rotated.bin") as stream:
-            assert b"".join(stream.chunks) == data
-        sent.append(_access_key_sent(route.headers[-1]))
-    assert sent == ["FIRSTKEY", "SECONDKEY"]
+
+    assert _keys_sent(http_server, "rotated.bin", rotate) == ["FIRSTKEY", "SECONDKEY"]
 
 
 def test_an_s3_refusal_with_a_retry_after_date_is_waited_as_asked(

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from framework.cli._text import CACHE_DIR_HELP
+from framework.cli._text import CACHE_DIR_HELP, one_line
 
 __all__ = ["add_parser"]
 
@@ -104,7 +104,8 @@ def list_entries(args: argparse.Namespace) -> int:
     from framework.download.inventory import entries
     from framework.download.sizes import format_size
 
-    found = entries(_cache_dir(args))
+    root = _cache_dir(args)
+    found = entries(root)
     total = sum(entry.total for entry in found)
     if args.json:
         rows = [
@@ -121,12 +122,12 @@ def list_entries(args: argparse.Namespace) -> int:
             }
             for e in found
         ]
-        print(json.dumps({"cache_dir": str(_cache_dir(args)), "entries": rows, "total": total}, indent=2))
+        print(json.dumps({"cache_dir": str(root), "entries": rows, "total": total}, indent=2))
         return 0
     headers = ("URL", "SIZE", "SHA256", "EXTRACTED", "LAST USED (UTC)")
     table = [
         (
-            e.url,
+            one_line(e.url),  # a sidecar's URL, which anyone who can write the folder wrote
             format_size(e.size),
             e.sha256[:12],
             format_size(e.extracted_size) if e.extracted is not None else "-",
@@ -137,7 +138,7 @@ def list_entries(args: argparse.Namespace) -> int:
     widths = [max([len(h)] + [len(row[i]) for row in table]) for i, h in enumerate(headers)]
     for row in (headers, *table):
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
-    print(f"{_count(len(found), 'entry')}, {format_size(total)} ({total} bytes) in {_cache_dir(args)}")
+    print(f"{_count(len(found), 'entry')}, {format_size(total)} ({total} bytes) in {root}")
     return 0
 
 
@@ -167,7 +168,7 @@ def verify_entries(args: argparse.Namespace) -> int:
                 if remove(entry, lock=args.lock)
                 else "; not removed: another process is fetching it"
             )
-        print(f"bad: {entry.url}: {problem}{fixed}")
+        print(f"bad: {one_line(entry.url)}: {problem}{fixed}")
     print(f"{_count(len(chosen), 'entry')} checked, {bad} bad")
     return 1 if bad else 0
 
@@ -182,9 +183,11 @@ def prune_cache(args: argparse.Namespace) -> int:
     for path in done.swept:
         print(f"{verb}: {path} (stale)")
     for entry in done.removed:
-        print(f"{verb}: {entry.url} ({format_size(entry.total)}, last used {_when(entry.last_used)})")
+        print(
+            f"{verb}: {one_line(entry.url)} ({format_size(entry.total)}, last used {_when(entry.last_used)})"
+        )
     for entry in done.skipped:
-        print(f"skipped: {entry.url}: another process is fetching it")
+        print(f"skipped: {one_line(entry.url)}: another process is fetching it")
     freed, holds = ("would free", "would hold") if done.dry_run else ("freed", "holds")
     print(
         f"{freed} {format_size(done.freed)}: {_count(len(done.removed), 'entry')}, "

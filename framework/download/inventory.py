@@ -39,6 +39,7 @@ from framework.download._cache import (
     binds,
     dead_leftovers,
     enter_work_folder,
+    file_identity,
     lock_of,
     private_folder,
     read_metadata,
@@ -116,7 +117,10 @@ class Pruned:
 def entries(cache_dir: Path) -> list[CacheEntry]:
     """Every entry of `cache_dir`, sorted by URL. One listing of the folder, an `lstat`
     and a sidecar read per entry, a walk of each extracted folder; no file is read."""
-    names = _names(cache_dir)
+    return _entries(cache_dir, _names(cache_dir))
+
+
+def _entries(cache_dir: Path, names: set[str]) -> list[CacheEntry]:
     found = (_entry(cache_dir, name, names) for name in names)
     return sorted((entry for entry in found if entry is not None), key=lambda e: (e.url, e.path.name))
 
@@ -167,7 +171,10 @@ def stale_files(cache_dir: Path) -> list[Path]:
     """What no live process owns in `cache_dir` and its work folders of this user:
     orphaned partial files (with a parallel fetch's record of parts), dead writers'
     temporaries, and sidecars whose file is gone."""
-    names = _names(cache_dir)
+    return _stale(cache_dir, _names(cache_dir))
+
+
+def _stale(cache_dir: Path, names: set[str]) -> list[Path]:
     found = [cache_dir / name for name in names if _dangling(cache_dir, name, names)]
     bases = {name.rsplit(".", 4)[0] for name in names if name.endswith(".tmp")}
     for base in sorted(bases):  # a sidecar rewritten in place (`Entry.rebind`)
@@ -183,10 +190,11 @@ def prune(cache_dir: Path, max_size: int, *, dry_run: bool = False, lock: LockKi
     fetching are skipped (their lock is held); with `dry_run` nothing is removed."""
     if max_size < 0:
         raise ValueError(f"max_size cannot be negative, got {max_size}")
-    listed = entries(cache_dir)
+    names = _names(cache_dir)  # one listing of the folder for both
+    listed = _entries(cache_dir, names)
     swept: list[Path] = []
     freed = stale_bytes = 0
-    for path in stale_files(cache_dir):
+    for path in _stale(cache_dir, names):
         size = _disk_bytes(path)
         if dry_run or _sweep(cache_dir, path, lock):
             swept.append(path)
@@ -203,6 +211,8 @@ def prune(cache_dir: Path, max_size: int, *, dry_run: bool = False, lock: LockKi
             removed.append(entry)
             held -= entry.total
             freed += entry.total
+        elif _published(entry.path) is None:  # another prune (or a --force fetch's failure) took it
+            held -= entry.total
         else:
             skipped.append(entry)
     return Pruned(tuple(removed), tuple(skipped), tuple(swept), freed, held, max_size, dry_run)
@@ -227,7 +237,7 @@ def _entry(cache_dir: Path, name: str, names: set[str]) -> Optional[CacheEntry]:
     if meta is None or not stat.S_ISREG(info.st_mode):
         return None
     folder = path.with_name(f"{name}-extracted")
-    extracted = folder if f"{folder.name}" in names and _real_folder(folder) else None
+    extracted = folder if folder.name in names and _real_folder(folder) else None
     return CacheEntry(
         path=path,
         url=redact_url(meta["url"]),  # an older release's sidecar may not have redacted it
@@ -244,7 +254,7 @@ def _entry(cache_dir: Path, name: str, names: set[str]) -> Optional[CacheEntry]:
 
 
 def _identity(info: os.stat_result) -> tuple[int, int, int, int]:
-    return info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns
+    return (info.st_dev, *file_identity(info))
 
 
 def _published(path: Path) -> Optional[tuple[int, int, int, int]]:

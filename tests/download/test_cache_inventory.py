@@ -447,3 +447,32 @@ def test_a_url_pruned_from_a_softfilelock_cache_is_fetched_again(
         soft.cached_path(url)
         assert [entry.url for entry in prune(cache, 0, lock="softfilelock").removed] == [url]
         assert soft.cached_path(url).read_bytes() == http_server.route(url).data
+
+
+def test_ls_shows_a_planted_urls_control_characters_escaped(
+    http_server: FaultServer, manager: DownloadManager, cache: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A sidecar's URL is written by whoever can write the cache folder: `ls` prints it
+    escaped, so a planted terminal escape sequence is shown, never obeyed."""
+    (url,) = _fill(http_server, manager, [1000])
+    sidecar = Entry(cache, url).sidecar
+    meta = json.loads(sidecar.read_text())
+    meta["url"] = url + "\x1b]0;owned\x07"
+    sidecar.write_text(json.dumps(meta))
+    code, out, _ = _cli(capsys, "ls", "--cache-dir", str(cache))
+    assert code == 0 and "\x1b" not in out and "\\x1b]0;owned\\x07" in out
+
+
+def test_an_entry_another_prune_removed_first_is_not_reported_as_held(
+    http_server: FaultServer, manager: DownloadManager, cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two prunes at once: what the other removed after this one listed it is gone, not
+    "another process is fetching it", and the cache fits."""
+    import framework.download.inventory as inventory
+
+    _fill(http_server, manager, [1000, 2000])
+    listed = entries(cache)
+    assert remove(listed[0])  # the other prune, between this one's listing and its removal
+    monkeypatch.setattr(inventory, "_entries", lambda cache_dir, names: listed)
+    done = prune(cache, 0)
+    assert done.skipped == () and done.fits and [e.url for e in done.removed] == [listed[1].url]

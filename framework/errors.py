@@ -20,6 +20,7 @@ FrameworkError
       ├── OfflineError          FRAMEWORK_OFFLINE=1 and the file is not cached
       ├── InvalidArgumentError  (also a ValueError) refused before any request
       │    └── ListingUnsupportedError a glob on a backend that cannot list objects
+      ├── ShardError            a streamed shard could not be fetched (which one, and why)
       ├── ShardSpecError        (also a ValueError) shards named wrongly: a brace, a manifest line
       ├── MissingDependencyError (also an ImportError) a backend's package is not installed
       ├── LockTimeoutError      another process held the lock for too long
@@ -58,6 +59,7 @@ __all__ = [
     "RanksOutOfStepError",
     "RegistryError",
     "ResumeError",
+    "ShardError",
     "ShardSpecError",
     "StepTimeoutError",
     "UnknownNameError",
@@ -331,6 +333,19 @@ class ShardSpecError(DownloadError, ValueError):
         self.why = why
         self.line = line
         super().__init__(url, f"line {line}: {why}" if line is not None else why)
+
+
+class ShardError(DownloadError):
+    """Shard `index` (0-based) of the `count` a streamed `data_path` names could not be
+    had: its fetch failed (`cause`, also the `__cause__`: a 404, a checksum mismatch,
+    offline and not cached). Nothing was published for it."""
+
+    def __init__(self, url: str, index: int, count: int, cause: BaseException) -> None:
+        self.index = index
+        self.count = count
+        self.cause = cause
+        reason = getattr(cause, "reason", None) or str(cause)
+        super().__init__(url, f"shard {index + 1} of {count} could not be fetched: {reason}")
 
 
 class MissingDependencyError(DownloadError, ImportError):

@@ -27,6 +27,7 @@ from framework_plugins.compressed import open_data_file
 
 from framework.config import AtLeast, ConfigChecks
 from framework.data.reader import DatasetReader, DatasetReaderInput
+from framework.data.shard_files import ShardFiles
 
 __all__ = ["CsvReader", "JsonlReader", "TextReader"]
 
@@ -51,8 +52,11 @@ def open_binary(path: PathLike) -> BinaryIO:
     return open_data_file(path)
 
 
-def data_files(file_path: DatasetReaderInput) -> list[str]:
-    """The files behind `file_path`: one path, or a list of paths read in order."""
+def data_files(file_path: DatasetReaderInput) -> Sequence[str]:
+    """The files behind `file_path`: one path, or a list of paths read in order, or the
+    remote shards the loader streams (`ShardFiles`: each fetched when it is reached)."""
+    if isinstance(file_path, ShardFiles):
+        return file_path
     if isinstance(file_path, (str, PurePath)):
         return [str(file_path)]
     if isinstance(file_path, list) and all(isinstance(p, (str, PurePath)) for p in file_path):

@@ -20,6 +20,7 @@ __all__ = [
     "DistributedInfo",
     "MaxTokensBatchSampler",
     "MultiProcessDataLoader",
+    "ShardFiles",
     "UnshardedReadWarning",
     "WorkerInfo",
 ]
@@ -34,6 +35,7 @@ _LOCATIONS = {
     "DistributedInfo": "framework.data.reader",
     "MaxTokensBatchSampler": "framework.data.sampler",
     "MultiProcessDataLoader": "framework.data.multiprocess",
+    "ShardFiles": "framework.data.shard_files",
     "UnshardedReadWarning": "framework.data.reader",
     "WorkerInfo": "framework.data.reader",
 }
@@ -44,6 +46,7 @@ if TYPE_CHECKING:
     from framework.data.multiprocess import MultiProcessDataLoader
     from framework.data.reader import DatasetReader, DistributedInfo, UnshardedReadWarning, WorkerInfo
     from framework.data.sampler import BatchSampler, BucketBatchSampler, MaxTokensBatchSampler
+    from framework.data.shard_files import ShardFiles
 
 
 __getattr__, __dir__ = lazy_exports(__name__, _LOCATIONS)

@@ -114,7 +114,7 @@ class InstanceCache:
             shards = ShardPlan(rank, world, Consumed())  # it defers the hook to _hooked
             settings.reader._set_shard_plan(shards)
             try:
-                read = settings.reader.read(settings.data_path)
+                read = settings.reader.read(settings.source)
                 pairs = self._progress((x, shards.take()) for x in read)
                 # Seeded as worker 0 would be (the same data with 0 or 1 workers).
                 private = PrivateRandom(derive_seed(settings.epoch_seed(0), "worker", 0))

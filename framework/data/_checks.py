@@ -13,6 +13,7 @@ from framework.config import ConfigChecks
 from framework.data._transfer import TRANSFERS
 from framework.data.reader import DatasetReader, current_distributed_info
 from framework.data.sampler import BatchSampler
+from framework.download.sizes import parse_size
 from framework.errors import ConfigError
 
 __all__ = [
@@ -54,6 +55,8 @@ def problems(
     transfer: str,
     timeout: Optional[float],
     cuda_device: Any = None,
+    cache_limit: Any = None,
+    prefetch: Any = 2,
 ) -> list[tuple[str, str]]:
     """Every bad setting as `(key, what to change)`; empty when the settings are good.
 
@@ -86,6 +89,20 @@ def problems(
     problem = device_problem(cuda_device)
     if problem is not None:
         found.append(("cuda_device", problem))
+    return found + _stream_problems(cache_limit, prefetch)
+
+
+def _stream_problems(cache_limit: Any, prefetch: Any) -> list[tuple[str, str]]:
+    """A streamed dataset's settings: a size that parses, a whole number of shards ahead."""
+    found: list[tuple[str, str]] = []
+    if cache_limit is not None:
+        try:
+            if parse_size(cache_limit) < 1:
+                found.append(("cache_limit", f"cache_limit must be at least 1 byte, got {cache_limit!r}"))
+        except ValueError as error:
+            found.append(("cache_limit", f"cache_limit: {error}"))
+    if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
+        found.append(("prefetch", f"prefetch must be a whole number of shards, 0 or more, got {prefetch!r}"))
     return found
 
 
@@ -276,6 +293,7 @@ config_checks = ConfigChecks(
             "start_method": {"enum": multiprocessing.get_all_start_methods()},
             "transfer": {"enum": list(TRANSFERS)},
             "timeout": {"exclusiveMinimum": 0, "maximum": sys.float_info.max},
+            "prefetch": {"minimum": 0},
         },
     },
 )

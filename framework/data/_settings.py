@@ -27,6 +27,7 @@ from framework.data.reader import (
     DistributedInfo,
     current_distributed_info,
 )
+from framework.data.shard_files import resolve_source
 
 __all__ = ["LoaderSettings", "PlanSetting", "Setting"]
 
@@ -57,6 +58,17 @@ class LoaderSettings:
     transfer: str
     timeout: Optional[float]
     cuda_device: Optional[torch.device] = None
+    cache_dir: Optional[str] = None
+    cache_limit: Optional[Union[int, str]] = None
+    prefetch: int = 2  # shards fetched ahead of the one being read
+    # What `reader.read()` gets: `data_path`, or the shards it names (`resolve`).
+    source: Any = None
+
+    def resolve(self) -> None:
+        """Resolve `data_path` into `source` (see `framework.data.shard_files`):
+        listings and a manifest are read here, once, and a `cache_limit` too small for
+        `prefetch` is a `ConfigError` here, before any worker starts."""
+        self.source = resolve_source(self.data_path, self.cache_dir, self.cache_limit, self.prefetch)
 
     @property
     def hook_overridden(self) -> bool:
@@ -89,7 +101,7 @@ class LoaderSettings:
         sampler = self.plan.batch_sampler
         return self.plan.batch_size or (sampler.get_batch_size() if sampler is not None else None)
 
-    def prefetch(self) -> int:
+    def batches_ahead(self) -> int:
         # As AllenNLP sizes its queues: about two chunks' worth of batches per worker.
         chunk = self.max_instances_in_memory or 1024
         return max(2, 2 * chunk // (self.batch_size_hint() or 1))
@@ -107,7 +119,7 @@ class LoaderSettings:
             device = self.cuda_device
         return WorkerSpec(
             reader=self.reader,
-            data_path=self.data_path,
+            data_path=self.source,
             plan=self.plan,
             collate_fn=self.collate_fn,
             collate_in_worker=not self.hook_overridden,
@@ -117,7 +129,7 @@ class LoaderSettings:
             transfer=self.transfer,  # type: ignore[arg-type]
             set_death_signal=main_thread(),
             start_method=self.start_method,
-            prefetch=self.prefetch(),
+            prefetch=self.batches_ahead(),
             # Progress messages a few times per timeout, so it measures silence only.
             heartbeat=None if self.timeout is None else self.timeout / 4,
         )

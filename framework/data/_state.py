@@ -94,7 +94,7 @@ def whole_state(settings: LoaderSettings, progress: Progress, cache: InstanceCac
         "world_size": world,
         "num_workers": settings.num_workers,
         "settings": saved_settings(settings),
-        "files": file_stamps(settings.data_path),
+        "files": file_stamps(settings.source),
         "epoch_batches": progress.epoch_batches,  # batches_per_epoch: already yielded
         # The training loop's epoch to restart at: the next iter() yields (the rest of)
         # it. Without batches_per_epoch an iter() is a pass, so it is the pass's epoch.

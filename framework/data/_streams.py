@@ -96,7 +96,7 @@ def lazy_pass_in_process(settings: LoaderSettings, position: Position) -> Iterat
     plain = draws_nothing(settings.collate_fn) and not hook
 
     def collated() -> Iterator[tuple[list[Optional[int]], Any, Any]]:
-        stream = slot_batches(counting, settings.data_path, settings.plan, worker_seed, shards, start, reseed)
+        stream = slot_batches(counting, settings.source, settings.plan, worker_seed, shards, start, reseed)
         for instances, indexes, point in stream:
             if plain:
                 yield indexes, point, settings.collate_fn(instances)

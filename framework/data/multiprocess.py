@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 import warnings
 from collections.abc import Iterator, Mapping
 from typing import Any, Optional, Union
@@ -55,7 +56,12 @@ class MultiProcessDataLoader(DataLoader):
 
     Args:
         reader: the `DatasetReader`; it is copied into each worker.
-        data_path: passed to `reader.read()`.
+        data_path: passed to `reader.read()`; or shards, local or remote: a list of
+            paths and URLs, a glob on a backend that lists (`"s3://b/train/*.jsonl.gz"`,
+            `"/data/train-*.csv"`), a brace range (`"https://h/t-{000..255}.gz"`) or
+            `"manifest:URL"`. Local shards reach the reader as a list of paths; remote
+            ones as a `ShardFiles` (a sequence of local paths, each fetched through the
+            download manager when the reader comes to it). See `docs/howto/streaming.md`.
         batch_size: instances per batch (without a `batch_sampler`).
         drop_last: drop a final short batch (without a `batch_sampler`). In lazy mode
             each worker's last batch may be short.
@@ -93,6 +99,13 @@ class MultiProcessDataLoader(DataLoader):
         timeout: raise `WorkerError` if a worker sends nothing for this many seconds
             (fractions work). A reader that is slow but still producing instances
             sends progress messages, so only silence counts, not a slow batch.
+        cache_dir: the cache folder remote shards are fetched into (None: the download
+            manager's, `$FRAMEWORK_CACHE` or `~/.cache/framework`).
+        cache_limit: the most bytes (an int, or `"50GB"`) the dataset's fetched shards
+            may take there, beyond the shards being read or fetched; None: no bound.
+            The shard whose next use is farthest goes first; a shard any process is
+            reading is never removed. Too small for `prefetch` + 1 shards: `ConfigError`.
+        prefetch: remote shards each reading process fetches ahead of the one it reads.
 
     Failures never hang: reader, sampler, collator or `apply_token_indexers` code that
     raises while the data is read (in eager mode, at construction) ends iteration with
@@ -153,6 +166,9 @@ class MultiProcessDataLoader(DataLoader):
     even_batches: Setting[bool] = Setting()
     transfer: Setting[str] = Setting()
     timeout: Setting[Optional[float]] = Setting()
+    cache_dir: Setting[Optional[str]] = Setting(reads_data=True)
+    cache_limit: Setting[Optional[Union[int, str]]] = Setting(reads_data=True)
+    prefetch: Setting[int] = Setting(reads_data=True)
 
     def __init__(
         self,
@@ -176,6 +192,9 @@ class MultiProcessDataLoader(DataLoader):
         even_batches: bool = True,
         transfer: str = "pickle5",
         timeout: Optional[float] = None,
+        cache_dir: Optional[str] = None,
+        cache_limit: Optional[Union[int, str]] = None,
+        prefetch: int = 2,
     ) -> None:
         validate(
             batch_size=batch_size,
@@ -190,6 +209,8 @@ class MultiProcessDataLoader(DataLoader):
             transfer=transfer,
             timeout=timeout,
             cuda_device=cuda_device,
+            cache_limit=cache_limit,
+            prefetch=prefetch,
         )
         self._seed = seed
         self._settings = LoaderSettings(
@@ -209,7 +230,11 @@ class MultiProcessDataLoader(DataLoader):
             even_batches=even_batches,
             transfer=transfer,
             timeout=timeout,
+            cache_dir=None if cache_dir is None else os.fspath(cache_dir),
+            cache_limit=cache_limit,
+            prefetch=prefetch,
         )
+        self._settings.resolve()  # shards listed, budget checked: before any worker starts
         if cuda_device is not None:
             self.set_target_device(cuda_device)
         if pin_memory and not torch.cuda.is_available():
@@ -350,6 +375,7 @@ class MultiProcessDataLoader(DataLoader):
         and instances read with an old reader or data_path are read again."""
         self._pools.retire()
         if reads_data:
+            self._settings.resolve()
             self._cache.forget()
 
     def set_target_device(self, device: Union[int, str, torch.device]) -> None:

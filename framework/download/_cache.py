@@ -59,6 +59,7 @@ __all__ = [
     "read_small_file",
     "sidecar_of",
     "unique_token",
+    "use_of",
     "work_folder",
     "write_json_atomic",
 ]
@@ -75,6 +76,11 @@ def sidecar_of(final: Path) -> Path:
 def lock_of(final: Path) -> Path:
     """The lock file of an entry's published file."""
     return final.with_name(f"{final.name}.lock")
+
+
+def use_of(final: Path) -> Path:
+    """The file whose shared locks say an entry is being read (`framework.download._lock.UseLock`)."""
+    return final.with_name(f"{final.name}.use")
 
 
 def _pid_namespace() -> str:

@@ -14,6 +14,7 @@ process beats for every lock it holds: a small file's fetch starts no thread.
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import stat
@@ -38,7 +39,7 @@ from framework.download._cache import (
 )
 from framework.errors import LockTimeoutError
 
-__all__ = ["EntryLock", "LockKind", "WaitCancelled"]
+__all__ = ["EntryLock", "LockKind", "UseLock", "WaitCancelled"]
 
 LockKind = Literal["filelock", "softfilelock", "none"]
 logger = logging.getLogger("framework.download")
@@ -308,3 +309,55 @@ class _Heartbeats:
 
 
 _BEATS = _Heartbeats()
+
+
+class UseLock:
+    """Whether an entry is being read: readers hold a shared lock on its use file
+    (`use_of`) while they read it, and whoever removes the entry first takes the
+    exclusive lock without waiting, so a file in use is never removed.
+
+    `flock` locks belong to an open file, so two holds in one process conflict as two
+    processes' do, and the kernel drops them when a process dies: a crashed reader
+    leaves no stale hold. A use file that is not a regular file (planted) is never
+    opened: a reader then reads without the hold, and a removal does not happen."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fd: Optional[int] = None
+
+    def share(self) -> None:
+        """Hold the entry in use (waits while a removal holds it: milliseconds)."""
+        self._fd = self._open()
+        if self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_SH)
+
+    def exclusive(self) -> bool:
+        """Take the lock if no reader holds it; False (at once) when one does."""
+        self._fd = self._open()
+        if self._fd is None:
+            return False
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self.release()
+            return False
+        return True
+
+    def release(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)  # which drops the lock
+
+    def _open(self) -> Optional[int]:
+        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+        try:
+            fd = os.open(self.path, flags, 0o666)
+        except OSError:  # a planted link or FIFO, a read-only cache folder
+            return None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            return None
+        return fd
+
+    def __del__(self) -> None:
+        self.release()

@@ -45,10 +45,11 @@ from framework.download._cache import (
     read_metadata,
     sidecar_of,
     unique_token,
+    use_of,
     work_folder,
 )
 from framework.download._call import normalize
-from framework.download._lock import EntryLock, LockKind
+from framework.download._lock import EntryLock, LockKind, UseLock
 from framework.download._partial import PartialName, orphaned, ours
 from framework.errors import LockTimeoutError
 
@@ -156,14 +157,21 @@ def verify(entry: CacheEntry) -> Optional[str]:
 
 def remove(entry: CacheEntry, *, lock: LockKind = "filelock") -> bool:
     """Remove `entry` (its file, sidecar and extracted folder) unless another process
-    holds its lock or it was replaced since it was listed; whether it was removed."""
-    with _unlocked(entry.lock, entry.url, lock) as free:
-        if not free or _published(entry.path) != entry.identity:
-            return False
-        if entry.extracted is not None:
-            _remove_extracted(entry.extracted)
-        _unlink(entry.path)  # a miss from here on: see the module's docstring
-        _unlink(entry.sidecar)
+    holds its lock, a reader holds it in use (`UseLock`: a streamed shard being read)
+    or it was replaced since it was listed; whether it was removed."""
+    use = UseLock(use_of(entry.path))
+    if not use.exclusive():
+        return False
+    try:
+        with _unlocked(entry.lock, entry.url, lock) as free:
+            if not free or _published(entry.path) != entry.identity:
+                return False
+            if entry.extracted is not None:
+                _remove_extracted(entry.extracted)
+            _unlink(entry.path)  # a miss from here on: see the module's docstring
+            _unlink(entry.sidecar)
+    finally:
+        use.release()
     return True
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.download.conftest import http_server, s3_env, s3_server  # noqa: F401 (fixtures, streaming tests)
 from tests.support import ranks
 from tests.support.loader import child_pids, new_shm_entries, shm_entries
 

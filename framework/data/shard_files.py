@@ -1,0 +1,197 @@
+"""`ShardFiles`: what a reader reads when `data_path` names remote shards.
+
+The loader resolves a `data_path` that names many shards, or any remote one (a list,
+a glob on a backend that lists, a brace range, `manifest:URL`; see
+`framework.download.resolve_shards`), once, when it is built or the setting is
+assigned. Local files only: the reader gets the list of their paths, read in place.
+Any remote shard: it gets a `ShardFiles`, a sequence of local paths that fetches a
+shard (through the download manager: verified, one fetch per cache folder across
+processes) when the reader comes to it, while the next `prefetch` are fetched in the
+background, within `cache_limit` (`framework.download.streaming.ShardCache`).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Optional, Union, overload
+
+from framework.download import DownloadManager, Shard, resolve_shards
+from framework.download.shards import MANIFEST_PREFIX, expand_braces
+from framework.download.sizes import parse_size
+from framework.download.streaming import Held, ShardCache, budget_problem, local_path, shard_sizes
+from framework.errors import ConfigError
+
+__all__ = ["ShardFiles", "names_shards", "resolve_source"]
+
+
+class ShardFiles(Sequence[str]):
+    """The local paths of a streamed dataset's shards, fetched as a reader comes to them.
+
+    `files[i]` is shard `i`'s path once it is fetched and verified; asking for it also
+    starts fetching shards `i+1 .. i+prefetch` on threads, and holds shard `i` (no
+    process evicts it) until the reader asks for a later shard or the pass ends. Read
+    the shards in order, one at a time, as the built-in readers do; `urls` names them
+    without fetching anything. A fetch that fails raises `ShardError` naming the shard.
+
+    Picklable: a worker process sends nothing back and starts its own threads.
+    """
+
+    def __init__(
+        self,
+        shards: Sequence[Shard],
+        *,
+        cache_dir: Optional[str] = None,
+        cache_limit: Optional[int] = None,
+        prefetch: int = 2,
+    ) -> None:
+        self.shards = tuple(shards)
+        self.cache_dir = cache_dir
+        self.cache_limit = cache_limit
+        self.prefetch = prefetch
+        self._here: Optional[_Fetching] = None
+
+    @property
+    def urls(self) -> list[str]:
+        return [shard.url for shard in self.shards]
+
+    def __len__(self) -> int:
+        return len(self.shards)
+
+    @overload
+    def __getitem__(self, index: int) -> str: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[str]: ...
+
+    def __getitem__(self, index: Union[int, slice]) -> Union[str, Sequence[str]]:
+        if isinstance(index, slice):
+            return ShardFiles(
+                self.shards[index],
+                cache_dir=self.cache_dir,
+                cache_limit=self.cache_limit,
+                prefetch=self.prefetch,
+            )
+        count = len(self.shards)
+        if not -count <= index < count:
+            raise IndexError(f"shard index {index} out of range: there are {count} shards")
+        return self._fetching().path(index % count)
+
+    def __iter__(self) -> Iterator[str]:
+        for index in range(len(self.shards)):
+            yield self[index]
+
+    def close(self) -> None:
+        """Release every shard held and stop fetching ahead (the next item starts again)."""
+        here, self._here = self._here, None
+        if here is not None and here.pid == os.getpid():
+            here.close()
+
+    def __repr__(self) -> str:
+        shown = ", ".join(repr(url) for url in self.urls[:3])
+        more = f", ... ({len(self.shards)} shards)" if len(self.shards) > 3 else ""
+        return f"ShardFiles([{shown}{more}])"
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_here"] = None  # threads and held locks stay in the process that made them
+        return state
+
+    def __del__(self) -> None:
+        self.close()
+
+    def _fetching(self) -> _Fetching:
+        here = self._here
+        if here is None or here.pid != os.getpid():  # a forked worker starts its own
+            manager = DownloadManager(self.cache_dir, progress=False)
+            here = self._here = _Fetching(ShardCache(self.shards, manager, self.cache_limit), self.prefetch)
+        return here
+
+
+class _Fetching:
+    """A process's fetches of one `ShardFiles`: the shards held and being fetched."""
+
+    def __init__(self, cache: ShardCache, prefetch: int) -> None:
+        self.pid = os.getpid()
+        self.cache = cache
+        self.prefetch = prefetch
+        self.pool = ThreadPoolExecutor(prefetch + 1, thread_name_prefix="framework-shard-fetch")
+        self.wanted: dict[int, Future[Held]] = {}
+        self.lock = threading.Lock()
+
+    def path(self, index: int) -> str:
+        last = min(len(self.cache.shards), index + 1 + self.prefetch)
+        with self.lock:
+            for other in [other for other in self.wanted if not index <= other < last]:
+                _let_go(self.wanted.pop(other))  # read already, or not ahead any more
+            for ahead in range(index, last):
+                if ahead not in self.wanted:
+                    self.wanted[ahead] = self.pool.submit(self.cache.hold, ahead)
+            wanted = self.wanted[index]
+        try:
+            return wanted.result().path
+        except BaseException:
+            with self.lock:
+                if self.wanted.get(index) is wanted:
+                    del self.wanted[index]  # asked again, it is fetched again
+            raise
+
+    def close(self) -> None:
+        with self.lock:
+            wanted, self.wanted = self.wanted, {}
+        for future in wanted.values():
+            _let_go(future)
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _let_go(future: Future[Held]) -> None:
+    """Release a shard's hold now, or once its fetch ends; a fetch not started is dropped."""
+    if future.cancel():
+        return
+
+    def release(done: Future[Held]) -> None:
+        if not done.cancelled() and done.exception() is None:
+            done.result().release()
+
+    future.add_done_callback(release)
+
+
+def names_shards(data_path: Any) -> bool:
+    """Whether `data_path` is a shard spec the loader resolves (see the module): a URL
+    of a scheme other than `file`, a glob, a brace, `manifest:`, or a list holding one.
+    A local path that exists is a file of its own, whatever characters it holds."""
+    if isinstance(data_path, list):
+        return any(names_shards(item) for item in data_path)
+    if not isinstance(data_path, (str, os.PathLike)):
+        return False
+    text = os.fspath(data_path)
+    if not isinstance(text, str) or (local_path(text) == text and os.path.exists(text)):
+        return False
+    if text.startswith(MANIFEST_PREFIX) or local_path(text) is None:
+        return True
+    return any(mark in text for mark in "*?[") or expand_braces(text) != [text]
+
+
+def resolve_source(
+    data_path: Any, cache_dir: Optional[str], cache_limit: Optional[Union[int, str]], prefetch: int
+) -> Any:
+    """What `reader.read()` gets for `data_path`: `data_path` itself unless it names
+    shards (`names_shards`); the local paths when every shard is local; else a
+    `ShardFiles`. Raises `ConfigError` for a `cache_limit` that cannot hold a
+    reader's shard and the `prefetch` ahead of it, and the errors of
+    `resolve_shards` (`ShardSpecError`, `ListingUnsupportedError`, `DownloadError`)."""
+    if not names_shards(data_path):
+        return data_path
+    manager = DownloadManager(cache_dir, progress=False)
+    shards = resolve_shards(data_path, manager)
+    local = [local_path(shard.url) for shard in shards]
+    if all(path is not None for path in local):
+        return [str(path) for path in local]
+    limit = None if cache_limit is None else parse_size(cache_limit)
+    if limit is not None:
+        problem = budget_problem(shard_sizes(shards, manager), limit, prefetch)
+        if problem is not None:
+            raise ConfigError("cache_limit", problem)
+    return ShardFiles(shards, cache_dir=cache_dir, cache_limit=limit, prefetch=prefetch)

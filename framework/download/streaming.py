@@ -1,0 +1,184 @@
+"""`ShardCache`: a streamed dataset's shards passing through a cache folder within a
+disk budget.
+
+A process that reads shard `i` holds it (`hold`): a shared lock on the entry's use
+file (`UseLock`) for as long as it reads, taken *before* the entry is looked up, so a
+removal (which takes the exclusive lock without waiting) cannot come between the
+lookup and the open. Before a shard is fetched, and again once it is published, the
+dataset's published shards are trimmed to `limit`: the shard whose next use is
+farthest away goes first. Shards are read in the dataset's order every epoch, so seen
+from shard `i` the next use of shard `j` is `(j - i) mod n` shards away; least
+recently used would instead evict exactly the shards the next epoch reads first, and
+fetch the whole dataset again every epoch whenever the budget is smaller than it.
+Shards held by any process, and local files (which have no remote to fetch them from
+again), are never removed.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Optional
+from urllib.parse import urlsplit
+from urllib.request import url2pathname
+
+import attrs
+
+from framework.download._cache import Entry, use_of
+from framework.download._call import normalize
+from framework.download._lock import UseLock
+from framework.download._schemes import split_scheme
+from framework.download.inventory import entry_for, remove
+from framework.download.manager import DownloadManager
+from framework.download.shards import Shard
+from framework.download.sizes import format_size
+from framework.errors import DownloadError, ShardError
+
+__all__ = ["Held", "ShardCache", "budget_problem", "local_path", "shard_sizes"]
+
+_STATS = 16  # threads asking a server for shard sizes at once
+
+
+def local_path(url: str) -> Optional[str]:
+    """The local file a plain path or a `file://` URL of this host names; None for a
+    URL a backend fetches."""
+    scheme = split_scheme(url)
+    if scheme is None:
+        return url
+    parts = urlsplit(url)
+    if scheme == "file" and parts.netloc in ("", "localhost"):
+        return url2pathname(parts.path)
+    return None
+
+
+@attrs.define
+class Held:
+    """A shard's local path, held in use until `release` (a local file holds nothing)."""
+
+    path: str
+    use: Optional[UseLock] = None
+
+    def release(self) -> None:
+        if self.use is not None:
+            self.use.release()
+
+
+class ShardCache:
+    """Fetches and holds a dataset's shards in `manager`'s cache folder, keeping the
+    bytes of the published ones within `limit` (None: no bound). See the module."""
+
+    def __init__(
+        self, shards: Sequence[Shard], manager: DownloadManager, limit: Optional[int] = None
+    ) -> None:
+        self.shards = tuple(shards)
+        self.manager = manager
+        self.limit = limit
+        root = manager.cache_dir
+        self._entries = [
+            None if local_path(shard.url) is not None else Entry(root, normalize(shard.url))
+            for shard in self.shards
+        ]
+
+    def hold(self, index: int) -> Held:
+        """Shard `index`'s local path, fetched and verified if it is not cached, and held
+        in use until the `Held` is released.
+
+        Raises:
+            ShardError: the fetch failed (a 404, a checksum or size that does not
+                match the manifest's, offline and not cached); its `__cause__` says how.
+        """
+        shard = self.shards[index]
+        entry = self._entries[index]
+        if entry is None:
+            return Held(str(local_path(shard.url)))
+        use = UseLock(use_of(entry.final))
+        use.share()  # before the lookup: no removal can come between it and the read
+        try:
+            if self.limit is not None and not os.path.lexists(entry.final):
+                self._trim(index, shard.size or 0)
+            path = self.manager.cached_path(shard.url, sha256=shard.sha256, progress=False)
+            size = os.stat(path).st_size
+            if shard.size is not None and size != shard.size:
+                raise DownloadError(shard.url, f"{size} bytes, where the manifest says {shard.size}")
+            if self.limit is not None:
+                self._trim(index, 0)
+        except DownloadError as error:
+            use.release()
+            raise ShardError(shard.url, index, len(self.shards), error) from error
+        except BaseException:
+            use.release()
+            raise
+        return Held(str(path), use)
+
+    def _trim(self, position: int, incoming: int) -> None:
+        """Remove published shards, farthest next use first, until they and `incoming`
+        bytes fit in `limit`, skipping the ones a process holds."""
+        assert self.limit is not None
+        count = len(self.shards)
+        published: list[tuple[int, int, int]] = []  # (distance to next use, index, bytes)
+        total = 0
+        for index, entry in enumerate(self._entries):
+            if entry is None:
+                continue
+            try:
+                size = os.lstat(entry.final).st_size
+            except OSError:
+                continue
+            total += size
+            published.append(((index - position) % count, index, size))
+        if total + incoming <= self.limit:
+            return
+        for _distance, index, _size in sorted(published, reverse=True):
+            entry = self._entries[index]
+            assert entry is not None
+            found = entry_for(self.manager.cache_dir, self.shards[index].url)
+            if index == position or found is None:
+                continue
+            if remove(found, lock=self.manager.lock):
+                total -= found.total
+                if total + incoming <= self.limit:
+                    return
+
+
+def shard_sizes(shards: Sequence[Shard], manager: DownloadManager) -> list[Optional[int]]:
+    """Each shard's size in bytes: the manifest's or listing's, a cached copy's, else
+    the backend's `stat` (asked for on threads; None offline, or when it cannot say)."""
+    sizes: list[Optional[int]] = []
+    unknown: list[int] = []
+    for index, shard in enumerate(shards):
+        local = local_path(shard.url)
+        size = shard.size
+        if size is None and local is not None:
+            size = os.path.getsize(local) if os.path.isfile(local) else None
+        elif size is None:
+            found = entry_for(manager.cache_dir, shard.url)
+            size = found.size if found is not None else None
+            if size is None and not manager.offline:
+                unknown.append(index)
+        sizes.append(size)
+
+    def stat(index: int) -> Optional[int]:
+        url = shards[index].url
+        return manager.backend_for(url).stat(url).size
+
+    with ThreadPoolExecutor(_STATS, thread_name_prefix="framework-shard-stat") as pool:
+        for index, size in zip(unknown, pool.map(stat, unknown)):
+            sizes[index] = size
+    return sizes
+
+
+def budget_problem(sizes: Sequence[Optional[int]], limit: int, prefetch: int) -> Optional[str]:
+    """Why `limit` bytes cannot hold a reader's shard and the `prefetch` after it
+    (None: it can, or the sizes are unknown)."""
+    known = sorted((size for size in sizes if size is not None), reverse=True)
+    if not known:
+        return None
+    need = sum(known[: prefetch + 1])
+    if limit >= need:
+        return None
+    return (
+        f"cache_limit {format_size(limit)} cannot hold the shard being read and the {prefetch} "
+        f"fetched ahead of it (prefetch={prefetch}): the largest {prefetch + 1} shards take "
+        f"{format_size(need)}. Raise cache_limit to at least {format_size(need)}, or lower prefetch"
+    )

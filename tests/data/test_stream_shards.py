@@ -1,0 +1,289 @@
+"""A `data_path` naming many remote shards: streamed through the download manager into
+the loader (`framework.data.shard_files`, `framework.download.streaming`), against the
+real HTTP test server and moto's S3 server, with real workers and gloo ranks."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from framework import DatasetReader, MultiProcessDataLoader
+from framework.data import ShardFiles
+from framework.data.shard_files import names_shards
+from framework.download import DownloadManager
+from framework.download._cache import Entry, use_of
+from framework.download._call import normalize
+from framework.download._lock import UseLock
+from framework.download.inventory import entry_for, prune
+from framework.errors import ChecksumError, ConfigError, HTTPStatusError, ShardError, WorkerError
+from tests.support.download import FaultServer, sha256
+from tests.support.ranks import free_port, start_ranks
+from tests.support.streaming import all_ids, published_bytes, sampled, shard_bytes, stream_rank
+
+pytestmark = pytest.mark.timeout(120)
+
+SHARDS = 200
+RECORDS = 20
+
+
+def serve(
+    server: FaultServer, name: str, shards: int = SHARDS, records: int = RECORDS, pad: int = 0
+) -> list[str]:
+    """`shards` jsonl.gz shards under /`name`/; their URLs."""
+    return [
+        server.add(f"/{name}/train-{index:05d}.jsonl.gz", shard_bytes(index, records, pad))
+        for index in range(shards)
+    ]
+
+
+def brace(server: FaultServer, name: str, shards: int = SHARDS) -> str:
+    return f"{server.base}/{name}/train-{{00000..{shards - 1:05d}}}.jsonl.gz"
+
+
+def gets(server: FaultServer, name: str) -> int:
+    return sum(route.gets for path, route in server.routes.items() if path.startswith(f"/{name}/"))
+
+
+def fetched(server: FaultServer, name: str) -> int:
+    return sum(route.body_bytes for path, route in server.routes.items() if path.startswith(f"/{name}/"))
+
+
+def loader(data_path: Any, cache: Path, **options: Any) -> MultiProcessDataLoader:
+    options = {"batch_size": 8, "max_instances_in_memory": 32, "quiet": True, "seed": 0, **options}
+    return MultiProcessDataLoader(
+        DatasetReader.by_name("jsonl")(), data_path, cache_dir=str(cache), **options
+    )
+
+
+def ids_of(batches: Any) -> list[int]:
+    return [i for batch in batches for i in batch["id"].tolist()]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_every_record_once_from_a_brace_range_of_200_http_shards(
+    http_server: FaultServer, tmp_path: Path, workers: int
+) -> None:
+    name = f"once{workers}"
+    serve(http_server, name)
+    streamed = loader(brace(http_server, name), tmp_path / "cache", num_workers=workers, shuffle=True)
+    assert isinstance(streamed._settings.source, ShardFiles)
+    ids = ids_of(streamed)
+    assert sorted(ids) == all_ids(SHARDS, RECORDS)
+    assert gets(http_server, name) == SHARDS  # one fetch per shard, whatever the workers
+
+
+def test_a_manifest_with_sha256_and_size_streams_and_checks_them(
+    http_server: FaultServer, tmp_path: Path
+) -> None:
+    urls = serve(http_server, "manifest", shards=20)
+    lines = [
+        f"{url}\t{sha256(http_server.routes[url[len(http_server.base) :]].data)}\t"
+        f"{len(http_server.routes[url[len(http_server.base) :]].data)}"
+        for url in urls
+    ]
+    manifest = http_server.add("/manifest/list.tsv", ("\n".join(lines) + "\n").encode())
+    ids = ids_of(loader(f"manifest:{manifest}", tmp_path / "cache", num_workers=2))
+    assert sorted(ids) == all_ids(20, RECORDS)
+
+
+def test_a_wrong_sha256_mid_epoch_is_a_worker_error_naming_the_shard_and_publishes_nothing(
+    http_server: FaultServer, tmp_path: Path
+) -> None:
+    urls = serve(http_server, "badsum", shards=12)
+    lines = [f"{url}\t{sha256(http_server.routes[url[len(http_server.base) :]].data)}" for url in urls]
+    lines[7] = f"{urls[7]}\t{'0' * 64}"
+    manifest = http_server.add("/badsum/list.tsv", ("\n".join(lines) + "\n").encode())
+    cache = tmp_path / "cache"
+    with pytest.raises(WorkerError) as raised:
+        ids_of(loader(f"manifest:{manifest}", cache, num_workers=2))
+    assert "shard 8 of 12" in str(raised.value) and urls[7] in str(raised.value)
+    assert isinstance(raised.value.__cause__, ShardError)
+    assert isinstance(raised.value.__cause__.cause, ChecksumError)
+    assert not Entry(cache, normalize(urls[7])).final.exists()
+
+
+def test_a_404_mid_epoch_is_a_worker_error_naming_the_shard(http_server: FaultServer, tmp_path: Path) -> None:
+    serve(http_server, "gone", shards=12)
+    http_server.routes["/gone/train-00005.jsonl.gz"].status = 404
+    for workers in (0, 2):
+        with pytest.raises(WorkerError) as raised:
+            ids_of(loader(brace(http_server, "gone", 12), tmp_path / f"cache{workers}", num_workers=workers))
+        assert "shard 6 of 12" in str(raised.value) and "train-00005" in str(raised.value)
+        cause = raised.value.__cause__
+        assert isinstance(cause, ShardError) and isinstance(cause.cause, HTTPStatusError)
+
+
+def test_the_disk_stays_within_cache_limit_and_a_second_epoch_fetches_under_0_8(
+    http_server: FaultServer, tmp_path: Path
+) -> None:
+    urls = serve(http_server, "budget", shards=40, records=8, pad=4000)  # about 32 KiB a shard
+    size = max(len(http_server.routes[url[len(http_server.base) :]].data) for url in urls)
+    dataset = sum(len(http_server.routes[url[len(http_server.base) :]].data) for url in urls)
+    cache = tmp_path / "cache"
+    limit = dataset // 4
+    streamed = loader(brace(http_server, "budget", 40), cache, num_workers=2, cache_limit=limit, prefetch=2)
+    with sampled(cache, urls) as samples:
+        first = ids_of(streamed)
+        after_first = fetched(http_server, "budget")
+        second = ids_of(streamed)
+    assert sorted(first) == sorted(second) == all_ids(40, 8)
+    assert after_first >= dataset
+    # What may be over the limit: each of the 2 workers' shard and the 2 it fetches ahead.
+    assert max(samples) <= limit + 2 * 3 * size, (max(samples), limit)
+    assert published_bytes(cache, urls) <= limit + 2 * 3 * size
+    assert fetched(http_server, "budget") - after_first <= 0.8 * dataset
+
+
+def test_a_shard_held_in_use_by_another_process_is_never_evicted(
+    http_server: FaultServer, tmp_path: Path
+) -> None:
+    urls = serve(http_server, "held", shards=16, records=8, pad=4000)
+    cache = tmp_path / "cache"
+    DownloadManager(cache, progress=False).cached_path(urls[3])
+    held = UseLock(use_of(Entry(cache, normalize(urls[3])).final))
+    held.share()  # as a reader in another process holds it (flock: per open file)
+    try:
+        size = len(http_server.routes["/held/train-00003.jsonl.gz"].data)
+        ids = ids_of(
+            loader(brace(http_server, "held", 16), cache, num_workers=2, cache_limit=4 * size, prefetch=1)
+        )
+        assert sorted(ids) == all_ids(16, 8)
+        assert Entry(cache, normalize(urls[3])).final.exists()
+        assert prune(cache, 0).skipped  # nor does `framework cache prune`
+        assert Entry(cache, normalize(urls[3])).final.exists()
+    finally:
+        held.release()
+    assert entry_for(cache, urls[3]) is not None
+    prune(cache, 0)
+    assert not Entry(cache, normalize(urls[3])).final.exists()  # released: removable
+
+
+def test_a_budget_too_small_for_prefetch_is_refused_before_anything_runs(
+    http_server: FaultServer, tmp_path: Path
+) -> None:
+    urls = serve(http_server, "small", shards=10, records=8, pad=4000)
+    size = max(len(http_server.routes[url[len(http_server.base) :]].data) for url in urls)
+    with pytest.raises(ConfigError) as raised:
+        loader(
+            brace(http_server, "small", 10),
+            tmp_path / "cache",
+            num_workers=2,
+            cache_limit=2 * size,
+            prefetch=2,
+        )
+    assert raised.value.path == "cache_limit" and "prefetch" in str(raised.value)
+    assert gets(http_server, "small") == 0  # sizes from HEAD: no shard was fetched
+    with pytest.raises(ConfigError, match="prefetch"):
+        loader(brace(http_server, "small", 10), tmp_path / "cache", prefetch=-1)
+    with pytest.raises(ConfigError, match="cache_limit"):
+        loader(brace(http_server, "small", 10), tmp_path / "cache", cache_limit="lots")
+
+
+def test_offline_with_every_shard_cached_reads_without_a_request(
+    http_server: FaultServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    serve(http_server, "offline", shards=30)
+    cache = tmp_path / "cache"
+    first = ids_of(loader(brace(http_server, "offline", 30), cache, num_workers=2))
+    requests = gets(http_server, "offline")
+    monkeypatch.setenv("FRAMEWORK_OFFLINE", "1")
+    second = ids_of(loader(brace(http_server, "offline", 30), cache, num_workers=2))
+    assert sorted(first) == sorted(second) == all_ids(30, RECORDS)
+    assert gets(http_server, "offline") == requests
+
+
+def test_resume_mid_epoch_with_other_num_workers_is_exactly_once(
+    http_server: FaultServer, tmp_path: Path
+) -> None:
+    serve(http_server, "resume", shards=40)
+    cache = tmp_path / "cache"
+    first = loader(brace(http_server, "resume", 40), cache, num_workers=2, shuffle=True)
+    seen: list[int] = []
+    for count, batch in enumerate(first, 1):
+        seen += batch["id"].tolist()
+        if count == 37:
+            state = first.state_dict()
+            break
+    again = loader(brace(http_server, "resume", 40), cache, num_workers=1, shuffle=True)
+    again.load_state_dict(json.loads(json.dumps(state)))
+    seen += ids_of(again)
+    assert sorted(seen) == all_ids(40, RECORDS)
+
+
+def test_s3_glob_over_2_ranks_of_2_workers_then_resumed_on_1_rank(s3_env: str, tmp_path: Path) -> None:
+    import boto3
+
+    client = boto3.client("s3")
+    bucket = f"stream-{os.getpid()}-{os.urandom(3).hex()}"
+    client.create_bucket(Bucket=bucket)
+
+    def put(index: int) -> None:
+        client.put_object(
+            Bucket=bucket, Key=f"train/part-{index:05d}.jsonl.gz", Body=shard_bytes(index, RECORDS)
+        )
+
+    threads = [threading.Thread(target=put, args=(index,)) for index in range(SHARDS)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    spec = f"s3://{bucket}/train/*.jsonl.gz"
+    cache = str(tmp_path / "cache")
+    whole, part, rest = tmp_path / "whole", tmp_path / "part", tmp_path / "rest"
+    for folder in (whole, part, rest):
+        folder.mkdir()
+    start_ranks(stream_rank, (2, free_port(), str(whole), spec, cache, 2, None, None), 2)
+    ranks = [json.loads((whole / f"rank{rank}.json").read_text())["ids"] for rank in range(2)]
+    assert not set(ranks[0]) & set(ranks[1])
+    assert sorted(ranks[0] + ranks[1]) == all_ids(SHARDS, RECORDS)
+    # Cut at batch 30 on 2 ranks of 2 workers, resumed on 1 rank of 1 worker.
+    start_ranks(stream_rank, (2, free_port(), str(part), spec, cache, 2, 30, None), 2)
+    saved = [json.loads((part / f"rank{rank}.json").read_text()) for rank in range(2)]
+    (part / "state.json").write_text(json.dumps(saved[0]["state"]))
+    start_ranks(stream_rank, (1, free_port(), str(rest), spec, cache, 1, None, str(part / "state.json")), 1)
+    resumed = json.loads((rest / "rank0.json").read_text())["ids"]
+    assert sorted(saved[0]["ids"] + saved[1]["ids"] + resumed) == all_ids(SHARDS, RECORDS)
+
+
+def test_what_names_shards(tmp_path: Path) -> None:
+    odd = tmp_path / "data[1].jsonl"
+    odd.write_text('{"id": 1}\n')
+    assert not names_shards(str(odd))  # a file that exists is itself, brackets and all
+    assert not names_shards(str(tmp_path / "plain.jsonl")) and not names_shards([str(odd)])
+    assert names_shards("https://host/a.jsonl") and names_shards(["x.jsonl", "s3://b/k"])
+    assert names_shards(str(tmp_path / "part-*.jsonl")) and names_shards("d/{a,b}.jsonl")
+    assert names_shards("manifest:list.txt") and not names_shards({"a": 1})
+
+
+def test_a_local_glob_reaches_the_reader_as_a_list_of_paths(tmp_path: Path) -> None:
+    for index in range(3):
+        (tmp_path / f"part-{index}.jsonl").write_text(
+            "".join(f'{{"id": {index * 10 + k}}}\n' for k in range(4))
+        )
+    local = loader(str(tmp_path / "part-*.jsonl"), tmp_path / "cache", num_workers=0)
+    assert local._settings.source == [str(tmp_path / f"part-{index}.jsonl") for index in range(3)]
+    assert sorted(ids_of(local)) == [index * 10 + k for index in range(3) for k in range(4)]
+    assert not (tmp_path / "cache").exists()  # read in place, never copied
+
+
+def test_from_config_takes_a_url_and_the_streaming_keys(http_server: FaultServer, tmp_path: Path) -> None:
+    from framework.data import DataLoader
+
+    serve(http_server, "config", shards=3)
+    built = DataLoader.from_config(
+        {
+            "type": "multiprocess",
+            "batch_size": 4,
+            "cache_dir": str(tmp_path / "c"),
+            "cache_limit": "1MB",
+            "prefetch": 1,
+        },
+        reader=DatasetReader.by_name("jsonl")(),
+        data_path=f"{http_server.base}/config/train-00001.jsonl.gz",
+    )
+    assert sorted(ids_of(built)) == [1000 + k for k in range(RECORDS)]

@@ -1,0 +1,118 @@
+"""Streamed-shard datasets for the loader's streaming tests: shards of jsonl.gz on the
+fault-injecting HTTP server or in moto's S3, and a rank entry point that reads them
+under a gloo group (importable by module name, for spawned ranks)."""
+
+from __future__ import annotations
+
+import faulthandler
+import gzip
+import json
+import os
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Optional
+
+from framework.download._cache import Entry
+from framework.download._call import normalize
+
+
+def shard_bytes(shard: int, records: int, pad: int = 0) -> bytes:
+    """Shard `shard`'s jsonl.gz: records with ids `shard * 1000 + k`; `pad` bytes of
+    random text in each record make it that much larger (random: gzip cannot shrink it)."""
+    lines = []
+    for k in range(records):
+        record: dict[str, Any] = {"id": shard * 1000 + k}
+        if pad:
+            record["pad"] = os.urandom(pad // 2).hex()
+        lines.append(json.dumps(record) + "\n")
+    return gzip.compress("".join(lines).encode(), mtime=0)
+
+
+def all_ids(shards: int, records: int) -> list[int]:
+    return [shard * 1000 + k for shard in range(shards) for k in range(records)]
+
+
+def published_bytes(cache: Path, urls: list[str]) -> int:
+    """The bytes of the shards of `urls` published in `cache` now."""
+    total = 0
+    for url in urls:
+        try:
+            total += os.lstat(Entry(cache, normalize(url)).final).st_size
+        except OSError:
+            pass
+    return total
+
+
+@contextmanager
+def sampled(cache: Path, urls: list[str], every: float = 0.005) -> Iterator[list[int]]:
+    """Samples of `published_bytes`, taken on a thread while the block runs."""
+    samples: list[int] = []
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            samples.append(published_bytes(cache, urls))
+            done.wait(every)
+
+    thread = threading.Thread(target=sample, daemon=True)
+    thread.start()
+    try:
+        yield samples
+    finally:
+        done.set()
+        thread.join()
+
+
+def stream_rank(
+    rank: int,
+    world: int,
+    port: int,
+    out_dir: str,
+    data_path: Any,
+    cache_dir: str,
+    workers: int,
+    take: Optional[int],
+    state_in: Optional[str],
+) -> None:
+    """One rank of a gloo group reading `data_path` with `workers` workers: its ids, and,
+    after `take` batches (None: the whole epoch), the loader's state, into
+    `rank{rank}.json`. With `state_in` it first loads that state."""
+    import torch.distributed as dist
+
+    from framework import DatasetReader, MultiProcessDataLoader
+
+    faulthandler.dump_traceback_later(100, exit=True)
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        world_size=world,
+        rank=rank,
+        timeout=timedelta(seconds=60),
+    )
+    try:
+        loader = MultiProcessDataLoader(
+            DatasetReader.by_name("jsonl")(),
+            data_path,
+            batch_size=8,
+            shuffle=True,
+            seed=3,
+            num_workers=workers,
+            max_instances_in_memory=32,
+            cache_dir=cache_dir,
+            quiet=True,
+        )
+        if state_in is not None:
+            loader.load_state_dict(json.loads(Path(state_in).read_text()))
+        ids: list[int] = []
+        state = None
+        for count, batch in enumerate(loader, 1):
+            ids += batch["id"].tolist()
+            if take is not None and count == take:
+                state = loader.state_dict()
+                break
+        Path(out_dir, f"rank{rank}.json").write_text(json.dumps({"ids": ids, "state": state}))
+    finally:
+        dist.destroy_process_group()

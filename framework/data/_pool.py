@@ -214,6 +214,7 @@ class WorkerPool:
         rank: int = 0,
         world: int = 1,
         prepare: Optional[Callable[[Union[Batch, Instances]], Any]] = None,
+        source: Any = None,
     ) -> Iterator[Any]:
         """Yield the `Batch` or `Instances` messages of one pass, round-robin from `position`.
 
@@ -234,6 +235,7 @@ class WorkerPool:
                     slots,
                     position.base,
                     position.points[worker_id],
+                    source,
                 )
                 self._command(worker_id, start)
         bars = self._bars(kind)

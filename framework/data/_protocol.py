@@ -46,6 +46,7 @@ class Start:
     slots: int
     base: Consumed  # records the epoch yielded before this pass (an elastic resume)
     point: Optional[Point]  # where to restart (resuming); None: from the start
+    source: Any = None  # what the reader reads this pass, when not the spec's (shards in epoch order)
 
 
 @dataclass(frozen=True, slots=True)

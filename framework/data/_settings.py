@@ -27,7 +27,7 @@ from framework.data.reader import (
     DistributedInfo,
     current_distributed_info,
 )
-from framework.data.shard_files import resolve_source
+from framework.data.shard_files import ShardFiles, resolve_source
 
 __all__ = ["LoaderSettings", "PlanSetting", "Setting"]
 
@@ -63,12 +63,24 @@ class LoaderSettings:
     prefetch: int = 2  # shards fetched ahead of the one being read
     # What `reader.read()` gets: `data_path`, or the shards it names (`resolve`).
     source: Any = None
+    shard_seed: int = 0  # the seed given (0 without one): every rank orders shards alike
 
     def resolve(self) -> None:
         """Resolve `data_path` into `source` (see `framework.data.shard_files`):
         listings and a manifest are read here, once, and a `cache_limit` too small for
         `prefetch` is a `ConfigError` here, before any worker starts."""
         self.source = resolve_source(self.data_path, self.cache_dir, self.cache_limit, self.prefetch)
+
+    def source_for(self, epoch: int) -> Any:
+        """What the reader reads in lazy epoch `epoch`: streamed shards in an order
+        shuffled per epoch when the loader (or its sampler) shuffles, so each epoch's
+        chunks mix other shards. Every rank and worker derives the same order."""
+        source = self.source
+        sampler = self.plan.batch_sampler
+        shuffles = self.plan.shuffle or bool(getattr(sampler, "shuffle", False))
+        if isinstance(source, ShardFiles) and shuffles:
+            return source.in_epoch_order(self.shard_seed, epoch)
+        return source
 
     @property
     def hook_overridden(self) -> bool:

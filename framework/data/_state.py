@@ -35,6 +35,7 @@ from framework.data._shards import (
     sample_digests,
 )
 from framework.data.reader import current_distributed_info
+from framework.data.shard_files import ShardFiles
 from framework.errors import ResumeError
 
 __all__ = [
@@ -243,7 +244,9 @@ def saved_settings(settings: LoaderSettings) -> dict[str, Any]:
     """What a saved state is valid for: the same data, batched the same way."""
     plan = settings.plan
     sampler = plan.batch_sampler
+    streamed = {"shard_seed": settings.shard_seed} if isinstance(settings.source, ShardFiles) else {}
     return {
+        **streamed,  # streamed shards: the seed orders them, so a resume needs the same one
         "lazy": plan.max_instances_in_memory is not None,
         "max_instances_in_memory": plan.max_instances_in_memory,
         "batch_size": plan.batch_size,

@@ -66,7 +66,8 @@ def lazy_pass_in_workers(
         with UserCode():  # the pool's own errors are WorkerErrors already
             # The pool counts a batch once `prepared` made it: one whose hook or
             # collator raised is not counted, and a resume makes it again.
-            yield from pool.run(position, "batches", settings.timeout, rank, world, settings.prepared)
+            source = settings.source_for(position.epoch)
+            yield from pool.run(position, "batches", settings.timeout, rank, world, settings.prepared, source)
         finished = True
     finally:
         pools.release(pool, finished)
@@ -96,7 +97,9 @@ def lazy_pass_in_process(settings: LoaderSettings, position: Position) -> Iterat
     plain = draws_nothing(settings.collate_fn) and not hook
 
     def collated() -> Iterator[tuple[list[Optional[int]], Any, Any]]:
-        stream = slot_batches(counting, settings.source, settings.plan, worker_seed, shards, start, reseed)
+        stream = slot_batches(
+            counting, settings.source_for(position.epoch), settings.plan, worker_seed, shards, start, reseed
+        )
         for instances, indexes, point in stream:
             if plain:
                 yield indexes, point, settings.collate_fn(instances)

@@ -206,7 +206,8 @@ def _serve_instances(spec: WorkerSpec, fd: int, control: Connection, command: St
     sender = _Sender(spec, fd, control)
     shards = ShardPlan(command.slot, command.slots, command.base)
     spec.reader._set_shard_plan(shards)
-    pairs = ((x, shards.take()) for x in sender.counted(spec.reader.read(spec.data_path)))
+    data = spec.data_path if command.source is None else command.source
+    pairs = ((x, shards.take()) for x in sender.counted(spec.reader.read(data)))
     for chunk in groups_of(pairs, INSTANCE_CHUNK):
         sender.check_stop()
         sender.send(Instances([x for x, _ in chunk], [i for _, i in chunk]), "instance")
@@ -221,7 +222,7 @@ def _serve_batches(spec: WorkerSpec, fd: int, control: Connection, command: Star
     spec.reader._set_shard_plan(shards)
     batches = slot_batches(
         _Counting(spec.reader, sender),
-        spec.data_path,
+        spec.data_path if command.source is None else command.source,
         spec.plan,
         command.seed,
         shards,

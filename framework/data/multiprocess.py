@@ -47,6 +47,7 @@ from framework.data.collate import DataCollator, DefaultDataCollator
 from framework.data.loader import DataLoader, TensorDict
 from framework.data.reader import DatasetReader, DatasetReaderInput, DistributedInfo, Instance
 from framework.data.sampler import BatchSampler
+from framework.data.shard_files import ShardFiles
 
 __all__ = ["MultiProcessDataLoader"]
 
@@ -233,6 +234,7 @@ class MultiProcessDataLoader(DataLoader):
             cache_dir=None if cache_dir is None else os.fspath(cache_dir),
             cache_limit=cache_limit,
             prefetch=prefetch,
+            shard_seed=0 if seed is None else seed,
         )
         self._settings.resolve()  # shards listed, budget checked: before any worker starts
         if cuda_device is not None:
@@ -257,8 +259,14 @@ class MultiProcessDataLoader(DataLoader):
 
     @seed.setter
     def seed(self, seed: Optional[int]) -> None:
+        if isinstance(self._settings.source, ShardFiles) and self._progress.mid_epoch():
+            raise ValueError(
+                "seed cannot change in the middle of an epoch of streamed shards: it orders "
+                "the shards the epoch under way reads. Assign it between epochs"
+            )
         self._seed = seed
         self._settings.seed = unseeded_seed() if seed is None else seed
+        self._settings.shard_seed = 0 if seed is None else seed
 
     @property
     def cuda_device(self) -> Optional[torch.device]:

@@ -13,15 +13,18 @@ background, within `cache_limit` (`framework.download.streaming.ShardCache`).
 from __future__ import annotations
 
 import os
+import random
 import threading
 from collections.abc import Iterator, Sequence
+from collections.abc import Set as AbstractSet
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Optional, Union, overload
 
+from framework.data._batching import derive_seed
 from framework.download import DownloadManager, Shard, resolve_shards
 from framework.download.shards import MANIFEST_PREFIX, expand_braces
 from framework.download.sizes import parse_size
-from framework.download.streaming import Held, ShardCache, budget_problem, local_path, shard_sizes
+from framework.download.streaming import Held, Ranking, ShardCache, budget_problem, local_path, shard_sizes
 from framework.errors import ConfigError
 
 __all__ = ["ShardFiles", "names_shards", "resolve_source"]
@@ -51,11 +54,25 @@ class ShardFiles(Sequence[str]):
         self.cache_dir = cache_dir
         self.cache_limit = cache_limit
         self.prefetch = prefetch
+        # Item i is shard order[i]; `upcoming` is the next epoch's order (for eviction).
+        self.order: tuple[int, ...] = tuple(range(len(self.shards)))
+        self.upcoming: tuple[int, ...] = self.order
         self._here: Optional[_Fetching] = None
+
+    def in_epoch_order(self, seed: int, epoch: int) -> ShardFiles:
+        """The same shards in epoch `epoch`'s order: shuffled by `seed` and the epoch, the
+        same in every process and every run."""
+        view = ShardFiles(
+            self.shards, cache_dir=self.cache_dir, cache_limit=self.cache_limit, prefetch=self.prefetch
+        )
+        view.order = _shuffled(len(self.shards), seed, epoch)
+        view.upcoming = _shuffled(len(self.shards), seed, epoch + 1)
+        return view
 
     @property
     def urls(self) -> list[str]:
-        return [shard.url for shard in self.shards]
+        """The shards' URLs, in the order read."""
+        return [self.shards[index].url for index in self.order]
 
     def __len__(self) -> int:
         return len(self.shards)
@@ -69,7 +86,7 @@ class ShardFiles(Sequence[str]):
     def __getitem__(self, index: Union[int, slice]) -> Union[str, Sequence[str]]:
         if isinstance(index, slice):
             return ShardFiles(
-                self.shards[index],
+                [self.shards[i] for i in self.order[index]],
                 cache_dir=self.cache_dir,
                 cache_limit=self.cache_limit,
                 prefetch=self.prefetch,
@@ -106,29 +123,62 @@ class ShardFiles(Sequence[str]):
         here = self._here
         if here is None or here.pid != os.getpid():  # a forked worker starts its own
             manager = DownloadManager(self.cache_dir, progress=False)
-            here = self._here = _Fetching(ShardCache(self.shards, manager, self.cache_limit), self.prefetch)
+            cache = ShardCache(self.shards, manager, self.cache_limit)
+            here = self._here = _Fetching(cache, self.order, self.upcoming, self.prefetch)
         return here
 
 
 class _Fetching:
-    """A process's fetches of one `ShardFiles`: the shards held and being fetched."""
+    """A process's fetches of one `ShardFiles`: the shards held and being fetched, by
+    their place in the epoch's order."""
 
-    def __init__(self, cache: ShardCache, prefetch: int) -> None:
+    def __init__(
+        self, cache: ShardCache, order: tuple[int, ...], upcoming: tuple[int, ...], prefetch: int
+    ) -> None:
         self.pid = os.getpid()
         self.cache = cache
+        self.order = order
+        self.where = {shard: place for place, shard in enumerate(order)}
+        self.where_next = {shard: place for place, shard in enumerate(upcoming)}
         self.prefetch = prefetch
         self.pool = ThreadPoolExecutor(prefetch + 1, thread_name_prefix="framework-shard-fetch")
         self.wanted: dict[int, Future[Held]] = {}
         self.lock = threading.Lock()
 
+    def farthest_first(self, now: int) -> Ranking:
+        """Seen from place `now`, the published shards not held, farthest next use first.
+
+        A shard ahead is read next at its place; one behind, by a slower process of the
+        same pass when a held shard (that process's) lies behind it, else at its place
+        in the next epoch. Every reading process reads every shard (records are dealt
+        one by one), so evicting what this one passed would fetch it again for the others."""
+        count = len(self.order)
+
+        def ranked(published: Sequence[int], held: AbstractSet[int]) -> list[int]:
+            low = min((self.where[shard] for shard in held if self.where[shard] < now), default=now)
+
+            def until(shard: int) -> int:
+                place = self.where[shard]
+                if place >= now:
+                    return place - now
+                if place >= low:
+                    return place - low
+                return count - now + self.where_next[shard]
+
+            return sorted((shard for shard in published if shard not in held), key=until, reverse=True)
+
+        return ranked
+
     def path(self, index: int) -> str:
-        last = min(len(self.cache.shards), index + 1 + self.prefetch)
+        last = min(len(self.order), index + 1 + self.prefetch)
         with self.lock:
             for other in [other for other in self.wanted if not index <= other < last]:
                 _let_go(self.wanted.pop(other))  # read already, or not ahead any more
             for ahead in range(index, last):
                 if ahead not in self.wanted:
-                    self.wanted[ahead] = self.pool.submit(self.cache.hold, ahead)
+                    self.wanted[ahead] = self.pool.submit(
+                        self.cache.hold, self.order[ahead], self.farthest_first(ahead)
+                    )
             wanted = self.wanted[index]
         try:
             return wanted.result().path
@@ -156,6 +206,12 @@ def _let_go(future: Future[Held]) -> None:
             done.result().release()
 
     future.add_done_callback(release)
+
+
+def _shuffled(count: int, seed: int, epoch: int) -> tuple[int, ...]:
+    order = list(range(count))
+    random.Random(derive_seed(seed, "shards", epoch)).shuffle(order)
+    return tuple(order)
 
 
 def names_shards(data_path: Any) -> bool:

@@ -6,8 +6,9 @@ file (`UseLock`) for as long as it reads, taken *before* the entry is looked up,
 removal (which takes the exclusive lock without waiting) cannot come between the
 lookup and the open. Before a shard is fetched, and again once it is published, the
 dataset's published shards are trimmed to `limit`: the shard whose next use is
-farthest away goes first. Shards are read in the dataset's order every epoch, so seen
-from shard `i` the next use of shard `j` is `(j - i) mod n` shards away; least
+farthest away goes first. The reader ranks them (it knows the order of this epoch and
+the next: the loader's seed decides them, and a shard another process holds marks a
+reader behind it, which still reads the shards between); least
 recently used would instead evict exactly the shards the next epoch reads first, and
 fetch the whole dataset again every epoch whenever the budget is smaller than it.
 Shards held by any process, and local files (which have no remote to fetch them from
@@ -17,7 +18,8 @@ again), are never removed.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Set as AbstractSet
 from concurrent.futures import ThreadPoolExecutor
 from typing import Optional
 from urllib.parse import urlsplit
@@ -35,7 +37,10 @@ from framework.download.shards import Shard
 from framework.download.sizes import format_size
 from framework.errors import DownloadError, ShardError
 
-__all__ = ["Held", "ShardCache", "budget_problem", "local_path", "shard_sizes"]
+__all__ = ["Held", "Ranking", "ShardCache", "budget_problem", "local_path", "shard_sizes"]
+
+Ranking = Callable[[Sequence[int], AbstractSet[int]], Iterable[int]]
+"""`(published, held) -> the published shards not held, farthest next use first`."""
 
 _STATS = 16  # threads asking a server for shard sizes at once
 
@@ -80,9 +85,11 @@ class ShardCache:
             for shard in self.shards
         ]
 
-    def hold(self, index: int) -> Held:
+    def hold(self, index: int, farthest_first: Ranking) -> Held:
         """Shard `index`'s local path, fetched and verified if it is not cached, and held
-        in use until the `Held` is released.
+        in use until the `Held` is released. When shards must go to make room,
+        `farthest_first(published, held)` orders the published shards that are not held
+        by the next use (the caller knows the order of this epoch and the next).
 
         Raises:
             ShardError: the fetch failed (a 404, a checksum or size that does not
@@ -96,13 +103,13 @@ class ShardCache:
         use.share()  # before the lookup: no removal can come between it and the read
         try:
             if self.limit is not None and not os.path.lexists(entry.final):
-                self._trim(index, shard.size or 0)
+                self._trim(index, shard.size or 0, farthest_first)
             path = self.manager.cached_path(shard.url, sha256=shard.sha256, progress=False)
             size = os.stat(path).st_size
             if shard.size is not None and size != shard.size:
                 raise DownloadError(shard.url, f"{size} bytes, where the manifest says {shard.size}")
             if self.limit is not None:
-                self._trim(index, 0)
+                self._trim(index, 0, farthest_first)
         except DownloadError as error:
             use.release()
             raise ShardError(shard.url, index, len(self.shards), error) from error
@@ -111,34 +118,38 @@ class ShardCache:
             raise
         return Held(str(path), use)
 
-    def _trim(self, position: int, incoming: int) -> None:
+    def _trim(self, current: int, incoming: int, farthest_first: Ranking) -> None:
         """Remove published shards, farthest next use first, until they and `incoming`
-        bytes fit in `limit`, skipping the ones a process holds."""
+        bytes fit in `limit`; never `current` nor a shard a process holds."""
         assert self.limit is not None
-        count = len(self.shards)
-        published: list[tuple[int, int, int]] = []  # (distance to next use, index, bytes)
+        published: list[int] = []
         total = 0
         for index, entry in enumerate(self._entries):
-            if entry is None:
+            if entry is None or index == current:
                 continue
             try:
-                size = os.lstat(entry.final).st_size
+                total += os.lstat(entry.final).st_size
             except OSError:
                 continue
-            total += size
-            published.append(((index - position) % count, index, size))
+            published.append(index)
         if total + incoming <= self.limit:
             return
-        for _distance, index, _size in sorted(published, reverse=True):
-            entry = self._entries[index]
-            assert entry is not None
+        held = {index for index in published if self._held(index)}
+        for index in farthest_first(published, held):
             found = entry_for(self.manager.cache_dir, self.shards[index].url)
-            if index == position or found is None:
-                continue
-            if remove(found, lock=self.manager.lock):
+            if found is not None and remove(found, lock=self.manager.lock):
                 total -= found.total
                 if total + incoming <= self.limit:
                     return
+
+    def _held(self, index: int) -> bool:
+        """Whether a process (this one included) holds shard `index` in use now."""
+        entry = self._entries[index]
+        assert entry is not None
+        probe = UseLock(use_of(entry.final))
+        free = probe.exclusive()
+        probe.release()
+        return not free
 
 
 def shard_sizes(shards: Sequence[Shard], manager: DownloadManager) -> list[Optional[int]]:

@@ -178,7 +178,7 @@ def test_construct_primitives_and_unions() -> None:
     assert construct(float, 3) == 3.0
     assert construct(Optional[int], None) is None
     assert construct(Union[int, List[int]], [1, 2]) == [1, 2]
-    with pytest.raises(ConfigError, match="expected int or List"):
+    with pytest.raises(ConfigError, match="expected int or list of int"):
         construct(Union[int, List[int]], "x")
     assert construct(Any, object) is object
 

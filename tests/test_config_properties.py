@@ -405,6 +405,8 @@ def built_in_fixed() -> dict[tuple[type, str], st.SearchStrategy[Any]]:
         (DataLoader, "persistent_workers"): st.sampled_from([False, False, True]),
         (DataLoader, "max_instances_in_memory"): st.sampled_from([None, 8, 64, 2, 0]),
         (DataLoader, "batches_per_epoch"): st.sampled_from([None, 3, 0]),
+        (DataLoader, "cache_limit"): st.sampled_from([None, None, "50GB", 1 << 20, "lots", 0]),
+        (DataLoader, "cache_dir"): st.sampled_from([None, None, "/tmp/framework-unused-cache"]),
         (DownloadBackend, "auth"): st.sampled_from([None, ["user", "pass"], ["user"], "x"]),
     }
 

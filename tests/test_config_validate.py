@@ -334,7 +334,7 @@ def test_an_int_too_long_to_print_is_an_error_that_says_where(
     from framework.config import validate
 
     errors = validate({**LOADER, "data_path": 10**5000})
-    assert [str(e) for e in errors] == ["data_path: expected str, got an int of 5001 digits"]
+    assert [str(e) for e in errors] == ["data_path: expected str or list of str, got an int of 5001 digits"]
     (long_value,) = validate({**LOADER, "epochs": "x" * 10_000})
     assert str(long_value).endswith("... (10002 characters)") and len(str(long_value)) < 150
     long_key = validate({**LOADER, "k" * 1000: 1})[0]

@@ -147,7 +147,7 @@ def _prefixed(prefix: str, error: ConfigError) -> ConfigError:
     return ConfigError(path, error.reason, error.expected, error.got)
 
 
-def _build_loader(loader_config: Mapping[str, Any], reader: Any, data_path: str) -> Any:
+def _build_loader(loader_config: Mapping[str, Any], reader: Any, data_path: Any) -> Any:
     """The loader, through the run config's own annotation of `data_loader`: `reader`
     and `data_path` are passed as the run's, so a config that sets them is rejected."""
     from framework.cli.run_config import LOADER
@@ -175,7 +175,7 @@ def _loader_parameters(loader_config: Mapping[str, Any]) -> set[str]:
 _LAZY_KEY = "max_instances_in_memory"
 
 
-def _preflight_loader(loader_config: Mapping[str, Any], reader: Any, data_path: str) -> None:
+def _preflight_loader(loader_config: Mapping[str, Any], reader: Any, data_path: Any) -> None:
     """Build the loader once without reading anything, so a bad key fails before any work.
 
     An eager loader reads all its data while it is built; this one is built lazy (with
@@ -201,8 +201,11 @@ def _preflight_loader(loader_config: Mapping[str, Any], reader: Any, data_path: 
             raise _combined(kept) from None
 
 
-def _resolve_data_path(data_path: str, base_dir: Path) -> str:
-    if "://" in data_path:
+def _resolve_data_path(data_path: Any, base_dir: Path) -> Any:
+    """`data_path` with each relative local path (a glob's too) taken from `base_dir`."""
+    if isinstance(data_path, list):
+        return [_resolve_data_path(item, base_dir) for item in data_path]
+    if "://" in data_path or data_path.startswith("manifest:"):
         return data_path
     try:
         path = Path(data_path).expanduser()
@@ -225,6 +228,13 @@ def _local_path(data_path: str) -> Optional[Path]:
     if parts.netloc not in ("", "localhost"):
         raise ConfigError("data_path", f"file:// URLs on another host ({parts.netloc}) are not supported")
     return Path(url2pathname(parts.path))  # which percent-decodes, once
+
+
+def _shards_read(loader: Any) -> str:
+    """Where a streamed `data_path`'s shards went: the loader's cache folder."""
+    from framework.download import default_cache_dir
+
+    return f"(shards streamed through {getattr(loader, 'cache_dir', None) or default_cache_dir()})"
 
 
 def _data_to_read(data_path: str, *, progress: bool, distributed: bool) -> Path:
@@ -326,9 +336,12 @@ def main(args: argparse.Namespace) -> int:
     # Build everything before any work: a bad key fails here, before the download.
     reader, loader_config = _reader_and_loader_config(config, progress=progress)
     data_path = _resolve_data_path(config["data_path"], base_dir)
-    _preflight_loader(loader_config, reader, data_path)
+    _preflight_loader(loader_config, reader, data_path)  # shards are listed here
     epochs: int = config.get("epochs", 1)
-    if (local := _local_path(data_path)) is not None and not local.exists():
+    from framework.data.shard_files import names_shards
+
+    streamed = names_shards(data_path, one_url=False)  # one URL: fetched first, once per job
+    if not streamed and (local := _local_path(data_path)) is not None and not local.exists():
         raise FileNotFoundError(f"data_path: {local} does not exist")
 
     from framework.distributed import torchrun_group
@@ -336,10 +349,13 @@ def main(args: argparse.Namespace) -> int:
     # Under torchrun: join the job's group (gloo), so ranks read disjoint shards and the
     # whole job fetches data_path once (docs/howto/torchrun.md).
     distributed = torchrun_group()
-    data = _data_to_read(data_path, progress=progress, distributed=distributed)
+    # Shards stream through the cache as they are read; one file is fetched whole first.
+    data = data_path
+    if not streamed:
+        data = str(_data_to_read(data_path, progress=progress, distributed=distributed))
 
     start = time.perf_counter()  # eager loaders read everything while being built
-    loader = _build_loader(loader_config, reader, str(data))
+    loader = _build_loader(loader_config, reader, data)
     if device is not None:
         import torch
 
@@ -352,7 +368,7 @@ def main(args: argparse.Namespace) -> int:
     summary: dict[str, Any] = {
         "config": args.config or f"(bundled) {_bundled_examples() / DEFAULT_CONFIG}",
         "data_path": data_path,
-        "cached_at": str(data),
+        "cached_at": _shards_read(loader) if streamed else data,
         "epochs": epochs,
         "instances": instances,
         "batches": batches,

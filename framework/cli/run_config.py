@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Annotated, Any
+from typing import Annotated, Any, List, Union
 
 from framework.config import AtLeast, Given, use_run_config
 from framework.data import DataLoader, DatasetReader
@@ -23,7 +23,7 @@ LOADER = Annotated[DataLoader, Given(("reader", "data_path"))]
 
 def run_config(
     dataset_reader: DatasetReader,
-    data_path: Annotated[str, AtLeast(1)],
+    data_path: Union[Annotated[str, AtLeast(1)], List[Annotated[str, AtLeast(1)]]],
     data_loader: LOADER = _NO_OPTIONS,  # type: ignore[assignment]
     epochs: Annotated[int, AtLeast(1)] = 1,
 ) -> None:
@@ -32,7 +32,9 @@ def run_config(
     Args:
         dataset_reader: the reader, by registered name: `{"type": "jsonl", ...}`.
         data_path: a URL that a download backend serves (`https://...`, `s3://...`)
-            or a local file or folder.
+            or a local file or folder; or many shards, streamed while they are read:
+            a list of paths and URLs, a glob (`s3://bucket/train/*.jsonl.gz`), a brace
+            range (`https://host/train-{000..255}.jsonl.gz`) or `manifest:URL`.
         data_loader: the loader (`"multiprocess"` when it has no `"type"`); its
             `reader` and `data_path` come from the keys above, and may not be set here.
         epochs: how many passes over the data.

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import Annotated, Any, get_args, get_origin
 
 from framework.config._annotations import NONE
 from framework.config._signatures import AtLeast
@@ -41,8 +41,12 @@ def join_path(path: str, key: Any) -> str:
 def describe(annotation: Any) -> str:
     if annotation is NONE:
         return "null"
+    if get_origin(annotation) is Annotated:  # its rules are said where a value breaks them
+        return describe(get_args(annotation)[0])
     if isinstance(annotation, type):
         return annotation.__name__
+    if get_origin(annotation) is list and len(get_args(annotation)) == 1:
+        return f"list of {describe(get_args(annotation)[0])}"
     return str(annotation).replace("typing.", "")
 
 

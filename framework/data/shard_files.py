@@ -214,10 +214,11 @@ def _shuffled(count: int, seed: int, epoch: int) -> tuple[int, ...]:
     return tuple(order)
 
 
-def names_shards(data_path: Any) -> bool:
-    """Whether `data_path` is a shard spec the loader resolves (see the module): a URL
-    of a scheme other than `file`, a glob, a brace, `manifest:`, or a list holding one.
-    A local path that exists is a file of its own, whatever characters it holds."""
+def names_shards(data_path: Any, *, one_url: bool = True) -> bool:
+    """Whether `data_path` is a shard spec the loader resolves (see the module): a glob,
+    a brace, `manifest:`, a URL of a scheme other than `file` (unless `one_url` is
+    False: then only a list holds one), or a list holding any of those. A local path
+    that exists is a file of its own, whatever characters it holds."""
     if isinstance(data_path, list):
         return any(names_shards(item) for item in data_path)
     if not isinstance(data_path, (str, os.PathLike)):
@@ -225,7 +226,7 @@ def names_shards(data_path: Any) -> bool:
     text = os.fspath(data_path)
     if not isinstance(text, str) or (local_path(text) == text and os.path.exists(text)):
         return False
-    if text.startswith(MANIFEST_PREFIX) or local_path(text) is None:
+    if text.startswith(MANIFEST_PREFIX) or (one_url and local_path(text) is None):
         return True
     return any(mark in text for mark in "*?[") or expand_braces(text) != [text]
 

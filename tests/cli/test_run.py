@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import subprocess
@@ -73,9 +74,7 @@ def test_default_config_runs_the_bundled_example(
     assert list(isolated_cache.iterdir()) == []  # the bundled corpus is read in place
 
 
-def test_default_config_through_the_real_command(
-    isolated_cache: Path, cli_env: dict[str, str]
-) -> None:
+def test_default_config_through_the_real_command(isolated_cache: Path, cli_env: dict[str, str]) -> None:
     cli_env["FRAMEWORK_CACHE"] = str(isolated_cache)
     result = subprocess.run(
         [sys.executable, "-m", "framework", "run"],
@@ -185,9 +184,7 @@ def test_missing_config_file(capsys: pytest.CaptureFixture[str], tmp_path: Path)
     assert code == 2 and "cannot read config file" in err and "nope.json" in err
 
 
-def test_missing_data_file_is_a_clear_error(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path
-) -> None:
+def test_missing_data_file_is_a_clear_error(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     config = write_config(tmp_path, str(tmp_path / "missing.jsonl"))
     code, _, err = run_cli(capsys, str(config))
     assert code == 1
@@ -297,9 +294,7 @@ def test_help_lists_the_options() -> None:
         assert option in result.stdout
 
 
-def test_lazy_loader_and_a_sampler_by_override(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path
-) -> None:
+def test_lazy_loader_and_a_sampler_by_override(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     text = tmp_path / "lines.txt"
     text.write_text("".join("word " * (1 + i % 6) + "\n" for i in range(50)), encoding="utf-8")
     config = write_config(tmp_path, str(text), epochs=1, dataset_reader={"type": "text"})
@@ -343,9 +338,7 @@ def test_a_local_folder_is_read_in_place(
                     yield {"n": int(line)}
 
     DatasetReader.register("folder-of-numbers-test")(FolderReader)
-    config = write_config(
-        tmp_path, str(folder), dataset_reader={"type": "folder-of-numbers-test"}, epochs=1
-    )
+    config = write_config(tmp_path, str(folder), dataset_reader={"type": "folder-of-numbers-test"}, epochs=1)
     code, summary, err = run_cli(capsys, str(config))
     assert code == 0, err
     assert summary["instances"] == 6 and summary["cached_at"] == str(folder)
@@ -489,3 +482,35 @@ def test_a_relative_data_path_in_a_config_file_is_relative_to_its_folder(
     monkeypatch.chdir(elsewhere)
     summary = _summary(capsys, str(Path("..") / "project" / "config.json"))
     assert summary["data_path"] == str(project / "lines.txt") and summary["instances"] == 2
+
+
+@pytest.mark.parametrize("form", ["brace", "list", "manifest"])
+def test_shards_named_in_a_config_stream_through_the_cache(
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    http_server: tuple[str, list[str]],
+    isolated_cache: Path,
+    form: str,
+) -> None:
+    url, gets = http_server
+    names = [f"part-{index:02d}.jsonl.gz" for index in range(12)]
+    for index, name in enumerate(names):
+        lines = "".join(json.dumps({"x": float(index * 10 + k), "label": k % 2}) + "\n" for k in range(10))
+        (tmp_path / "www" / name).write_bytes(gzip.compress(lines.encode(), mtime=0))
+    (tmp_path / "www" / "list.txt").write_text("".join(f"{name}\n" for name in names))
+    data_path: Any = {
+        "brace": f"{url}/part-{{00..11}}.jsonl.gz",
+        "list": [f"{url}/{name}" for name in names],
+        "manifest": f"manifest:{url}/list.txt",
+    }[form]
+    config = write_config(
+        tmp_path,
+        data_path,
+        data_loader={"num_workers": 2, "max_instances_in_memory": 16, "cache_limit": "1MB", "prefetch": 1},
+    )
+    for _ in range(2):
+        code, summary, err = run_cli(capsys, str(config))
+        assert code == 0, err
+        assert summary["instances"] == 2 * 120  # two epochs of every record
+        assert str(isolated_cache) in summary["cached_at"]
+    assert sorted(path for path in gets if path.endswith(".gz")) == sorted(f"/{name}" for name in names)

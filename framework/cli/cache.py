@@ -58,7 +58,7 @@ def add_parser(subparsers: Any) -> None:
         help="remove least recently used entries until the cache fits a size",
         description="Remove stale partial and temporary files that no live process owns, then "
         "the least recently used entries until the cache holds at most SIZE. An entry another "
-        "process is fetching is skipped; files that are not cache entries are never removed. "
+        "process is fetching or reading is skipped; files that are not cache entries are never removed. "
         "Exit status 1 if the cache still holds more than SIZE.",
     )
     trim.add_argument("--cache-dir", help=CACHE_DIR_HELP)
@@ -166,7 +166,7 @@ def verify_entries(args: argparse.Namespace) -> int:
             fixed = (
                 "; removed"
                 if remove(entry, lock=args.lock)
-                else "; not removed: another process is fetching it"
+                else "; not removed: another process is fetching or reading it"
             )
         print(f"bad: {one_line(entry.url)}: {problem}{fixed}")
     print(f"{_count(len(chosen), 'entry')} checked, {bad} bad")
@@ -187,7 +187,7 @@ def prune_cache(args: argparse.Namespace) -> int:
             f"{verb}: {one_line(entry.url)} ({format_size(entry.total)}, last used {_when(entry.last_used)})"
         )
     for entry in done.skipped:
-        print(f"skipped: {one_line(entry.url)}: another process is fetching it")
+        print(f"skipped: {one_line(entry.url)}: another process is fetching or reading it")
     freed, holds = ("would free", "would hold") if done.dry_run else ("freed", "holds")
     print(
         f"{freed} {format_size(done.freed)}: {_count(len(done.removed), 'entry')}, "

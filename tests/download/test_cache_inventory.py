@@ -214,7 +214,7 @@ def test_an_entry_whose_lock_another_process_holds_is_never_removed(
         assert held.wait(20)
         code, out, _ = _cli(capsys, "prune", "--cache-dir", str(cache), "--max-size", "0")
         assert code == 1  # still above the size: one entry could not go
-        assert f"skipped: {locked}: another process is fetching it" in out
+        assert f"skipped: {locked}: another process is fetching or reading it" in out
         assert [entry.url for entry in entries(cache)] == [locked]
         assert manager.cached_path(locked).read_bytes() == http_server.route(locked).data
         assert main(["cache", "verify", "--cache-dir", str(cache), "--fix"]) == 0

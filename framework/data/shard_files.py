@@ -19,6 +19,7 @@ from collections.abc import Iterator, Sequence
 from collections.abc import Set as AbstractSet
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Optional, Union, overload
+from urllib.parse import urlsplit
 
 from framework.data._batching import derive_seed
 from framework.download import DownloadManager, Shard, resolve_shards
@@ -228,7 +229,14 @@ def names_shards(data_path: Any, *, one_url: bool = True) -> bool:
         return False
     if text.startswith(MANIFEST_PREFIX) or (one_url and local_path(text) is None):
         return True
-    return any(mark in text for mark in "*?[") or expand_braces(text) != [text]
+    # A web URL's query (a signature, say) holds `?`, which is no glob there.
+    named = text
+    if text.lower().startswith(("http://", "https://")):
+        try:
+            named = urlsplit(text).path
+        except ValueError:  # not a URL urlsplit reads: resolving it says what is wrong
+            pass
+    return any(mark in named for mark in "*?[") or expand_braces(text) != [text]
 
 
 def resolve_source(

@@ -218,7 +218,7 @@ def _glob(pattern: str, start: int, manager: DownloadManager) -> list[Shard]:
     # when the prefix ends a folder.
     whole_first = prefix == "" or prefix.endswith(("/", os.sep))
     matched = [
-        Shard(item.url)
+        Shard(item.url, size=item.size)
         for item in listed
         if item.url.startswith(prefix)
         and _matches(item.url[len(prefix) :].split("/"), rest.split("/"), whole_first)

@@ -331,3 +331,10 @@ def test_a_streamed_state_resumes_only_with_the_seed_that_ordered_its_shards(
         other.load_state_dict(state)
     with pytest.raises(ValueError, match="seed cannot change in the middle of an epoch"):
         first.seed = 3
+
+
+def test_a_signed_url_is_one_file_for_framework_run() -> None:
+    signed = "https://host/data.jsonl?X-Amz-Signature=abc&X-Amz-Expires=60"
+    assert not names_shards(signed, one_url=False)  # `?` in the query is no glob
+    assert names_shards(signed)  # the loader streams it, as one shard
+    assert names_shards("https://host/part-*.jsonl", one_url=False)

@@ -178,6 +178,8 @@ def test_an_s3_glob_lists_its_literal_prefix_once(
         f"s3://{bucket}/{key}" for key in etags if key.startswith("train/part-")
     )
     assert list_calls == ["train/"] * 5  # one level, 210 keys and a common prefix, 50 a page
+    # The listing's sizes come along: a cache budget is checked without a request a shard.
+    assert all(shard.size == len(shard.url.split("/", 3)[3]) for shard in shards)
     list_calls.clear()
     assert len(resolve_shards(f"s3://{bucket}/train/**/*.jsonl.gz", manager)) == 212
     list_calls.clear()

@@ -64,6 +64,8 @@ class LoaderSettings:
     # What `reader.read()` gets: `data_path`, or the shards it names (`resolve`).
     source: Any = None
     shard_seed: int = 0  # the seed given (0 without one): every rank orders shards alike
+    # (epoch, {url: sha256}): a loaded state's shards, read with those bytes in that epoch
+    pins: Optional[tuple[int, dict[str, str]]] = None
 
     def resolve(self) -> None:
         """Resolve `data_path` into `source` (see `framework.data.shard_files`):
@@ -78,8 +80,12 @@ class LoaderSettings:
         source = self.source
         sampler = self.plan.batch_sampler
         shuffles = self.plan.shuffle or bool(getattr(sampler, "shuffle", False))
-        if isinstance(source, ShardFiles) and shuffles:
-            return source.in_epoch_order(self.shard_seed, epoch)
+        if not isinstance(source, ShardFiles):
+            return source
+        if shuffles:
+            source = source.in_epoch_order(self.shard_seed, epoch)
+        if self.pins is not None and self.pins[0] == epoch:
+            source = source.pinned(self.pins[1])
         return source
 
     @property

@@ -54,7 +54,9 @@ def whole_state(settings: LoaderSettings, progress: Progress, cache: InstanceCac
     info = current_distributed_info()
     world, rank = (info.world_size, info.global_rank) if info else (1, 0)
     mine = rank_part(settings, cache, position, rank, world)
-    parts = [mine]
+    if isinstance(settings.source, ShardFiles):
+        mine["shards"] = settings.source.digests()  # each rank's cache: the job's are their union
+    parts = everyone = [mine]
     if world > 1:
         import torch.distributed as dist
 
@@ -70,6 +72,7 @@ def whole_state(settings: LoaderSettings, progress: Progress, cache: InstanceCac
             mine["finished"] = rank_part(settings, cache, last, rank, world)
         gathered: list[Any] = [None] * world
         dist.all_gather_object(gathered, mine)
+        everyone = gathered
         epoch = min(part["position"]["epoch"] for part in gathered)
         parts = [
             part.get("finished") or part if part["position"]["epoch"] > epoch else part for part in gathered
@@ -105,6 +108,11 @@ def whole_state(settings: LoaderSettings, progress: Progress, cache: InstanceCac
         "ranks": [part["position"] for part in parts],
         "consumed": None if consumed is None else consumed.to_dict(),
         "samples": {key: value for part in parts for key, value in part["samples"].items()},
+        **(
+            {"shards": {url: sha for part in everyone for url, sha in part["shards"].items()}}
+            if "shards" in mine
+            else {}
+        ),
     }
 
 

@@ -48,6 +48,7 @@ from framework.data.loader import DataLoader, TensorDict
 from framework.data.reader import DatasetReader, DatasetReaderInput, DistributedInfo, Instance
 from framework.data.sampler import BatchSampler
 from framework.data.shard_files import ShardFiles
+from framework.errors import ResumeError
 
 __all__ = ["MultiProcessDataLoader"]
 
@@ -420,6 +421,19 @@ class MultiProcessDataLoader(DataLoader):
         ValueError) naming them.
         """
         position = resumed_position(self._settings, self._cache, state)
+        shards = state.get("shards")  # a streamed epoch's shards, by URL: their sha256
+        if shards is not None and not (
+            isinstance(shards, Mapping)
+            and all(
+                isinstance(url, str) and isinstance(sha, str) and len(sha) == 64
+                for url, sha in shards.items()
+            )
+        ):
+            raise ResumeError(
+                f"the state's 'shards' must map shard URLs to sha256 digests, got {shards!r}; "
+                "pass the loader's own state_dict()",
+                "malformed",
+            )
         epoch_batches = state.get("epoch_batches", 0)  # absent: a state from before the count
         # absent: a state from before the count (right without batches_per_epoch)
         loop_epoch = state.get("loop_epoch", position.epoch)
@@ -431,6 +445,7 @@ class MultiProcessDataLoader(DataLoader):
                 )
         self._close_carried()
         self._pools.shutdown()
+        self._settings.pins = None if shards is None else (position.epoch, dict(shards))
         self._progress.resume_at(position, epoch_batches, loop_epoch)
 
     def close(self) -> None:

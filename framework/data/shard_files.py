@@ -15,14 +15,18 @@ from __future__ import annotations
 import os
 import random
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 from typing import Any, Optional, Union, overload
 from urllib.parse import urlsplit
 
+import attrs
+
 from framework.data._batching import derive_seed
-from framework.download import DownloadManager, Shard, resolve_shards
+from framework.download import DownloadManager, Shard, default_cache_dir, resolve_shards
+from framework.download.inventory import entry_for
 from framework.download.shards import MANIFEST_PREFIX, expand_braces
 from framework.download.sizes import parse_size
 from framework.download.streaming import Held, Ranking, ShardCache, budget_problem, local_path, shard_sizes
@@ -69,6 +73,28 @@ class ShardFiles(Sequence[str]):
         view.order = _shuffled(len(self.shards), seed, epoch)
         view.upcoming = _shuffled(len(self.shards), seed, epoch + 1)
         return view
+
+    def pinned(self, digests: Mapping[str, str]) -> ShardFiles:
+        """The same shards, each URL in `digests` to be fetched with that sha256 only: a
+        resumed epoch reads the bytes its state was saved with, or fails naming the shard."""
+        shards = [attrs.evolve(shard, sha256=digests.get(shard.url, shard.sha256)) for shard in self.shards]
+        view = ShardFiles(
+            shards, cache_dir=self.cache_dir, cache_limit=self.cache_limit, prefetch=self.prefetch
+        )
+        view.order, view.upcoming = self.order, self.upcoming
+        return view
+
+    def digests(self) -> dict[str, str]:
+        """The sha256 of each remote shard the cache holds now (from its record, no file
+        is read): what a saved state pins its epoch's shards to."""
+        root = Path(self.cache_dir) if self.cache_dir is not None else default_cache_dir()
+        found = {}
+        for shard in self.shards:
+            if local_path(shard.url) is None:
+                entry = entry_for(root, shard.url) if root.is_dir() else None
+                if entry is not None:
+                    found[shard.url] = entry.sha256
+        return found
 
     @property
     def urls(self) -> list[str]:

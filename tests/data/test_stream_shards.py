@@ -338,3 +338,34 @@ def test_a_signed_url_is_one_file_for_framework_run() -> None:
     assert not names_shards(signed, one_url=False)  # `?` in the query is no glob
     assert names_shards(signed)  # the loader streams it, as one shard
     assert names_shards("https://host/part-*.jsonl", one_url=False)
+
+
+def test_a_shard_changed_on_the_server_after_the_state_was_saved_is_named_not_read(
+    http_server: FaultServer, tmp_path: Path
+) -> None:
+    urls = serve(http_server, "changed", shards=10)
+    cache = tmp_path / "cache"
+    first = loader(brace(http_server, "changed", 10), cache, num_workers=2)
+    batches = iter(first)
+    next(batches)
+    state = json.loads(json.dumps(first.state_dict()))
+    del batches
+    assert set(state["shards"]) <= set(urls) and state["shards"]
+    pinned = sorted(state["shards"])[-1]
+    # The shard changes on the server (same size, other records), and the cache lets
+    # its copy go: the resumed epoch must not read the new bytes at the old positions.
+    route = http_server.routes[pinned[len(http_server.base) :]]
+    route.data = shard_bytes(99, RECORDS)
+    route.etag = '"changed"'
+    Entry(cache, normalize(pinned)).final.unlink()
+    again = loader(brace(http_server, "changed", 10), cache, num_workers=2)
+    again.load_state_dict(state)
+    with pytest.raises(WorkerError) as raised:
+        ids_of(again)
+    assert isinstance(raised.value.__cause__, ShardError) and pinned in str(raised.value)
+    assert isinstance(raised.value.__cause__.cause, ChecksumError)
+    fresh = loader(brace(http_server, "changed", 10), cache, num_workers=2)  # no state: the new bytes
+    assert sorted(ids_of(fresh)) == sorted(
+        [i for i in all_ids(10, RECORDS) if f"{i // 1000:05d}" not in pinned]
+        + all_ids(100, RECORDS)[-RECORDS:]
+    )

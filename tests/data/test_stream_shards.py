@@ -118,6 +118,7 @@ def test_a_404_mid_epoch_is_a_worker_error_naming_the_shard(http_server: FaultSe
         assert isinstance(cause, ShardError) and isinstance(cause.cause, HTTPStatusError)
 
 
+@pytest.mark.slow
 def test_the_disk_stays_within_cache_limit_and_later_epochs_fetch_under_0_8(
     http_server: FaultServer, tmp_path: Path
 ) -> None:
@@ -219,6 +220,7 @@ def test_resume_mid_epoch_with_other_num_workers_is_exactly_once(
     assert sorted(seen) == all_ids(40, RECORDS)
 
 
+@pytest.mark.slow
 def test_s3_glob_over_2_ranks_of_2_workers_then_resumed_on_1_rank(s3_env: str, tmp_path: Path) -> None:
     import boto3
 

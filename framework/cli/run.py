@@ -205,7 +205,9 @@ def _resolve_data_path(data_path: Any, base_dir: Path) -> Any:
     """`data_path` with each relative local path (a glob's too) taken from `base_dir`."""
     if isinstance(data_path, list):
         return [_resolve_data_path(item, base_dir) for item in data_path]
-    if "://" in data_path or data_path.startswith("manifest:"):
+    if data_path.startswith("manifest:"):  # the manifest's own path, when it is a local one
+        return "manifest:" + _resolve_data_path(data_path[len("manifest:") :], base_dir)
+    if "://" in data_path:
         return data_path
     try:
         path = Path(data_path).expanduser()
@@ -336,11 +338,14 @@ def main(args: argparse.Namespace) -> int:
     # Build everything before any work: a bad key fails here, before the download.
     reader, loader_config = _reader_and_loader_config(config, progress=progress)
     data_path = _resolve_data_path(config["data_path"], base_dir)
-    _preflight_loader(loader_config, reader, data_path)  # shards are listed here
-    epochs: int = config.get("epochs", 1)
     from framework.data.shard_files import names_shards
 
     streamed = names_shards(data_path, one_url=False)  # one URL: fetched first, once per job
+    if not streamed:
+        # Streamed shards download nothing before the loader is built, which checks the
+        # same keys: building it twice would list them (and ask their sizes) twice.
+        _preflight_loader(loader_config, reader, data_path)
+    epochs: int = config.get("epochs", 1)
     if not streamed and (local := _local_path(data_path)) is not None and not local.exists():
         raise FileNotFoundError(f"data_path: {local} does not exist")
 

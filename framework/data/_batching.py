@@ -22,7 +22,12 @@ from framework.data.sampler import BatchSampler
 from framework.errors import ResumeError
 
 __all__ = [
-    "BatchPlan", "batch_seed", "derive_seed", "not_deterministic", "seeded_global_random", "slot_batches",
+    "BatchPlan",
+    "batch_seed",
+    "derive_seed",
+    "not_deterministic",
+    "seeded_global_random",
+    "slot_batches",
 ]
 
 

@@ -19,6 +19,7 @@ from framework.data._rng import PrivateRandom
 from framework.data._settings import LoaderSettings
 from framework.data._shards import Consumed, ShardPlan
 from framework.data.reader import Instance, current_distributed_info
+from framework.data.shard_files import let_go
 
 __all__ = ["InstanceCache"]
 
@@ -122,6 +123,7 @@ class InstanceCache:
                     yield from self._hooked(private.wrap(pairs, step), step)
             finally:
                 settings.reader._set_shard_plan(None)
+                let_go(settings.source)
             return
         pool = self.pools.start(info)
         position = Position(epoch=0, seed=settings.epoch_seed(0))

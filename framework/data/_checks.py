@@ -22,6 +22,7 @@ __all__ = [
     "describe",
     "no_instances",
     "problems",
+    "stream_problems",
     "validate",
 ]
 
@@ -89,10 +90,10 @@ def problems(
     problem = device_problem(cuda_device)
     if problem is not None:
         found.append(("cuda_device", problem))
-    return found + _stream_problems(cache_limit, prefetch)
+    return found + stream_problems(cache_limit, prefetch)
 
 
-def _stream_problems(cache_limit: Any, prefetch: Any) -> list[tuple[str, str]]:
+def stream_problems(cache_limit: Any, prefetch: Any) -> list[tuple[str, str]]:
     """A streamed dataset's settings: a size that parses, a whole number of shards ahead."""
     found: list[tuple[str, str]] = []
     if cache_limit is not None:

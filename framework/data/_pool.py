@@ -307,9 +307,12 @@ class WorkerPool:
             return self._rebuild(worker_id, load, timeout)
 
         try:
-            return read_frame(self.data[worker_id].fileno(),
-                              lambda: self._wait(worker_id, deadline[0], timeout), moved,
-                              rebuild if self.transfer == "shared_memory" else None)
+            return read_frame(
+                self.data[worker_id].fileno(),
+                lambda: self._wait(worker_id, deadline[0], timeout),
+                moved,
+                rebuild if self.transfer == "shared_memory" else None,
+            )
         except EOFError:
             raise self._death(worker_id) from None
         except (OSError, ValueError):
@@ -326,7 +329,8 @@ class WorkerPool:
             # In a helper thread, so that the timeout holds while the worker does not answer.
             outcome: list[Any] = []
             thread = threading.Thread(
-                target=lambda: outcome.append(_attempt(load)), name="framework-loader-rebuild",
+                target=lambda: outcome.append(_attempt(load)),
+                name="framework-loader-rebuild",
                 daemon=True,
             )
             thread.start()
@@ -385,8 +389,7 @@ class WorkerPool:
                 exitcode=code,
             )
         return WorkerError(
-            f"loader worker {worker_id} (pid {process.pid}) exited unexpectedly "
-            f"with exit code {code}",
+            f"loader worker {worker_id} (pid {process.pid}) exited unexpectedly with exit code {code}",
             worker_id,
             exitcode=code,
         )
@@ -455,9 +458,7 @@ def closed_error() -> WorkerError:
 
 
 def _failure(worker_id: int, message: Failed) -> WorkerError:
-    error = WorkerError(
-        f"loader worker {worker_id} raised {message.summary}", worker_id, message.traceback
-    )
+    error = WorkerError(f"loader worker {worker_id} raised {message.summary}", worker_id, message.traceback)
     error.__cause__ = message.original
     return error
 
@@ -511,7 +512,10 @@ class LoaderCode:
 
 
 def _reap(
-    processes: list[Any], data: list[Connection], control: list[Connection], slots: list[Any],
+    processes: list[Any],
+    data: list[Connection],
+    control: list[Connection],
+    slots: list[Any],
     owner: int,
 ) -> None:
     """Stop workers cooperatively; only one still busy after `GRACE` seconds gets a signal.

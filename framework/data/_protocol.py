@@ -31,8 +31,17 @@ from typing import Any, Literal, Optional, Union
 from framework.data._shards import Consumed, Point
 
 __all__ = [
-    "Batch", "Done", "Failed", "Instances", "PassKind", "Progress", "Ready", "Start", "Stop",
-    "ToMain", "ToWorker",
+    "Batch",
+    "Done",
+    "Failed",
+    "Instances",
+    "PassKind",
+    "Progress",
+    "Ready",
+    "Start",
+    "Stop",
+    "ToMain",
+    "ToWorker",
 ]
 
 PassKind = Literal["batches", "instances"]

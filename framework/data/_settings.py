@@ -15,6 +15,7 @@ from typing import Any, Generic, Optional, Protocol, TypeVar, Union, cast, overl
 import torch
 
 from framework.data._batching import BatchPlan, derive_seed
+from framework.data._checks import stream_problems
 from framework.data._pool import LoaderCode, main_thread
 from framework.data._protocol import Batch, Instances
 from framework.data._rng import scoped
@@ -28,6 +29,7 @@ from framework.data.reader import (
     current_distributed_info,
 )
 from framework.data.shard_files import ShardFiles, resolve_source
+from framework.errors import ConfigError
 
 __all__ = ["LoaderSettings", "PlanSetting", "Setting"]
 
@@ -71,6 +73,9 @@ class LoaderSettings:
         """Resolve `data_path` into `source` (see `framework.data.shard_files`):
         listings and a manifest are read here, once, and a `cache_limit` too small for
         `prefetch` is a `ConfigError` here, before any worker starts."""
+        problems = stream_problems(self.cache_limit, self.prefetch)
+        if problems:
+            raise ConfigError(*problems[0])
         self.source = resolve_source(self.data_path, self.cache_dir, self.cache_limit, self.prefetch)
 
     def source_for(self, epoch: int) -> Any:
@@ -228,7 +233,11 @@ class Setting(Generic[_T]):
         old = self.read(loader._settings)
         self.write(loader._settings, value)
         if not _same(old, value):
-            loader._setting_changed(self.reads_data)
+            try:
+                loader._setting_changed(self.reads_data)
+            except BaseException:  # refused (a ConfigError): the loader keeps what it had
+                self.write(loader._settings, old)
+                raise
 
     def read(self, settings: LoaderSettings) -> Any:
         return getattr(settings, self.name)

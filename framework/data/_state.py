@@ -56,6 +56,7 @@ def whole_state(settings: LoaderSettings, progress: Progress, cache: InstanceCac
     mine = rank_part(settings, cache, position, rank, world)
     if isinstance(settings.source, ShardFiles):
         mine["shards"] = settings.source.digests()  # each rank's cache: the job's are their union
+        mine["shard_list"] = settings.source.describe()
     parts = everyone = [mine]
     if world > 1:
         import torch.distributed as dist
@@ -73,6 +74,7 @@ def whole_state(settings: LoaderSettings, progress: Progress, cache: InstanceCac
         gathered: list[Any] = [None] * world
         dist.all_gather_object(gathered, mine)
         everyone = gathered
+        _same_shards(gathered)
         epoch = min(part["position"]["epoch"] for part in gathered)
         parts = [
             part.get("finished") or part if part["position"]["epoch"] > epoch else part for part in gathered
@@ -114,6 +116,19 @@ def whole_state(settings: LoaderSettings, progress: Progress, cache: InstanceCac
             else {}
         ),
     }
+
+
+def _same_shards(parts: list[Any]) -> None:
+    """Every rank deals records out of the same shard list, or the job reads some twice
+    and others never: a glob or manifest that changed while the ranks resolved it."""
+    lists = sorted({str(part.get("shard_list")) for part in parts})
+    if len(lists) > 1:
+        raise ResumeError(
+            f"the ranks resolved data_path into different shard lists ({', '.join(lists)}): "
+            "the listing or manifest changed while they started, so records are read twice or "
+            "never. Pin the shards (a manifest that does not change, or a list), and restart",
+            "ranks_differ",
+        )
 
 
 def rank_part(
@@ -252,9 +267,16 @@ def saved_settings(settings: LoaderSettings) -> dict[str, Any]:
     """What a saved state is valid for: the same data, batched the same way."""
     plan = settings.plan
     sampler = plan.batch_sampler
-    streamed = {"shard_seed": settings.shard_seed} if isinstance(settings.source, ShardFiles) else {}
+    source = settings.source
+    # Streamed shards: which ones, in which order (a listing or manifest may change
+    # between runs: positions name shards by their place), and the seed that orders them.
+    streamed = (
+        {"shard_seed": settings.shard_seed, "shard_list": source.describe()}
+        if isinstance(source, ShardFiles)
+        else {}
+    )
     return {
-        **streamed,  # streamed shards: the seed orders them, so a resume needs the same one
+        **streamed,
         "lazy": plan.max_instances_in_memory is not None,
         "max_instances_in_memory": plan.max_instances_in_memory,
         "batch_size": plan.batch_size,

@@ -20,6 +20,7 @@ from framework.data._rng import PrivateRandom, draws_nothing, scoped, seed_every
 from framework.data._settings import LoaderSettings
 from framework.data._shards import Point, ShardPlan
 from framework.data.reader import DatasetReader, DistributedInfo, Instance, current_distributed_info
+from framework.data.shard_files import let_go
 
 __all__ = ["eager_pass", "lazy_pass_in_process", "lazy_pass_in_workers"]
 
@@ -84,6 +85,7 @@ def lazy_pass_in_process(settings: LoaderSettings, position: Position) -> Iterat
     worker_seed = derive_seed(position.seed, "worker", 0)
     start = position.points[0] or Point(record=position.base.below, token=position.base.token)
     shards = ShardPlan(rank, world, position.base, max(start.record, 0), start.token)
+    source = settings.source_for(position.epoch)
     reader = settings.reader
     reader._set_shard_plan(shards)
     counter = itertools.count()
@@ -97,9 +99,7 @@ def lazy_pass_in_process(settings: LoaderSettings, position: Position) -> Iterat
     plain = draws_nothing(settings.collate_fn) and not hook
 
     def collated() -> Iterator[tuple[list[Optional[int]], Any, Any]]:
-        stream = slot_batches(
-            counting, settings.source_for(position.epoch), settings.plan, worker_seed, shards, start, reseed
-        )
+        stream = slot_batches(counting, source, settings.plan, worker_seed, shards, start, reseed)
         for instances, indexes, point in stream:
             if plain:
                 yield indexes, point, settings.collate_fn(instances)
@@ -128,6 +128,7 @@ def lazy_pass_in_process(settings: LoaderSettings, position: Position) -> Iterat
         position.finish(0, next(counter), shards.where()[0])
     finally:
         reader._set_shard_plan(None)  # the reader reads whole again outside the loader
+        let_go(source)
     if position.instances == 0 and not resumed:
         raise no_instances(settings.reader, settings.data_path)
 

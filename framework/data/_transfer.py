@@ -40,9 +40,7 @@ _IOV_MAX = 512
 _PAD = bytes(_ALIGN)
 
 
-def _rebuild_tensor(
-    dtype: str, shape: tuple[int, ...], strides: tuple[int, ...], raw: Any
-) -> torch.Tensor:
+def _rebuild_tensor(dtype: str, shape: tuple[int, ...], strides: tuple[int, ...], raw: Any) -> torch.Tensor:
     """`raw` is the uint8 tensor `read_frame` read this tensor's bytes into."""
     kind = getattr(torch, dtype)
     if not isinstance(raw, torch.Tensor):  # not from read_frame: a plain buffer

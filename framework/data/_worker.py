@@ -43,6 +43,7 @@ from framework.data._transfer import TransferMode, write_frame
 from framework.data.collate import DataCollator
 from framework.data.loader import move_to_device
 from framework.data.reader import DatasetReader, DistributedInfo, WorkerInfo
+from framework.data.shard_files import let_go
 
 __all__ = ["WorkerSpec", "seed_everything", "worker_main"]
 
@@ -171,6 +172,8 @@ def worker_main(
                 _send_failure(fd, error)
             except _Stopped:
                 return
+        finally:
+            let_go(spec.data_path if command.source is None else command.source)
 
 
 class _Sender:

@@ -382,9 +382,10 @@ class MultiProcessDataLoader(DataLoader):
         """A setting was assigned a new value (see `Setting`): persistent workers started
         with the old one are not kept (a pass reading from them keeps them to its end),
         and instances read with an old reader or data_path are read again."""
+        if reads_data:
+            self._settings.resolve()  # first: a refused value changes nothing
         self._pools.retire()
         if reads_data:
-            self._settings.resolve()
             self._cache.forget()
 
     def set_target_device(self, device: Union[int, str, torch.device]) -> None:

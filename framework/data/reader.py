@@ -24,8 +24,13 @@ from framework.data._shards import Seekable, ShardPlan
 from framework.registry import Registrable
 
 __all__ = [
-    "DatasetReader", "DatasetReaderInput", "DistributedInfo", "Instance", "Seekable",
-    "UnshardedReadWarning", "WorkerInfo",
+    "DatasetReader",
+    "DatasetReaderInput",
+    "DistributedInfo",
+    "Instance",
+    "Seekable",
+    "UnshardedReadWarning",
+    "WorkerInfo",
 ]
 
 _T = TypeVar("_T")
@@ -252,9 +257,7 @@ class DatasetReader(Registrable):
         dist_info = self._dist_info()
         worker_info = self._worker_info
         if distributed and dist_info is not None and dist_info.world_size > 1:
-            iterator = itertools.islice(
-                iterator, dist_info.global_rank, None, dist_info.world_size
-            )
+            iterator = itertools.islice(iterator, dist_info.global_rank, None, dist_info.world_size)
         if multiprocess and worker_info is not None and worker_info.num_workers > 1:
             iterator = itertools.islice(iterator, worker_info.id, None, worker_info.num_workers)
         return iterator
@@ -287,9 +290,7 @@ class DatasetReader(Registrable):
         iterator = self._deal(iterator, distributed=auto_dist, multiprocess=auto_workers)
         if self.max_instances is not None:
             shard, num_shards = self._shard_position()
-            iterator = itertools.islice(
-                iterator, shard_quota(self.max_instances, num_shards, shard)
-            )
+            iterator = itertools.islice(iterator, shard_quota(self.max_instances, num_shards, shard))
         count = 0
         for count, item in enumerate(iterator, 1):  # noqa: B007 (count is used below)
             yield item
@@ -325,7 +326,6 @@ class DatasetReader(Registrable):
             code.co_firstlineno if code else 0,
             registry=vars(module).setdefault("__warningregistry__", {}) if module else None,
         )
-
 
 
 def current_distributed_info() -> Optional[DistributedInfo]:

@@ -68,8 +68,7 @@ def field_length(instance: Any, key: str) -> int:
         )
     if key not in instance:
         raise ValueError(
-            f"sorting key {key!r} is not a field of the instance; its fields are "
-            f"{sorted(map(str, instance))}"
+            f"sorting key {key!r} is not a field of the instance; its fields are {sorted(map(str, instance))}"
         )
     return _length(instance[key], key)
 
@@ -212,8 +211,7 @@ class MaxTokensBatchSampler(BucketBatchSampler):
         for index, size in zip(indices, sizes):
             if size > self.max_tokens:
                 logger.warning(
-                    "instance %d has %d tokens, more than max_tokens=%d: it gets a batch of "
-                    "its own",
+                    "instance %d has %d tokens, more than max_tokens=%d: it gets a batch of its own",
                     index,
                     size,
                     self.max_tokens,

@@ -12,12 +12,13 @@ background, within `cache_limit` (`framework.download.streaming.ShardCache`).
 
 from __future__ import annotations
 
+import hashlib
 import os
 import random
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from collections.abc import Set as AbstractSet
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, Optional, Union, overload
 from urllib.parse import urlsplit
@@ -30,9 +31,9 @@ from framework.download.inventory import entry_for
 from framework.download.shards import MANIFEST_PREFIX, expand_braces
 from framework.download.sizes import parse_size
 from framework.download.streaming import Held, Ranking, ShardCache, budget_problem, local_path, shard_sizes
-from framework.errors import ConfigError
+from framework.errors import ConfigError, InvalidArgumentError, ShardSpecError
 
-__all__ = ["ShardFiles", "names_shards", "resolve_source"]
+__all__ = ["ShardFiles", "let_go", "names_shards", "resolve_source"]
 
 
 class ShardFiles(Sequence[str]):
@@ -95,6 +96,13 @@ class ShardFiles(Sequence[str]):
                 if entry is not None:
                     found[shard.url] = entry.sha256
         return found
+
+    def describe(self) -> str:
+        """Which shards, in the dataset's order: their count and a digest of their URLs
+        (without a query: a presigned URL signed anew names the same object)."""
+        names = "\n".join(shard.url.split("?", 1)[0] for shard in self.shards)
+        listed = hashlib.sha256(names.encode()).hexdigest()
+        return f"{len(self.shards)} shards, listed as {listed[:16]}"
 
     @property
     def urls(self) -> list[str]:
@@ -168,7 +176,6 @@ class _Fetching:
         self.where = {shard: place for place, shard in enumerate(order)}
         self.where_next = {shard: place for place, shard in enumerate(upcoming)}
         self.prefetch = prefetch
-        self.pool = ThreadPoolExecutor(prefetch + 1, thread_name_prefix="framework-shard-fetch")
         self.wanted: dict[int, Future[Held]] = {}
         self.lock = threading.Lock()
 
@@ -203,7 +210,7 @@ class _Fetching:
                 _let_go(self.wanted.pop(other))  # read already, or not ahead any more
             for ahead in range(index, last):
                 if ahead not in self.wanted:
-                    self.wanted[ahead] = self.pool.submit(
+                    self.wanted[ahead] = _in_thread(
                         self.cache.hold, self.order[ahead], self.farthest_first(ahead)
                     )
             wanted = self.wanted[index]
@@ -220,13 +227,34 @@ class _Fetching:
             wanted, self.wanted = self.wanted, {}
         for future in wanted.values():
             _let_go(future)
-        self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+def let_go(source: Any) -> None:
+    """At a pass's end: release the shards a `ShardFiles` holds and its fetches ahead, so
+    an idle process (between epochs, a persistent worker) keeps nothing from eviction."""
+    if isinstance(source, ShardFiles):
+        source.close()
+
+
+def _in_thread(fetch: Callable[..., Held], *args: Any) -> Future[Held]:
+    """`fetch(*args)` on a daemon thread of its own (at most `prefetch` + 1 run at once):
+    a program that stops reading exits without waiting for fetches ahead, whose partial
+    files are never published and are swept later."""
+    future: Future[Held] = Future()
+    future.set_running_or_notify_cancel()
+
+    def run() -> None:
+        try:
+            future.set_result(fetch(*args))
+        except BaseException as error:  # handed to the reader that asks for the shard
+            future.set_exception(error)
+
+    threading.Thread(target=run, name="framework-shard-fetch", daemon=True).start()
+    return future
 
 
 def _let_go(future: Future[Held]) -> None:
-    """Release a shard's hold now, or once its fetch ends; a fetch not started is dropped."""
-    if future.cancel():
-        return
+    """Release a shard's hold now, or once its fetch ends."""
 
     def release(done: Future[Held]) -> None:
         if not done.cancelled() and done.exception() is None:
@@ -265,6 +293,14 @@ def names_shards(data_path: Any, *, one_url: bool = True) -> bool:
     return any(mark in named for mark in "*?[") or expand_braces(text) != [text]
 
 
+def _backend_serves(text: str, manager: DownloadManager) -> bool:
+    try:
+        manager.backend_for(text)
+    except InvalidArgumentError:  # no backend for the scheme
+        return False
+    return True
+
+
 def resolve_source(
     data_path: Any, cache_dir: Optional[str], cache_limit: Optional[Union[int, str]], prefetch: int
 ) -> Any:
@@ -276,7 +312,19 @@ def resolve_source(
     if not names_shards(data_path):
         return data_path
     manager = DownloadManager(cache_dir, progress=False)
-    shards = resolve_shards(data_path, manager)
+    # One string that names nothing this library fetches (a URL of a scheme no backend
+    # serves, a pattern no file matches) is a name the user's reader understands
+    # (`squad[0:6]`, `myapi://warehouse/t`): it reaches the reader as it is.
+    text = os.fspath(data_path) if isinstance(data_path, (str, os.PathLike)) else None
+    pattern = isinstance(text, str) and not text.startswith(MANIFEST_PREFIX) and local_path(text) is not None
+    if isinstance(text, str) and local_path(text) is None and not _backend_serves(text, manager):
+        return data_path
+    try:
+        shards = resolve_shards(data_path, manager)
+    except ShardSpecError:
+        if pattern:
+            return data_path
+        raise
     local = [local_path(shard.url) for shard in shards]
     if all(path is not None for path in local):
         return [str(path) for path in local]

@@ -349,10 +349,17 @@ class UseLock:
             os.close(fd)  # which drops the lock
 
     def _open(self) -> Optional[int]:
-        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+        # Read-only: `flock` needs no write access, so a use file another user of a
+        # shared cache made (mode 0644 under the usual umask) still takes this user's holds.
+        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
         try:
-            fd = os.open(self.path, flags, 0o666)
-        except OSError:  # a planted link or FIFO, a read-only cache folder
+            fd = os.open(self.path, flags | os.O_CREAT, 0o666)
+        except PermissionError:  # a folder this user cannot write, the file made already
+            try:
+                fd = os.open(self.path, flags)
+            except OSError:
+                return None
+        except OSError:  # a planted link or FIFO
             return None
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             os.close(fd)

@@ -397,8 +397,15 @@ def _unlink(path: Path) -> None:
 
 
 def _locked(entry: CacheEntry, lock: LockKind) -> bool:
-    """Whether another process holds `entry`'s lock now (a lock file that is not there
-    is held by nobody: none is made to find out)."""
+    """Whether another process holds `entry`'s lock now, or reads it (`UseLock`): a lock
+    file that is not there is held by nobody (none is made to find out)."""
+    use = use_of(entry.path)
+    if os.path.lexists(use):
+        probe = UseLock(use)
+        free = probe.exclusive()
+        probe.release()
+        if not free:
+            return True
     if not os.path.lexists(entry.lock):
         return False
     with _unlocked(entry.lock, entry.url, lock) as free:

@@ -12,6 +12,8 @@ A spec is one string, a path, or a list of them; each string is one of:
   literal `*`);
 - anything else: one shard, as written.
 
+A local path that exists is that one file, whatever characters its name holds.
+
 The order is deterministic (the order given; a glob's matches sorted by URL; a
 manifest's order), since a loader shuffles shards by its seed; a shard named twice is
 an error.
@@ -88,6 +90,8 @@ def resolve_shards(spec: ShardSpec, manager: Optional[DownloadManager] = None) -
 
 
 def _resolve_one(text: str, manager: DownloadManager, listing: dict[str, bool]) -> list[Shard]:
+    if split_scheme(text) is None and os.path.exists(text):
+        return [Shard(text)]  # a file that exists is itself, `*`, `[` and braces in its name too
     if text.startswith(MANIFEST_PREFIX):
         return _manifest(text[len(MANIFEST_PREFIX) :], manager)
     shards: list[Shard] = []

@@ -102,13 +102,17 @@ class ShardCache:
         use = UseLock(use_of(entry.final))
         use.share()  # before the lookup: no removal can come between it and the read
         try:
-            if self.limit is not None and not os.path.lexists(entry.final):
+            # A cached shard (the common case once the cache is warm) costs no scan.
+            missing = self.limit is not None and not os.path.lexists(entry.final)
+            if missing:
                 self._trim(index, shard.size or 0, farthest_first)
             path = self.manager.cached_path(shard.url, sha256=shard.sha256, progress=False)
             size = os.stat(path).st_size
             if shard.size is not None and size != shard.size:
+                use.release()
+                self._unpublish(index)
                 raise DownloadError(shard.url, f"{size} bytes, where the manifest says {shard.size}")
-            if self.limit is not None:
+            if missing:
                 self._trim(index, 0, farthest_first)
         except DownloadError as error:
             use.release()
@@ -142,6 +146,12 @@ class ShardCache:
                 if total + incoming <= self.limit:
                     return
 
+    def _unpublish(self, index: int) -> None:
+        """Remove shard `index`'s entry: bytes its manifest refuses are not left to be read."""
+        found = entry_for(self.manager.cache_dir, self.shards[index].url)
+        if found is not None:
+            remove(found, lock=self.manager.lock)
+
     def _held(self, index: int) -> bool:
         """Whether a process (this one included) holds shard `index` in use now."""
         entry = self._entries[index]
@@ -171,7 +181,10 @@ def shard_sizes(shards: Sequence[Shard], manager: DownloadManager) -> list[Optio
 
     def stat(index: int) -> Optional[int]:
         url = shards[index].url
-        return manager.backend_for(url).stat(url).size
+        try:
+            return manager.backend_for(url).stat(url).size
+        except DownloadError:  # no HEAD (405), or gone: the fetch names the shard when it comes to it
+            return None
 
     with ThreadPoolExecutor(_STATS, thread_name_prefix="framework-shard-stat") as pool:
         for index, size in zip(unknown, pool.map(stat, unknown)):

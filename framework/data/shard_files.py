@@ -23,8 +23,6 @@ from pathlib import Path
 from typing import Any, Optional, Union, overload
 from urllib.parse import urlsplit
 
-import attrs
-
 from framework.data._batching import derive_seed
 from framework.download import DownloadManager, Shard, default_cache_dir, resolve_shards
 from framework.download.inventory import entry_for
@@ -78,7 +76,7 @@ class ShardFiles(Sequence[str]):
     def pinned(self, digests: Mapping[str, str]) -> ShardFiles:
         """The same shards, each URL in `digests` to be fetched with that sha256 only: a
         resumed epoch reads the bytes its state was saved with, or fails naming the shard."""
-        shards = [attrs.evolve(shard, sha256=digests.get(shard.url, shard.sha256)) for shard in self.shards]
+        shards = [Shard(shard.url, digests.get(shard.url, shard.sha256), shard.size) for shard in self.shards]
         view = ShardFiles(
             shards, cache_dir=self.cache_dir, cache_limit=self.cache_limit, prefetch=self.prefetch
         )

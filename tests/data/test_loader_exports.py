@@ -16,10 +16,11 @@ ENGINE = {
 }
 SAMPLERS = {"BucketBatchSampler", "MaxTokensBatchSampler"}  # `from framework.data import ...`, as in AllenNLP
 WARNINGS = {"UnshardedReadWarning"}  # to filter it: `from framework.data import UnshardedReadWarning`
+STREAMING = {"ShardFiles"}  # what a reader gets for remote shards, to test for in `_read`
 
 
 def test_data_package_exports_exactly_the_engine() -> None:
-    assert set(framework.data.__all__) == ENGINE | SAMPLERS | WARNINGS
+    assert set(framework.data.__all__) == ENGINE | SAMPLERS | WARNINGS | STREAMING
     assert framework.data.__all__ == sorted(framework.data.__all__)
     for name in ENGINE:
         assert getattr(framework.data, name) is getattr(framework, name)
@@ -28,6 +29,7 @@ def test_data_package_exports_exactly_the_engine() -> None:
     for name in WARNINGS:
         assert getattr(framework.data, name).__module__ == "framework.data.reader"
         assert issubclass(getattr(framework.data, name), UserWarning)
+    assert framework.data.ShardFiles.__module__ == "framework.data.shard_files"
 
 
 def test_loader_is_the_default_and_registered_through_the_plugin_path() -> None:

@@ -8,11 +8,10 @@ import json
 import os
 import threading
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from framework import DatasetReader, MultiProcessDataLoader
+from framework import DatasetReader
 from framework.data import ShardFiles
 from framework.data.shard_files import names_shards
 from framework.download import DownloadManager
@@ -23,45 +22,23 @@ from framework.download.inventory import entry_for, prune
 from framework.errors import ChecksumError, ConfigError, HTTPStatusError, ShardError, WorkerError
 from tests.support.download import FaultServer, sha256
 from tests.support.ranks import free_port, start_ranks
-from tests.support.streaming import all_ids, published_bytes, sampled, shard_bytes, stream_rank
+from tests.support.streaming import (
+    RECORDS,
+    SHARDS,
+    all_ids,
+    brace,
+    fetched,
+    gets,
+    ids_of,
+    loader,
+    published_bytes,
+    sampled,
+    serve,
+    shard_bytes,
+    stream_rank,
+)
 
 pytestmark = pytest.mark.timeout(120)
-
-SHARDS = 200
-RECORDS = 20
-
-
-def serve(
-    server: FaultServer, name: str, shards: int = SHARDS, records: int = RECORDS, pad: int = 0
-) -> list[str]:
-    """`shards` jsonl.gz shards under /`name`/; their URLs."""
-    return [
-        server.add(f"/{name}/train-{index:05d}.jsonl.gz", shard_bytes(index, records, pad))
-        for index in range(shards)
-    ]
-
-
-def brace(server: FaultServer, name: str, shards: int = SHARDS) -> str:
-    return f"{server.base}/{name}/train-{{00000..{shards - 1:05d}}}.jsonl.gz"
-
-
-def gets(server: FaultServer, name: str) -> int:
-    return sum(route.gets for path, route in server.routes.items() if path.startswith(f"/{name}/"))
-
-
-def fetched(server: FaultServer, name: str) -> int:
-    return sum(route.body_bytes for path, route in server.routes.items() if path.startswith(f"/{name}/"))
-
-
-def loader(data_path: Any, cache: Path, **options: Any) -> MultiProcessDataLoader:
-    options = {"batch_size": 8, "max_instances_in_memory": 32, "quiet": True, "seed": 0, **options}
-    return MultiProcessDataLoader(
-        DatasetReader.by_name("jsonl")(), data_path, cache_dir=str(cache), **options
-    )
-
-
-def ids_of(batches: Any) -> list[int]:
-    return [i for batch in batches for i in batch["id"].tolist()]
 
 
 @pytest.mark.parametrize("workers", [0, 2])

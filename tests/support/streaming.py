@@ -15,8 +15,56 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, Optional
 
-from framework.download._cache import Entry
+from framework.download._cache import Entry, use_of
 from framework.download._call import normalize
+from framework.download._lock import UseLock
+
+SHARDS = 200
+RECORDS = 20
+
+
+def serve(server: Any, name: str, shards: int = SHARDS, records: int = RECORDS, pad: int = 0) -> list[str]:
+    """`shards` jsonl.gz shards under /`name`/ of the test HTTP server; their URLs."""
+    return [
+        server.add(f"/{name}/train-{index:05d}.jsonl.gz", shard_bytes(index, records, pad))
+        for index in range(shards)
+    ]
+
+
+def brace(server: Any, name: str, shards: int = SHARDS) -> str:
+    """The brace range naming the shards `serve` put under /`name`/."""
+    return f"{server.base}/{name}/train-{{00000..{shards - 1:05d}}}.jsonl.gz"
+
+
+def gets(server: Any, name: str) -> int:
+    return sum(route.gets for path, route in server.routes.items() if path.startswith(f"/{name}/"))
+
+
+def fetched(server: Any, name: str) -> int:
+    """Body bytes the server sent for the shards under /`name`/."""
+    return sum(route.body_bytes for path, route in server.routes.items() if path.startswith(f"/{name}/"))
+
+
+def loader(data_path: Any, cache: Path, **options: Any) -> Any:
+    """A lazy `"jsonl"` loader streaming `data_path` through `cache`."""
+    from framework import DatasetReader, MultiProcessDataLoader
+
+    options = {"batch_size": 8, "max_instances_in_memory": 32, "quiet": True, "seed": 0, **options}
+    return MultiProcessDataLoader(
+        DatasetReader.by_name("jsonl")(), data_path, cache_dir=str(cache), **options
+    )
+
+
+def ids_of(batches: Any) -> list[int]:
+    return [i for batch in batches for i in batch["id"].tolist()]
+
+
+def in_use(cache: Path, url: str) -> bool:
+    """Whether some open file holds `url`'s entry in use (a reader's shared lock)."""
+    probe = UseLock(use_of(Entry(cache, normalize(url)).final))
+    free = probe.exclusive()
+    probe.release()
+    return not free
 
 
 def shard_bytes(shard: int, records: int, pad: int = 0) -> bytes:

@@ -5,8 +5,9 @@ or `.zst`, with CRLF or lone-CR line ends, blank lines, byte-order marks, no fin
 newline; custom readers that are not seekable, one sharding its records itself and
 skipping some), samplers (basic or bucket, with or without `sorting_keys`, shuffle,
 `drop_last`, `batches_per_epoch`), lazy or eager, `num_workers` 0-3, states saved twice,
-random interruption points and kinds, resumed twice with other `num_workers`: see
-`tests.support.resume_properties` for one trial.
+random interruption points and kinds, resumed twice with other `num_workers`; the
+file readers' files also streamed over HTTP (URLs or a brace range, `cache_limit`,
+`prefetch`): see `tests.support.resume_properties` for one trial.
 
 CI runs a small budget; the long profile (it prints the number of trials run):
 ``FRAMEWORK_PROPERTY_EXAMPLES=500 python -m pytest tests/data/test_resume_properties.py``
@@ -21,6 +22,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, reject
 
+from tests.support.download import FaultServer
 from tests.support.resume_cases import KNOWN_DEFECTS, cases
 from tests.support.resume_properties import (
     Case,
@@ -30,29 +32,52 @@ from tests.support.resume_properties import (
     property_examples,
     property_settings,
     run_case,
+    shard_server,
 )
 
 EXAMPLES = property_examples(50)
 pytestmark = pytest.mark.timeout(120 + 3 * EXAMPLES)  # a long profile gets time to match
 
-TRIALS = {"count": 0}
+TRIALS = {"count": 0, "streamed": 0}
 
 
 @pytest.fixture(scope="module", autouse=True)
 def report_trials(request: pytest.FixtureRequest) -> Iterator[None]:
     yield
-    print_trials(request, "resume properties", TRIALS["count"])
+    print_trials(request, "resume properties", TRIALS["count"], TRIALS["streamed"])
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[FaultServer]:
+    """Serves the streamed cases' files: one for every trial."""
+    with shard_server() as running:
+        yield running
 
 
 @property_settings(EXAMPLES)
 @given(case=cases())
-def test_resume_is_exactly_once(case: Case) -> None:
+def test_resume_is_exactly_once(server: FaultServer, case: Case) -> None:
     TRIALS["count"] += 1
+    TRIALS["streamed"] += case.streamed
     with tempfile.TemporaryDirectory() as folder:
         try:
-            run_case(case, Path(folder))
+            run_case(case, Path(folder), server)
         except Unsuitable:
             reject()
+
+
+# Streamed: three .gz files over HTTP as a brace range (one empty), the shards' order
+# shuffled per epoch, each process holding one shard fetched ahead within the least
+# cache_limit (shards evicted and fetched again); resumed mid-chunk with 2 workers, then
+# with none.
+STREAMED = Case(
+    source="jsonl", files=(FileSpec(records=5), FileSpec(records=0), FileSpec(records=6, blank=(2,))),
+    compression=".gz", streamed=True, brace=True, cache_limit=0, prefetch=1, lazy=3, batch_size=2,
+    workers=(1, 2, 0), saves=(1, 2), take=2, next_epoch=True)
+
+
+def test_a_streamed_case_resumes_exactly_once(server: FaultServer, tmp_path: Path) -> None:
+    run_case(STREAMED, tmp_path, server)
 
 
 # The smallest failing cases hypothesis found for the known defects (issue 24), one per

@@ -14,22 +14,25 @@ from pathlib import Path
 import pytest
 from hypothesis import given, reject
 
+from tests.support.download import FaultServer
 from tests.support.resume_cases import KNOWN_DEFECTS, cases
 from tests.support.resume_properties import (
     Case,
+    FileSpec,
     Ranks,
     Unsuitable,
     print_trials,
     property_examples,
     property_settings,
     run_distributed_case,
+    shard_server,
 )
 
 EXAMPLES = max(1, property_examples(50) // 4)
 # A long profile gets time to match.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180 + 10 * EXAMPLES)]
 
-TRIALS = {"count": 0}
+TRIALS = {"count": 0, "streamed": 0}
 
 
 @pytest.fixture(scope="module")
@@ -37,18 +40,42 @@ def ranks(request: pytest.FixtureRequest) -> Iterator[Ranks]:
     processes = Ranks(3)
     yield processes
     processes.close()
-    print_trials(request, "resume properties, distributed", TRIALS["count"])
+    print_trials(request, "resume properties, distributed", TRIALS["count"], TRIALS["streamed"])
+
+
+@pytest.fixture(scope="module")
+def server(ranks: Ranks) -> Iterator[FaultServer]:
+    """Serves the streamed cases' files to the ranks: one for every trial (started after
+    the ranks: they are forked, and fork no server thread)."""
+    with shard_server() as running:
+        yield running
 
 
 @property_settings(EXAMPLES)
 @given(case=cases(world=True))
-def test_resume_is_exactly_once_across_world_sizes(ranks: Ranks, case: Case) -> None:
+def test_resume_is_exactly_once_across_world_sizes(ranks: Ranks, server: FaultServer, case: Case) -> None:
     TRIALS["count"] += 1
+    TRIALS["streamed"] += case.streamed
     with tempfile.TemporaryDirectory() as folder:
         try:
-            run_distributed_case(ranks, case, Path(folder))
+            run_distributed_case(ranks, case, Path(folder), server)
         except Unsuitable:
             reject()
+
+
+# Streamed: four .zst csv files over HTTP as URLs, the shards' order shuffled per epoch;
+# 2 ranks of 1 worker each save, 1 rank of 2 workers resumes and saves, 3 ranks finish,
+# each fetching within the least cache_limit with nothing fetched ahead.
+STREAMED = Case(
+    source="csv", files=(FileSpec(records=4), FileSpec(records=3), FileSpec(records=0), FileSpec(records=5)),
+    compression=".zst", streamed=True, cache_limit=0, prefetch=0, lazy=2, batch_size=2,
+    workers=(1, 2, 0), world=(2, 1, 3), saves=(1, 2), take=1, next_epoch=True)
+
+
+def test_a_streamed_case_resumes_exactly_once_across_world_sizes(
+    ranks: Ranks, server: FaultServer, tmp_path: Path
+) -> None:
+    run_distributed_case(ranks, STREAMED, tmp_path, server)
 
 
 # Smallest cases of the known defects that only ranks show (hand-made where hypothesis'

@@ -23,8 +23,8 @@ WORKERS = st.sampled_from([0, 0, 0, 0, 1, 1, 2, 3])  # processes are costly: mos
 
 
 @st.composite
-def files(draw: Any, source: str) -> tuple[FileSpec, ...]:
-    count = draw(st.integers(1, 3))
+def files(draw: Any, source: str, streamed: bool = False) -> tuple[FileSpec, ...]:
+    count = draw(st.integers(2, 4) if streamed else st.integers(1, 3))  # streamed: shards to order
     specs = []
     for _ in range(count):
         records = draw(st.integers(0, 10))
@@ -47,6 +47,21 @@ def files(draw: Any, source: str) -> tuple[FileSpec, ...]:
 
 
 @st.composite
+def streaming(draw: Any) -> dict[str, Any]:
+    """A file case's files as they are, or (one in two) streamed over HTTP: as URLs or a
+    brace range, `prefetch` 0-2, and a `cache_limit` from the least the loader takes
+    (evicting shards all the time) up, or none."""
+    if not draw(st.booleans()):
+        return {}
+    return {
+        "streamed": True,
+        "brace": draw(st.booleans()),
+        "prefetch": draw(st.integers(0, 2)),
+        "cache_limit": draw(st.sampled_from([None, None, 0, 0, 100, 2000])),
+    }
+
+
+@st.composite
 def cases(draw: Any, world: bool = False) -> Case:
     source = draw(st.sampled_from(SOURCES))
     options: dict[str, Any] = {"source": source}
@@ -61,7 +76,8 @@ def cases(draw: Any, world: bool = False) -> Case:
             skip = draw(st.sets(st.integers(low, n - 1), max_size=n // 2)) if n > low else set()
             options["skip"] = tuple(sorted(skip))
     else:
-        specs = draw(files(source))
+        options.update(draw(streaming()))
+        specs = draw(files(source, options.get("streamed", False)))
         live = sum(spec.records - len(spec.blank) for spec in specs)
         if live < least:
             specs = (*specs, FileSpec(records=least))
@@ -70,7 +86,9 @@ def cases(draw: Any, world: bool = False) -> Case:
         options["files"] = specs
         options["compression"] = draw(st.sampled_from(FORMS))
     batch_size = draw(st.integers(1, 4))
-    lazy = draw(st.one_of(st.none(), st.integers(batch_size, 8)))
+    chunks = st.integers(batch_size, 8)
+    # Streamed shards are read in an order shuffled per epoch in lazy mode: mostly lazy.
+    lazy = draw(st.one_of(st.none(), chunks, *[chunks] * options.get("streamed", False)))
     bucket = draw(st.booleans())
     sorting_keys = draw(st.booleans())
     if lazy is not None and bucket and "lazy_bucket_guessed_keys" in KNOWN_DEFECTS:

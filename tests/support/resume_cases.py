@@ -36,13 +36,15 @@ def files(draw: Any, source: str, streamed: bool = False) -> tuple[FileSpec, ...
         if records > low:
             blank = draw(st.sets(st.integers(low, records - 1), max_size=records // 3))
         final = draw(st.booleans())
-        specs.append(FileSpec(
-            records=records,
-            blank=tuple(sorted(b for b in blank if b < records)),
-            newline=draw(st.sampled_from(["\n", "\n", "\r\n", "\r"])),
-            final_newline=final,
-            bom=bom,
-        ))
+        specs.append(
+            FileSpec(
+                records=records,
+                blank=tuple(sorted(b for b in blank if b < records)),
+                newline=draw(st.sampled_from(["\n", "\n", "\r\n", "\r"])),
+                final_newline=final,
+                bom=bom,
+            )
+        )
     return tuple(specs)
 
 
@@ -101,8 +103,7 @@ def cases(draw: Any, world: bool = False) -> Case:
         w1 = w0  # the same topology, often: then the batches must be the very same
     if draw(st.booleans()):
         w2 = w1
-    if (lazy is None and options.get("skip")
-            and "eager_fewer_instances_other_workers" in KNOWN_DEFECTS):
+    if lazy is None and options.get("skip") and "eager_fewer_instances_other_workers" in KNOWN_DEFECTS:
         w1 = w2 = w0
     interrupt = draw(st.sampled_from(INTERRUPTS))
     if interrupt == "in_next" and ("exception_in_next" in KNOWN_DEFECTS or (lazy is not None and w1 > 0)):
@@ -123,11 +124,14 @@ def cases(draw: Any, world: bool = False) -> Case:
         if max(sizes) > 1 and "batches_per_epoch_rank_repeats_a_pass_order" in KNOWN_DEFECTS:
             bpe = None
         other_world = len(set(sizes)) > 1
-        if (lazy is None and take == 0 and other_world
-                and "eager_state_before_first_batch_other_world" in KNOWN_DEFECTS):
+        if (
+            lazy is None
+            and take == 0
+            and other_world
+            and "eager_state_before_first_batch_other_world" in KNOWN_DEFECTS
+        ):
             take = 1
-        if (lazy is None and bucket and other_world
-                and "eager_guessed_keys_empty_rank" in KNOWN_DEFECTS):
+        if lazy is None and bucket and other_world and "eager_guessed_keys_empty_rank" in KNOWN_DEFECTS:
             sorting_keys = True
     if not world:
         bpe = draw(st.sampled_from([None, None, None, None, 1, 2, 3]))

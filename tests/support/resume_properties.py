@@ -232,8 +232,9 @@ def make_reader(data: Data) -> DatasetReader:
     return DatasetReader.by_name("jsonl")()
 
 
-def make_loader(data: Data, workers: int, collate_fn: Optional[Callable[[list[Any]], Any]] = None
-                ) -> MultiProcessDataLoader:
+def make_loader(
+    data: Data, workers: int, collate_fn: Optional[Callable[[list[Any]], Any]] = None
+) -> MultiProcessDataLoader:
     case = data.case
     options: dict[str, Any] = {}
     if case.bucket:
@@ -253,9 +254,15 @@ def make_loader(data: Data, workers: int, collate_fn: Optional[Callable[[list[An
         if case.cache_limit is not None:
             options["cache_limit"] = data.least_cache_limit() + case.cache_limit
     return MultiProcessDataLoader(
-        make_reader(data), data.data_path, num_workers=workers, max_instances_in_memory=case.lazy,
-        batches_per_epoch=case.batches_per_epoch, quiet=True, seed=case.seed,
-        even_batches=case.even_batches, **options,
+        make_reader(data),
+        data.data_path,
+        num_workers=workers,
+        max_instances_in_memory=case.lazy,
+        batches_per_epoch=case.batches_per_epoch,
+        quiet=True,
+        seed=case.seed,
+        even_batches=case.even_batches,
+        **options,
     )
 
 
@@ -325,8 +332,9 @@ class Interrupted(Exception):
     """The trial's own exception, raised in the loop body."""
 
 
-def run_interrupted(loader: MultiProcessDataLoader, case: Case, collator: Optional[FailingCollator]
-                    ) -> tuple[Batches, dict[str, Any], bool]:
+def run_interrupted(
+    loader: MultiProcessDataLoader, case: Case, collator: Optional[FailingCollator]
+) -> tuple[Batches, dict[str, Any], bool]:
     """B's part: `case.take` batches, a saved state (inside the loop, or after it with
     `save_after_exit`), then the interruption. Returns the batches, the state and whether
     the epoch ended before the interruption came."""
@@ -383,8 +391,15 @@ def flat(batches: Batches) -> list[Key]:
     return [key for batch in batches for key in batch]
 
 
-def check_epoch(case: Case, data: Data, reference: Batches, head: Batches, middle: Batches, tail: Batches,
-                same_slots: bool) -> None:
+def check_epoch(
+    case: Case,
+    data: Data,
+    reference: Batches,
+    head: Batches,
+    middle: Batches,
+    tail: Batches,
+    same_slots: bool,
+) -> None:
     """The interrupted epoch (`head` from A, `middle` from B, `tail` from C) against the
     uninterrupted `reference`."""
     got = flat(head + middle + tail)
@@ -550,16 +565,18 @@ def serve(connection: Any) -> None:
             connection.send(("error", traceback.format_exc()))
 
 
-def run_phase(phase: str, rank: int, world: int, store: str, case: Case, folder: str, base: str,
-              state: Any) -> Any:
+def run_phase(
+    phase: str, rank: int, world: int, store: str, case: Case, folder: str, base: str, state: Any
+) -> Any:
     """One rank's part of phase "A" (the reference epoch and its states), "B" (resume,
     take, save, interrupt) or "C" (resume, read the rest)."""
     from datetime import timedelta
 
     import torch.distributed as dist
 
-    dist.init_process_group("gloo", init_method=f"file://{store}", world_size=world, rank=rank,
-                            timeout=timedelta(seconds=20))
+    dist.init_process_group(
+        "gloo", init_method=f"file://{store}", world_size=world, rank=rank, timeout=timedelta(seconds=20)
+    )
     try:
         data = write_data(case, Path(folder), write=False, base=base)
         workers = case.workers["ABC".index(phase)]
@@ -639,8 +656,9 @@ class Ranks:
                 process.join()
 
 
-def run_distributed_case(ranks: Ranks, case: Case, folder: Path, server: Optional[FaultServer] = None
-                         ) -> None:
+def run_distributed_case(
+    ranks: Ranks, case: Case, folder: Path, server: Optional[FaultServer] = None
+) -> None:
     """One trial over gloo ranks: A, B and C each with their world size and num_workers;
     a streamed case's files on `server` (in this process: the ranks fetch by URL)."""
     data = write_data(case, folder, base=server.base if server is not None else "")
@@ -686,7 +704,8 @@ def run_ranks(ranks: Ranks, case: Case, data: Data) -> None:
         lost = sorted(map(str, Counter(data.expected) - Counter(got)))
         assert not lost, f"lost: {lost}"
     same = wa == wb == wc and slots(case, case.workers[0]) == slots(case, case.workers[1]) == slots(
-        case, case.workers[2])
+        case, case.workers[2]
+    )
     if same:
         for rank in range(wa):
             mine = heads[rank] + middles[rank][0] + ([] if ended else tails[rank][0])

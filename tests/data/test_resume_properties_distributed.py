@@ -1,5 +1,6 @@
 """Property: resume is exactly once under torch.distributed (gloo, 1-3 ranks), the world
-size and num_workers changed on resume (issue 24). One trial: see
+size and num_workers changed on resume (issue 24), the file readers' files also streamed
+over HTTP to the ranks (issue 27). One trial: see
 `tests.support.resume_properties.run_distributed_case`. The rank processes are started once and serve
 every trial (a process group per phase). CI runs a small budget; the long profile:
 ``FRAMEWORK_PROPERTY_EXAMPLES=100 python -m pytest tests/data/test_resume_properties_distributed.py``

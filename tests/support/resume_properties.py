@@ -167,12 +167,13 @@ class Data:
         return f"/resume/{self.folder.name}/{Path(path).name}"
 
     def shard_spec(self) -> Any:
+        """A streamed case's `data_path`: its files' URLs, or one brace range naming them."""
         if not self.base:
             raise ValueError("a streamed case needs a server: run it with one")
-        urls = [self.base + self.route(path) for path in self.paths]
         if self.case.brace:
             ending = f".{self.case.source}{self.case.compression}"
             return self.base + self.route(f"data{{0..{len(self.paths) - 1}}}{ending}")
+        urls = [self.base + self.route(path) for path in self.paths]
         return urls[0] if len(urls) == 1 else urls
 
     def least_cache_limit(self) -> int:

@@ -10,6 +10,10 @@ interrupted (break, an exception in the loop body, KeyboardInterrupt, or an exce
 inside ``next(it)``); loader C loads B's state and finishes the epoch. The epoch's
 instances (A's head, B's, C's) must be exactly one epoch's, and where nothing changed
 that decides the batches (the same slots), the very batches of the reference.
+
+A streamed case (text, jsonl, csv) reads the same files as URLs served over HTTP on
+127.0.0.1 (`published`): the loader fetches them into a cache folder in the trial's
+folder, within a drawn `cache_limit`, `prefetch` ahead, in an order shuffled per epoch.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import json
 import os
 from collections import Counter
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -29,6 +34,7 @@ from framework.data.multiprocess import MultiProcessDataLoader
 from framework.data.reader import DatasetReader
 from framework.data.sampler import BatchSampler
 from tests.support.compression import compress
+from tests.support.download import FaultServer, serving
 
 Key = Any  # an instance's identity: an id (int) or a line of text (str)
 Batches = list[list[Key]]
@@ -133,12 +139,17 @@ class Case:
     interrupt: str = "break"
     save_after_exit: bool = False  # B saves after the loop has exited, not inside it
     next_epoch: bool = False  # C also reads the epoch after
+    streamed: bool = False  # text, jsonl, csv: the files served over HTTP, given as URLs
+    brace: bool = False  # streamed: as one brace range, not a list of URLs
+    cache_limit: Optional[int] = None  # streamed: bytes beyond the least limit the loader takes
+    prefetch: int = 2  # streamed
 
 
 @dataclass
 class Data:
     case: Case
     folder: Path
+    base: str = ""  # a streamed case's server (`FaultServer.base`)
     paths: list[str] = field(default_factory=list)
     expected: list[Key] = field(default_factory=list)  # every instance's key, in read order
 
@@ -146,11 +157,35 @@ class Data:
     def data_path(self) -> Any:
         if self.case.source in ("plain", "sharded"):
             return "unused"
+        if self.case.streamed:
+            return self.shard_spec()
         return self.paths[0] if len(self.paths) == 1 else list(self.paths)
 
+    def route(self, path: str) -> str:
+        """The URL path a streamed case's file is served at (the trial's folder names
+        it: unique on a shared server)."""
+        return f"/resume/{self.folder.name}/{Path(path).name}"
 
-def write_data(case: Case, folder: Path, write: bool = True) -> Data:
-    data = Data(case, folder)
+    def shard_spec(self) -> Any:
+        """A streamed case's `data_path`: its files' URLs, or one brace range naming them."""
+        if not self.base:
+            raise ValueError("a streamed case needs a server: run it with one")
+        if self.case.brace:
+            ending = f".{self.case.source}{self.case.compression}"
+            return self.base + self.route(f"data{{0..{len(self.paths) - 1}}}{ending}")
+        urls = [self.base + self.route(path) for path in self.paths]
+        return urls[0] if len(urls) == 1 else urls
+
+    def least_cache_limit(self) -> int:
+        """The smallest `cache_limit` the loader takes: the `prefetch` + 1 largest files."""
+        sizes = sorted((os.path.getsize(path) for path in self.paths), reverse=True)
+        return sum(sizes[: self.case.prefetch + 1])
+
+
+def write_data(case: Case, folder: Path, write: bool = True, base: str = "") -> Data:
+    if case.streamed and case.source in ("plain", "sharded"):
+        raise ValueError(f"a {case.source!r} case has no files to stream")
+    data = Data(case, folder, base)
     if case.source == "plain":
         data.expected = list(range(case.n))
         return data
@@ -198,8 +233,9 @@ def make_reader(data: Data) -> DatasetReader:
     return DatasetReader.by_name("jsonl")()
 
 
-def make_loader(data: Data, workers: int, collate_fn: Optional[Callable[[list[Any]], Any]] = None
-                ) -> MultiProcessDataLoader:
+def make_loader(
+    data: Data, workers: int, collate_fn: Optional[Callable[[list[Any]], Any]] = None
+) -> MultiProcessDataLoader:
     case = data.case
     options: dict[str, Any] = {}
     if case.bucket:
@@ -214,10 +250,20 @@ def make_loader(data: Data, workers: int, collate_fn: Optional[Callable[[list[An
         options.update(batch_size=case.batch_size, drop_last=case.drop_last, shuffle=case.shuffle)
     if collate_fn is not None:
         options["collate_fn"] = collate_fn
+    if case.streamed:
+        options.update(cache_dir=str(data.folder / "cache"), prefetch=case.prefetch)
+        if case.cache_limit is not None:
+            options["cache_limit"] = data.least_cache_limit() + case.cache_limit
     return MultiProcessDataLoader(
-        make_reader(data), data.data_path, num_workers=workers, max_instances_in_memory=case.lazy,
-        batches_per_epoch=case.batches_per_epoch, quiet=True, seed=case.seed,
-        even_batches=case.even_batches, **options,
+        make_reader(data),
+        data.data_path,
+        num_workers=workers,
+        max_instances_in_memory=case.lazy,
+        batches_per_epoch=case.batches_per_epoch,
+        quiet=True,
+        seed=case.seed,
+        even_batches=case.even_batches,
+        **options,
     )
 
 
@@ -287,8 +333,9 @@ class Interrupted(Exception):
     """The trial's own exception, raised in the loop body."""
 
 
-def run_interrupted(loader: MultiProcessDataLoader, case: Case, collator: Optional[FailingCollator]
-                    ) -> tuple[Batches, dict[str, Any], bool]:
+def run_interrupted(
+    loader: MultiProcessDataLoader, case: Case, collator: Optional[FailingCollator]
+) -> tuple[Batches, dict[str, Any], bool]:
     """B's part: `case.take` batches, a saved state (inside the loop, or after it with
     `save_after_exit`), then the interruption. Returns the batches, the state and whether
     the epoch ended before the interruption came."""
@@ -345,8 +392,15 @@ def flat(batches: Batches) -> list[Key]:
     return [key for batch in batches for key in batch]
 
 
-def check_epoch(case: Case, data: Data, reference: Batches, head: Batches, middle: Batches, tail: Batches,
-                same_slots: bool) -> None:
+def check_epoch(
+    case: Case,
+    data: Data,
+    reference: Batches,
+    head: Batches,
+    middle: Batches,
+    tail: Batches,
+    same_slots: bool,
+) -> None:
     """The interrupted epoch (`head` from A, `middle` from B, `tail` from C) against the
     uninterrupted `reference`."""
     got = flat(head + middle + tail)
@@ -377,15 +431,52 @@ def check_whole_epoch(case: Case, data: Data, batches: Batches) -> None:
         assert Counter(got) == Counter(data.expected), "a whole epoch holds every instance once"
 
 
-def run_case(case: Case, folder: Path) -> None:
-    """One trial in this process (world size 1)."""
-    data = write_data(case, folder)
+# -- streamed cases: their files over HTTP ------------------------------------------------------
+
+
+@contextmanager
+def shard_server() -> Iterator[FaultServer]:
+    """The server of a suite's streamed cases (a module's: one for every trial)."""
+    with serving(FaultServer()) as server:
+        yield server
+
+
+@contextmanager
+def published(server: Optional[FaultServer], data: Data) -> Iterator[None]:
+    """A streamed case's files served while the block runs. Then, with no `cache_limit`
+    (nothing evicted), no file's bytes were sent twice: one fetch per cache folder, across
+    loaders, workers and ranks (counted in bytes: an empty file takes two GETs, as a
+    ranged GET of it is answered 416)."""
+    if not data.case.streamed:
+        yield
+        return
+    if server is None:
+        raise ValueError("a streamed case needs a server: run it with one")
+    routes = [data.route(path) for path in data.paths]
+    for route, path in zip(routes, data.paths):
+        server.add(route, Path(path).read_bytes())
     try:
-        run_loaders(case, data)
-    except ValueError as error:
-        if "can never be met" in str(error):  # drop_last, batches_per_epoch: refused, rightly
-            raise Unsuitable(str(error)) from error
-        raise
+        yield
+        assert sum(server.routes[route].gets for route in routes), "nothing was fetched: not streamed"
+        if data.case.cache_limit is None:
+            sent = {route: server.routes[route].body_bytes for route in routes}
+            again = {route: sent[route] for route in routes if sent[route] > len(server.routes[route].data)}
+            assert not again, f"files fetched more than once into one cache folder (bytes sent): {again}"
+    finally:
+        for route in routes:
+            server.routes.pop(route, None)
+
+
+def run_case(case: Case, folder: Path, server: Optional[FaultServer] = None) -> None:
+    """One trial in this process (world size 1); a streamed case's files on `server`."""
+    data = write_data(case, folder, base=server.base if server is not None else "")
+    with published(server, data):
+        try:
+            run_loaders(case, data)
+        except ValueError as error:
+            if "can never be met" in str(error):  # drop_last, batches_per_epoch: refused, rightly
+                raise Unsuitable(str(error)) from error
+            raise
 
 
 def run_loaders(case: Case, data: Data) -> None:
@@ -448,12 +539,13 @@ def property_settings(examples: int) -> Any:
     )
 
 
-def print_trials(request: Any, label: str, count: int) -> None:
-    """Say how many trials a suite ran, past pytest's capture (read in long runs)."""
+def print_trials(request: Any, label: str, count: int, streamed: int = 0) -> None:
+    """Say how many trials a suite ran, and how many streamed, past pytest's capture
+    (read in long runs)."""
     capture = request.config.pluginmanager.get_plugin("capturemanager")
     if capture is not None and count:
         with capture.global_and_fixture_disabled():
-            print(f"\n{label}: {count} trials run")
+            print(f"\n{label}: {count} trials run ({streamed} streamed)")
 
 
 # -- torch.distributed: ranks that serve many trials -------------------------------------------
@@ -474,17 +566,20 @@ def serve(connection: Any) -> None:
             connection.send(("error", traceback.format_exc()))
 
 
-def run_phase(phase: str, rank: int, world: int, store: str, case: Case, folder: str, state: Any) -> Any:
+def run_phase(
+    phase: str, rank: int, world: int, store: str, case: Case, folder: str, base: str, state: Any
+) -> Any:
     """One rank's part of phase "A" (the reference epoch and its states), "B" (resume,
     take, save, interrupt) or "C" (resume, read the rest)."""
     from datetime import timedelta
 
     import torch.distributed as dist
 
-    dist.init_process_group("gloo", init_method=f"file://{store}", world_size=world, rank=rank,
-                            timeout=timedelta(seconds=20))
+    dist.init_process_group(
+        "gloo", init_method=f"file://{store}", world_size=world, rank=rank, timeout=timedelta(seconds=20)
+    )
     try:
-        data = write_data(case, Path(folder), write=False)
+        data = write_data(case, Path(folder), write=False, base=base)
         workers = case.workers["ABC".index(phase)]
         loader = make_loader(data, workers)
         try:
@@ -527,12 +622,12 @@ class Ranks:
             self.connections.append(here)
             self.processes.append(process)
 
-    def run(self, phase: str, world: int, case: Case, folder: Path, state: Any = None,
-            timeout: float = 120) -> list[Any]:
+    def run(self, phase: str, world: int, data: Data, state: Any = None, timeout: float = 120) -> list[Any]:
         self.phases += 1
-        store = str(folder / f"store{self.phases}")
+        store = str(data.folder / f"store{self.phases}")
         for rank in range(world):
-            self.connections[rank].send((phase, rank, world, store, case, str(folder), state))
+            message = (phase, rank, world, store, data.case, str(data.folder), data.base, state)
+            self.connections[rank].send(message)
         results = []
         errors = []
         for rank in range(world):
@@ -562,20 +657,24 @@ class Ranks:
                 process.join()
 
 
-def run_distributed_case(ranks: Ranks, case: Case, folder: Path) -> None:
-    """One trial over gloo ranks: A, B and C each with their world size and num_workers."""
-    data = write_data(case, folder)
-    try:
-        run_ranks(ranks, case, data, folder)
-    except AssertionError as error:
-        if NEVER_MET in str(error):
-            raise Unsuitable(str(error)) from error
-        raise
+def run_distributed_case(
+    ranks: Ranks, case: Case, folder: Path, server: Optional[FaultServer] = None
+) -> None:
+    """One trial over gloo ranks: A, B and C each with their world size and num_workers;
+    a streamed case's files on `server` (in this process: the ranks fetch by URL)."""
+    data = write_data(case, folder, base=server.base if server is not None else "")
+    with published(server, data):
+        try:
+            run_ranks(ranks, case, data)
+        except AssertionError as error:
+            if NEVER_MET in str(error):
+                raise Unsuitable(str(error)) from error
+            raise
 
 
-def run_ranks(ranks: Ranks, case: Case, data: Data, folder: Path) -> None:
+def run_ranks(ranks: Ranks, case: Case, data: Data) -> None:
     wa, wb, wc = case.world
-    reference_parts = ranks.run("A", wa, case, folder)
+    reference_parts = ranks.run("A", wa, data)
     references = [batches for batches, _ in reference_parts]
     for point in range(max(case.saves) + 1):
         assert all(states[point] == reference_parts[0][1][point] for _, states in reference_parts), (
@@ -587,13 +686,13 @@ def run_ranks(ranks: Ranks, case: Case, data: Data, folder: Path) -> None:
     if not case.even_batches and not case.drop_last and case.batches_per_epoch is None:
         assert Counter(epoch) == Counter(data.expected), "a whole epoch holds every instance once"
     start = resume_point(case, case.saves[case.resume_from], max(map(len, references)))
-    middles = ranks.run("B", wb, case, folder, reference_parts[0][1][start])
+    middles = ranks.run("B", wb, data, reference_parts[0][1][start])
     states = [state for _, state, _ in middles]
     assert all(state == states[0] for state in states), "every rank returns the same whole-job state"
     ended = all(done for _, _, done in middles)
     if case.batches_per_epoch is not None and start + len(middles[0][0]) == case.batches_per_epoch:
         ended = True
-    tails = ranks.run("C", wc, case, folder, states[0])
+    tails = ranks.run("C", wc, data, states[0])
     heads = [batches[:start] for batches in references]
     middle = [batch for batches, _, _ in middles for batch in batches]
     tail = [] if ended else [batch for batches, _ in tails for batch in batches]
@@ -606,7 +705,8 @@ def run_ranks(ranks: Ranks, case: Case, data: Data, folder: Path) -> None:
         lost = sorted(map(str, Counter(data.expected) - Counter(got)))
         assert not lost, f"lost: {lost}"
     same = wa == wb == wc and slots(case, case.workers[0]) == slots(case, case.workers[1]) == slots(
-        case, case.workers[2])
+        case, case.workers[2]
+    )
     if same:
         for rank in range(wa):
             mine = heads[rank] + middles[rank][0] + ([] if ended else tails[rank][0])

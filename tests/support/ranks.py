@@ -115,6 +115,23 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def join_gloo(rank: int, world: int, port: int, *, collective_s: float, stuck_s: float) -> None:
+    """Join a gloo group on 127.0.0.1:`port`. A rank left waiting in a collective fails
+    after `collective_s` instead of 30 minutes; one stuck anywhere prints every thread's
+    stack and ends after `stuck_s` (the test then fails saying where), before the test's
+    own timeout kills it silently."""
+    import torch.distributed as dist
+
+    faulthandler.dump_traceback_later(stuck_s, exit=True)
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        world_size=world,
+        rank=rank,
+        timeout=timedelta(seconds=collective_s),
+    )
+
+
 def empty_or_failing_rank(rank: int, world: int, port: int, out_dir: str) -> None:
     """One rank of a gloo group: what each case yields or raises (the group times out fast)."""
     import torch.distributed as dist
@@ -126,17 +143,7 @@ def empty_or_failing_rank(rank: int, world: int, port: int, out_dir: str) -> Non
     # first line (gh-112275, Python before 3.11.10); it is forked again after START_S,
     # which must stay under the 20 s collective timeout below for the other ranks to wait.
     _pool.START_S = 5.0
-    # A rank stuck anywhere prints every thread's stack and ends (the test then fails
-    # saying where), before the test's own timeout kills it silently.
-    faulthandler.dump_traceback_later(90, exit=True)
-    # A rank left waiting in a collective fails after 20 s instead of 30 minutes.
-    dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://127.0.0.1:{port}",
-        world_size=world,
-        rank=rank,
-        timeout=timedelta(seconds=20),
-    )
+    join_gloo(rank, world, port, collective_s=20, stuck_s=90)
     results: dict[str, Any] = {}
     try:
         for name, options in CASES.items():

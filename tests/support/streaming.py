@@ -4,20 +4,19 @@ under a gloo group (importable by module name, for spawned ranks)."""
 
 from __future__ import annotations
 
-import faulthandler
 import gzip
 import json
 import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import timedelta
 from pathlib import Path
 from typing import Any, Optional
 
 from framework.download._cache import Entry, use_of
 from framework.download._call import normalize
 from framework.download._lock import UseLock
+from tests.support.ranks import join_gloo
 
 SHARDS = 200
 RECORDS = 20
@@ -132,14 +131,7 @@ def stream_rank(
 
     from framework import DatasetReader, MultiProcessDataLoader
 
-    faulthandler.dump_traceback_later(100, exit=True)
-    dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://127.0.0.1:{port}",
-        world_size=world,
-        rank=rank,
-        timeout=timedelta(seconds=60),
-    )
+    join_gloo(rank, world, port, collective_s=60, stuck_s=100)
     try:
         loader = MultiProcessDataLoader(
             DatasetReader.by_name("jsonl")(),

@@ -52,6 +52,7 @@ TABLES = {
     "smallfiles": _tables.smallfiles_table,
     "matrix": _tables.matrix_table,
     "first_batch": _tables.first_batch_table,
+    "stream": _tables.stream_table,
 }
 
 ROOT = Path(__file__).resolve().parent.parent

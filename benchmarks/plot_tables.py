@@ -369,3 +369,79 @@ def first_batch_table(results: Mapping[str, Any]) -> str:
         _table(["loader", "first batch (s)", "vs torch", "batches/s", "vs torch"], rows),
     ])  # fmt: skip
 
+
+STREAM_ROWS = {
+    "local": "framework, the shards on local disk (a list of paths)",
+    "http": "framework, HTTP (a brace range)",
+    "s3": "framework, S3 (a glob)",
+    "http_limited": "framework, HTTP, `cache_limit` a quarter of the dataset",
+    "webdataset": "webdataset, HTTP (`.tar.gz` shards)",
+    "litdata": "litdata, S3 (optimized)",
+    "mosaicml": "MosaicML streaming, S3 (MDS, zstd)",
+}
+# (ratio key, what it compares, the target, whether higher is better)
+STREAM_TARGETS = (
+    ("http_vs_min_link_local", "HTTP throughput / the lesser of the link and the local rate", 0.9, True),
+    ("s3_vs_min_link_local", "S3 throughput / the lesser of the link and the local rate", 0.9, True),
+    ("http_first_batch_vs_shard_plus_local", "HTTP first batch / (one shard's fetch + local first batch)",
+     1.5, False),
+    ("s3_first_batch_vs_shard_plus_local", "S3 first batch / (one shard's fetch + local first batch)",
+     1.5, False),
+    ("limited_vs_unlimited_epoch1", "throughput with the budget / without, epoch 1", 0.9, True),
+    ("limited_vs_unlimited_epoch2", "throughput with the budget / without, epoch 2", 0.9, True),
+    ("limited_epoch2_fetched_share", "bytes fetched in epoch 2 with the budget / the dataset", 0.8, False),
+    ("throughput_vs_webdataset", "HTTP throughput / webdataset's", 1.0, True),
+    ("first_batch_vs_webdataset", "webdataset's first batch / HTTP first batch", 1.0, True),
+    ("throughput_vs_litdata", "HTTP throughput / litdata's", 1.0, True),
+    ("first_batch_vs_litdata", "litdata's first batch / HTTP first batch", 1.0, True),
+    ("throughput_vs_mosaicml", "HTTP throughput / MosaicML streaming's", 1.0, True),
+    ("first_batch_vs_mosaicml", "MosaicML streaming's first batch / HTTP first batch", 1.0, True),
+)  # fmt: skip
+
+
+def stream_table(results: Mapping[str, Any]) -> str:
+    rows = []
+    for name, figures in results["rows"].items():
+        first, second = figures["epoch1"], figures.get("epoch2")
+        rows.append([
+            STREAM_ROWS.get(name, name), f"{figures['first_batch_s']:.2f}", f"{first['seconds']:.2f}",
+            f"{first['instances_per_s']:,.0f}", f"{first['mib_per_s']:.1f}", f"{first['fetched_mib']:.0f}",
+            f"{first['server_cpu_s']:.1f}" if "server_cpu_s" in first else "",
+            f"{second['seconds']:.2f}" if second else "", f"{second['fetched_mib']:.0f}" if second else "",
+        ])  # fmt: skip
+    parts = [
+        f"**{results['shards']} shards x {results['shard_mib']:g} MiB** ({results['dataset_mib']:.0f} MiB of "
+        f"jsonl.gz, {results['records']:,} records), {results['num_workers']} workers, batch size "
+        f"{results['batch_size']}, a {results['link_mib_s']:.0f} MiB/s link; medians of "
+        f"{results['repeats']} ({results['machine']}).\n",
+        _table(["loader", "first batch (s)", "epoch 1 (s)", "instances/s", "MiB/s", "fetched (MiB)",
+                "server CPU (s)", "epoch 2 (s)", "fetched (MiB)"], rows),
+        "",
+        f"One shard's fetch alone: HTTP {results['one_shard_fetch_s']['http']:.3f} s, S3 "
+        f"{results['one_shard_fetch_s']['s3']:.3f} s; the budget: "
+        f"{results['cache_limit_mib']:.1f} MiB. MiB/s counts what each row moved (its converted "
+        "shards for the other tools); *fetched* is what the servers sent during the epoch; *server CPU* "
+        "the CPU time the servers and the link's proxies used meanwhile, on the same cores as the loader.",
+        "",
+    ]  # fmt: skip
+    conversions = results.get("conversions", {})
+    if conversions:
+        converted = [["framework (none: the shards as they are)", "0", f"{results['dataset_mib']:.0f}"]]
+        converted += [
+            [name, f"{figures['seconds']:.1f}", f"{figures['bytes'] / 2**20:.0f}"]
+            for name, figures in conversions.items()
+        ]
+        parts += [_table(["conversion", "seconds", "MiB"], converted), ""]
+    ratios = results.get("ratios", {})
+    checks = []
+    for key, what, target, higher in STREAM_TARGETS:
+        if key in ratios:
+            value = ratios[key]
+            met = value >= target if higher else value <= target
+            bound = ">=" if higher else "<="
+            checks.append([what, f"{value:.2f}", f"{bound} {target:g}", "met" if met else "**not met**"])
+    if checks:
+        parts += [_table(["ratio", "measured", "target", ""], checks), ""]
+    for name, why in results.get("skipped", {}).items():
+        parts.append(f"Not run: {name}, {why}.")
+    return "\n".join(parts).rstrip("\n")

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 __all__ = [
+    "BYTES",
     "FORK",
     "MIB",
     "OPEN",
@@ -93,8 +94,9 @@ def wait_port(port: int) -> None:
     raise RuntimeError(f"nothing listens on {port}")
 
 
-def serve_http(folder: str, port: int) -> None:
-    """Serve the files in `folder` by name (each read into memory at its first GET)."""
+def serve_http(folder: str, port: int, head: bool = False) -> None:
+    """Serve the files in `folder` by name (each read into memory at its first GET);
+    HEAD only when `head` (else 501, as the standard library's base handler answers)."""
     objects: dict[str, bytes] = {}
     lock = threading.Lock()
 
@@ -103,6 +105,12 @@ def serve_http(folder: str, port: int) -> None:
 
         def log_message(self, format: str, *args: Any) -> None:
             pass
+
+        def do_HEAD(self) -> None:
+            if head:
+                self.do_GET()
+            else:
+                self.send_error(501, f"Unsupported method ({self.command!r})")
 
         def do_GET(self) -> None:
             with lock:
@@ -124,6 +132,8 @@ def serve_http(folder: str, port: int) -> None:
             if status == 206:
                 self.send_header("Content-Range", f"bytes {start}-{stop - 1}/{len(data)}")
             self.end_headers()
+            if self.command == "HEAD":
+                return
             view = memoryview(data)
             try:
                 for offset in range(start, stop, MIB):
@@ -183,14 +193,15 @@ def _refusal(link: Link, head: bytes) -> bytes:
 
 
 # The places of the proxy's counters in a shared array (`proxy`'s `counters`).
-OPEN, REQUESTS, REFUSED = 0, 1, 2
+OPEN, REQUESTS, REFUSED, BYTES = 0, 1, 2, 3
 
 
 def proxy(listen: int, upstream: int, link: Link = PACED, counters: Any = None) -> None:
     """Forward 127.0.0.1:`listen` to `upstream` as `link` says; pacing applies to what
     comes back (the download). `counters` (a shared ``multiprocessing.Array`` of 3 ints),
     when given, holds the connections open now (for a runner to wait until a run's are
-    gone), and the requests forwarded and connections refused so far."""
+    gone), and the requests forwarded and connections refused so far; a fourth place
+    (typecode ``"q"``: it passes 2 GiB) counts the bytes sent back."""
     state = {"next": 0.0, "worker": 0.0}  # when the link, the worker are next free
     counts = counters if counters is not None else [0, 0, 0]
 
@@ -231,6 +242,8 @@ def proxy(listen: int, upstream: int, link: Link = PACED, counters: Any = None) 
             delay = free - loop.time()
             if delay > 0:
                 await asyncio.sleep(delay)
+            if len(counts) > BYTES:
+                counts[BYTES] += len(data)
             writer.write(data)
             await writer.drain()
         writer.close()

@@ -95,3 +95,36 @@ def test_a_connection_beyond_the_limit_is_refused_as_s3_throttles(
     assert again.getresponse().status == 200
     again.close()
     assert (counters[rig.REQUESTS] - requests, counters[rig.REFUSED] - refusals) == (1, 2)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("head", [True, False])
+def test_the_proxy_counts_the_bytes_it_sends_back_and_head_is_answered_when_asked(
+    tmp_path: Path, head: bool
+) -> None:
+    rig = load_rig()
+    (tmp_path / "f").write_bytes(b"x" * 100_000)
+    origin, listen = rig.free_port(), rig.free_port()
+    counters = rig.FORK.Array("q", 4, lock=False)
+    processes = [
+        rig.FORK.Process(target=rig.serve_http, args=(str(tmp_path), origin, head), daemon=True),
+        rig.FORK.Process(target=rig.proxy, args=(listen, origin, rig.Link(), counters), daemon=True),
+    ]
+    for process in processes:
+        process.start()
+    try:
+        rig.wait_port(origin)
+        rig.wait_port(listen)
+        answer = raw_answer(listen, b"GET /f HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        assert answer.endswith(b"x" * 100_000)
+        assert counters[rig.BYTES] == len(answer)
+        asked = raw_answer(origin, b"HEAD /f HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        if head:
+            assert asked.startswith(b"HTTP/1.1 200 ") and b"\r\nContent-Length: 100000\r\n" in asked
+            assert asked.endswith(b"\r\n\r\n")  # no body
+        else:
+            assert asked.startswith(b"HTTP/1.1 501 ")
+    finally:
+        for process in processes:
+            process.kill()
+            process.join()

@@ -246,3 +246,39 @@ def test_an_s3_refusal_with_a_retry_after_date_is_waited_as_asked(
         waits.append(caught.value.retry_after)
     assert waits[0] is not None and 20 <= waits[0] <= 31
     assert waits[1] == 0.0
+
+
+def _models_read_by_a_new_client(queue: Any) -> None:
+    """In a forked child: how many model files a client for other settings reads."""
+    import botocore.loaders
+    from framework_plugins.s3 import S3Backend
+
+    reads = []
+    original = botocore.loaders.JSONFileLoader.load_file
+
+    def counted(self: Any, file_path: str) -> Any:
+        reads.append(file_path)
+        return original(self, file_path)
+
+    botocore.loaders.JSONFileLoader.load_file = counted  # type: ignore[method-assign]
+    S3Backend(region="eu-west-1").client  # noqa: B018 (made on first use)
+    queue.put(len(reads))
+
+
+def test_a_forked_worker_makes_its_client_from_the_parents_parsed_models(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each loader worker streaming S3 shards makes its own client (sockets are not
+    shared across fork); the service models the parent parsed are not read again."""
+    pytest.importorskip("boto3")
+    from framework_plugins.s3 import S3Backend
+
+    for name, value in (("AWS_ACCESS_KEY_ID", "t"), ("AWS_SECRET_ACCESS_KEY", "t")):
+        monkeypatch.setenv(name, value)
+    S3Backend(region="us-east-1").client  # noqa: B018 (the parent's, as listing a glob makes it)
+    queue = FORK.Queue()
+    child = FORK.Process(target=_models_read_by_a_new_client, args=(queue,))
+    child.start()
+    reads = queue.get(timeout=30)
+    child.join(timeout=30)
+    assert reads == 0

@@ -55,7 +55,10 @@ def whole_state(settings: LoaderSettings, progress: Progress, cache: InstanceCac
     world, rank = (info.world_size, info.global_rank) if info else (1, 0)
     mine = rank_part(settings, cache, position, rank, world)
     if isinstance(settings.source, ShardFiles):
-        mine["shards"] = settings.source.digests()  # each rank's cache: the job's are their union
+        # What the cache holds of the epoch under way (between epochs, none: the next
+        # epoch reads what the server has then). Each rank's cache: the job's are their union.
+        begun = position.consumed > 0 or bool(position.base.below or position.base.bits)
+        mine["shards"] = settings.source.digests() if begun else {}
         mine["shard_list"] = settings.source.describe()
     parts = everyone = [mine]
     if world > 1:
@@ -100,7 +103,9 @@ def whole_state(settings: LoaderSettings, progress: Progress, cache: InstanceCac
         "world_size": world,
         "num_workers": settings.num_workers,
         "settings": saved_settings(settings),
-        "files": file_stamps(settings.source),
+        "files": file_stamps(
+            settings.source.local_files() if isinstance(settings.source, ShardFiles) else settings.source
+        ),
         "epoch_batches": progress.epoch_batches,  # batches_per_epoch: already yielded
         # The training loop's epoch to restart at: the next iter() yields (the rest of)
         # it. Without batches_per_epoch an iter() is a pass, so it is the pass's epoch.
@@ -110,12 +115,24 @@ def whole_state(settings: LoaderSettings, progress: Progress, cache: InstanceCac
         "ranks": [part["position"] for part in parts],
         "consumed": None if consumed is None else consumed.to_dict(),
         "samples": {key: value for part in parts for key, value in part["samples"].items()},
-        **(
-            {"shards": {url: sha for part in everyone for url, sha in part["shards"].items()}}
-            if "shards" in mine
-            else {}
-        ),
+        **({"shards": _pins(everyone)} if "shards" in mine else {}),
     }
+
+
+def _pins(parts: list[Any]) -> dict[str, str]:
+    """The union of the ranks' shard digests; a shard two caches hold in other versions
+    cannot be pinned to either (each rank read its own): refused."""
+    pins: dict[str, str] = {}
+    for part in parts:
+        for url, sha in part["shards"].items():
+            if pins.setdefault(url, sha) != sha:
+                raise ResumeError(
+                    f"the ranks' caches hold other versions of {url} (sha256 {pins[url][:12]}... and "
+                    f"{sha[:12]}...): ranks read other bytes of it this epoch, so no state can resume "
+                    "it exactly. Give the ranks one cache folder (or the same copy), and restart the epoch",
+                    "ranks_differ",
+                )
+    return pins
 
 
 def _same_shards(parts: list[Any]) -> None:

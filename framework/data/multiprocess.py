@@ -462,6 +462,7 @@ class MultiProcessDataLoader(DataLoader):
         other = type(self).__new__(type(self))
         other.__dict__.update(self.__dict__)
         other._settings = copy.copy(self._settings)
+        other._settings.source = copy.copy(self._settings.source)  # shards held: each loader its own
         other._pools = WorkerPools(other._settings)
         other._cache = self._cache.shared(other._settings, other._pools)
         other._progress = copy.deepcopy(self._progress)

@@ -26,9 +26,9 @@ from urllib.parse import urlsplit
 from framework.data._batching import derive_seed
 from framework.download import DownloadManager, Shard, default_cache_dir, resolve_shards
 from framework.download.inventory import entry_for
-from framework.download.shards import MANIFEST_PREFIX, expand_braces
+from framework.download.shards import MANIFEST_PREFIX, expand_braces, local_path
 from framework.download.sizes import parse_size
-from framework.download.streaming import Held, Ranking, ShardCache, budget_problem, local_path, shard_sizes
+from framework.download.streaming import Held, Ranking, ShardCache, budget_problem, shard_sizes
 from framework.errors import ConfigError, InvalidArgumentError, ShardSpecError
 
 __all__ = ["ShardFiles", "let_go", "names_shards", "resolve_source"]
@@ -76,7 +76,10 @@ class ShardFiles(Sequence[str]):
     def pinned(self, digests: Mapping[str, str]) -> ShardFiles:
         """The same shards, each URL in `digests` to be fetched with that sha256 only: a
         resumed epoch reads the bytes its state was saved with, or fails naming the shard."""
-        shards = [Shard(shard.url, digests.get(shard.url, shard.sha256), shard.size) for shard in self.shards]
+        shards = [
+            Shard(shard.url, digests.get(_named(shard.url), shard.sha256), shard.size)
+            for shard in self.shards
+        ]
         view = ShardFiles(
             shards, cache_dir=self.cache_dir, cache_limit=self.cache_limit, prefetch=self.prefetch
         )
@@ -92,13 +95,17 @@ class ShardFiles(Sequence[str]):
             if local_path(shard.url) is None:
                 entry = entry_for(root, shard.url) if root.is_dir() else None
                 if entry is not None:
-                    found[shard.url] = entry.sha256
+                    found[_named(shard.url)] = entry.sha256
         return found
+
+    def local_files(self) -> list[str]:
+        """The shards read in place: local files, which a state stamps as it does a list."""
+        return [path for path in (local_path(shard.url) for shard in self.shards) if path is not None]
 
     def describe(self) -> str:
         """Which shards, in the dataset's order: their count and a digest of their URLs
         (without a query: a presigned URL signed anew names the same object)."""
-        names = "\n".join(shard.url.split("?", 1)[0] for shard in self.shards)
+        names = "\n".join(_named(shard.url) for shard in self.shards)
         listed = hashlib.sha256(names.encode()).hexdigest()
         return f"{len(self.shards)} shards, listed as {listed[:16]}"
 
@@ -148,6 +155,12 @@ class ShardFiles(Sequence[str]):
         state = dict(self.__dict__)
         state["_here"] = None  # threads and held locks stay in the process that made them
         return state
+
+    def __copy__(self) -> ShardFiles:
+        """The same shards, with fetches and holds of its own (a copied loader's)."""
+        other = ShardFiles.__new__(ShardFiles)
+        other.__dict__.update(self.__getstate__())
+        return other
 
     def __del__(self) -> None:
         self.close()
@@ -261,6 +274,11 @@ def _let_go(future: Future[Held]) -> None:
     future.add_done_callback(release)
 
 
+def _named(url: str) -> str:
+    """A shard's URL without its query: a presigned URL signed anew names the same object."""
+    return url.split("?", 1)[0]
+
+
 def _shuffled(count: int, seed: int, epoch: int) -> tuple[int, ...]:
     order = list(range(count))
     random.Random(derive_seed(seed, "shards", epoch)).shuffle(order)
@@ -277,8 +295,13 @@ def names_shards(data_path: Any, *, one_url: bool = True) -> bool:
     if not isinstance(data_path, (str, os.PathLike)):
         return False
     text = os.fspath(data_path)
-    if not isinstance(text, str) or (local_path(text) == text and os.path.exists(text)):
+    if not isinstance(text, str):
         return False
+    if local_path(text) == text and os.path.exists(text):
+        return False  # a file that exists is itself, whatever its name holds
+    local = local_path(text)
+    if local is not None and local != text and os.path.exists(local):
+        return one_url  # a `file://` URL of a file: the loader reads the path it names
     if text.startswith(MANIFEST_PREFIX) or (one_url and local_path(text) is None):
         return True
     # A web URL's query (a signature, say) holds `?`, which is no glob there.

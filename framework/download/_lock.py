@@ -20,6 +20,7 @@ import os
 import stat
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -319,29 +320,48 @@ class UseLock:
     `flock` locks belong to an open file, so two holds in one process conflict as two
     processes' do, and the kernel drops them when a process dies: a crashed reader
     leaves no stale hold. A use file that is not a regular file (planted) is never
-    opened: a reader then reads without the hold, and a removal does not happen."""
+    opened: a reader then reads without the hold, and a removal does not happen.
+
+    The remover deletes the use file with the entry, while it holds it: a lock taken
+    on a file that is no longer at the path is dropped and taken again on the new one."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self._fd: Optional[int] = None
+        _USES.add(self)
 
     def share(self) -> None:
         """Hold the entry in use (waits while a removal holds it: milliseconds)."""
-        self._fd = self._open()
-        if self._fd is not None:
-            fcntl.flock(self._fd, fcntl.LOCK_SH)
+        self._fd = self._locked(fcntl.LOCK_SH)
 
     def exclusive(self) -> bool:
         """Take the lock if no reader holds it; False (at once) when one does."""
-        self._fd = self._open()
-        if self._fd is None:
-            return False
         try:
-            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            self._fd = self._locked(fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            self.release()
             return False
-        return True
+        return self._fd is not None
+
+    def _locked(self, mode: int) -> Optional[int]:
+        """A descriptor of the use file now at the path, locked in `mode` (None: none usable)."""
+        for _ in range(16):  # each retry follows a removal: a few at most
+            fd = self._open()
+            if fd is None:
+                return None
+            try:
+                fcntl.flock(fd, mode)
+                held = os.fstat(fd)
+                now = os.lstat(self.path)
+            except FileNotFoundError:  # removed with its entry while this waited
+                os.close(fd)
+                continue
+            except BaseException:
+                os.close(fd)
+                raise
+            if (held.st_dev, held.st_ino) == (now.st_dev, now.st_ino):
+                return fd
+            os.close(fd)
+        return None
 
     def release(self) -> None:
         fd, self._fd = self._fd, None
@@ -368,3 +388,18 @@ class UseLock:
 
     def __del__(self) -> None:
         self.release()
+
+
+# A forked child gets a copy of each held use file's descriptor, and `flock` lets go
+# only when every copy is closed: the parent's holds are the parent's to release.
+_USES: weakref.WeakSet[UseLock] = weakref.WeakSet()
+
+
+def _drop_inherited_uses() -> None:
+    for use in list(_USES):
+        fd, use._fd = use._fd, None
+        if fd is not None:
+            os.close(fd)
+
+
+os.register_at_fork(after_in_child=_drop_inherited_uses)

@@ -170,6 +170,7 @@ def remove(entry: CacheEntry, *, lock: LockKind = "filelock") -> bool:
                 _remove_extracted(entry.extracted)
             _unlink(entry.path)  # a miss from here on: see the module's docstring
             _unlink(entry.sidecar)
+            _unlink(use_of(entry.path))  # held: a reader waiting on it takes the next one
     finally:
         use.release()
     return True

@@ -27,6 +27,7 @@ import re
 from collections.abc import Iterator, Sequence
 from typing import Final, Optional, Union
 from urllib.parse import urljoin, urlsplit
+from urllib.request import url2pathname
 
 import attrs
 
@@ -36,7 +37,15 @@ from framework.download.backend import ListedObject, listing_unsupported
 from framework.download.manager import DownloadManager
 from framework.errors import DownloadError, ShardSpecError
 
-__all__ = ["MANIFEST_PREFIX", "MAX_EXPANSION", "Shard", "ShardSpec", "expand_braces", "resolve_shards"]
+__all__ = [
+    "MANIFEST_PREFIX",
+    "MAX_EXPANSION",
+    "Shard",
+    "ShardSpec",
+    "expand_braces",
+    "local_path",
+    "resolve_shards",
+]
 
 MANIFEST_PREFIX: Final = "manifest:"
 # The most names one brace expression may expand to: a typo such as {0..99999999}
@@ -90,7 +99,8 @@ def resolve_shards(spec: ShardSpec, manager: Optional[DownloadManager] = None) -
 
 
 def _resolve_one(text: str, manager: DownloadManager, listing: dict[str, bool]) -> list[Shard]:
-    if split_scheme(text) is None and os.path.exists(text):
+    local = local_path(text)
+    if local is not None and os.path.exists(local):
         return [Shard(text)]  # a file that exists is itself, `*`, `[` and braces in its name too
     if text.startswith(MANIFEST_PREFIX):
         return _manifest(text[len(MANIFEST_PREFIX) :], manager)
@@ -99,6 +109,18 @@ def _resolve_one(text: str, manager: DownloadManager, listing: dict[str, bool]) 
         start = _wildcard(name, manager, listing)
         shards.extend([Shard(name)] if start is None else _glob(name, start, manager))
     return shards
+
+
+def local_path(url: str) -> Optional[str]:
+    """The local file a plain path or a `file://` URL of this host names; None for a
+    URL a backend fetches."""
+    scheme = split_scheme(url)
+    if scheme is None:
+        return url
+    parts = urlsplit(url)
+    if scheme == "file" and parts.netloc in ("", "localhost"):
+        return url2pathname(parts.path)
+    return None
 
 
 def _refuse_duplicates(shards: Sequence[Shard]) -> None:

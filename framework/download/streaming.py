@@ -22,18 +22,15 @@ from collections.abc import Callable, Iterable, Sequence
 from collections.abc import Set as AbstractSet
 from concurrent.futures import ThreadPoolExecutor
 from typing import Optional
-from urllib.parse import urlsplit
-from urllib.request import url2pathname
 
 import attrs
 
 from framework.download._cache import Entry, use_of
 from framework.download._call import normalize
 from framework.download._lock import UseLock
-from framework.download._schemes import split_scheme
 from framework.download.inventory import entry_for, remove
 from framework.download.manager import DownloadManager
-from framework.download.shards import Shard
+from framework.download.shards import Shard, local_path
 from framework.download.sizes import format_size
 from framework.errors import DownloadError, ShardError
 
@@ -43,18 +40,6 @@ Ranking = Callable[[Sequence[int], AbstractSet[int]], Iterable[int]]
 """`(published, held) -> the published shards not held, farthest next use first`."""
 
 _STATS = 16  # threads asking a server for shard sizes at once
-
-
-def local_path(url: str) -> Optional[str]:
-    """The local file a plain path or a `file://` URL of this host names; None for a
-    URL a backend fetches."""
-    scheme = split_scheme(url)
-    if scheme is None:
-        return url
-    parts = urlsplit(url)
-    if scheme == "file" and parts.netloc in ("", "localhost"):
-        return url2pathname(parts.path)
-    return None
 
 
 @attrs.define
@@ -100,6 +85,10 @@ class ShardCache:
         if entry is None:
             return Held(str(local_path(shard.url)))
         use = UseLock(use_of(entry.final))
+        try:
+            entry.final.parent.mkdir(parents=True, exist_ok=True)  # a fresh cache: the use file goes there
+        except OSError:  # unwritable: cached_path says so
+            pass
         use.share()  # before the lookup: no removal can come between it and the read
         try:
             # A cached shard (the common case once the cache is warm) costs no scan.
@@ -163,16 +152,14 @@ class ShardCache:
 
 
 def shard_sizes(shards: Sequence[Shard], manager: DownloadManager) -> list[Optional[int]]:
-    """Each shard's size in bytes: the manifest's or listing's, a cached copy's, else
-    the backend's `stat` (asked for on threads; None offline, or when it cannot say)."""
+    """Each remote shard's size in bytes: the manifest's or listing's, a cached copy's,
+    else the backend's `stat` (asked for on threads; None offline, or when it cannot
+    say). A local file is None: read in place, it takes nothing of a cache budget."""
     sizes: list[Optional[int]] = []
     unknown: list[int] = []
     for index, shard in enumerate(shards):
-        local = local_path(shard.url)
-        size = shard.size
-        if size is None and local is not None:
-            size = os.path.getsize(local) if os.path.isfile(local) else None
-        elif size is None:
+        size = None if local_path(shard.url) is not None else shard.size
+        if size is None and local_path(shard.url) is None:
             found = entry_for(manager.cache_dir, shard.url)
             size = found.size if found is not None else None
             if size is None and not manager.offline:
@@ -201,8 +188,11 @@ def budget_problem(sizes: Sequence[Optional[int]], limit: int, prefetch: int) ->
     need = sum(known[: prefetch + 1])
     if limit >= need:
         return None
+    shown_limit, shown_need = format_size(limit), format_size(need)
+    if shown_limit == shown_need:  # rounded alike: say the bytes
+        shown_limit, shown_need = f"{limit} bytes", f"{need} bytes"
     return (
-        f"cache_limit {format_size(limit)} cannot hold the shard being read and the {prefetch} "
+        f"cache_limit {shown_limit} cannot hold the shard being read and the {prefetch} "
         f"fetched ahead of it (prefetch={prefetch}): the largest {prefetch + 1} shards take "
-        f"{format_size(need)}. Raise cache_limit to at least {format_size(need)}, or lower prefetch"
+        f"{shown_need}. Raise cache_limit to at least {shown_need}, or lower prefetch"
     )

@@ -107,7 +107,8 @@ class MultiProcessDataLoader(DataLoader):
             may take there, beyond the shards being read or fetched; None: no bound.
             The shard whose next use is farthest goes first; a shard any process is
             reading is never removed. Too small for `prefetch` + 1 shards: `ConfigError`.
-        prefetch: remote shards each reading process fetches ahead of the one it reads.
+        prefetch: remote shards each reading process fetches ahead of the one it reads
+            (without `cache_limit`, up to 4 times as many while its reader still waits).
 
     Failures never hang: reader, sampler, collator or `apply_token_indexers` code that
     raises while the data is read (in eager mode, at construction) ends iteration with

@@ -31,7 +31,9 @@ from framework.download.sizes import parse_size
 from framework.download.streaming import Held, Ranking, ShardCache, budget_problem, shard_sizes
 from framework.errors import ConfigError, InvalidArgumentError, ShardSpecError
 
-__all__ = ["ShardFiles", "let_go", "names_shards", "resolve_source"]
+__all__ = ["DEEPEST", "ShardFiles", "let_go", "names_shards", "resolve_source"]
+
+DEEPEST = 4  # how many times `prefetch` a reader that waits may fetch ahead (no cache_limit)
 
 
 class ShardFiles(Sequence[str]):
@@ -186,7 +188,11 @@ class _Fetching:
         self.order = order
         self.where = {shard: place for place, shard in enumerate(order)}
         self.where_next = {shard: place for place, shard in enumerate(upcoming)}
-        self.prefetch = prefetch
+        # Shards fetched ahead: `prefetch`, deepened while the reader still waits for its
+        # next shard (fetches slower than reads: a far server, small shards), up to
+        # DEEPEST times as many; with a cache_limit, `prefetch` is what it was sized for.
+        self.depth = prefetch
+        self.deepest = prefetch if cache.limit is not None else DEEPEST * prefetch
         self.wanted: dict[int, Future[Held]] = {}
         self.lock = threading.Lock()
 
@@ -215,7 +221,7 @@ class _Fetching:
         return ranked
 
     def path(self, index: int) -> str:
-        last = min(len(self.order), index + 1 + self.prefetch)
+        last = min(len(self.order), index + 1 + self.depth)
         with self.lock:
             for other in [other for other in self.wanted if not index <= other < last]:
                 _let_go(self.wanted.pop(other))  # read already, or not ahead any more
@@ -225,6 +231,8 @@ class _Fetching:
                         self.cache.hold, self.order[ahead], self.farthest_first(ahead)
                     )
             wanted = self.wanted[index]
+        if not wanted.done() and self.depth < self.deepest:
+            self.depth += 1  # the reader waits: fetch one more ahead from the next shard on
         try:
             return wanted.result().path
         except BaseException:

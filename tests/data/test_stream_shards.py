@@ -348,3 +348,26 @@ def test_a_shard_changed_on_the_server_after_the_state_was_saved_is_named_not_re
         [i for i in all_ids(10, RECORDS) if f"{i // 1000:05d}" not in pinned]
         + all_ids(100, RECORDS)[-RECORDS:]
     )
+
+
+def test_a_reader_that_waits_fetches_further_ahead_within_no_budget(
+    http_server: FaultServer, tmp_path: Path
+) -> None:
+    """`prefetch` deepens (up to DEEPEST times) while the reader waits for its next
+    shard; with a cache_limit it stays what the budget was checked for."""
+    from framework.data.shard_files import DEEPEST
+
+    urls = serve(http_server, "deeper", shards=24, records=4)
+    for url in urls:
+        route = http_server.routes[url[len(http_server.base) :]]
+        route.delay = 0.05  # each answer takes 50 ms: far slower than reading 4 records
+    sizes = [len(http_server.routes[url[len(http_server.base) :]].data) for url in urls]
+    for limit, most in ((None, 1 + DEEPEST), (10 * max(sizes), 2)):
+        http_server.max_in_flight = 0
+        streamed = loader(
+            brace(http_server, "deeper", 24), tmp_path / f"cache{limit}", prefetch=1, cache_limit=limit
+        )
+        assert sorted(ids_of(streamed)) == all_ids(24, 4)
+        assert http_server.max_in_flight <= most
+        if limit is None:
+            assert http_server.max_in_flight > 2  # deeper than prefetch=1 asked

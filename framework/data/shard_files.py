@@ -18,6 +18,7 @@ import random
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from collections.abc import Set as AbstractSet
+from concurrent import futures
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, Optional, Union, overload
@@ -31,9 +32,12 @@ from framework.download.sizes import parse_size
 from framework.download.streaming import Held, Ranking, ShardCache, budget_problem, shard_sizes
 from framework.errors import ConfigError, InvalidArgumentError, ShardSpecError
 
-__all__ = ["DEEPEST", "ShardFiles", "let_go", "names_shards", "resolve_source"]
+__all__ = ["CLOSE_WAIT_S", "DEEPEST", "ShardFiles", "let_go", "names_shards", "resolve_source"]
 
 DEEPEST = 4  # how many times `prefetch` a reader that waits may fetch ahead (no cache_limit)
+# How long a pass that ends waits for its fetches ahead; past it (a stalled server) they
+# end on their own, on daemon threads that never keep the program from exiting.
+CLOSE_WAIT_S = 5.0
 
 
 class ShardFiles(Sequence[str]):
@@ -242,10 +246,13 @@ class _Fetching:
             raise
 
     def close(self) -> None:
+        """Let go of every shard; fetches ahead still under way are waited for (at most
+        CLOSE_WAIT_S), so a pass that ends leaves no thread writing into the cache."""
         with self.lock:
             wanted, self.wanted = self.wanted, {}
         for future in wanted.values():
             _let_go(future)
+        futures.wait(list(wanted.values()), timeout=CLOSE_WAIT_S)
 
 
 def let_go(source: Any) -> None:

@@ -339,23 +339,21 @@ def run_all(
     def want(name: str) -> bool:
         return not wanted or name in wanted
 
+    def convert(name: str, make: Callable[[Path], None], out: Path) -> bool:
+        """Time `make(out)`, a peer's conversion; False (skipped) without its package."""
+        started = time.perf_counter()
+        try:
+            make(out)
+        except ImportError as error:
+            skipped[name] = f"not installed ({error})"
+            return False
+        conversions[name] = {"seconds": time.perf_counter() - started, "bytes": folder_bytes(out)}
+        return True
+
     if want("webdataset"):
-        try:
-            started = time.perf_counter()
-            to_webdataset(paths, data / "wds")
-            conversions["webdataset"] = {"seconds": time.perf_counter() - started,
-                                         "bytes": folder_bytes(data / "wds")}  # fmt: skip
-        except ImportError as error:
-            skipped["webdataset"] = f"not installed ({error})"
-    if want("litdata"):
-        try:
-            started = time.perf_counter()
-            to_litdata(paths, work / "litdata")
-            conversions["litdata"] = {"seconds": time.perf_counter() - started,
-                                      "bytes": folder_bytes(work / "litdata")}  # fmt: skip
-            upload(s3, work / "litdata", "litdata")
-        except ImportError as error:
-            skipped["litdata"] = f"not installed ({error})"
+        convert("webdataset", lambda out: to_webdataset(paths, out), data / "wds")
+    if want("litdata") and convert("litdata", lambda out: to_litdata(paths, out), work / "litdata"):
+        upload(s3, work / "litdata", "litdata")
     if want("mosaicml"):
         if not Path(args.mds_python).exists():
             skipped["mosaicml"] = f"no Python with mosaicml-streaming at {args.mds_python} (--mds-python)"

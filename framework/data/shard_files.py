@@ -72,12 +72,8 @@ class ShardFiles(Sequence[str]):
     def in_epoch_order(self, seed: int, epoch: int) -> ShardFiles:
         """The same shards in epoch `epoch`'s order: shuffled by `seed` and the epoch, the
         same in every process and every run."""
-        view = ShardFiles(
-            self.shards, cache_dir=self.cache_dir, cache_limit=self.cache_limit, prefetch=self.prefetch
-        )
-        view.order = _shuffled(len(self.shards), seed, epoch)
-        view.upcoming = _shuffled(len(self.shards), seed, epoch + 1)
-        return view
+        count = len(self.shards)
+        return self._view(self.shards, _shuffled(count, seed, epoch), _shuffled(count, seed, epoch + 1))
 
     def pinned(self, digests: Mapping[str, str]) -> ShardFiles:
         """The same shards, each URL in `digests` to be fetched with that sha256 only: a
@@ -86,22 +82,30 @@ class ShardFiles(Sequence[str]):
             Shard(shard.url, digests.get(_named(shard.url), shard.sha256), shard.size)
             for shard in self.shards
         ]
+        return self._view(shards, self.order, self.upcoming)
+
+    def _view(
+        self, shards: Sequence[Shard], order: Optional[tuple[int, ...]] = None, upcoming: tuple[int, ...] = ()
+    ) -> ShardFiles:
+        """`shards` with this one's cache settings, read in `order` (default: as given)."""
         view = ShardFiles(
             shards, cache_dir=self.cache_dir, cache_limit=self.cache_limit, prefetch=self.prefetch
         )
-        view.order, view.upcoming = self.order, self.upcoming
+        if order is not None:
+            view.order, view.upcoming = order, upcoming
         return view
 
     def digests(self) -> dict[str, str]:
         """The sha256 of each remote shard the cache holds now (from its record, no file
         is read): what a saved state pins its epoch's shards to."""
         root = Path(self.cache_dir) if self.cache_dir is not None else default_cache_dir()
+        if not root.is_dir():
+            return {}
         found = {}
         for shard in self.shards:
-            if local_path(shard.url) is None:
-                entry = entry_for(root, shard.url) if root.is_dir() else None
-                if entry is not None:
-                    found[_named(shard.url)] = entry.sha256
+            entry = entry_for(root, shard.url) if local_path(shard.url) is None else None
+            if entry is not None:
+                found[_named(shard.url)] = entry.sha256
         return found
 
     def local_files(self) -> list[str]:
@@ -131,12 +135,7 @@ class ShardFiles(Sequence[str]):
 
     def __getitem__(self, index: Union[int, slice]) -> Union[str, Sequence[str]]:
         if isinstance(index, slice):
-            return ShardFiles(
-                [self.shards[i] for i in self.order[index]],
-                cache_dir=self.cache_dir,
-                cache_limit=self.cache_limit,
-                prefetch=self.prefetch,
-            )
+            return self._view([self.shards[i] for i in self.order[index]])
         count = len(self.shards)
         if not -count <= index < count:
             raise IndexError(f"shard index {index} out of range: there are {count} shards")
@@ -312,12 +311,12 @@ def names_shards(data_path: Any, *, one_url: bool = True) -> bool:
     text = os.fspath(data_path)
     if not isinstance(text, str):
         return False
-    if local_path(text) == text and os.path.exists(text):
-        return False  # a file that exists is itself, whatever its name holds
     local = local_path(text)
-    if local is not None and local != text and os.path.exists(local):
-        return one_url  # a `file://` URL of a file: the loader reads the path it names
-    if text.startswith(MANIFEST_PREFIX) or (one_url and local_path(text) is None):
+    if local is not None and os.path.exists(local):
+        # A file that exists is itself, whatever its name holds; a `file://` URL of one
+        # is read as the path it names (by the loader; `framework run` reads it itself).
+        return local != text and one_url
+    if text.startswith(MANIFEST_PREFIX) or (one_url and local is None):
         return True
     # A web URL's query (a signature, say) holds `?`, which is no glob there.
     named = text
@@ -347,26 +346,32 @@ def resolve_source(
     `resolve_shards` (`ShardSpecError`, `ListingUnsupportedError`, `DownloadError`)."""
     if not names_shards(data_path):
         return data_path
-    manager = DownloadManager(cache_dir, progress=False)
-    # One string that names nothing this library fetches (a URL of a scheme no backend
-    # serves, a pattern no file matches) is a name the user's reader understands
-    # (`squad[0:6]`, `myapi://warehouse/t`): it reaches the reader as it is.
-    text = os.fspath(data_path) if isinstance(data_path, (str, os.PathLike)) else None
-    pattern = isinstance(text, str) and not text.startswith(MANIFEST_PREFIX) and local_path(text) is not None
-    if isinstance(text, str) and local_path(text) is None and not _backend_serves(text, manager):
-        return data_path
-    try:
-        shards = resolve_shards(data_path, manager)
-    except ShardSpecError:
-        if pattern:
+    with DownloadManager(cache_dir, progress=False) as manager:
+        shards = _shards_named(data_path, manager)
+        if shards is None:
             return data_path
-        raise
-    local = [local_path(shard.url) for shard in shards]
-    if all(path is not None for path in local):
-        return [str(path) for path in local]
-    limit = None if cache_limit is None else parse_size(cache_limit)
-    if limit is not None:
-        problem = budget_problem(shard_sizes(shards, manager), limit, prefetch)
-        if problem is not None:
-            raise ConfigError("cache_limit", problem)
+        local = [local_path(shard.url) for shard in shards]
+        if all(path is not None for path in local):
+            return [str(path) for path in local]
+        limit = None if cache_limit is None else parse_size(cache_limit)
+        if limit is not None:
+            problem = budget_problem(shard_sizes(shards, manager), limit, prefetch)
+            if problem is not None:
+                raise ConfigError("cache_limit", problem)
     return ShardFiles(shards, cache_dir=cache_dir, cache_limit=limit, prefetch=prefetch)
+
+
+def _shards_named(data_path: Any, manager: DownloadManager) -> Optional[list[Shard]]:
+    """The shards `data_path` names; None for one string that names nothing this library
+    fetches (a URL of a scheme no backend serves, a pattern no file matches): a name the
+    user's reader understands (`squad[0:6]`, `myapi://warehouse/t`), which reaches it as
+    it is."""
+    text = os.fspath(data_path) if isinstance(data_path, (str, os.PathLike)) else None
+    if not isinstance(text, str) or text.startswith(MANIFEST_PREFIX):
+        return resolve_shards(data_path, manager)
+    if local_path(text) is None:
+        return resolve_shards(data_path, manager) if _backend_serves(text, manager) else None
+    try:
+        return resolve_shards(data_path, manager)
+    except ShardSpecError:
+        return None

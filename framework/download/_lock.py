@@ -40,7 +40,7 @@ from framework.download._cache import (
 )
 from framework.errors import LockTimeoutError
 
-__all__ = ["EntryLock", "LockKind", "UseLock", "WaitCancelled"]
+__all__ = ["EntryLock", "LockKind", "UseLock", "WaitCancelled", "in_use"]
 
 LockKind = Literal["filelock", "softfilelock", "none"]
 logger = logging.getLogger("framework.download")
@@ -388,6 +388,17 @@ class UseLock:
 
     def __del__(self) -> None:
         self.release()
+
+
+def in_use(path: Path) -> bool:
+    """Whether a reader (of any process, this one included) holds the use file at `path`
+    now. A missing one is held by nobody: none is made to find out."""
+    if not os.path.lexists(path):
+        return False
+    probe = UseLock(path)
+    free = probe.exclusive()
+    probe.release()
+    return not free
 
 
 # A forked child gets a copy of each held use file's descriptor, and `flock` lets go

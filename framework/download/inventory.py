@@ -49,7 +49,7 @@ from framework.download._cache import (
     work_folder,
 )
 from framework.download._call import normalize
-from framework.download._lock import EntryLock, LockKind, UseLock
+from framework.download._lock import EntryLock, LockKind, UseLock, in_use
 from framework.download._partial import PartialName, orphaned, ours
 from framework.errors import LockTimeoutError
 
@@ -400,13 +400,8 @@ def _unlink(path: Path) -> None:
 def _locked(entry: CacheEntry, lock: LockKind) -> bool:
     """Whether another process holds `entry`'s lock now, or reads it (`UseLock`): a lock
     file that is not there is held by nobody (none is made to find out)."""
-    use = use_of(entry.path)
-    if os.path.lexists(use):
-        probe = UseLock(use)
-        free = probe.exclusive()
-        probe.release()
-        if not free:
-            return True
+    if in_use(use_of(entry.path)):
+        return True
     if not os.path.lexists(entry.lock):
         return False
     with _unlocked(entry.lock, entry.url, lock) as free:

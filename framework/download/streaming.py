@@ -21,20 +21,21 @@ import os
 from collections.abc import Callable, Iterable, Sequence
 from collections.abc import Set as AbstractSet
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Optional
 
 import attrs
 
 from framework.download._cache import Entry, use_of
 from framework.download._call import normalize
-from framework.download._lock import UseLock
+from framework.download._lock import UseLock, in_use
 from framework.download.inventory import entry_for, remove
 from framework.download.manager import DownloadManager
 from framework.download.shards import Shard, local_path
 from framework.download.sizes import format_size
 from framework.errors import DownloadError, ShardError
 
-__all__ = ["Held", "Ranking", "ShardCache", "budget_problem", "local_path", "shard_sizes"]
+__all__ = ["Held", "Ranking", "ShardCache", "budget_problem", "shard_sizes"]
 
 Ranking = Callable[[Sequence[int], AbstractSet[int]], Iterable[int]]
 """`(published, held) -> the published shards not held, farthest next use first`."""
@@ -127,7 +128,7 @@ class ShardCache:
             published.append(index)
         if total + incoming <= self.limit:
             return
-        held = {index for index in published if self._held(index)}
+        held = {index for index in published if in_use(use_of(self._final(index)))}
         for index in farthest_first(published, held):
             found = entry_for(self.manager.cache_dir, self.shards[index].url)
             if found is not None and remove(found, lock=self.manager.lock):
@@ -141,14 +142,10 @@ class ShardCache:
         if found is not None:
             remove(found, lock=self.manager.lock)
 
-    def _held(self, index: int) -> bool:
-        """Whether a process (this one included) holds shard `index` in use now."""
+    def _final(self, index: int) -> Path:
         entry = self._entries[index]
-        assert entry is not None
-        probe = UseLock(use_of(entry.final))
-        free = probe.exclusive()
-        probe.release()
-        return not free
+        assert entry is not None  # a remote shard's
+        return entry.final
 
 
 def shard_sizes(shards: Sequence[Shard], manager: DownloadManager) -> list[Optional[int]]:
@@ -158,8 +155,10 @@ def shard_sizes(shards: Sequence[Shard], manager: DownloadManager) -> list[Optio
     sizes: list[Optional[int]] = []
     unknown: list[int] = []
     for index, shard in enumerate(shards):
-        size = None if local_path(shard.url) is not None else shard.size
-        if size is None and local_path(shard.url) is None:
+        size = shard.size
+        if local_path(shard.url) is not None:
+            size = None
+        elif size is None:
             found = entry_for(manager.cache_dir, shard.url)
             size = found.size if found is not None else None
             if size is None and not manager.offline:

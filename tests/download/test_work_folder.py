@@ -20,6 +20,16 @@ from tests.support.download import FaultServer, one_member_tar, planted_partial,
 pytestmark = pytest.mark.timeout(60)
 
 
+def planted_work_folder(tmp_path: Path, url: str) -> tuple[Path, Path]:
+    """A cache folder whose work folder for `url` is a link planted to another folder."""
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    work_folder(Entry(cache, url).final).symlink_to(elsewhere)
+    return cache, elsewhere
+
+
 def test_a_planted_work_folder_link_is_never_listed_or_renamed_through(
     http_server: FaultServer, tmp_path: Path
 ) -> None:
@@ -92,13 +102,9 @@ def test_an_outage_with_a_refused_work_folder_leaves_no_partial_next_to_the_entr
     """With the work folder refused (a link planted at its name), an outage must keep no
     partial file next to the entry, where no later call looks (it would never be resumed
     nor swept, a file's worth of disk per failed call), nor where the link points."""
-    cache = tmp_path / "cache"
-    cache.mkdir()
-    elsewhere = tmp_path / "elsewhere"
-    elsewhere.mkdir()
     data = os.urandom(300_000)
     url = http_server.add(unique_path("outage"), data, drop_after=100_000, drops=100)
-    work_folder(Entry(cache, url).final).symlink_to(elsewhere)
+    cache, elsewhere = planted_work_folder(tmp_path, url)
     manager = DownloadManager(cache, connections=1, retries=1, backoff_factor=0.01, progress=False)
     for _attempt in range(2):
         with pytest.raises(DownloadError):
@@ -114,14 +120,10 @@ def test_a_killed_writers_partial_next_to_the_entry_does_not_stay_forever(
     swept". With a link planted at the work folder's name, a process killed mid-fetch
     (preempted, OOM) leaves its partial file in the cache folder itself; the next fetch
     of that entry publishes it and leaves no partial file of a dead writer behind."""
-    cache = tmp_path / "cache"
-    cache.mkdir()
-    elsewhere = tmp_path / "elsewhere"
-    elsewhere.mkdir()
     data = os.urandom(300_000)
     url = http_server.add(unique_path("killed-next-to"), data, hold_after=100_000, chunk=16_384)
     route = http_server.route(url)
-    work_folder(Entry(cache, url).final).symlink_to(elsewhere)
+    cache, _elsewhere = planted_work_folder(tmp_path, url)
     pid = os.fork()
     if pid == 0:  # the writer: no pytest past this point
         try:

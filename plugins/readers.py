@@ -216,6 +216,8 @@ def _sharding_problems(arguments: Mapping[str, Any]) -> list[tuple[str, str]]:
 class _ShardedReader(DatasetReader):
     """Shards raw records itself, before parsing them."""
 
+    deals_with_shard_iterable = True
+
     config_checks = DatasetReader.config_checks.extended(
         _sharding_problems,
         {

@@ -49,7 +49,7 @@ class WorkerPools:
     def start(self, info: Optional[DistributedInfo]) -> WorkerPool:
         """A new pool (not kept: the caller shuts it down or leases it)."""
         settings = self.settings
-        self._advise()
+        self._advise(1 if info is None else info.world_size)
         context = multiprocessing.get_context(settings.start_method)
         closes = self.closes
         try:
@@ -81,12 +81,14 @@ class WorkerPools:
             self.pool.shutdown()
             self.pool = None
 
-    def _advise(self) -> None:
+    def _advise(self, world: int) -> None:
         """Warn when every worker is about to parse every record: a reader that does not
         shard by worker reads the whole data in each worker and keeps its share."""
         settings = self.settings
         if settings.num_workers < 2 or settings.reader.manual_multiprocess_sharding:
             return
+        if settings.deal(world):
+            return  # streamed shards dealt whole: each worker reads only its own
         kind = type(settings.reader)
         mode = "" if settings.lazy else "use lazy mode (max_instances_in_memory) and "
         if settings.reader.manual_distributed_sharding:

@@ -236,6 +236,7 @@ class WorkerPool:
                     position.base,
                     position.points[worker_id],
                     source,
+                    position.deal or 0,
                 )
                 self._command(worker_id, start)
         bars = self._bars(kind)

@@ -9,7 +9,7 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any, Optional, cast
 
-from framework.data._shards import Consumed, Point
+from framework.data._shards import Consumed, Point, dealt_streams, reading_order
 
 __all__ = ["Position"]
 
@@ -22,6 +22,10 @@ class Position:
     the `Point` to restart it after its last batch, the record indexes it yielded at or
     after that point's record (`taken`), and when done, the record below which it read
     everything (`ends`). `base`: the records the epoch yielded before this pass began.
+
+    `deal`: over how many slots the epoch deals whole shards (`ShardPlan`), 0 when it
+    deals records one by one, None until its first pass begins. `high`: per worker,
+    one past the highest record index it yielded.
     """
 
     epoch: int
@@ -36,6 +40,8 @@ class Position:
     taken: list[list[int]] = field(default_factory=list)
     ends: list[int] = field(default_factory=list)
     tracked: bool = True
+    deal: Optional[int] = None
+    high: list[int] = field(default_factory=list)
 
     def begin(self, workers: int) -> None:
         """Size the per-worker lists for a pass with `workers` slots (once)."""
@@ -46,6 +52,8 @@ class Position:
             self.points = [None] * workers
             self.taken = [[] for _ in range(workers)]
             self.ends = [-1] * workers
+        if not self.high:
+            self.high = [0] * workers
 
     def record(self, worker: int, indexes: list[Optional[int]], point: Optional[Point]) -> None:
         """Worker `worker` yielded a batch of `indexes`; after it the worker restarts at `point`."""
@@ -57,8 +65,12 @@ class Position:
             return
         taken = self.taken[worker]
         taken.extend(cast(list[int], indexes))
+        if indexes:
+            self.high[worker] = max(self.high[worker], 1 + max(cast(list[int], indexes)))
         if previous is None or previous.record != point.record:
-            self.taken[worker] = [i for i in taken if i >= point.record]
+            deal = self.deal or 0
+            here = reading_order(point.record, deal)
+            self.taken[worker] = [i for i in taken if reading_order(i, deal) >= here]
 
     def finish(self, worker: int, instances: int, end: int) -> None:
         self.done[worker] = True
@@ -66,20 +78,43 @@ class Position:
         self.ends[worker] = end
 
     def limits(self, rank: int, world: int) -> dict[int, int]:
-        """Per slot of this rank: every record of its share below this one was yielded."""
+        """Per share of this rank's slots (a slot's, or with whole shards dealt, a
+        stream's: the indexes `i % stride == share`): every record of it below this one
+        was yielded."""
         out = {}
+        slots = world * len(self.points)
         for worker, point in enumerate(self.points):
             slot = rank + world * worker
-            if self.done[worker] and self.ends[worker] >= 0:
-                out[slot] = self.ends[worker]
-            elif point is not None:
-                out[slot] = point.record
-            else:
-                out[slot] = self.base.below  # nothing yielded yet
+            if not self.deal:
+                if self.done[worker] and self.ends[worker] >= 0:
+                    out[slot] = self.ends[worker]
+                elif point is not None:
+                    out[slot] = point.record
+                else:
+                    out[slot] = self.base.below  # nothing yielded yet
+                continue
+            # A slot reads its streams one after another: those before the current one
+            # are read to their end (past every index the slot yielded).
+            finished = max(self.high[worker], self.ends[worker], self.base.below)
+            current = point.record % self.deal if point is not None else -1
+            for stream in dealt_streams(slot, slots, self.deal):
+                if self.done[worker] or stream < current:
+                    out[stream] = finished
+                elif stream == current and point is not None:
+                    out[stream] = point.record
+                else:
+                    out[stream] = self.base.below  # nothing yielded yet
         return out
 
+    def stride(self, slots: int) -> int:
+        """The share of record `i` is `i % stride` (`limits`), for a pass of `slots` slots."""
+        return self.deal or slots
+
     def tokens(self) -> dict[int, Any]:
-        """Seek tokens by record index, where the workers' points know them."""
+        """Seek tokens by record index, where the workers' points know them (with whole
+        shards dealt, none: a token is a place in one slot's shards)."""
+        if self.deal:
+            return {}
         return {p.record: p.token for p in self.points if p is not None and p.token is not None}
 
     def to_dict(self) -> dict[str, Any]:
@@ -96,12 +131,19 @@ class Position:
             "taken": [list(t) for t in self.taken],
             "ends": list(self.ends),
             "tracked": self.tracked,
+            "deal": self.deal,
+            "high": list(self.high),
         }
 
     @classmethod
     def from_dict(cls, state: dict[str, Any]) -> Position:
         # Copies: the caller's state must stay as saved (it may be loaded again).
-        fields = {key: copy.deepcopy(state[key]) for key in cls.__dataclass_fields__}
+        # "deal" and "high": absent from a state of format version 3 (records dealt one by one)
+        older = {"deal": 0, "high": []}
+        fields = {key: copy.deepcopy(state.get(key, older.get(key))) for key in cls.__dataclass_fields__}
+        missing = [key for key in cls.__dataclass_fields__ if key not in state and key not in older]
+        if missing:
+            raise KeyError(missing[0])
         fields["base"] = Consumed.from_dict(state["base"])
         fields["points"] = [None if p is None else Point.from_dict(p) for p in state["points"]]
         fields["taken"] = [list(t) for t in state["taken"]]

@@ -51,11 +51,12 @@ PassKind = Literal["batches", "instances"]
 class Start:
     kind: PassKind
     seed: int
-    slot: int  # this worker's share: records i with i % slots == slot, not in base
+    slot: int  # this worker's share: records i with i % slots == slot, not in base (or see deal)
     slots: int
     base: Consumed  # records the epoch yielded before this pass (an elastic resume)
     point: Optional[Point]  # where to restart (resuming); None: from the start
     source: Any = None  # what the reader reads this pass, when not the spec's (shards in epoch order)
+    deal: int = 0  # whole shards of `source` dealt over this many slots (0: records one by one)
 
 
 @dataclass(frozen=True, slots=True)

@@ -93,6 +93,21 @@ class LoaderSettings:
             source = source.pinned(self.pins[1])
         return source
 
+    def deal(self, world: int) -> int:
+        """Over how many slots a lazy epoch starting now deals whole streamed shards (each
+        worker then reads only its own shards), or 0 to deal records one by one: with
+        fewer shards than slots, a reader that shards by itself, or `max_instances`
+        (the first records of the whole stream, which no slot's shards alone hold)."""
+        reader = self.reader
+        slots = world * self.slots_per_rank()
+        plans = reader.deals_with_shard_iterable or not (
+            reader.manual_distributed_sharding or reader.manual_multiprocess_sharding
+        )
+        source = self.source
+        if not (self.lazy and isinstance(source, ShardFiles) and plans and reader.max_instances is None):
+            return 0
+        return slots if 1 < slots <= len(source) else 0
+
     @property
     def hook_overridden(self) -> bool:
         """Whether the reader has its own apply_token_indexers, which the main process runs."""

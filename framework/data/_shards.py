@@ -26,7 +26,7 @@ import os
 import stat
 import sys
 import zlib
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields, is_dataclass
 from typing import Any, Optional, Protocol, TypeVar, cast, runtime_checkable
 
@@ -35,6 +35,7 @@ from framework.registry import import_target, imports_allowed
 
 __all__ = [
     "EAGER_STATE_VERSIONS",
+    "LAZY_STATE_VERSIONS",
     "STATE_VERSION",
     "Consumed",
     "Point",
@@ -45,18 +46,24 @@ __all__ = [
     "check_samples",
     "check_settings",
     "consumed_by",
+    "dealt_streams",
     "digest_of",
     "file_stamps",
     "fingerprint",
     "is_seekable",
+    "reading_order",
     "sample_digests",
+    "slot_reading",
 ]
 
 # 1: the per-topology states of issue 9 (no "version" key); 2: lazy chunks all of
 # max_instances_in_memory (an eager state of version 2 still resumes: nothing it names
-# changed); 3: lazy chunks that grow from one batch (`BatchPlan.chunk_size`).
-STATE_VERSION = 3
-EAGER_STATE_VERSIONS = (2, 3)
+# changed); 3: lazy chunks that grow from one batch (`BatchPlan.chunk_size`); 4: whole
+# streamed shards dealt to slots (a position's "deal"; a state of version 3 still
+# resumes: its records were dealt one by one, which is deal 0).
+STATE_VERSION = 4
+EAGER_STATE_VERSIONS = (2, 3, 4)
+LAZY_STATE_VERSIONS = (3, 4)
 
 _T = TypeVar("_T")
 _T_co = TypeVar("_T_co", covariant=True)
@@ -246,9 +253,12 @@ def consumed_by(
 
     Slot `p` (of `slots`) yielded every record of its share (`i % slots == p`, not in
     `base`) below `limits[p]`, and the records in `taken`. `tokens` gives seek tokens
-    by record index, for the new `below`. Every slot starts at `base.below` or later,
-    so everything below the lowest limit is consumed.
+    by record index, for the new `below`. Every share below `base.below` is consumed,
+    so everything below the lowest limit (`base.below` at least) is consumed.
     """
+    # A share's limit may lie below `base.below` (with whole shards dealt, a stream's
+    # index grows by the stride per record): all of it down there is in `base`.
+    limits = {p: max(limit, base.below) for p, limit in limits.items()}
     low = min(limits.values())
     taken = [index for index in taken if index >= low]
     top = max([base.top, *limits.values(), *(index + 1 for index in taken)])
@@ -262,12 +272,32 @@ def consumed_by(
     return Consumed.build(low, value, tokens)
 
 
+def dealt_streams(slot: int, slots: int, deal: int) -> list[int]:
+    """The streams slot `slot` of `slots` reads when an epoch deals whole shards over
+    `deal` slots: its own under that topology, else (an epoch resumed over another
+    topology) the streams p with p % slots == slot, one after another."""
+    return [slot] if slots == deal else list(range(slot, deal, slots))
+
+
+def reading_order(index: int, deal: int) -> tuple[int, int]:
+    """Where record `index` comes in a slot's reading when whole shards are dealt over
+    `deal` slots (its stream, then its place in it): a slot reads its streams in
+    increasing order, so this orders the records of any slot as it reads them."""
+    return (index % deal, index // deal) if deal else (0, index)
+
+
 class ShardPlan:
     """A slot's share of the record stream, from `start` on, without the `base` records.
 
     Set on the reader (`DatasetReader._set_shard_plan`) in the process that reads.
     `last` is the index of the last record handed on, `fresh` whether one was handed
     on since the reader's last instance was taken (`take`).
+
+    With `deal` (whole shards dealt over `deal` slots, `framework.data.ShardFiles.dealt`)
+    the reader reads only the slot's `streams` of shards, and every record of them is
+    the slot's: record k of stream p has index `k * deal + p`, so a slot's share is
+    still the indexes with `index % deal == p`. The shards tell the plan as each one
+    opens which stream it belongs to (`opened`).
     """
 
     def __init__(
@@ -277,14 +307,21 @@ class ShardPlan:
         base: Consumed,
         start: int = 0,
         token: Any = None,
+        *,
+        deal: int = 0,
+        streams: Sequence[int] = (),
     ) -> None:
         self.slot = slot
         self.slots = slots
         self.base = base
         self.start = start
         self.token = token
+        self.deal = deal
+        self.streams = list(streams)
+        self.stream = 0  # dealt: the place in `streams` of the stream being read
+        self.next = 0  # dealt: the place in that stream of the next record
         self.source: Any = None
-        self.last = start - 1
+        self.last = start - (deal or 1)
         self.fresh = False
         self.tracked = True
         self.at_start: Optional[Callable[[], None]] = None  # run once the reader is at `start`
@@ -297,6 +334,9 @@ class ShardPlan:
         A reader may call it more than once in a read (once per file, say): the records
         are numbered on across calls, and only the first call's records seek.
         """
+        if self.deal:
+            yield from self._dealt(records)
+            return
         first = self.calls == 0
         self.calls += 1
         index = self.numbered
@@ -321,6 +361,51 @@ class ShardPlan:
                 yield record
             index += 1
         self.numbered = index
+
+    def opened(self, stream: int) -> None:
+        """The reader opened a shard of `stream` (dealt): a new stream numbers from 0."""
+        if stream != self.streams[self.stream]:
+            self.stream, self.next = self.streams.index(stream), 0
+
+    def _dealt(self, records: Iterable[_T]) -> Iterator[_T]:
+        """`filter` when whole shards are dealt: every record read is this slot's."""
+        first = self.calls == 0
+        self.calls += 1
+        goal = self._place(self.start)
+        if first:
+            self.stream, self.next = 0, 0
+        seekable = first and is_seekable(records)
+        if seekable and self.token is not None:
+            cast(Seekable[_T], records).seek(self.token)
+            self.stream, self.next = goal
+        self.source = records if seekable else None
+        at_start = self.at_start if first else None
+        base = self.base
+        skip_base = bool(base.below or base.bits)
+        iterator = iter(records)
+        while True:
+            if at_start is not None and (self.stream, self.next) >= goal:
+                at_start()  # the records from `start` on draw from the chunk's seeds
+                at_start = None
+            try:
+                record = next(iterator)  # may open a shard of the next stream (`opened`)
+            except StopIteration:
+                return
+            place = (self.stream, self.next)
+            self.next += 1
+            index = place[1] * self.deal + self.streams[place[0]]
+            if place < goal or (skip_base and index in base):
+                continue  # read past: before the start, or yielded before this pass
+            self.last = index
+            self.fresh = True
+            yield record
+
+    def _place(self, index: int) -> tuple[int, int]:
+        """(place in `streams`, place in the stream) of record `index` (dealt)."""
+        stream, place = reading_order(index, self.deal)
+        if stream not in self.streams:  # a slot with no streams: nothing to read
+            return (len(self.streams), 0)
+        return (self.streams.index(stream), place)
 
     def take(self) -> Optional[int]:
         """The record index of the instance the reader just yielded (None: unknown)."""
@@ -347,7 +432,24 @@ class ShardPlan:
                 token = self.source.tell()
             except (OSError, ValueError):  # cannot tell now (closed, say): resuming skips instead
                 token = None
-        return self.last + 1, token
+        return self.last + (self.deal or 1), token
+
+
+def slot_reading(
+    slot: int, slots: int, base: Consumed, point: Optional[Point], source: Any, deal: int
+) -> tuple[ShardPlan, Any, Point]:
+    """What slot `slot` of `slots` reads in a lazy pass: its shard plan, what its reader
+    reads (with whole shards dealt over `deal` slots, its streams of `source`, a
+    `ShardFiles`) and where it starts (`point`, or the start of its share)."""
+    if not deal:
+        start = point or Point(record=base.below, token=base.token)
+        return ShardPlan(slot, slots, base, max(start.record, 0), start.token), source, start
+    streams = dealt_streams(slot, slots, deal)
+    start = point or Point(record=streams[0] if streams else 0)
+    plan = ShardPlan(slot, slots, base, max(start.record, 0), start.token, deal=deal, streams=streams)
+    mine = source.dealt(streams, deal)
+    mine.on_open = plan.opened
+    return plan, mine, start
 
 
 SAMPLES_PER_RANK = 16  # eager mode: instances of a rank's cache whose digests a state keeps

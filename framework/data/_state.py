@@ -24,6 +24,7 @@ from framework.data._position import Position
 from framework.data._settings import LoaderSettings
 from framework.data._shards import (
     EAGER_STATE_VERSIONS,
+    LAZY_STATE_VERSIONS,
     STATE_VERSION,
     Consumed,
     check_files,
@@ -92,7 +93,7 @@ def whole_state(settings: LoaderSettings, progress: Progress, cache: InstanceCac
         tokens.update({record: token for part in parts for record, token in part["tokens"]})
         consumed = consumed_by(
             base,
-            world * settings.slots_per_rank(),
+            parts[0]["position"].get("deal") or world * settings.slots_per_rank(),
             limits,
             [index for part in parts for index in part["taken"]],
             tokens,
@@ -243,17 +244,17 @@ def resumed_position(settings: LoaderSettings, cache: InstanceCache, state: Mapp
         )
     # Another split: a new pass over what is left, seeded from the saved pass.
     seed = derive_seed(first.seed, "resumed", world, settings.slots_per_rank(), rank)
-    return Position(epoch=first.epoch, seed=seed, base=consumed)
+    # Whole shards dealt: the rest of the epoch keeps its dealing (the streams of shards
+    # its records are numbered in), each slot reading its streams one after another.
+    return Position(epoch=first.epoch, seed=seed, base=consumed, deal=first.deal)
 
 
 def _check_version(state: Mapping[str, Any]) -> None:
     """ResumeError unless this version reads a state of `state`'s format version."""
     version = state["version"]
-    if version == STATE_VERSION:
-        return
     lazy = isinstance(state.get("settings"), Mapping) and bool(state["settings"].get("lazy"))
-    if version in EAGER_STATE_VERSIONS and not lazy:
-        return  # an eager state names the same positions in both versions
+    if version in (LAZY_STATE_VERSIONS if lazy else EAGER_STATE_VERSIONS):
+        return  # an older state that names the same positions as this version's
     if version == 2:
         raise ResumeError(
             "the state was saved by a lazy loader of an earlier version of framework, "

@@ -18,7 +18,7 @@ from framework.data._pool import UserCode, in_process
 from framework.data._position import Position
 from framework.data._rng import PrivateRandom, draws_nothing, scoped, seed_everything
 from framework.data._settings import LoaderSettings
-from framework.data._shards import Point, ShardPlan
+from framework.data._shards import slot_reading
 from framework.data.reader import DatasetReader, DistributedInfo, Instance, current_distributed_info
 from framework.data.shard_files import let_go
 
@@ -68,6 +68,8 @@ def lazy_pass_in_workers(
             # The pool counts a batch once `prepared` made it: one whose hook or
             # collator raised is not counted, and a resume makes it again.
             source = settings.source_for(position.epoch)
+            if position.deal is None:
+                position.deal = settings.deal(world)
             yield from pool.run(position, "batches", settings.timeout, rank, world, settings.prepared, source)
         finished = True
     finally:
@@ -83,9 +85,11 @@ def lazy_pass_in_process(settings: LoaderSettings, position: Position) -> Iterat
     position.begin(1)
     resumed = position.consumed > 0 or bool(position.base.below or position.base.bits)
     worker_seed = derive_seed(position.seed, "worker", 0)
-    start = position.points[0] or Point(record=position.base.below, token=position.base.token)
-    shards = ShardPlan(rank, world, position.base, max(start.record, 0), start.token)
-    source = settings.source_for(position.epoch)
+    if position.deal is None:
+        position.deal = settings.deal(world)
+    shards, source, start = slot_reading(
+        rank, world, position.base, position.points[0], settings.source_for(position.epoch), position.deal
+    )
     reader = settings.reader
     reader._set_shard_plan(shards)
     counter = itertools.count()

@@ -38,7 +38,7 @@ from framework.data._protocol import (
     ToMain,
 )
 from framework.data._rng import after_fork, draws_nothing, scoped, seed_everything
-from framework.data._shards import Point, ShardPlan
+from framework.data._shards import ShardPlan, slot_reading
 from framework.data._transfer import TransferMode, write_frame
 from framework.data.collate import DataCollator
 from framework.data.loader import move_to_device
@@ -220,12 +220,14 @@ def _serve_instances(spec: WorkerSpec, fd: int, control: Connection, command: St
 def _serve_batches(spec: WorkerSpec, fd: int, control: Connection, command: Start, slots: Any) -> None:
     seed_everything(command.seed)
     sender = _Sender(spec, fd, control)
-    start = command.point or Point(record=command.base.below, token=command.base.token)
-    shards = ShardPlan(command.slot, command.slots, command.base, max(start.record, 0), start.token)
+    source = spec.data_path if command.source is None else command.source
+    shards, source, start = slot_reading(
+        command.slot, command.slots, command.base, command.point, source, command.deal
+    )
     spec.reader._set_shard_plan(shards)
     batches = slot_batches(
         _Counting(spec.reader, sender),
-        spec.data_path if command.source is None else command.source,
+        source,
         spec.plan,
         command.seed,
         shards,

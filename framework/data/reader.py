@@ -102,6 +102,12 @@ class DatasetReader(Registrable):
     database query without ORDER BY, a draw from its own unseeded generator) sets it to
     False: `load_state_dict()` then refuses to resume it rather than resume it wrong."""
 
+    deals_with_shard_iterable: bool = False
+    """For a reader with both manual sharding flags: whether `_read` deals its records
+    only through `shard_iterable()` (the built-in readers do). Then, as for a reader
+    without the flags, the loader may hand each worker only its own whole shards of a
+    streamed dataset (`data_path` naming remote shards) instead of every shard."""
+
     # Class-level defaults keep a subclass that forgets super().__init__() working.
     max_instances: Optional[int] = None
     manual_distributed_sharding: bool = False

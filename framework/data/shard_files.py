@@ -64,16 +64,35 @@ class ShardFiles(Sequence[str]):
         self.cache_dir = cache_dir
         self.cache_limit = cache_limit
         self.prefetch = prefetch
-        # Item i is shard order[i]; `upcoming` is the next epoch's order (for eviction).
+        # `order` is the epoch's order of the shards and `upcoming` the next epoch's (for
+        # eviction); item i is shard reads[i]: the epoch's order, or one process's share
+        # of it (`dealt`), whose shard at place j of `order` is read at step j // stride.
         self.order: tuple[int, ...] = tuple(range(len(self.shards)))
         self.upcoming: tuple[int, ...] = self.order
+        self.reads: tuple[int, ...] = self.order
+        self.stride = 1
+        self.streams: tuple[int, ...] = ()  # dealt: the stream of each item
+        self.on_open: Optional[Callable[[int], None]] = None  # told an item's stream as it opens
         self._here: Optional[_Fetching] = None
+        self._shares: list[ShardFiles] = []  # `dealt` views made of this one here
 
     def in_epoch_order(self, seed: int, epoch: int) -> ShardFiles:
         """The same shards in epoch `epoch`'s order: shuffled by `seed` and the epoch, the
         same in every process and every run."""
         count = len(self.shards)
         return self._view(self.shards, _shuffled(count, seed, epoch), _shuffled(count, seed, epoch + 1))
+
+    def dealt(self, streams: Sequence[int], stride: int) -> ShardFiles:
+        """One reading process's share when whole shards are dealt over `stride` slots:
+        stream p is the shards at places p, p + stride, p + 2 * stride, ... of the
+        epoch's order; the view reads the `streams` given one after another."""
+        view = self._view(self.shards, self.order, self.upcoming)
+        pairs = [(stream, shard) for stream in streams for shard in self.order[stream::stride]]
+        view.reads = tuple(shard for _, shard in pairs)
+        view.streams = tuple(stream for stream, _ in pairs)
+        view.stride = stride
+        self._shares.append(view)  # closed with this one: a pass lets go of what it read
+        return view
 
     def pinned(self, digests: Mapping[str, str]) -> ShardFiles:
         """The same shards, each URL in `digests` to be fetched with that sha256 only: a
@@ -82,7 +101,9 @@ class ShardFiles(Sequence[str]):
             Shard(shard.url, digests.get(_named(shard.url), shard.sha256), shard.size)
             for shard in self.shards
         ]
-        return self._view(shards, self.order, self.upcoming)
+        view = self._view(shards, self.order, self.upcoming)
+        view.reads, view.streams, view.stride = self.reads, self.streams, self.stride
+        return view
 
     def _view(
         self, shards: Sequence[Shard], order: Optional[tuple[int, ...]] = None, upcoming: tuple[int, ...] = ()
@@ -93,6 +114,7 @@ class ShardFiles(Sequence[str]):
         )
         if order is not None:
             view.order, view.upcoming = order, upcoming
+            view.reads = order
         return view
 
     def digests(self) -> dict[str, str]:
@@ -122,10 +144,10 @@ class ShardFiles(Sequence[str]):
     @property
     def urls(self) -> list[str]:
         """The shards' URLs, in the order read."""
-        return [self.shards[index].url for index in self.order]
+        return [self.shards[index].url for index in self.reads]
 
     def __len__(self) -> int:
-        return len(self.shards)
+        return len(self.reads)
 
     @overload
     def __getitem__(self, index: int) -> str: ...
@@ -135,19 +157,24 @@ class ShardFiles(Sequence[str]):
 
     def __getitem__(self, index: Union[int, slice]) -> Union[str, Sequence[str]]:
         if isinstance(index, slice):
-            return self._view([self.shards[i] for i in self.order[index]])
-        count = len(self.shards)
+            return self._view([self.shards[i] for i in self.reads[index]])
+        count = len(self.reads)
         if not -count <= index < count:
             raise IndexError(f"shard index {index} out of range: there are {count} shards")
+        if self.on_open is not None and self.streams:
+            self.on_open(self.streams[index % count])
         return self._fetching().path(index % count)
 
     def __iter__(self) -> Iterator[str]:
-        for index in range(len(self.shards)):
+        for index in range(len(self.reads)):
             yield self[index]
 
     def close(self) -> None:
         """Release every shard held and stop fetching ahead (the next item starts again)."""
         here, self._here = self._here, None
+        shares, self._shares = self._shares, []
+        for share in shares:
+            share.close()
         if here is not None and here.pid == os.getpid():
             here.close()
 
@@ -159,6 +186,8 @@ class ShardFiles(Sequence[str]):
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_here"] = None  # threads and held locks stay in the process that made them
+        state["on_open"] = None  # the reading process's shard plan
+        state["_shares"] = []
         return state
 
     def __copy__(self) -> ShardFiles:
@@ -175,22 +204,24 @@ class ShardFiles(Sequence[str]):
         if here is None or here.pid != os.getpid():  # a forked worker starts its own
             manager = DownloadManager(self.cache_dir, progress=False)
             cache = ShardCache(self.shards, manager, self.cache_limit)
-            here = self._here = _Fetching(cache, self.order, self.upcoming, self.prefetch)
+            here = self._here = _Fetching(self, cache)
         return here
 
 
 class _Fetching:
     """A process's fetches of one `ShardFiles`: the shards held and being fetched, by
-    their place in the epoch's order."""
+    their place in what it reads; `where` is the step of the epoch each shard is read
+    at (its place in the epoch's order, over the processes it is dealt to)."""
 
-    def __init__(
-        self, cache: ShardCache, order: tuple[int, ...], upcoming: tuple[int, ...], prefetch: int
-    ) -> None:
+    def __init__(self, files: ShardFiles, cache: ShardCache) -> None:
         self.pid = os.getpid()
         self.cache = cache
-        self.order = order
-        self.where = {shard: place for place, shard in enumerate(order)}
-        self.where_next = {shard: place for place, shard in enumerate(upcoming)}
+        self.order = files.reads
+        stride = files.stride
+        self.where = {shard: place // stride for place, shard in enumerate(files.order)}
+        self.where_next = {shard: place // stride for place, shard in enumerate(files.upcoming)}
+        self.steps = -(-len(files.order) // stride)
+        prefetch = files.prefetch
         # Shards fetched ahead: `prefetch`, deepened while the reader still waits for its
         # next shard (fetches slower than reads: a far server, small shards), up to
         # DEEPEST times as many; with a cache_limit, `prefetch` is what it was sized for.
@@ -200,13 +231,13 @@ class _Fetching:
         self.lock = threading.Lock()
 
     def farthest_first(self, now: int) -> Ranking:
-        """Seen from place `now`, the published shards not held, farthest next use first.
+        """Seen from step `now`, the published shards not held, farthest next use first.
 
-        A shard ahead is read next at its place; one behind, by a slower process of the
-        same pass when a held shard (that process's) lies behind it, else at its place
-        in the next epoch. Every reading process reads every shard (records are dealt
-        one by one), so evicting what this one passed would fetch it again for the others."""
-        count = len(self.order)
+        A shard ahead is read next at its step; one behind, by a slower process of the
+        same pass when a held shard (that process's) lies behind it, else at its step in
+        the next epoch. When records are dealt one by one, every reading process reads
+        every shard, so evicting what this one passed would fetch it again for the others."""
+        count = self.steps
 
         def ranked(published: Sequence[int], held: AbstractSet[int]) -> list[int]:
             low = min((self.where[shard] for shard in held if self.where[shard] < now), default=now)
@@ -230,8 +261,9 @@ class _Fetching:
                 _let_go(self.wanted.pop(other))  # read already, or not ahead any more
             for ahead in range(index, last):
                 if ahead not in self.wanted:
+                    shard = self.order[ahead]
                     self.wanted[ahead] = _in_thread(
-                        self.cache.hold, self.order[ahead], self.farthest_first(ahead)
+                        self.cache.hold, shard, self.farthest_first(self.where[shard])
                     )
             wanted = self.wanted[index]
         if not wanted.done() and self.depth < self.deepest:

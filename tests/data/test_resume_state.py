@@ -64,7 +64,7 @@ def test_a_state_from_another_topology_is_refused(change: dict[str, Any], field:
 
 @pytest.mark.parametrize(
     ("change", "message"),
-    [({"version": 99}, r"format version 99.*reads version 3"), ({"version": None}, "format version None")],
+    [({"version": 99}, r"format version 99.*reads version 4"), ({"version": None}, "format version None")],
 )
 def test_a_state_of_another_format_version_is_refused(change: dict[str, Any], message: str) -> None:
     state = {**_loader().state_dict(), **change}
@@ -87,6 +87,27 @@ def test_an_eager_state_of_version_2_resumes_and_a_lazy_one_is_refused() -> None
     next(iter(lazy))
     with pytest.raises(ValueError, match=r"earlier version of framework.*grow from one batch"):
         _loader(max_instances_in_memory=8).load_state_dict({**lazy.state_dict(), "version": 2})
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_lazy_state_of_version_3_resumes_exactly(workers: int) -> None:
+    """Version 4 added whole streamed shards dealt to slots (a position's "deal");
+    a lazy state of version 3 dealt records one by one, which a position without
+    "deal" resumes as."""
+    options: dict[str, Any] = {"max_instances_in_memory": 8, "shuffle": True, "num_workers": workers}
+    whole = _ids(iter(_loader(**options)))
+    cut = _loader(**options)
+    iterator = iter(cut)
+    seen = [next(iterator)["id"].tolist() for _ in range(5)]
+    state = cut.state_dict()
+    iterator.close()
+    old = {**state, "version": 3, "ranks": [dict(rank) for rank in state["ranks"]]}
+    for rank in old["ranks"]:
+        assert rank.pop("deal") == 0 and "high" in rank
+        del rank["high"]
+    resumed = _loader(**options)
+    resumed.load_state_dict(old)
+    assert seen + _ids(iter(resumed)) == whole
 
 
 def test_a_state_of_the_first_format_is_refused_clearly() -> None:

@@ -224,6 +224,9 @@ def test_s3_glob_over_2_ranks_of_2_workers_then_resumed_on_1_rank(s3_env: str, t
     ranks = [json.loads((whole / f"rank{rank}.json").read_text())["ids"] for rank in range(2)]
     assert not set(ranks[0]) & set(ranks[1])
     assert sorted(ranks[0] + ranks[1]) == all_ids(SHARDS, RECORDS)
+    # Whole shards dealt: no shard has records on both ranks, and each rank read half.
+    shards = [{i // 1000 for i in ids} for ids in ranks]
+    assert not shards[0] & shards[1] and len(shards[0]) == len(shards[1]) == SHARDS // 2
     # Cut at batch 30 on 2 ranks of 2 workers, resumed on 1 rank of 1 worker.
     start_ranks(stream_rank, (2, free_port(), str(part), spec, cache, 2, 30, None), 2)
     saved = [json.loads((part / f"rank{rank}.json").read_text()) for rank in range(2)]

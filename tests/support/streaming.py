@@ -13,6 +13,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Optional
 
+from framework_plugins.readers import JsonlReader
+
+from framework.data.reader import DatasetReader
 from framework.download._cache import Entry, use_of
 from framework.download._call import normalize
 from framework.download._lock import UseLock
@@ -156,3 +159,61 @@ def stream_rank(
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps({"ids": ids, "state": state}))
     finally:
         dist.destroy_process_group()
+
+
+class TaggedJsonl:
+    """Readers of jsonl.gz shards whose instances say which loader worker read them
+    (`worker`): the built-in `"jsonl"` reader (it deals through `shard_iterable`), an
+    automatic one (no sharding flags), and one that deals whole files by itself."""
+
+    @staticmethod
+    def builtin(**options: Any) -> Any:
+        return _Builtin(**options)
+
+    @staticmethod
+    def automatic(**options: Any) -> Any:
+        return _Automatic(**options)
+
+    @staticmethod
+    def by_itself() -> Any:
+        return _ByItself()
+
+
+def _worker_of(reader: Any) -> int:
+    info = reader.get_worker_info()
+    return 0 if info is None else int(info.id)
+
+
+def _records(path: str) -> Iterator[int]:
+    with gzip.open(path, "rt") as handle:
+        for line in handle:
+            yield json.loads(line)["id"]
+
+
+class _Builtin(JsonlReader):
+    def _read(self, file_path: Any) -> Iterator[dict[str, Any]]:
+        for instance in super()._read(file_path):
+            yield {"id": instance["id"], "worker": _worker_of(self)}
+
+
+class _Automatic(DatasetReader):
+    """Reads every shard it is given; the loader deals (not seekable: a resume reads past)."""
+
+    def _read(self, file_path: Any) -> Iterator[dict[str, Any]]:
+        for path in file_path:
+            for record in _records(path):
+                yield {"id": record, "worker": _worker_of(self)}
+
+
+class _ByItself(DatasetReader):
+    """Both sharding flags, and deals whole files to workers by itself."""
+
+    def __init__(self) -> None:
+        super().__init__(manual_distributed_sharding=True, manual_multiprocess_sharding=True)
+
+    def _read(self, file_path: Any) -> Iterator[dict[str, Any]]:
+        info = self.get_worker_info()
+        workers, worker = (1, 0) if info is None else (info.num_workers, info.id)
+        for place in range(worker, len(file_path), workers):
+            for record in _records(file_path[place]):
+                yield {"id": record, "worker": worker}

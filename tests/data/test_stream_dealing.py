@@ -1,0 +1,123 @@
+"""Whole streamed shards dealt to the reading processes: with at least as many shards
+as slots (ranks x workers), each worker reads only its own shards, whole, so no two
+processes fetch or parse one shard; the record indexes of such an epoch stay
+topology-free, so it resumes exactly on the same topology and exactly once on any other."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from framework import MultiProcessDataLoader
+from tests.support.download import FaultServer
+from tests.support.streaming import TaggedJsonl, all_ids, brace, gets, serve
+
+pytestmark = pytest.mark.timeout(120)
+
+SHARDS = 12
+RECORDS = 10
+
+
+def _loader(reader: Any, data_path: str, cache: Path, **options: Any) -> MultiProcessDataLoader:
+    options = {"batch_size": 4, "max_instances_in_memory": 16, "quiet": True, "seed": 1, **options}
+    return MultiProcessDataLoader(reader, data_path, cache_dir=str(cache), **options)
+
+
+def _pairs(batches: Any) -> list[tuple[int, int]]:
+    return [(i, w) for batch in batches for i, w in zip(batch["id"].tolist(), batch["worker"].tolist())]
+
+
+def _readers_of_each_shard(pairs: list[tuple[int, int]]) -> dict[int, set[int]]:
+    readers: dict[int, set[int]] = defaultdict(set)
+    for record, worker in pairs:
+        readers[record // 1000].add(worker)
+    return readers
+
+
+@pytest.mark.parametrize("kind", ["builtin", "automatic"])
+@pytest.mark.parametrize("workers", [2, 3])
+def test_each_worker_reads_whole_shards_of_its_own(
+    http_server: FaultServer, tmp_path: Path, kind: str, workers: int
+) -> None:
+    name = f"deal-{kind}-{workers}"
+    serve(http_server, name, shards=SHARDS, records=RECORDS)
+    reader = getattr(TaggedJsonl, kind)()
+    pairs = _pairs(
+        _loader(reader, brace(http_server, name, SHARDS), tmp_path / "c", num_workers=workers, shuffle=True)
+    )
+    assert sorted(i for i, _ in pairs) == all_ids(SHARDS, RECORDS)
+    readers = _readers_of_each_shard(pairs)
+    assert all(len(found) == 1 for found in readers.values()), readers  # one reader a shard
+    per_worker = defaultdict(int)
+    for found in readers.values():
+        per_worker[found.pop()] += 1
+    assert sorted(per_worker.values()) == [SHARDS // workers] * workers
+    assert gets(http_server, name) == SHARDS
+
+
+def test_fewer_shards_than_workers_deal_records(http_server: FaultServer, tmp_path: Path) -> None:
+    serve(http_server, "few", shards=1, records=40)
+    pairs = _pairs(
+        _loader(TaggedJsonl.builtin(), brace(http_server, "few", 1), tmp_path / "c", num_workers=2)
+    )
+    assert sorted(i for i, _ in pairs) == all_ids(1, 40)
+    assert _readers_of_each_shard(pairs) == {0: {0, 1}}  # records dealt one by one
+
+
+def test_a_reader_that_shards_by_itself_is_given_every_shard(
+    http_server: FaultServer, tmp_path: Path
+) -> None:
+    # It deals files to workers by itself: handed only a worker's share, it would deal
+    # that again and drop the rest.
+    serve(http_server, "itself", shards=SHARDS, records=RECORDS)
+    reader = TaggedJsonl.by_itself()
+    pairs = _pairs(_loader(reader, brace(http_server, "itself", SHARDS), tmp_path / "c", num_workers=2))
+    assert sorted(i for i, _ in pairs) == all_ids(SHARDS, RECORDS)
+
+
+def test_max_instances_reads_the_first_records_of_the_whole_stream(
+    http_server: FaultServer, tmp_path: Path
+) -> None:
+    serve(http_server, "capped", shards=SHARDS, records=RECORDS)
+    reader = TaggedJsonl.builtin(max_instances=25)
+    pairs = _pairs(_loader(reader, brace(http_server, "capped", SHARDS), tmp_path / "c", num_workers=2))
+    assert sorted(i for i, _ in pairs) == all_ids(3, RECORDS)[:25]
+
+
+@pytest.mark.parametrize("kind", ["builtin", "automatic"])
+@pytest.mark.parametrize(("before", "after", "again"), [(2, 2, None), (2, 0, None), (2, 3, 2), (3, 2, 0)])
+def test_a_dealt_epoch_resumes_exactly_on_any_topology(
+    http_server: FaultServer, tmp_path: Path, kind: str, before: int, after: int, again: Any
+) -> None:
+    name = f"resume-{kind}-{before}-{after}-{again}"
+    serve(http_server, name, shards=SHARDS, records=RECORDS)
+    data_path = brace(http_server, name, SHARDS)
+    cache = tmp_path / "c"
+
+    def build(workers: int) -> MultiProcessDataLoader:
+        return _loader(getattr(TaggedJsonl, kind)(), data_path, cache, num_workers=workers, shuffle=True)
+
+    whole = [i for i, _ in _pairs(build(before))]
+    first = build(before)
+    iterator = iter(first)
+    seen = [i for i, _ in _pairs(next(iterator) for _ in range(7))]
+    state = first.state_dict()
+    iterator.close()
+    resumed = build(after)
+    resumed.load_state_dict(state)
+    if again is None:
+        rest = [i for i, _ in _pairs(resumed)]
+    else:  # cut the resumed pass (each worker reading several streams) and resume again
+        iterator = iter(resumed)
+        rest = [i for i, _ in _pairs(next(iterator) for _ in range(5))]
+        state = resumed.state_dict()
+        iterator.close()
+        last = build(again)
+        last.load_state_dict(state)
+        rest += [i for i, _ in _pairs(last)]
+    assert sorted(seen + rest) == all_ids(SHARDS, RECORDS)
+    if after == before and again is None:
+        assert seen + rest == whole  # the same topology: batch for batch

@@ -86,6 +86,7 @@ class _Slot:
     seed: int
     start: Point
     where: Callable[[], tuple[int, Any]]
+    held: Callable[[], Optional[list[int]]]  # `Point.shard` of where a chunk starts
     reseed: Callable[[int], None]
 
 
@@ -165,6 +166,7 @@ class BatchPlan:
         while True:
             size = self.chunk_size(number)
             record, token = slot.where()
+            shard = slot.held()
             slot.reseed(derive_seed(slot.seed, "chunk", number))
             counter = itertools.count()
             # map/zip: counted in C, not per item in Python
@@ -175,7 +177,7 @@ class BatchPlan:
             if number == slot.start.chunk and slot.start.digest not in (None, digest):
                 raise not_deterministic(slot.start, digest)
             chunk = items if first is None else itertools.chain([first], items)
-            yield Point(number, record, token, pulled, digest=digest), chunk
+            yield Point(number, record, token, pulled, digest=digest, shard=shard), chunk
             for _ in chunk:  # the consumer may have stopped early: finish the chunk
                 pass
             count = next(counter)
@@ -241,7 +243,7 @@ def slot_batches(
         for _ in itertools.islice(instances, start.skip):
             shards.take()
     items = ((instance, shards.take()) for instance in instances)
-    return plan.resumable(_Slot(items, seed, start, shards.where, reseed))
+    return plan.resumable(_Slot(items, seed, start, shards.where, shards.held, reseed))
 
 
 def _once_skipped(reseed: Callable[[int], None]) -> Callable[[int], None]:

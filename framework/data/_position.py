@@ -9,7 +9,7 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any, Optional, cast
 
-from framework.data._shards import Consumed, Point, dealt_streams, reading_order
+from framework.data._shards import READ, Consumed, Point, dealt_streams, reading_order
 
 __all__ = ["Position"]
 
@@ -104,6 +104,22 @@ class Position:
                     out[stream] = point.record
                 else:
                     out[stream] = self.base.below  # nothing yielded yet
+        return out
+
+    def marks(self, rank: int, world: int) -> dict[int, list[int]]:
+        """Per stream of this rank's slots (whole shards dealt): where reading it again
+        may start (`Consumed.marks`), where the workers know it."""
+        out: dict[int, list[int]] = {}
+        if not self.deal:
+            return out
+        slots = world * len(self.points)
+        for worker, point in enumerate(self.points):
+            current = point.record % self.deal if point is not None else -1
+            for stream in dealt_streams(rank + world * worker, slots, self.deal):
+                if self.done[worker] or stream < current:
+                    out[stream] = [READ, 0]
+                elif stream == current and point is not None and point.shard is not None:
+                    out[stream] = list(point.shard)
         return out
 
     def stride(self, slots: int) -> int:

@@ -27,7 +27,7 @@ import stat
 import sys
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, fields, is_dataclass
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from typing import Any, Optional, Protocol, TypeVar, cast, runtime_checkable
 
 from framework.errors import ResumeError
@@ -36,6 +36,7 @@ from framework.registry import import_target, imports_allowed
 __all__ = [
     "EAGER_STATE_VERSIONS",
     "LAZY_STATE_VERSIONS",
+    "READ",
     "STATE_VERSION",
     "Consumed",
     "Point",
@@ -112,14 +113,18 @@ class Point:
     skip: int = 0
     within: int = 0
     digest: Optional[str] = None  # `digest_of` the chunk's first instance (None: unknown)
+    # With whole shards dealt: [place in its stream of the shard that holds `record`,
+    # index in the stream of that shard's first record] (None: unknown).
+    shard: Optional[list[int]] = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, state: Mapping[str, Any]) -> Point:
-        known = {key: state[key] for key in cls.__dataclass_fields__ if key != "digest"}
-        return cls(**known, digest=state.get("digest"))  # no digest: a state from before it
+        later = ("digest", "shard")  # absent from a state from before them
+        known = {key: state[key] for key in cls.__dataclass_fields__ if key not in later}
+        return cls(**known, digest=state.get("digest"), shard=state.get("shard"))
 
 
 LOOK = 4096  # a container with more items than this enters a digest by its size only
@@ -197,11 +202,15 @@ class Consumed:
 
     Bit k of `bits` (little-endian within each byte) is record `below + k`.
     `token` is the reader's seek token for record `below` (None when unknown).
+    `marks` (whole shards dealt): per stream, where reading it again may start,
+    `[place of a shard in the stream, index in the stream of its first record]`,
+    every record before it consumed; place `READ` for a stream read to its end.
     """
 
     below: int = 0
     bits: bytes = b""
     token: Any = None
+    marks: dict[int, list[int]] = field(default_factory=dict)
 
     def __contains__(self, index: int) -> bool:
         if index < self.below:
@@ -213,7 +222,8 @@ class Consumed:
     def to_dict(self) -> dict[str, Any]:
         # zlib + base64 keeps an eager epoch's random subset small, and plain text.
         packed = base64.b64encode(zlib.compress(self.bits)).decode("ascii")
-        return {"below": self.below, "bits": packed, "token": self.token}
+        marks = [[stream, *mark] for stream, mark in sorted(self.marks.items())]
+        return {"below": self.below, "bits": packed, "token": self.token, "marks": marks}
 
     @classmethod
     def from_dict(cls, state: Mapping[str, Any]) -> Consumed:
@@ -221,7 +231,12 @@ class Consumed:
         if not isinstance(below, int) or below < 0:
             raise ValueError(f"consumed.below must be an int >= 0, got {below!r}")
         bits = zlib.decompress(base64.b64decode(state["bits"]))
-        return cls(below, bits, state.get("token"))
+        marks = {}
+        for mark in state.get("marks") or []:
+            if not (isinstance(mark, list) and len(mark) == 3 and all(type(x) is int for x in mark)):
+                raise ValueError(f"a consumed mark is [stream, place, index], got {mark!r}")
+            marks[mark[0]] = mark[1:]
+        return cls(below, bits, state.get("token"), marks)
 
     @property
     def top(self) -> int:
@@ -229,7 +244,9 @@ class Consumed:
         return self.below + 8 * len(self.bits)
 
     @classmethod
-    def build(cls, low: int, value: int, tokens: Mapping[int, Any]) -> Consumed:
+    def build(
+        cls, low: int, value: int, tokens: Mapping[int, Any], marks: Optional[dict[int, list[int]]] = None
+    ) -> Consumed:
         """All of `[0, low)` and bit k of `value` for record `low + k`.
 
         `below` stays at `low` when `tokens` can seek there (resuming seeks, then skips
@@ -239,7 +256,8 @@ class Consumed:
         if tokens.get(low) is None:
             ones = (~value & (value + 1)).bit_length() - 1
             below, value = low + ones, value >> ones
-        return cls(below, value.to_bytes((value.bit_length() + 7) // 8, "little"), tokens.get(below))
+        packed = value.to_bytes((value.bit_length() + 7) // 8, "little")
+        return cls(below, packed, tokens.get(below), dict(marks or {}))
 
 
 def consumed_by(
@@ -248,8 +266,10 @@ def consumed_by(
     limits: Mapping[int, int],
     taken: Iterable[int],
     tokens: Mapping[int, Any],
+    marks: Optional[Mapping[int, list[int]]] = None,
 ) -> Consumed:
-    """`base` plus what the slots of a pass yielded.
+    """`base` plus what the slots of a pass yielded (and where they stand in their
+    streams, `marks`, which supersede the base's).
 
     Slot `p` (of `slots`) yielded every record of its share (`i % slots == p`, not in
     `base`) below `limits[p]`, and the records in `taken`. `tokens` gives seek tokens
@@ -269,7 +289,10 @@ def consumed_by(
     for index in taken:
         bits[(index - low) >> 3] |= 1 << ((index - low) & 7)
     value = int.from_bytes(bits, "little") | int.from_bytes(base.bits, "little") >> (low - base.below)
-    return Consumed.build(low, value, tokens)
+    return Consumed.build(low, value, tokens, {**base.marks, **(marks or {})})
+
+
+READ = -1  # a stream's mark place: read to its end (`Consumed.marks`)
 
 
 def dealt_streams(slot: int, slots: int, deal: int) -> list[int]:
@@ -310,6 +333,8 @@ class ShardPlan:
         *,
         deal: int = 0,
         streams: Sequence[int] = (),
+        firsts: Optional[Mapping[int, int]] = None,
+        shard: Optional[list[int]] = None,
     ) -> None:
         self.slot = slot
         self.slots = slots
@@ -320,12 +345,16 @@ class ShardPlan:
         self.streams = list(streams)
         self.stream = 0  # dealt: the place in `streams` of the stream being read
         self.next = 0  # dealt: the place in that stream of the next record
+        self.firsts = dict(firsts or {})  # dealt: a stream's first record read (its mark)
+        # dealt: [place in its stream of the shard being read, its first record's place]
+        self.shard = shard
         self.source: Any = None
         self.last = start - (deal or 1)
         self.fresh = False
         self.tracked = True
         self.at_start: Optional[Callable[[], None]] = None  # run once the reader is at `start`
         self.calls = 0  # filter() calls so far in this read
+        self.seeked = False  # dealt: the reader seeked, and has opened no shard since
         self.numbered = 0  # records the finished calls numbered
 
     def filter(self, records: Iterable[_T], limit: Optional[int] = None) -> Iterator[_T]:
@@ -362,22 +391,36 @@ class ShardPlan:
             index += 1
         self.numbered = index
 
-    def opened(self, stream: int) -> None:
-        """The reader opened a shard of `stream` (dealt): a new stream numbers from 0."""
+    def opened(self, stream: int, place: int) -> None:
+        """The reader opened the shard at `place` of `stream` (dealt): another stream
+        numbers on from its first record read (`firsts`)."""
         if stream != self.streams[self.stream]:
-            self.stream, self.next = self.streams.index(stream), 0
+            self.stream, self.next = self.streams.index(stream), self.firsts.get(stream, 0)
+        elif self.seeked:
+            # The first shard opened after a seek: its first record's place is the saved
+            # point's, when it is the shard the point was in; else unknown here.
+            self.seeked = False
+            if self.shard is None or self.shard[0] != place:
+                self.shard = None
+            return
+        self.shard = [place, self.next]
+
+    def held(self) -> Optional[list[int]]:
+        """`Point.shard` for the record after the last one handed on (dealt)."""
+        return None if self.shard is None else list(self.shard)
 
     def _dealt(self, records: Iterable[_T]) -> Iterator[_T]:
         """`filter` when whole shards are dealt: every record read is this slot's."""
         first = self.calls == 0
         self.calls += 1
         goal = self._place(self.start)
-        if first:
-            self.stream, self.next = 0, 0
+        if first and self.streams:
+            self.stream, self.next = 0, self.firsts.get(self.streams[0], 0)
         seekable = first and is_seekable(records)
         if seekable and self.token is not None:
             cast(Seekable[_T], records).seek(self.token)
             self.stream, self.next = goal
+            self.seeked = True
         self.source = records if seekable else None
         at_start = self.at_start if first else None
         base = self.base
@@ -445,9 +488,24 @@ def slot_reading(
         start = point or Point(record=base.below, token=base.token)
         return ShardPlan(slot, slots, base, max(start.record, 0), start.token), source, start
     streams = dealt_streams(slot, slots, deal)
-    start = point or Point(record=streams[0] if streams else 0)
-    plan = ShardPlan(slot, slots, base, max(start.record, 0), start.token, deal=deal, streams=streams)
-    mine = source.dealt(streams, deal)
+    # Each stream from its mark: the shards before it are read already. From the base's
+    # marks only, which stay the same for the whole pass: a seek token is a place in
+    # what the pass read, so a pass resumed at its point reads the same shards again.
+    firsts = {stream: base.marks[stream][1] for stream in streams if stream in base.marks}
+    first = firsts.get(streams[0], 0) * deal + streams[0] if streams else 0
+    start = point or Point(record=first)
+    plan = ShardPlan(
+        slot,
+        slots,
+        base,
+        max(start.record, 0),
+        start.token,
+        deal=deal,
+        streams=streams,
+        firsts=firsts,
+        shard=start.shard,
+    )
+    mine = source.dealt(streams, deal, base.marks)
     mine.on_open = plan.opened
     return plan, mine, start
 

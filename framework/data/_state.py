@@ -97,6 +97,7 @@ def whole_state(settings: LoaderSettings, progress: Progress, cache: InstanceCac
             limits,
             [index for part in parts for index in part["taken"]],
             tokens,
+            {int(stream): mark for part in parts for stream, mark in part["marks"]},
         )
     return {
         "version": STATE_VERSION,
@@ -164,12 +165,14 @@ def rank_part(
             taken = [indexes[i] for b in lists[: position.consumed] for i in b]
         limits = [(rank, position.base.below)]
         tokens: list[tuple[int, Any]] = []
+        marks: list[tuple[int, list[int]]] = []
     else:
         position.begin(settings.slots_per_rank())
         tracked = position.tracked
         taken = [index for listed in position.taken for index in listed]
         limits = list(position.limits(rank, world).items())
         tokens = list(position.tokens().items())
+        marks = list(position.marks(rank, world).items())
     cached = cache.instances if settings.max_instances_in_memory is None else None
     return {
         "position": position.to_dict(),
@@ -179,6 +182,7 @@ def rank_part(
         "taken": taken,
         "limits": limits,
         "tokens": tokens,
+        "marks": marks,
     }
 
 

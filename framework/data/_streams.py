@@ -74,7 +74,8 @@ def lazy_pass_in_workers(
         finished = True
     finally:
         pools.release(pool, finished)
-    if position.instances == 0 and not resumed:
+    if position.instances == 0 and not resumed and not position.deal:
+        # (With whole shards dealt, a rank's shards may all be empty: the others' are not.)
         raise no_instances(settings.reader, settings.data_path)
 
 
@@ -133,7 +134,8 @@ def lazy_pass_in_process(settings: LoaderSettings, position: Position) -> Iterat
     finally:
         reader._set_shard_plan(None)  # the reader reads whole again outside the loader
         let_go(source)
-    if position.instances == 0 and not resumed:
+    if position.instances == 0 and not resumed and not position.deal:
+        # (With whole shards dealt, a rank's shards may all be empty: the others' are not.)
         raise no_instances(settings.reader, settings.data_path)
 
 

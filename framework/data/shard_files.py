@@ -71,8 +71,9 @@ class ShardFiles(Sequence[str]):
         self.upcoming: tuple[int, ...] = self.order
         self.reads: tuple[int, ...] = self.order
         self.stride = 1
-        self.streams: tuple[int, ...] = ()  # dealt: the stream of each item
-        self.on_open: Optional[Callable[[int], None]] = None  # told an item's stream as it opens
+        # dealt: each item's (stream, place in the stream); `on_open` is told them as it opens
+        self.streams: tuple[tuple[int, int], ...] = ()
+        self.on_open: Optional[Callable[[int, int], None]] = None
         self._here: Optional[_Fetching] = None
         self._shares: list[ShardFiles] = []  # `dealt` views made of this one here
 
@@ -82,14 +83,21 @@ class ShardFiles(Sequence[str]):
         count = len(self.shards)
         return self._view(self.shards, _shuffled(count, seed, epoch), _shuffled(count, seed, epoch + 1))
 
-    def dealt(self, streams: Sequence[int], stride: int) -> ShardFiles:
+    def dealt(self, streams: Sequence[int], stride: int, marks: Mapping[int, Sequence[int]]) -> ShardFiles:
         """One reading process's share when whole shards are dealt over `stride` slots:
         stream p is the shards at places p, p + stride, p + 2 * stride, ... of the
-        epoch's order; the view reads the `streams` given one after another."""
+        epoch's order; the view reads the `streams` given one after another, each from
+        the place its mark gives (`[place, ...]`, -1: none of it), the shards before
+        it read already."""
         view = self._view(self.shards, self.order, self.upcoming)
-        pairs = [(stream, shard) for stream in streams for shard in self.order[stream::stride]]
-        view.reads = tuple(shard for _, shard in pairs)
-        view.streams = tuple(stream for stream, _ in pairs)
+        items = []
+        for stream in streams:
+            dealt = self.order[stream::stride]
+            place = marks[stream][0] if stream in marks else 0
+            start = len(dealt) if place < 0 else place
+            items += [(stream, at, dealt[at]) for at in range(start, len(dealt))]
+        view.reads = tuple(shard for _, _, shard in items)
+        view.streams = tuple((stream, at) for stream, at, _ in items)
         view.stride = stride
         self._shares.append(view)  # closed with this one: a pass lets go of what it read
         return view
@@ -162,7 +170,7 @@ class ShardFiles(Sequence[str]):
         if not -count <= index < count:
             raise IndexError(f"shard index {index} out of range: there are {count} shards")
         if self.on_open is not None and self.streams:
-            self.on_open(self.streams[index % count])
+            self.on_open(*self.streams[index % count])
         return self._fetching().path(index % count)
 
     def __iter__(self) -> Iterator[str]:

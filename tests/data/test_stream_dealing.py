@@ -121,3 +121,32 @@ def test_a_dealt_epoch_resumes_exactly_on_any_topology(
     assert sorted(seen + rest) == all_ids(SHARDS, RECORDS)
     if after == before and again is None:
         assert seen + rest == whole  # the same topology: batch for batch
+
+
+@pytest.mark.parametrize("kind", ["builtin", "automatic"])
+def test_a_resume_on_another_topology_fetches_no_shard_its_streams_read_already(
+    http_server: FaultServer, tmp_path: Path, kind: str
+) -> None:
+    name = f"marks-{kind}"
+    urls = serve(http_server, name, shards=SHARDS, records=RECORDS)
+    data_path = brace(http_server, name, SHARDS)
+    reader = getattr(TaggedJsonl, kind)
+    first = _loader(reader(), data_path, tmp_path / "node0", num_workers=2, shuffle=True)
+    iterator = iter(first)
+    seen = [i for i, _ in _pairs(next(iterator) for _ in range(16))]  # 64 of 120 records
+    state = first.state_dict()
+    iterator.close()
+    order = first._settings.source_for(0).urls
+    marks = state["consumed"]["marks"]
+    read = {url for stream, place, _ in marks for url in order[stream::2][: place if place >= 0 else None]}
+    assert len(read) >= 2, marks  # each stream's mark is past a shard at least
+    before = {url: http_server.route(url).gets for url in urls}
+    # Resumed on another node (an empty cache) with 3 workers: the shards the streams
+    # read before their marks are not fetched again.
+    resumed = _loader(reader(), data_path, tmp_path / "node1", num_workers=3, shuffle=True)
+    resumed.load_state_dict(state)
+    rest = [i for i, _ in _pairs(resumed)]
+    assert sorted(seen + rest) == all_ids(SHARDS, RECORDS)
+    again = {url for url in urls if http_server.route(url).gets > before[url]}
+    assert not again & read, sorted(again & read)
+    assert len(again) <= SHARDS - len(read)

@@ -10,7 +10,7 @@ pass the loader keeps between epochs makes no reference cycle with it.
 from __future__ import annotations
 
 from collections.abc import Generator, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from framework.data._cache import InstanceCache
@@ -22,7 +22,9 @@ from framework.data._streams import eager_pass, lazy_pass_in_process, lazy_pass_
 from framework.data.loader import TensorDict
 from framework.data.reader import current_distributed_info
 
-__all__ = ["LoaderPass", "Progress"]
+__all__ = ["KEPT", "LoaderPass", "Progress"]
+
+KEPT = 64  # ended passes a rank keeps: how many epochs it may run ahead of another rank
 
 
 @dataclass
@@ -32,7 +34,9 @@ class Progress:
     epoch: int = 0  # the next fresh pass's epoch
     pending: Optional[Position] = None  # where the next pass starts
     current: Optional[Position] = None  # the pass in progress
-    last: Optional[Position] = None  # the pass that ended last
+    # The passes that ended, by epoch (the newest KEPT): state_dict() speaks for a rank
+    # that ran ahead of the others (uneven ranks) with its pass of their epoch.
+    ended: dict[int, Position] = field(default_factory=dict)
     # batches_per_epoch: batches the current iter() has yielded (0 between epochs);
     # after a load, the saved count, so the first iter() yields the rest.
     epoch_batches: int = 0
@@ -60,7 +64,7 @@ class Progress:
         """Start over at a loaded `position` (any pass still open is stale)."""
         self.pending = position
         self.current = None
-        self.last = None
+        self.ended = {}
         self.epoch = position.epoch
         self.epoch_batches = epoch_batches
         self.loop_epoch = loop_epoch
@@ -130,7 +134,9 @@ def _run(
         if close is not None:
             close()  # stops the workers at once when the consumer stops early
         if finished:
-            progress.last = position  # for state_dict() while other ranks are still in it
+            progress.ended[position.epoch] = position  # for state_dict() while other ranks are still in it
+            for old in sorted(progress.ended)[:-KEPT]:
+                del progress.ended[old]
         elif progress.current is position and progress.pending is None:
             # Cut short (`break`, an exception, Ctrl-C): the pass is not over. The next
             # pass yields its rest, as a loader restored from state_dict() does. (Not a

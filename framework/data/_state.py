@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import json
 import zlib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, Optional
 
 from framework.data._batching import derive_seed
 from framework.data._cache import InstanceCache
 from framework.data._checks import describe
 from framework.data._distributed import in_step
-from framework.data._pass import Progress
+from framework.data._pass import KEPT, Progress
 from framework.data._position import Position
 from framework.data._settings import LoaderSettings
 from framework.data._shards import (
@@ -71,18 +71,26 @@ def whole_state(settings: LoaderSettings, progress: Progress, cache: InstanceCac
 
         # A rank whose epoch ended (uneven ranks) while others are still in it
         # speaks for that epoch with the pass it finished, whether or not it has begun
-        # the next (its position there is not part of the epoch the others are in).
-        last = progress.last
-        if last is not None and last.epoch == position.epoch - 1:
-            mine["finished"] = rank_part(settings, cache, last, rank, world)
+        # the next ones (its position there is not part of the epoch the others are in).
+        epochs: list[Any] = [None] * world
+        dist.all_gather_object(epochs, position.epoch)
+        epoch = min(epochs)
+        if position.epoch > epoch and epoch in progress.ended:
+            mine["finished"] = rank_part(settings, cache, progress.ended[epoch], rank, world)
         gathered: list[Any] = [None] * world
         dist.all_gather_object(gathered, mine)
         everyone = gathered
         _same_shards(gathered)
-        epoch = min(part["position"]["epoch"] for part in gathered)
-        parts = [
-            part.get("finished") or part if part["position"]["epoch"] > epoch else part for part in gathered
-        ]
+        ahead = [r for r, part in enumerate(gathered) if epochs[r] > epoch and "finished" not in part]
+        if ahead:
+            raise ResumeError(
+                f"rank {ahead[0]} is in epoch {epochs[ahead[0]]} and no longer holds its pass "
+                f"of epoch {epoch}, which rank {epochs.index(epoch)} is still in (a rank keeps "
+                f"its last {KEPT} passes): no state describes both. Save with the ranks in "
+                "nearer epochs (even_batches=True keeps them in step)",
+                "ranks_differ",
+            )
+        parts = [part["finished"] if epochs[r] > epoch else part for r, part in enumerate(gathered)]
     consumed: Optional[Consumed] = None
     if all(part["tracked"] for part in parts):
         limits = {slot: limit for part in parts for slot, limit in part["limits"]}
@@ -93,7 +101,7 @@ def whole_state(settings: LoaderSettings, progress: Progress, cache: InstanceCac
         tokens.update({record: token for part in parts for record, token in part["tokens"]})
         consumed = consumed_by(
             base,
-            parts[0]["position"].get("deal") or world * settings.slots_per_rank(),
+            _deal_of(part["position"] for part in parts) or world * settings.slots_per_rank(),
             limits,
             [index for part in parts for index in part["taken"]],
             tokens,
@@ -250,7 +258,13 @@ def resumed_position(settings: LoaderSettings, cache: InstanceCache, state: Mapp
     seed = derive_seed(first.seed, "resumed", world, settings.slots_per_rank(), rank)
     # Whole shards dealt: the rest of the epoch keeps its dealing (the streams of shards
     # its records are numbered in), each slot reading its streams one after another.
-    return Position(epoch=first.epoch, seed=seed, base=consumed, deal=first.deal)
+    return Position(epoch=first.epoch, seed=seed, base=consumed, deal=_deal_of(ranks))
+
+
+def _deal_of(positions: Iterable[Mapping[str, Any]]) -> Optional[int]:
+    """How the epoch deals (`Position.deal`): as any rank that began it does (every rank
+    decides alike; one that has not begun its pass has not decided yet)."""
+    return next((p["deal"] for p in positions if p.get("deal") is not None), None)
 
 
 def _check_version(state: Mapping[str, Any]) -> None:

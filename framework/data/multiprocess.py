@@ -61,9 +61,10 @@ class MultiProcessDataLoader(DataLoader):
         data_path: passed to `reader.read()`; or shards, local or remote: a list of
             paths and URLs, a glob on a backend that lists (`"s3://b/train/*.jsonl.gz"`,
             `"/data/train-*.csv"`), a brace range (`"https://h/t-{000..255}.gz"`) or
-            `"manifest:URL"`. Local shards reach the reader as a list of paths; remote
-            ones as a `ShardFiles` (a sequence of local paths, each fetched through the
-            download manager when the reader comes to it). See `docs/howto/streaming.md`.
+            `"manifest:URL"`. They reach the reader as a `ShardFiles` (a sequence of
+            local paths; a remote shard is fetched through the download manager when the
+            reader comes to it). A plain list of local files is passed as it is. See
+            `docs/howto/streaming.md`.
         batch_size: instances per batch (without a `batch_sampler`).
         drop_last: drop a final short batch (without a `batch_sampler`). In lazy mode
             each worker's last batch may be short.

@@ -1,13 +1,14 @@
-"""`ShardFiles`: what a reader reads when `data_path` names remote shards.
+"""`ShardFiles`: what a reader reads when `data_path` names shards.
 
-The loader resolves a `data_path` that names many shards, or any remote one (a list,
-a glob on a backend that lists, a brace range, `manifest:URL`; see
+The loader resolves a `data_path` that names shards (a glob on a backend that lists, a
+brace range, `manifest:URL`, a URL, or a list holding any of those; see
 `framework.download.resolve_shards`), once, when it is built or the setting is
-assigned. Local files only: the reader gets the list of their paths, read in place.
-Any remote shard: it gets a `ShardFiles`, a sequence of local paths that fetches a
-shard (through the download manager: verified, one fetch per cache folder across
-processes) when the reader comes to it, while the next `prefetch` are fetched in the
-background, within `cache_limit` (`framework.download.streaming.ShardCache`).
+assigned. The reader gets a `ShardFiles`, a sequence of local paths: a local shard is
+read in place; a remote one is fetched (through the download manager: verified, one
+fetch per cache folder across processes) when the reader comes to it, while the next
+`prefetch` are fetched in the background, within `cache_limit`
+(`framework.download.streaming.ShardCache`). A plain list of local files names no
+shards: the reader gets that list.
 """
 
 from __future__ import annotations
@@ -380,19 +381,17 @@ def resolve_source(
     data_path: Any, cache_dir: Optional[str], cache_limit: Optional[Union[int, str]], prefetch: int
 ) -> Any:
     """What `reader.read()` gets for `data_path`: `data_path` itself unless it names
-    shards (`names_shards`); the local paths when every shard is local; else a
-    `ShardFiles`. Raises `ConfigError` for a `cache_limit` that cannot hold a
-    reader's shard and the `prefetch` ahead of it, and the errors of
-    `resolve_shards` (`ShardSpecError`, `ListingUnsupportedError`, `DownloadError`)."""
+    shards (`names_shards`: a plain list of local files is read as that list); else a
+    `ShardFiles` (local shards in it are read in place). Raises `ConfigError` for a
+    `cache_limit` that cannot hold a reader's shard and the `prefetch` ahead of it,
+    and the errors of `resolve_shards` (`ShardSpecError`, `ListingUnsupportedError`,
+    `DownloadError`)."""
     if not names_shards(data_path):
         return data_path
     with DownloadManager(cache_dir, progress=False) as manager:
         shards = _shards_named(data_path, manager)
         if shards is None:
             return data_path
-        local = [local_path(shard.url) for shard in shards]
-        if all(path is not None for path in local):
-            return [str(path) for path in local]
         limit = None if cache_limit is None else parse_size(cache_limit)
         if limit is not None:
             problem = budget_problem(shard_sizes(shards, manager), limit, prefetch)

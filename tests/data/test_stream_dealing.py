@@ -13,7 +13,7 @@ import pytest
 
 from framework import MultiProcessDataLoader
 from tests.support.download import FaultServer
-from tests.support.streaming import TaggedJsonl, all_ids, brace, gets, serve
+from tests.support.streaming import TaggedJsonl, all_ids, brace, gets, serve, shard_bytes
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -150,3 +150,42 @@ def test_a_resume_on_another_topology_fetches_no_shard_its_streams_read_already(
     again = {url for url in urls if http_server.route(url).gets > before[url]}
     assert not again & read, sorted(again & read)
     assert len(again) <= SHARDS - len(read)
+
+
+@pytest.mark.parametrize("ahead", [3, 70])
+def test_a_rank_epochs_ahead_of_another_saves_the_epoch_the_other_is_in(
+    http_server: FaultServer, tmp_path: Path, ahead: int
+) -> None:
+    import json
+
+    from framework import DatasetReader
+    from framework.data._pass import KEPT
+    from tests.support.ranks import free_port, start_ranks
+    from tests.support.streaming import uneven_rank
+
+    # Whole shards dealt over 2 ranks: rank 0 reads the shard of 6 records, rank 1 the
+    # one of 1, so rank 1 runs through epochs while rank 0 is still in its first.
+    http_server.add("/ahead/train-00000.jsonl.gz", shard_bytes(0, 6))
+    http_server.add("/ahead/train-00001.jsonl.gz", shard_bytes(1, 1))
+    data_path = brace(http_server, "ahead", 2)
+    start_ranks(uneven_rank, (2, free_port(), str(tmp_path), data_path, [3, ahead]), 2)
+    ranks = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in range(2)]
+    if ahead > KEPT:  # rank 1 no longer holds its pass of epoch 0: refused on both ranks
+        assert all("no longer holds its pass of epoch 0" in part["error"] for part in ranks), ranks
+        return
+    state = ranks[0]["state"]
+    assert state == ranks[1]["state"] and state["epoch"] == 0
+    # Each rank's position is its pass of epoch 0 (rank 1's finished one), not a later one.
+    assert [rank["epoch"] for rank in state["ranks"]] == [0, 0] and state["ranks"][1]["done"] == [True]
+    resumed = MultiProcessDataLoader(
+        DatasetReader.by_name("jsonl")(),
+        data_path,
+        batch_size=1,
+        max_instances_in_memory=4,
+        cache_dir=str(tmp_path / "cache"),
+        quiet=True,
+        seed=3,
+    )
+    resumed.load_state_dict(state)
+    rest = [i for batch in resumed for i in batch["id"].tolist()]
+    assert sorted(ranks[0]["first"] + ranks[1]["first"] + rest) == all_ids(2, 6)[:7]

@@ -246,15 +246,17 @@ def test_what_names_shards(tmp_path: Path) -> None:
     assert names_shards("manifest:list.txt") and not names_shards({"a": 1})
 
 
-def test_a_local_glob_reaches_the_reader_as_a_list_of_paths(tmp_path: Path) -> None:
-    for index in range(3):
-        (tmp_path / f"part-{index}.jsonl").write_text(
-            "".join(f'{{"id": {index * 10 + k}}}\n' for k in range(4))
-        )
-    local = loader(str(tmp_path / "part-*.jsonl"), tmp_path / "cache", num_workers=0)
-    assert local._settings.source == [str(tmp_path / f"part-{index}.jsonl") for index in range(3)]
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_local_glob_is_read_in_place_as_shards(tmp_path: Path, workers: int) -> None:
+    paths = [str(tmp_path / f"part-{index}.jsonl") for index in range(3)]
+    for index, path in enumerate(paths):
+        Path(path).write_text("".join(f'{{"id": {index * 10 + k}}}\n' for k in range(4)))
+    local = loader(str(tmp_path / "part-*.jsonl"), tmp_path / "cache", num_workers=workers)
+    assert isinstance(local._settings.source, ShardFiles) and local._settings.source.urls == paths
     assert sorted(ids_of(local)) == [index * 10 + k for index in range(3) for k in range(4)]
     assert not (tmp_path / "cache").exists()  # read in place, never copied
+    # A plain list of the same files names no shards: the reader gets the list.
+    assert loader(paths, tmp_path / "cache")._settings.source == paths
 
 
 def test_from_config_takes_a_url_and_the_streaming_keys(http_server: FaultServer, tmp_path: Path) -> None:

@@ -217,3 +217,43 @@ class _ByItself(DatasetReader):
         for place in range(worker, len(file_path), workers):
             for record in _records(file_path[place]):
                 yield {"id": record, "worker": worker}
+
+
+def uneven_rank(rank: int, world: int, port: int, out_dir: str, data_path: Any, takes: list[int]) -> None:
+    """A rank of a gloo group taking `takes[rank]` batches of 1 on end, into the epochs
+    after its first as a training loop does (`even_batches=False`), then the loader's
+    state, into `rank{rank}.json` (with the ids of its first epoch), or the error of
+    `state_dict()`."""
+    import torch.distributed as dist
+
+    from framework import DatasetReader, MultiProcessDataLoader
+
+    join_gloo(rank, world, port, collective_s=60, stuck_s=100)
+    try:
+        loader = MultiProcessDataLoader(
+            DatasetReader.by_name("jsonl")(),
+            data_path,
+            batch_size=1,
+            max_instances_in_memory=4,
+            even_batches=False,
+            cache_dir=str(Path(out_dir, "cache")),
+            quiet=True,
+            seed=3,
+        )
+        first: list[int] = []
+        taken = epochs = 0
+        while taken < takes[rank]:
+            for batch in loader:
+                if epochs == 0:
+                    first += batch["id"].tolist()
+                taken += 1
+                if taken == takes[rank]:
+                    break
+            epochs += 1
+        try:
+            result: dict[str, Any] = {"state": loader.state_dict()}
+        except Exception as error:
+            result = {"error": f"{type(error).__name__}: {error}"}
+        Path(out_dir, f"rank{rank}.json").write_text(json.dumps({"first": first, **result}))
+    finally:
+        dist.destroy_process_group()

@@ -19,7 +19,7 @@ from framework.data._rng import PrivateRandom
 from framework.data._settings import LoaderSettings
 from framework.data._shards import Consumed, ShardPlan
 from framework.data.reader import Instance, current_distributed_info
-from framework.data.shard_files import let_go
+from framework.data.shard_files import let_go, read_since
 
 __all__ = ["InstanceCache"]
 
@@ -35,6 +35,7 @@ class InstanceCache:
         self.pools = pools
         self.instances: Optional[list[Instance]] = None
         self.indexes: Optional[list[int]] = None
+        self.shards_read: dict[str, str] = {}  # streamed shards read into it: URL -> sha256
         # the batches of the last eager pass asked for (`batch_lists`), and what made them
         self._lists: Optional[tuple[Any, list[list[int]]]] = None
 
@@ -42,7 +43,7 @@ class InstanceCache:
         """A cache for a copy of the loader: the instances read already (never changed
         once read), the copy's own settings and pools."""
         other = InstanceCache(settings, pools)
-        other.instances, other.indexes = self.instances, self.indexes
+        other.instances, other.indexes, other.shards_read = self.instances, self.indexes, self.shards_read
         return other
 
     def forget(self) -> None:
@@ -123,6 +124,7 @@ class InstanceCache:
                     yield from self._hooked(private.wrap(pairs, step), step)
             finally:
                 settings.reader._set_shard_plan(None)
+                self.shards_read.update(read_since(settings.source))
                 let_go(settings.source)
             return
         pool = self.pools.start(info)
@@ -139,6 +141,7 @@ class InstanceCache:
         # chunk in turn restores the reader's order.
         chunks: list[list[tuple[Instance, Optional[int]]]] = []
         for message in messages:
+            self.shards_read.update(message.shards_read)
             chunks.append(list(zip(message.instances, message.indexes)))
             if len(chunks) == self.settings.num_workers:
                 yield from round_robin(chunks)

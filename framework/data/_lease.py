@@ -25,16 +25,17 @@ class WorkerPools:
         self.pool: Optional[WorkerPool] = None
         self.closes = 0  # close() calls: one while workers start (another thread) ends that pass
 
-    def lease(self, info: Optional[DistributedInfo]) -> WorkerPool:
-        """A pool for a lazy pass: the persistent one, or a new one."""
+    def lease(self, info: Optional[DistributedInfo], dealt: bool = False) -> WorkerPool:
+        """A pool for a lazy pass (`dealt`: one dealing whole shards): the persistent
+        one, or a new one."""
         if self.pool is not None and self.pool.closed:
             self.pool = None
         if self.pool is not None and self.pool.busy:
             # Another iteration of this loader is still open: give this one its own
             # workers rather than pull the others' out from under it.
-            return self.start(info)
+            return self.start(info, dealt)
         if self.pool is None:
-            self.pool = self.start(info)
+            self.pool = self.start(info, dealt)
         return self.pool
 
     def release(self, pool: WorkerPool, finished: bool) -> None:
@@ -46,10 +47,10 @@ class WorkerPools:
             if owned:
                 self.pool = None
 
-    def start(self, info: Optional[DistributedInfo]) -> WorkerPool:
+    def start(self, info: Optional[DistributedInfo], dealt: bool = False) -> WorkerPool:
         """A new pool (not kept: the caller shuts it down or leases it)."""
         settings = self.settings
-        self._advise(1 if info is None else info.world_size)
+        self._advise(dealt)
         context = multiprocessing.get_context(settings.start_method)
         closes = self.closes
         try:
@@ -81,13 +82,13 @@ class WorkerPools:
             self.pool.shutdown()
             self.pool = None
 
-    def _advise(self, world: int) -> None:
+    def _advise(self, dealt: bool) -> None:
         """Warn when every worker is about to parse every record: a reader that does not
         shard by worker reads the whole data in each worker and keeps its share."""
         settings = self.settings
         if settings.num_workers < 2 or settings.reader.manual_multiprocess_sharding:
             return
-        if settings.deal(world):
+        if dealt:
             return  # streamed shards dealt whole: each worker reads only its own
         kind = type(settings.reader)
         mode = "" if settings.lazy else "use lazy mode (max_instances_in_memory) and "

@@ -259,7 +259,7 @@ class WorkerPool:
                     item = message if prepare is None else prepare(message)
                     if kind == "batches":
                         position.consumed += 1
-                        position.record(worker_id, message.indexes, message.point)
+                        position.record(worker_id, message.indexes, message.point, message.shards_read)
                     position.per_worker[worker_id] += 1
                     position.next_worker = (worker_id + 1) % self.num_workers
                     if bars:

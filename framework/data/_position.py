@@ -25,7 +25,8 @@ class Position:
 
     `deal`: over how many slots the epoch deals whole shards (`ShardPlan`), 0 when it
     deals records one by one, None until its first pass begins. `high`: per worker,
-    one past the highest record index it yielded.
+    one past the highest record index it yielded. `shards_read`: the sha256 of each streamed
+    shard the epoch opened (by URL), which a saved state pins.
     """
 
     epoch: int
@@ -42,6 +43,7 @@ class Position:
     tracked: bool = True
     deal: Optional[int] = None
     high: list[int] = field(default_factory=list)
+    shards_read: dict[str, str] = field(default_factory=dict)
 
     def begin(self, workers: int) -> None:
         """Size the per-worker lists for a pass with `workers` slots (once)."""
@@ -55,8 +57,17 @@ class Position:
         if not self.high:
             self.high = [0] * workers
 
-    def record(self, worker: int, indexes: list[Optional[int]], point: Optional[Point]) -> None:
-        """Worker `worker` yielded a batch of `indexes`; after it the worker restarts at `point`."""
+    def record(
+        self,
+        worker: int,
+        indexes: list[Optional[int]],
+        point: Optional[Point],
+        shards_read: Optional[dict[str, str]] = None,
+    ) -> None:
+        """Worker `worker` yielded a batch of `indexes`; after it the worker restarts at
+        `point`; it opened the shards of `shards_read` since its last batch."""
+        if shards_read:
+            self.shards_read.update(shards_read)
         previous = self.points[worker]
         self.points[worker] = point
         if point is None or point.record < 0 or any(i is None for i in indexes):
@@ -149,14 +160,17 @@ class Position:
             "tracked": self.tracked,
             "deal": self.deal,
             "high": list(self.high),
+            "shards_read": dict(self.shards_read),
         }
 
     @classmethod
     def from_dict(cls, state: dict[str, Any]) -> Position:
         # Copies: the caller's state must stay as saved (it may be loaded again).
-        # "deal" and "high": absent from a state of format version 3 (records dealt one by one)
-        older = {"deal": 0, "high": []}
-        fields = {key: copy.deepcopy(state.get(key, older.get(key))) for key in cls.__dataclass_fields__}
+        # "deal", "high" and "shards_read": absent from a state of format version 3 (records dealt one by one)
+        older: dict[str, Any] = {"deal": 0, "high": [], "shards_read": {}}
+        fields: dict[str, Any] = {
+            key: copy.deepcopy(state.get(key, older.get(key))) for key in cls.__dataclass_fields__
+        }
         missing = [key for key in cls.__dataclass_fields__ if key not in state and key not in older]
         if missing:
             raise KeyError(missing[0])

@@ -25,7 +25,7 @@ position (`Position`), so what `state_dict()` reports is what the consumer recei
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, Optional, Union
 
 from framework.data._shards import Consumed, Point
@@ -69,6 +69,9 @@ class Batch:
     payload: Any
     indexes: list[Optional[int]]  # the record each instance came from (None: unknown)
     point: Optional[Point] = None  # where this slot restarts after this batch
+    shards_read: dict[str, str] = field(
+        default_factory=dict
+    )  # shards opened since the last message: URL -> sha256
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +80,7 @@ class Instances:
     indexes: list[Optional[int]]
     point: Optional[Point] = None  # as Batch's (lazy mode, collated in the main process)
     seed: Optional[int] = None  # the batch's own streams, for the hook and collator (lazy)
+    shards_read: dict[str, str] = field(default_factory=dict)  # as Batch's
 
 
 @dataclass(frozen=True, slots=True)

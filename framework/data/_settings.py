@@ -96,13 +96,17 @@ class LoaderSettings:
     def deal(self, world: int) -> int:
         """Over how many slots a lazy epoch starting now deals whole streamed shards (each
         worker then reads only its own shards), or 0 to deal records one by one: with
-        fewer shards than slots, a reader that shards by itself, or `max_instances`
-        (the first records of the whole stream, which no slot's shards alone hold)."""
+        fewer shards than slots, a reader that shards by itself, `max_instances` (the
+        first records of the whole stream, which no slot's shards alone hold), or ranks
+        that even their batch counts (`even_batches`: records dealt one by one leave
+        ranks a batch apart at most; whole shards, as far apart as shards differ, and
+        evening would drop the difference)."""
         reader = self.reader
+        if world > 1 and self.even_batches:
+            return 0
         slots = world * self.slots_per_rank()
-        plans = reader.deals_with_shard_iterable or not (
-            reader.manual_distributed_sharding or reader.manual_multiprocess_sharding
-        )
+        flags = (reader.manual_distributed_sharding, reader.manual_multiprocess_sharding)
+        plans = not any(flags) or (all(flags) and reader.deals_with_shard_iterable)
         source = self.source
         if not (self.lazy and isinstance(source, ShardFiles) and plans and reader.max_instances is None):
             return 0

@@ -346,6 +346,8 @@ class ShardPlan:
         self.stream = 0  # dealt: the place in `streams` of the stream being read
         self.next = 0  # dealt: the place in that stream of the next record
         self.firsts = dict(firsts or {})  # dealt: a stream's first record read (its mark)
+        if self.streams:
+            self.next = self.firsts.get(self.streams[0], 0)
         # dealt: [place in its stream of the shard being read, its first record's place]
         self.shard = shard
         self.source: Any = None
@@ -414,8 +416,6 @@ class ShardPlan:
         first = self.calls == 0
         self.calls += 1
         goal = self._place(self.start)
-        if first and self.streams:
-            self.stream, self.next = 0, self.firsts.get(self.streams[0], 0)
         seekable = first and is_seekable(records)
         if seekable and self.token is not None:
             cast(Seekable[_T], records).seek(self.token)
@@ -498,7 +498,7 @@ def slot_reading(
         slot,
         slots,
         base,
-        max(start.record, 0),
+        start.record if start.record >= 0 else first,  # untracked: from the start, skipping
         start.token,
         deal=deal,
         streams=streams,

@@ -56,12 +56,8 @@ def whole_state(settings: LoaderSettings, progress: Progress, cache: InstanceCac
     world, rank = (info.world_size, info.global_rank) if info else (1, 0)
     mine = rank_part(settings, cache, position, rank, world)
     if isinstance(settings.source, ShardFiles):
-        # What the cache holds of the epoch under way (between epochs, none: the next
-        # epoch reads what the server has then). Each rank's cache: the job's are their union.
-        begun = position.consumed > 0 or bool(position.base.below or position.base.bits)
-        mine["shards"] = settings.source.digests() if begun else {}
         mine["shard_list"] = settings.source.describe()
-    parts = everyone = [mine]
+    parts = [mine]
     if world > 1:
         import torch.distributed as dist
 
@@ -79,7 +75,6 @@ def whole_state(settings: LoaderSettings, progress: Progress, cache: InstanceCac
             mine["finished"] = rank_part(settings, cache, progress.ended[epoch], rank, world)
         gathered: list[Any] = [None] * world
         dist.all_gather_object(gathered, mine)
-        everyone = gathered
         _same_shards(gathered)
         ahead = [r for r, part in enumerate(gathered) if epochs[r] > epoch and "finished" not in part]
         if ahead:
@@ -125,19 +120,19 @@ def whole_state(settings: LoaderSettings, progress: Progress, cache: InstanceCac
         "ranks": [part["position"] for part in parts],
         "consumed": None if consumed is None else consumed.to_dict(),
         "samples": {key: value for part in parts for key, value in part["samples"].items()},
-        **({"shards": _pins(everyone)} if "shards" in mine else {}),
+        **({"shards": _pins(parts)} if "shards" in mine else {}),
     }
 
 
 def _pins(parts: list[Any]) -> dict[str, str]:
-    """The union of the ranks' shard digests; a shard two caches hold in other versions
-    cannot be pinned to either (each rank read its own): refused."""
+    """The union of the shards the ranks read; a shard two ranks read in other versions
+    (their caches held other copies) cannot be pinned to either: refused."""
     pins: dict[str, str] = {}
     for part in parts:
         for url, sha in part["shards"].items():
             if pins.setdefault(url, sha) != sha:
                 raise ResumeError(
-                    f"the ranks' caches hold other versions of {url} (sha256 {pins[url][:12]}... and "
+                    f"the ranks read other versions of {url} (sha256 {pins[url][:12]}... and "
                     f"{sha[:12]}...): ranks read other bytes of it this epoch, so no state can resume "
                     "it exactly. Give the ranks one cache folder (or the same copy), and restart the epoch",
                     "ranks_differ",
@@ -182,7 +177,12 @@ def rank_part(
         tokens = list(position.tokens().items())
         marks = list(position.marks(rank, world).items())
     cached = cache.instances if settings.max_instances_in_memory is None else None
+    # The streamed shards the epoch read (between epochs, none: the next epoch reads what
+    # the server has then), by the bytes they had: a resume reads those bytes only.
+    read = cache.shards_read if cached is not None else position.shards_read
+    streamed = {"shards": dict(read)} if isinstance(settings.source, ShardFiles) else {}
     return {
+        **streamed,
         "position": position.to_dict(),
         # eager: digests of cached instances, to check a resumed cache is the same
         "samples": {} if cached is None else sample_digests(cached, cache.indexes, rank),
@@ -225,6 +225,7 @@ def resumed_position(settings: LoaderSettings, cache: InstanceCache, state: Mapp
         mine = Position.from_dict(dict(ranks[rank])) if exact else None
         first = Position.from_dict(dict(ranks[0]))
         consumed = None if state["consumed"] is None else Consumed.from_dict(state["consumed"])
+        deal = _deal_of(ranks)
     except ResumeError:
         raise
     except (KeyError, TypeError, IndexError, AttributeError, ValueError, zlib.error) as error:
@@ -242,7 +243,18 @@ def resumed_position(settings: LoaderSettings, cache: InstanceCache, state: Mapp
         and (max(1, state["num_workers"]) == max(1, settings.num_workers))
     ):
         check_samples(state.get("samples"), cache.load(), cache.indexes, rank)
+    if deal and settings.evened():
+        raise ResumeError(
+            f"the state's epoch deals whole shards to {deal} reading processes (saved with "
+            "even_batches=False, or on one rank), and this job evens its ranks' batch counts "
+            "(even_batches=True): ranks reading whole shards end far apart, and evening them "
+            "would drop records. Resume with even_batches=False (the ranks then read whole "
+            "shards in later epochs too), or start the epoch afresh",
+            "other_split",
+        )
+    pins = state.get("shards") or {}
     if mine is not None:
+        mine.shards_read.update(pins)  # what the epoch read before, pinned again by the next save
         return mine  # the same split: exact
     if consumed is None:
         raise ResumeError(
@@ -258,7 +270,7 @@ def resumed_position(settings: LoaderSettings, cache: InstanceCache, state: Mapp
     seed = derive_seed(first.seed, "resumed", world, settings.slots_per_rank(), rank)
     # Whole shards dealt: the rest of the epoch keeps its dealing (the streams of shards
     # its records are numbered in), each slot reading its streams one after another.
-    return Position(epoch=first.epoch, seed=seed, base=consumed, deal=_deal_of(ranks))
+    return Position(epoch=first.epoch, seed=seed, base=consumed, deal=deal, shards_read=dict(pins))
 
 
 def _deal_of(positions: Iterable[Mapping[str, Any]]) -> Optional[int]:

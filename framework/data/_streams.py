@@ -20,7 +20,7 @@ from framework.data._rng import PrivateRandom, draws_nothing, scoped, seed_every
 from framework.data._settings import LoaderSettings
 from framework.data._shards import slot_reading
 from framework.data.reader import DatasetReader, DistributedInfo, Instance, current_distributed_info
-from framework.data.shard_files import let_go
+from framework.data.shard_files import let_go, read_since
 
 __all__ = ["eager_pass", "lazy_pass_in_process", "lazy_pass_in_workers"]
 
@@ -59,17 +59,17 @@ def lazy_pass_in_workers(
     settings: LoaderSettings, pools: WorkerPools, position: Position, info: Optional[DistributedInfo]
 ) -> Iterator[Any]:
     """A lazy epoch in a pool leased from `pools` (handed back when the pass ends)."""
-    pool = pools.lease(info)
+    world, rank = (info.world_size, info.global_rank) if info else (1, 0)
+    if position.deal is None:
+        position.deal = settings.deal(world)
+    pool = pools.lease(info, bool(position.deal))
     finished = False
     resumed = position.consumed > 0 or bool(position.base.below or position.base.bits)
-    world, rank = (info.world_size, info.global_rank) if info else (1, 0)
     try:
         with UserCode():  # the pool's own errors are WorkerErrors already
             # The pool counts a batch once `prepared` made it: one whose hook or
             # collator raised is not counted, and a resume makes it again.
             source = settings.source_for(position.epoch)
-            if position.deal is None:
-                position.deal = settings.deal(world)
             yield from pool.run(position, "batches", settings.timeout, rank, world, settings.prepared, source)
         finished = True
     finally:
@@ -128,7 +128,7 @@ def lazy_pass_in_process(settings: LoaderSettings, position: Position) -> Iterat
             for indexes, point, batch in batches:
                 batch = settings.finish(batch)  # on the device before it counts (Ctrl-C in the copy)
                 position.consumed += 1
-                position.record(0, indexes, point)
+                position.record(0, indexes, point, read_since(source))
                 yield batch
         position.finish(0, next(counter), shards.where()[0])
     finally:

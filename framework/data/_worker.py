@@ -43,7 +43,7 @@ from framework.data._transfer import TransferMode, write_frame
 from framework.data.collate import DataCollator
 from framework.data.loader import move_to_device
 from framework.data.reader import DatasetReader, DistributedInfo, WorkerInfo
-from framework.data.shard_files import let_go
+from framework.data.shard_files import let_go, read_since
 
 __all__ = ["WorkerSpec", "seed_everything", "worker_main"]
 
@@ -213,7 +213,9 @@ def _serve_instances(spec: WorkerSpec, fd: int, control: Connection, command: St
     pairs = ((x, shards.take()) for x in sender.counted(spec.reader.read(data)))
     for chunk in groups_of(pairs, INSTANCE_CHUNK):
         sender.check_stop()
-        sender.send(Instances([x for x, _ in chunk], [i for _, i in chunk]), "instance")
+        read = read_since(data)
+        sender.send(Instances([x for x, _ in chunk], [i for _, i in chunk], shards_read=read), "instance")
+    let_go(data)  # before Done: once the pass ends here, this worker holds no shard
     sender.send(Done(sender.count, shards.where()[0]))
 
 
@@ -249,9 +251,11 @@ def _serve_batches(spec: WorkerSpec, fd: int, control: Connection, command: Star
                     payload = spec.collate_fn(instances)
             if spec.device is not None:
                 payload = move_to_device(payload, spec.device)
-            sender.send(Batch(payload, indexes, point), "batch")
+            sender.send(Batch(payload, indexes, point, read_since(source)), "batch")
         else:
-            sender.send(Instances(instances, indexes, point, batch_seed(command.seed, point)), "instance")
+            seed = batch_seed(command.seed, point)
+            sender.send(Instances(instances, indexes, point, seed, read_since(source)), "instance")
+    let_go(source)  # before Done: once the pass ends here, this worker holds no shard
     sender.send(Done(sender.count, shards.where()[0]))
 
 

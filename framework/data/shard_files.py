@@ -21,19 +21,17 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from concurrent import futures
 from concurrent.futures import Future
-from pathlib import Path
 from typing import Any, Optional, Union, overload
 from urllib.parse import urlsplit
 
 from framework.data._batching import derive_seed
-from framework.download import DownloadManager, Shard, default_cache_dir, resolve_shards
-from framework.download.inventory import entry_for
+from framework.download import DownloadManager, Shard, resolve_shards
 from framework.download.shards import MANIFEST_PREFIX, expand_braces, local_path
 from framework.download.sizes import parse_size
 from framework.download.streaming import Held, Ranking, ShardCache, budget_problem, shard_sizes
 from framework.errors import ConfigError, InvalidArgumentError, ShardSpecError
 
-__all__ = ["CLOSE_WAIT_S", "DEEPEST", "ShardFiles", "let_go", "names_shards", "resolve_source"]
+__all__ = ["CLOSE_WAIT_S", "DEEPEST", "ShardFiles", "let_go", "names_shards", "read_since", "resolve_source"]
 
 DEEPEST = 4  # how many times `prefetch` a reader that waits may fetch ahead (no cache_limit)
 # How long a pass that ends waits for its fetches ahead; past it (a stalled server) they
@@ -126,18 +124,15 @@ class ShardFiles(Sequence[str]):
             view.reads = order
         return view
 
-    def digests(self) -> dict[str, str]:
-        """The sha256 of each remote shard the cache holds now (from its record, no file
-        is read): what a saved state pins its epoch's shards to."""
-        root = Path(self.cache_dir) if self.cache_dir is not None else default_cache_dir()
-        if not root.is_dir():
+    def read_since(self) -> dict[str, str]:
+        """The sha256 of each remote shard this process opened since the last call (by
+        URL without its query): what a saved state pins the epoch's shards to."""
+        here = self._here
+        if here is None or here.pid != os.getpid():
             return {}
-        found = {}
-        for shard in self.shards:
-            entry = entry_for(root, shard.url) if local_path(shard.url) is None else None
-            if entry is not None:
-                found[_named(shard.url)] = entry.sha256
-        return found
+        with here.lock:
+            read, here.read = here.read, {}
+        return read
 
     def local_files(self) -> list[str]:
         """The shards read in place: local files, which a state stamps as it does a list."""
@@ -226,7 +221,8 @@ class _Fetching:
         self.pid = os.getpid()
         self.cache = cache
         self.order = files.reads
-        stride = files.stride
+        self.stride = stride = files.stride
+        self.places = {shard: place for place, shard in enumerate(files.order)}
         self.where = {shard: place // stride for place, shard in enumerate(files.order)}
         self.where_next = {shard: place // stride for place, shard in enumerate(files.upcoming)}
         self.steps = -(-len(files.order) // stride)
@@ -238,6 +234,7 @@ class _Fetching:
         self.deepest = prefetch if cache.limit is not None else DEEPEST * prefetch
         self.wanted: dict[int, Future[Held]] = {}
         self.lock = threading.Lock()
+        self.read: dict[str, str] = {}  # opened since `ShardFiles.read_since`: URL -> sha256
 
     def farthest_first(self, now: int) -> Ranking:
         """Seen from step `now`, the published shards not held, farthest next use first.
@@ -245,18 +242,25 @@ class _Fetching:
         A shard ahead is read next at its step; one behind, by a slower process of the
         same pass when a held shard (that process's) lies behind it, else at its step in
         the next epoch. When records are dealt one by one, every reading process reads
-        every shard, so evicting what this one passed would fetch it again for the others."""
-        count = self.steps
+        every shard, so evicting what this one passed would fetch it again for the others.
+        With whole shards dealt, a shard's stream has one reader: a shard behind is still
+        to be read only when that stream's held shard lies behind it."""
+        count, stride = self.steps, self.stride
 
         def ranked(published: Sequence[int], held: AbstractSet[int]) -> list[int]:
             low = min((self.where[shard] for shard in held if self.where[shard] < now), default=now)
+            reading: dict[int, int] = {}  # dealt: a stream's step, where its reader holds a shard
+            for shard in held:
+                stream = self.places[shard] % stride
+                reading[stream] = min(reading.get(stream, now), self.where[shard])
 
             def until(shard: int) -> int:
                 place = self.where[shard]
                 if place >= now:
                     return place - now
-                if place >= low:
-                    return place - low
+                behind = reading.get(self.places[shard] % stride, now) if stride > 1 else low
+                if place >= behind:
+                    return place - behind
                 return count - now + self.where_next[shard]
 
             return sorted((shard for shard in published if shard not in held), key=until, reverse=True)
@@ -278,12 +282,16 @@ class _Fetching:
         if not wanted.done() and self.depth < self.deepest:
             self.depth += 1  # the reader waits: fetch one more ahead from the next shard on
         try:
-            return wanted.result().path
+            held = wanted.result()
         except BaseException:
             with self.lock:
                 if self.wanted.get(index) is wanted:
                     del self.wanted[index]  # asked again, it is fetched again
             raise
+        if held.sha256 is not None:
+            with self.lock:
+                self.read[_named(self.cache.shards[self.order[index]].url)] = held.sha256
+        return held.path
 
     def close(self) -> None:
         """Let go of every shard; fetches ahead still under way are waited for (at most
@@ -293,6 +301,11 @@ class _Fetching:
         for future in wanted.values():
             _let_go(future)
         futures.wait(list(wanted.values()), timeout=CLOSE_WAIT_S)
+
+
+def read_since(source: Any) -> dict[str, str]:
+    """`ShardFiles.read_since` of `source` ({} for anything else)."""
+    return source.read_since() if isinstance(source, ShardFiles) else {}
 
 
 def let_go(source: Any) -> None:

@@ -45,10 +45,12 @@ _STATS = 16  # threads asking a server for shard sizes at once
 
 @attrs.define
 class Held:
-    """A shard's local path, held in use until `release` (a local file holds nothing)."""
+    """A shard's local path, held in use until `release` (a local file holds nothing),
+    and the sha256 of its bytes (None: a local file)."""
 
     path: str
     use: Optional[UseLock] = None
+    sha256: Optional[str] = None
 
     def release(self) -> None:
         if self.use is not None:
@@ -95,7 +97,7 @@ class ShardCache:
             # A cached shard (the common case once the cache is warm) costs no scan.
             missing = self.limit is not None and not os.path.lexists(entry.final)
             if missing:
-                self._trim(index, shard.size or 0, farthest_first)
+                self._trim(index, farthest_first)
             path = self.manager.cached_path(shard.url, sha256=shard.sha256, progress=False)
             size = os.stat(path).st_size
             if shard.size is not None and size != shard.size:
@@ -103,38 +105,42 @@ class ShardCache:
                 self._unpublish(index)
                 raise DownloadError(shard.url, f"{size} bytes, where the manifest says {shard.size}")
             if missing:
-                self._trim(index, 0, farthest_first)
+                self._trim(index, farthest_first)
+            record = entry_for(self.manager.cache_dir, shard.url)
+            sha256 = record.sha256 if record is not None else shard.sha256
         except DownloadError as error:
             use.release()
             raise ShardError(shard.url, index, len(self.shards), error) from error
         except BaseException:
             use.release()
             raise
-        return Held(str(path), use)
+        return Held(str(path), use, sha256)
 
-    def _trim(self, current: int, incoming: int, farthest_first: Ranking) -> None:
-        """Remove published shards, farthest next use first, until they and `incoming`
-        bytes fit in `limit`; never `current` nor a shard a process holds."""
+    def _trim(self, current: int, farthest_first: Ranking) -> None:
+        """Remove published shards, farthest next use first, until those no process
+        holds fit in `limit` (the held ones, `current` among them, come on top: they
+        cannot go, and counting them would leave less room for the shards read next)."""
         assert self.limit is not None
         published: list[int] = []
-        total = 0
+        sizes: dict[int, int] = {}
         for index, entry in enumerate(self._entries):
             if entry is None or index == current:
                 continue
             try:
-                total += os.lstat(entry.final).st_size
+                sizes[index] = os.lstat(entry.final).st_size
             except OSError:
                 continue
             published.append(index)
-        if total + incoming <= self.limit:
+        if sum(sizes.values()) <= self.limit:
             return
         held = {index for index in published if in_use(use_of(self._final(index)))}
+        total = sum(size for index, size in sizes.items() if index not in held)
         for index in farthest_first(published, held):
+            if total <= self.limit:
+                return
             found = entry_for(self.manager.cache_dir, self.shards[index].url)
             if found is not None and remove(found, lock=self.manager.lock):
                 total -= found.total
-                if total + incoming <= self.limit:
-                    return
 
     def _unpublish(self, index: int) -> None:
         """Remove shard `index`'s entry: bytes its manifest refuses are not left to be read."""

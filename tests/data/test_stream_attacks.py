@@ -17,7 +17,7 @@ from framework.download._cache import Entry
 from framework.download._call import normalize
 from framework.download.inventory import prune
 from framework.errors import ShardError, WorkerError
-from tests.support.download import FaultServer
+from tests.support.download import FaultServer, sha256
 from tests.support.streaming import all_ids, brace, ids_of, in_use, loader, serve, shard_bytes
 
 pytestmark = pytest.mark.timeout(60)
@@ -53,12 +53,6 @@ def test_the_first_shard_fetched_into_a_fresh_cache_is_held_while_read(
         files.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a state pins the shards the cache holds when it is saved; one evicted before the "
-    "save is not pinned (the reading processes, workers among them, would have to report "
-    "each shard's sha256 as they open it)",
-)
 def test_a_resumed_shard_evicted_before_the_state_was_saved_is_pinned_too(
     http_server: FaultServer, tmp_path: Path
 ) -> None:
@@ -93,8 +87,9 @@ def test_a_resumed_shard_evicted_before_the_state_was_saved_is_pinned_too(
     again.load_state_dict(state)
     # "the resumed epoch reads those bytes only: a shard changed on the server since
     # then ends it with a ShardError naming the shard, never with records read at
-    # positions that now point elsewhere": the state pins only the shards the cache
-    # holds when it is saved, and shard 1, where the position points, was evicted.
+    # positions that now point elsewhere": the state pins the shards the epoch read,
+    # shard 1 among them though it was evicted before the save.
+    assert state["shards"][urls[1]] == sha256(shard_bytes(1, 20))
     exact_or_named(again, seen, all_ids(4, 20))
 
 
@@ -308,7 +303,7 @@ def test_ranks_whose_caches_hold_different_bytes_of_a_shard_do_not_save_one_pin(
             raise
         return  # refused: the ranks read different bytes of one shard
     state = json.loads((out / "rank0.json").read_text())["state"]
-    # "The state names the sha256 of each shard the cache held when it was saved ...
+    # "A state saved mid-epoch names the sha256 of each remote shard the epoch has opened ...
     # the resumed epoch reads those bytes only": rank 0 reads the shard's old bytes, rank
     # 1 its new ones; the state keeps one of the two digests (the last rank's, silently),
     # and a resume reads the other rank's positions in bytes that rank never read.

@@ -220,7 +220,9 @@ def test_s3_glob_over_2_ranks_of_2_workers_then_resumed_on_1_rank(s3_env: str, t
     whole, part, rest = tmp_path / "whole", tmp_path / "part", tmp_path / "rest"
     for folder in (whole, part, rest):
         folder.mkdir()
-    start_ranks(stream_rank, (2, free_port(), str(whole), spec, cache, 2, None, None), 2)
+    # even_batches=False: the ranks are dealt whole shards too (evened ranks get records
+    # one by one, so they end together).
+    start_ranks(stream_rank, (2, free_port(), str(whole), spec, cache, 2, None, None, False), 2)
     ranks = [json.loads((whole / f"rank{rank}.json").read_text())["ids"] for rank in range(2)]
     assert not set(ranks[0]) & set(ranks[1])
     assert sorted(ranks[0] + ranks[1]) == all_ids(SHARDS, RECORDS)
@@ -228,7 +230,7 @@ def test_s3_glob_over_2_ranks_of_2_workers_then_resumed_on_1_rank(s3_env: str, t
     shards = [{i // 1000 for i in ids} for ids in ranks]
     assert not shards[0] & shards[1] and len(shards[0]) == len(shards[1]) == SHARDS // 2
     # Cut at batch 30 on 2 ranks of 2 workers, resumed on 1 rank of 1 worker.
-    start_ranks(stream_rank, (2, free_port(), str(part), spec, cache, 2, 30, None), 2)
+    start_ranks(stream_rank, (2, free_port(), str(part), spec, cache, 2, 30, None, False), 2)
     saved = [json.loads((part / f"rank{rank}.json").read_text()) for rank in range(2)]
     (part / "state.json").write_text(json.dumps(saved[0]["state"]))
     start_ranks(stream_rank, (1, free_port(), str(rest), spec, cache, 1, None, str(part / "state.json")), 1)

@@ -126,6 +126,7 @@ def stream_rank(
     workers: int,
     take: Optional[int],
     state_in: Optional[str],
+    even_batches: bool = True,
 ) -> None:
     """One rank of a gloo group reading `data_path` with `workers` workers: its ids, and,
     after `take` batches (None: the whole epoch), the loader's state, into
@@ -146,6 +147,7 @@ def stream_rank(
             max_instances_in_memory=32,
             cache_dir=cache_dir,
             quiet=True,
+            even_batches=even_batches,
         )
         if state_in is not None:
             loader.load_state_dict(json.loads(Path(state_in).read_text()))

@@ -53,6 +53,7 @@ TABLES = {
     "matrix": _tables.matrix_table,
     "first_batch": _tables.first_batch_table,
     "stream": _tables.stream_table,
+    "stream_2gib": _tables.stream_table,
 }
 
 ROOT = Path(__file__).resolve().parent.parent

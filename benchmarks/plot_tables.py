@@ -371,7 +371,7 @@ def first_batch_table(results: Mapping[str, Any]) -> str:
 
 
 STREAM_ROWS = {
-    "local": "framework, the shards on local disk (a list of paths)",
+    "local": "framework, the shards on local disk (a glob, read in place)",
     "http": "framework, HTTP (a brace range)",
     "s3": "framework, S3 (a glob)",
     "http_limited": "framework, HTTP, `cache_limit` a quarter of the dataset",

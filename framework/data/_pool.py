@@ -237,6 +237,7 @@ class WorkerPool:
                     position.points[worker_id],
                     source,
                     position.deal or 0,
+                    position.split or 1,
                 )
                 self._command(worker_id, start)
         bars = self._bars(kind)

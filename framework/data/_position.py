@@ -42,6 +42,7 @@ class Position:
     ends: list[int] = field(default_factory=list)
     tracked: bool = True
     deal: Optional[int] = None
+    split: Optional[int] = None
     high: list[int] = field(default_factory=list)
     shards_read: dict[str, str] = field(default_factory=dict)
 
@@ -108,34 +109,40 @@ class Position:
             # are read to their end (past every index the slot yielded).
             finished = max(self.high[worker], self.ends[worker], self.base.below)
             current = point.record % self.deal if point is not None else -1
-            for stream in dealt_streams(slot, slots, self.deal):
+            streams, part = dealt_streams(slot, slots, self.deal, self.split or 1)
+            for stream in streams:
+                share = stream + self.deal * part
                 if self.done[worker] or stream < current:
-                    out[stream] = finished
+                    out[share] = finished
                 elif stream == current and point is not None:
-                    out[stream] = point.record
+                    out[share] = point.record
                 else:
-                    out[stream] = self.base.below  # nothing yielded yet
+                    out[share] = self.base.below  # nothing yielded yet
         return out
 
     def marks(self, rank: int, world: int) -> dict[int, list[int]]:
         """Per stream of this rank's slots (whole shards dealt): where reading it again
-        may start (`Consumed.marks`), where the workers know it."""
+        may start (`Consumed.marks`): the base's, unless a worker is past it. The job's
+        mark of a stream several ranks read (`split`) is the earliest of theirs."""
         out: dict[int, list[int]] = {}
         if not self.deal:
             return out
         slots = world * len(self.points)
         for worker, point in enumerate(self.points):
             current = point.record % self.deal if point is not None else -1
-            for stream in dealt_streams(rank + world * worker, slots, self.deal):
+            streams, _ = dealt_streams(rank + world * worker, slots, self.deal, self.split or 1)
+            for stream in streams:
                 if self.done[worker] or stream < current:
                     out[stream] = [READ, 0]
                 elif stream == current and point is not None and point.shard is not None:
                     out[stream] = list(point.shard)
+                else:
+                    out[stream] = list(self.base.marks.get(stream, [0, 0]))
         return out
 
     def stride(self, slots: int) -> int:
         """The share of record `i` is `i % stride` (`limits`), for a pass of `slots` slots."""
-        return self.deal or slots
+        return self.deal * (self.split or 1) if self.deal else slots
 
     def tokens(self) -> dict[int, Any]:
         """Seek tokens by record index, where the workers' points know them (with whole
@@ -159,6 +166,7 @@ class Position:
             "ends": list(self.ends),
             "tracked": self.tracked,
             "deal": self.deal,
+            "split": self.split,
             "high": list(self.high),
             "shards_read": dict(self.shards_read),
         }
@@ -167,7 +175,7 @@ class Position:
     def from_dict(cls, state: dict[str, Any]) -> Position:
         # Copies: the caller's state must stay as saved (it may be loaded again).
         # "deal", "high" and "shards_read": absent from a state of format version 3 (records dealt one by one)
-        older: dict[str, Any] = {"deal": 0, "high": [], "shards_read": {}}
+        older: dict[str, Any] = {"deal": 0, "split": 1, "high": [], "shards_read": {}}
         fields: dict[str, Any] = {
             key: copy.deepcopy(state.get(key, older.get(key))) for key in cls.__dataclass_fields__
         }

@@ -56,7 +56,8 @@ class Start:
     base: Consumed  # records the epoch yielded before this pass (an elastic resume)
     point: Optional[Point]  # where to restart (resuming); None: from the start
     source: Any = None  # what the reader reads this pass, when not the spec's (shards in epoch order)
-    deal: int = 0  # whole shards of `source` dealt over this many slots (0: records one by one)
+    deal: int = 0  # the shards of `source` dealt as this many streams (0: records one by one)
+    split: int = 1  # ranks splitting each stream's records (`framework.data._shards.dealt_streams`)
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,6 +17,7 @@ import torch
 from framework.data._batching import BatchPlan, derive_seed
 from framework.data._checks import stream_problems
 from framework.data._pool import LoaderCode, main_thread
+from framework.data._position import Position
 from framework.data._protocol import Batch, Instances
 from framework.data._rng import scoped
 from framework.data._worker import WorkerSpec
@@ -93,24 +94,35 @@ class LoaderSettings:
             source = source.pinned(self.pins[1])
         return source
 
+    def decide_dealing(self, position: Position, world: int) -> None:
+        """At a pass's start: how it deals streamed shards (`Position.deal` and `split`),
+        unless a pass of its epoch decided already (an epoch keeps its dealing)."""
+        if position.deal is None:
+            position.deal = self.deal(world)
+        if position.split is None:
+            position.split = self.split(world) if position.deal else 1
+
+    def split(self, world: int) -> int:
+        """Ranks splitting each dealt stream's records: all of them when they even their
+        batch counts (`even_batches`), else 1 (whole shards to ranks too). Shards differ
+        in size: ranks dealt whole ones end far apart, and evening would drop the rest."""
+        return world if world > 1 and self.even_batches else 1
+
     def deal(self, world: int) -> int:
-        """Over how many slots a lazy epoch starting now deals whole streamed shards (each
-        worker then reads only its own shards), or 0 to deal records one by one: with
-        fewer shards than slots, a reader that shards by itself, `max_instances` (the
-        first records of the whole stream, which no slot's shards alone hold), or ranks
-        that even their batch counts (`even_batches`: records dealt one by one leave
-        ranks a batch apart at most; whole shards, as far apart as shards differ, and
-        evening would drop the difference)."""
+        """As how many streams a lazy epoch starting now deals streamed shards: one per
+        reading process (each reads only its own whole shards), or one per worker of a
+        rank when the ranks split each stream's records (`split`); 0 to deal records one
+        by one: with fewer shards than streams, a reader that shards by itself, or
+        `max_instances` (the first records of the whole stream, which no stream alone
+        holds)."""
         reader = self.reader
-        if world > 1 and self.even_batches:
-            return 0
-        slots = world * self.slots_per_rank()
+        streams = self.slots_per_rank() * (1 if self.split(world) > 1 else world)
         flags = (reader.manual_distributed_sharding, reader.manual_multiprocess_sharding)
         plans = not any(flags) or (all(flags) and reader.deals_with_shard_iterable)
         source = self.source
         if not (self.lazy and isinstance(source, ShardFiles) and plans and reader.max_instances is None):
             return 0
-        return slots if 1 < slots <= len(source) else 0
+        return streams if 1 < streams <= len(source) else 0
 
     @property
     def hook_overridden(self) -> bool:

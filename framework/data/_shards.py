@@ -295,11 +295,19 @@ def consumed_by(
 READ = -1  # a stream's mark place: read to its end (`Consumed.marks`)
 
 
-def dealt_streams(slot: int, slots: int, deal: int) -> list[int]:
-    """The streams slot `slot` of `slots` reads when an epoch deals whole shards over
-    `deal` slots: its own under that topology, else (an epoch resumed over another
-    topology) the streams p with p % slots == slot, one after another."""
-    return [slot] if slots == deal else list(range(slot, deal, slots))
+def dealt_streams(slot: int, slots: int, deal: int, split: int = 1) -> tuple[list[int], int]:
+    """What slot `slot` (`rank + world * worker`) of `slots` reads when an epoch deals
+    its shards as `deal` streams: the streams, and its part of their records.
+
+    `split` 1: the slots read whole streams, each its own under the topology that
+    dealt them, else (an epoch resumed over another) the streams p with
+    p % slots == slot, one after another; part 0, all the records. `split` R (ranks
+    that even their batch counts): the workers of each rank read whole streams as
+    above, and rank r keeps record k of each when k % R == r, so the ranks end a few
+    records apart at most."""
+    reader, readers = slot // split, slots // split
+    streams = [reader] if readers == deal else list(range(reader, deal, readers))
+    return streams, slot % split
 
 
 def reading_order(index: int, deal: int) -> tuple[int, int]:
@@ -316,11 +324,12 @@ class ShardPlan:
     `last` is the index of the last record handed on, `fresh` whether one was handed
     on since the reader's last instance was taken (`take`).
 
-    With `deal` (whole shards dealt over `deal` slots, `framework.data.ShardFiles.dealt`)
-    the reader reads only the slot's `streams` of shards, and every record of them is
-    the slot's: record k of stream p has index `k * deal + p`, so a slot's share is
-    still the indexes with `index % deal == p`. The shards tell the plan as each one
-    opens which stream it belongs to (`opened`).
+    With `deal` (the epoch's shards dealt as `deal` streams, `dealt_streams`,
+    `framework.data.ShardFiles.dealt`) the reader reads only the slot's `streams` of
+    shards: record k of stream p has index `k * deal + p`, and the slot keeps the
+    records with `k % split == part`, so its share of stream p is still one class of
+    indexes, `index % (deal * split) == p + deal * part`. The shards tell the plan as
+    each one opens which stream it belongs to (`opened`).
     """
 
     def __init__(
@@ -333,6 +342,8 @@ class ShardPlan:
         *,
         deal: int = 0,
         streams: Sequence[int] = (),
+        split: int = 1,
+        part: int = 0,
         firsts: Optional[Mapping[int, int]] = None,
         shard: Optional[list[int]] = None,
     ) -> None:
@@ -343,6 +354,8 @@ class ShardPlan:
         self.token = token
         self.deal = deal
         self.streams = list(streams)
+        self.split, self.part = split, part
+        self.stride = deal * split or 1  # between one record of the slot's share and the next
         self.stream = 0  # dealt: the place in `streams` of the stream being read
         self.next = 0  # dealt: the place in that stream of the next record
         self.firsts = dict(firsts or {})  # dealt: a stream's first record read (its mark)
@@ -351,7 +364,7 @@ class ShardPlan:
         # dealt: [place in its stream of the shard being read, its first record's place]
         self.shard = shard
         self.source: Any = None
-        self.last = start - (deal or 1)
+        self.last = start - self.stride
         self.fresh = False
         self.tracked = True
         self.at_start: Optional[Callable[[], None]] = None  # run once the reader is at `start`
@@ -437,8 +450,8 @@ class ShardPlan:
             place = (self.stream, self.next)
             self.next += 1
             index = place[1] * self.deal + self.streams[place[0]]
-            if place < goal or (skip_base and index in base):
-                continue  # read past: before the start, or yielded before this pass
+            if place[1] % self.split != self.part or place < goal or (skip_base and index in base):
+                continue  # read past: another rank's, before the start, or yielded before
             self.last = index
             self.fresh = True
             yield record
@@ -475,19 +488,19 @@ class ShardPlan:
                 token = self.source.tell()
             except (OSError, ValueError):  # cannot tell now (closed, say): resuming skips instead
                 token = None
-        return self.last + (self.deal or 1), token
+        return self.last + self.stride, token
 
 
 def slot_reading(
-    slot: int, slots: int, base: Consumed, point: Optional[Point], source: Any, deal: int
+    slot: int, slots: int, base: Consumed, point: Optional[Point], source: Any, deal: int, split: int = 1
 ) -> tuple[ShardPlan, Any, Point]:
     """What slot `slot` of `slots` reads in a lazy pass: its shard plan, what its reader
-    reads (with whole shards dealt over `deal` slots, its streams of `source`, a
-    `ShardFiles`) and where it starts (`point`, or the start of its share)."""
+    reads (with the shards dealt as `deal` streams, `dealt_streams`: its streams of
+    `source`, a `ShardFiles`) and where it starts (`point`, or the start of its share)."""
     if not deal:
         start = point or Point(record=base.below, token=base.token)
         return ShardPlan(slot, slots, base, max(start.record, 0), start.token), source, start
-    streams = dealt_streams(slot, slots, deal)
+    streams, part = dealt_streams(slot, slots, deal, split)
     # Each stream from its mark: the shards before it are read already. From the base's
     # marks only, which stay the same for the whole pass: a seek token is a place in
     # what the pass read, so a pass resumed at its point reads the same shards again.
@@ -502,6 +515,8 @@ def slot_reading(
         start.token,
         deal=deal,
         streams=streams,
+        split=split,
+        part=part,
         firsts=firsts,
         shard=start.shard,
     )

@@ -25,6 +25,7 @@ from framework.data._settings import LoaderSettings
 from framework.data._shards import (
     EAGER_STATE_VERSIONS,
     LAZY_STATE_VERSIONS,
+    READ,
     STATE_VERSION,
     Consumed,
     check_files,
@@ -96,11 +97,11 @@ def whole_state(settings: LoaderSettings, progress: Progress, cache: InstanceCac
         tokens.update({record: token for part in parts for record, token in part["tokens"]})
         consumed = consumed_by(
             base,
-            _deal_of(part["position"] for part in parts) or world * settings.slots_per_rank(),
+            _stride(part["position"] for part in parts) or world * settings.slots_per_rank(),
             limits,
             [index for part in parts for index in part["taken"]],
             tokens,
-            {int(stream): mark for part in parts for stream, mark in part["marks"]},
+            _earliest(mark for part in parts for mark in part["marks"]),
         )
     return {
         "version": STATE_VERSION,
@@ -243,15 +244,6 @@ def resumed_position(settings: LoaderSettings, cache: InstanceCache, state: Mapp
         and (max(1, state["num_workers"]) == max(1, settings.num_workers))
     ):
         check_samples(state.get("samples"), cache.load(), cache.indexes, rank)
-    if deal and settings.evened():
-        raise ResumeError(
-            f"the state's epoch deals whole shards to {deal} reading processes (saved with "
-            "even_batches=False, or on one rank), and this job evens its ranks' batch counts "
-            "(even_batches=True): ranks reading whole shards end far apart, and evening them "
-            "would drop records. Resume with even_batches=False (the ranks then read whole "
-            "shards in later epochs too), or start the epoch afresh",
-            "other_split",
-        )
     pins = state.get("shards") or {}
     if mine is not None:
         mine.shards_read.update(pins)  # what the epoch read before, pinned again by the next save
@@ -269,7 +261,8 @@ def resumed_position(settings: LoaderSettings, cache: InstanceCache, state: Mapp
     # Another split: a new pass over what is left, seeded from the saved pass.
     seed = derive_seed(first.seed, "resumed", world, settings.slots_per_rank(), rank)
     # Whole shards dealt: the rest of the epoch keeps its dealing (the streams of shards
-    # its records are numbered in), each slot reading its streams one after another.
+    # its records are numbered in), each slot reading its streams one after another (and
+    # ranks that even their batches splitting each stream's records: `Position.split`).
     return Position(epoch=first.epoch, seed=seed, base=consumed, deal=deal, shards_read=dict(pins))
 
 
@@ -277,6 +270,27 @@ def _deal_of(positions: Iterable[Mapping[str, Any]]) -> Optional[int]:
     """How the epoch deals (`Position.deal`): as any rank that began it does (every rank
     decides alike; one that has not begun its pass has not decided yet)."""
     return next((p["deal"] for p in positions if p.get("deal") is not None), None)
+
+
+def _stride(positions: Iterable[Mapping[str, Any]]) -> int:
+    """`Position.stride` of the pass the ranks are in (0: records dealt one by one)."""
+    begun = next((p for p in positions if p.get("deal") is not None), None)
+    return 0 if begun is None or not begun["deal"] else begun["deal"] * (begun.get("split") or 1)
+
+
+def _earliest(marks: Iterable[tuple[int, list[int]]]) -> dict[int, list[int]]:
+    """Each stream's mark (`Consumed.marks`) from the ranks' (`Position.marks`): the
+    earliest, where several ranks read the stream (every record before it consumed)."""
+    out: dict[int, list[int]] = {}
+    for stream, mark in marks:
+        known = out.get(int(stream))
+        if known is None or _later(known, mark):
+            out[int(stream)] = mark
+    return out
+
+
+def _later(mark: list[int], other: list[int]) -> bool:
+    return (mark[0] == READ and other[0] != READ) or (other[0] != READ and other[0] < mark[0])
 
 
 def _check_version(state: Mapping[str, Any]) -> None:

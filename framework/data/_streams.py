@@ -60,8 +60,7 @@ def lazy_pass_in_workers(
 ) -> Iterator[Any]:
     """A lazy epoch in a pool leased from `pools` (handed back when the pass ends)."""
     world, rank = (info.world_size, info.global_rank) if info else (1, 0)
-    if position.deal is None:
-        position.deal = settings.deal(world)
+    settings.decide_dealing(position, world)
     pool = pools.lease(info, bool(position.deal))
     finished = False
     resumed = position.consumed > 0 or bool(position.base.below or position.base.bits)
@@ -86,10 +85,15 @@ def lazy_pass_in_process(settings: LoaderSettings, position: Position) -> Iterat
     position.begin(1)
     resumed = position.consumed > 0 or bool(position.base.below or position.base.bits)
     worker_seed = derive_seed(position.seed, "worker", 0)
-    if position.deal is None:
-        position.deal = settings.deal(world)
+    settings.decide_dealing(position, world)
     shards, source, start = slot_reading(
-        rank, world, position.base, position.points[0], settings.source_for(position.epoch), position.deal
+        rank,
+        world,
+        position.base,
+        position.points[0],
+        settings.source_for(position.epoch),
+        position.deal or 0,
+        position.split or 1,
     )
     reader = settings.reader
     reader._set_shard_plan(shards)

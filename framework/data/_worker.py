@@ -224,7 +224,7 @@ def _serve_batches(spec: WorkerSpec, fd: int, control: Connection, command: Star
     sender = _Sender(spec, fd, control)
     source = spec.data_path if command.source is None else command.source
     shards, source, start = slot_reading(
-        command.slot, command.slots, command.base, command.point, source, command.deal
+        command.slot, command.slots, command.base, command.point, source, command.deal, command.split
     )
     spec.reader._set_shard_plan(shards)
     batches = slot_batches(

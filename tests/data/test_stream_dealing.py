@@ -189,3 +189,85 @@ def test_a_rank_epochs_ahead_of_another_saves_the_epoch_the_other_is_in(
     resumed.load_state_dict(state)
     rest = [i for batch in resumed for i in batch["id"].tolist()]
     assert sorted(ranks[0]["first"] + ranks[1]["first"] + rest) == all_ids(2, 6)[:7]
+
+
+def _dealt_rank(
+    rank: int,
+    world: int,
+    port: int,
+    out_dir: str,
+    data_path: str,
+    cache: str,
+    workers: int,
+    take: Any,
+    state_in: Any,
+) -> None:
+    """A gloo rank reading `data_path` with the tagging built-in reader: its (id, worker)
+    pairs and, after `take` batches, the loader's state, into rank{rank}.json."""
+    import json
+
+    import torch.distributed as dist
+
+    from tests.support.ranks import join_gloo
+
+    join_gloo(rank, world, port, collective_s=60, stuck_s=100)
+    try:
+        loader = _loader(TaggedJsonl.builtin(), data_path, Path(cache), num_workers=workers, shuffle=True)
+        if state_in is not None:
+            loader.load_state_dict(json.loads(Path(state_in).read_text()))
+        pairs: list[tuple[int, int]] = []
+        state = None
+        for count, batch in enumerate(loader, 1):
+            pairs += _pairs([batch])
+            if count == take:
+                state = loader.state_dict()
+                break
+        Path(out_dir, f"rank{rank}.json").write_text(json.dumps({"pairs": pairs, "state": state}))
+    finally:
+        dist.destroy_process_group()
+
+
+def _run_ranks(world: int, out: Path, *args: Any) -> list[dict[str, Any]]:
+    import json
+
+    from tests.support.ranks import free_port, start_ranks
+
+    out.mkdir()
+    start_ranks(_dealt_rank, (world, free_port(), str(out), *args), world)
+    return [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(world)]
+
+
+@pytest.mark.slow
+def test_ranks_that_even_their_batches_split_each_workers_whole_shards(
+    http_server: FaultServer, tmp_path: Path
+) -> None:
+    serve(http_server, "split", shards=8, records=20)
+    data_path = brace(http_server, "split", 8)
+    cache = str(tmp_path / "cache")
+    ranks = _run_ranks(2, tmp_path / "whole", data_path, cache, 2, None, None)
+    pairs = [tuple(pair) for rank in ranks for pair in rank["pairs"]]
+    assert sorted(i for i, _ in pairs) == all_ids(8, 20)
+    # Each shard is read whole by one worker index (on every rank), and its records are
+    # split between the ranks, which end together: no batch evened away.
+    readers = _readers_of_each_shard(pairs)
+    assert all(len(found) == 1 for found in readers.values()), readers
+    assert sorted(found.pop() for found in readers.values()) == [0] * 4 + [1] * 4
+    for rank in ranks:
+        assert len({i // 1000 for i, _ in rank["pairs"]}) == 8 and len(rank["pairs"]) == 80
+    assert gets(http_server, "split") == 8
+    # Cut after 3 batches; resumed on 3 ranks of 1 worker (they split the streams'
+    # records three ways) and on 1 rank of 3 workers (whole streams).
+    part = _run_ranks(2, tmp_path / "part", data_path, cache, 2, 3, None)
+    seen = [i for rank in part for i, _ in rank["pairs"]]
+    state = tmp_path / "state.json"
+    state.write_text(__import__("json").dumps(part[0]["state"]))
+    for world, workers in ((3, 1), (1, 3)):
+        rest = _run_ranks(world, tmp_path / f"rest{world}", data_path, cache, workers, None, str(state))
+        resumed = [i for rank in rest for i, _ in rank["pairs"]]
+        got = seen + resumed
+        assert len(got) == len(set(got)) and set(got) <= set(all_ids(8, 20)), (world, workers)
+        # Evened ranks end together: what lies past the shortest rank's last batch (a
+        # batch each at most, "as in any epoch") is not yielded; nothing else is lost.
+        assert len(all_ids(8, 20)) - len(got) < world * 8, (world, workers, len(got))
+        if world == 1:
+            assert sorted(got) == all_ids(8, 20)

@@ -83,7 +83,7 @@ def test_ranks_that_even_their_batches_are_dealt_records_and_lose_none(
 
 
 @pytest.mark.slow
-def test_a_dealt_epoch_is_not_resumed_by_ranks_that_even_their_batches(
+def test_a_dealt_epoch_resumed_by_ranks_that_even_their_batches_loses_at_most_a_batch_each(
     http_server: FaultServer, tmp_path: Path
 ) -> None:
     urls = _serve(http_server, "dealt-even", [10, 30, 10, 10])
@@ -93,8 +93,14 @@ def test_a_dealt_epoch_is_not_resumed_by_ranks_that_even_their_batches(
     state = tmp_path / "state.json"
     state.write_text(json.dumps(first[0]["state"]))
     rest = _ranks(urls, tmp_path, "rest", 3, {**options, "state_in": str(state)})
-    # Evening whole shards' uneven shares would drop records: refused, on every rank.
-    assert all("even_batches=True" in str(part["error"]) for part in rest), rest
+    assert [part["error"] for part in rest] == [None, None, None]
+    seen = [i for part in first + rest for i in part["ids"]]
+    # The 3 ranks split the 2 streams' records: they end together (evened), and evening
+    # drops at most what one batch per rank holds ("ranks whose shares of the rest differ
+    # by a batch end together"), never a shard's worth.
+    assert len(seen) == len(set(seen))
+    expected = {i * 1000 + k for i, n in enumerate([10, 30, 10, 10]) for k in range(n)}
+    assert set(seen) <= expected and len(expected - set(seen)) < 3 * 4, sorted(expected - set(seen))
 
 
 def _ranks(

@@ -13,7 +13,7 @@ import pytest
 
 from framework import MultiProcessDataLoader
 from tests.support.download import FaultServer
-from tests.support.streaming import TaggedJsonl, all_ids, brace, gets, serve, shard_bytes
+from tests.support.streaming import TaggedJsonl, all_ids, brace, gets, loader, serve, shard_bytes
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -22,8 +22,18 @@ RECORDS = 10
 
 
 def _loader(reader: Any, data_path: str, cache: Path, **options: Any) -> MultiProcessDataLoader:
-    options = {"batch_size": 4, "max_instances_in_memory": 16, "quiet": True, "seed": 1, **options}
-    return MultiProcessDataLoader(reader, data_path, cache_dir=str(cache), **options)
+    return loader(
+        data_path, cache, reader, **{"batch_size": 4, "max_instances_in_memory": 16, "seed": 1, **options}
+    )
+
+
+def _cut(built: MultiProcessDataLoader, batches: int) -> tuple[list[int], dict[str, Any]]:
+    """The ids of `built`'s first `batches` batches, and its state after them."""
+    iterator = iter(built)
+    seen = [i for i, _ in _pairs(next(iterator) for _ in range(batches))]
+    state = built.state_dict()
+    iterator.close()  # type: ignore[attr-defined]
+    return seen, state
 
 
 def _pairs(batches: Any) -> list[tuple[int, int]]:
@@ -101,20 +111,13 @@ def test_a_dealt_epoch_resumes_exactly_on_any_topology(
         return _loader(getattr(TaggedJsonl, kind)(), data_path, cache, num_workers=workers, shuffle=True)
 
     whole = [i for i, _ in _pairs(build(before))]
-    first = build(before)
-    iterator = iter(first)
-    seen = [i for i, _ in _pairs(next(iterator) for _ in range(7))]
-    state = first.state_dict()
-    iterator.close()
+    seen, state = _cut(build(before), 7)
     resumed = build(after)
     resumed.load_state_dict(state)
     if again is None:
         rest = [i for i, _ in _pairs(resumed)]
     else:  # cut the resumed pass (each worker reading several streams) and resume again
-        iterator = iter(resumed)
-        rest = [i for i, _ in _pairs(next(iterator) for _ in range(5))]
-        state = resumed.state_dict()
-        iterator.close()
+        rest, state = _cut(resumed, 5)
         last = build(again)
         last.load_state_dict(state)
         rest += [i for i, _ in _pairs(last)]
@@ -132,10 +135,7 @@ def test_a_resume_on_another_topology_fetches_no_shard_its_streams_read_already(
     data_path = brace(http_server, name, SHARDS)
     reader = getattr(TaggedJsonl, kind)
     first = _loader(reader(), data_path, tmp_path / "node0", num_workers=2, shuffle=True)
-    iterator = iter(first)
-    seen = [i for i, _ in _pairs(next(iterator) for _ in range(16))]  # 64 of 120 records
-    state = first.state_dict()
-    iterator.close()
+    seen, state = _cut(first, 16)  # 64 of 120 records
     order = first._settings.source_for(0).urls
     marks = state["consumed"]["marks"]
     read = {url for stream, place, _ in marks for url in order[stream::2][: place if place >= 0 else None]}
@@ -158,7 +158,6 @@ def test_a_rank_epochs_ahead_of_another_saves_the_epoch_the_other_is_in(
 ) -> None:
     import json
 
-    from framework import DatasetReader
     from framework.data._pass import KEPT
     from tests.support.ranks import free_port, start_ranks
     from tests.support.streaming import uneven_rank
@@ -177,15 +176,7 @@ def test_a_rank_epochs_ahead_of_another_saves_the_epoch_the_other_is_in(
     assert state == ranks[1]["state"] and state["epoch"] == 0
     # Each rank's position is its pass of epoch 0 (rank 1's finished one), not a later one.
     assert [rank["epoch"] for rank in state["ranks"]] == [0, 0] and state["ranks"][1]["done"] == [True]
-    resumed = MultiProcessDataLoader(
-        DatasetReader.by_name("jsonl")(),
-        data_path,
-        batch_size=1,
-        max_instances_in_memory=4,
-        cache_dir=str(tmp_path / "cache"),
-        quiet=True,
-        seed=3,
-    )
+    resumed = loader(data_path, tmp_path / "cache", batch_size=1, max_instances_in_memory=4, seed=3)
     resumed.load_state_dict(state)
     rest = [i for batch in resumed for i in batch["id"].tolist()]
     assert sorted(ranks[0]["first"] + ranks[1]["first"] + rest) == all_ids(2, 6)[:7]

@@ -18,6 +18,8 @@ from tests.support.download import FaultServer
 
 pytestmark = pytest.mark.timeout(60)
 
+SMALL: dict[str, Any] = {"batch_size": 4, "max_instances_in_memory": 8, "seed": 1}
+
 
 def _shard(index: int, records: int) -> bytes:
     return gzip.compress(
@@ -193,7 +195,7 @@ def test_a_reader_calling_shard_iterable_per_file_resumes_exactly_on_another_top
     http_server: FaultServer, tmp_path: Path, before: int, after: int
 ) -> None:
     from framework import MultiProcessDataLoader
-    from tests.support.streaming import ids_of
+    from tests.support.streaming import ids_of, loader
 
     # Shards of uneven sizes: a stream read to its end while others go on.
     sizes = [0, 1, 37, 3, 0, 12, 5, 1, 20, 0, 2, 9]
@@ -201,17 +203,7 @@ def test_a_reader_calling_shard_iterable_per_file_resumes_exactly_on_another_top
     every = sorted(shard * 1000 + k for shard, count in enumerate(sizes) for k in range(count))
 
     def build(workers: int) -> MultiProcessDataLoader:
-        return MultiProcessDataLoader(
-            PerFileReader(),
-            urls,
-            cache_dir=str(tmp_path / "c"),
-            batch_size=4,
-            max_instances_in_memory=8,
-            quiet=True,
-            seed=1,
-            shuffle=True,
-            num_workers=workers,
-        )
+        return loader(urls, tmp_path / "c", PerFileReader(), **SMALL, shuffle=True, num_workers=workers)
 
     assert sorted(ids_of(build(before))) == every  # reads fine in one go
     broken = {}
@@ -258,22 +250,13 @@ def test_a_reader_with_several_instances_a_record_resumes_on_the_same_topology(
     http_server: FaultServer, tmp_path: Path
 ) -> None:
     from framework import MultiProcessDataLoader
-    from tests.support.streaming import brace, ids_of, serve
+    from tests.support.streaming import brace, ids_of, loader, serve
 
     serve(http_server, "two-per-record", shards=12, records=10)
 
     def build() -> MultiProcessDataLoader:
-        return MultiProcessDataLoader(
-            TwoPerRecord(),
-            brace(http_server, "two-per-record", 12),
-            cache_dir=str(tmp_path / "c"),
-            batch_size=4,
-            max_instances_in_memory=8,
-            quiet=True,
-            seed=1,
-            shuffle=True,
-            num_workers=2,
-        )
+        data_path = brace(http_server, "two-per-record", 12)
+        return loader(data_path, tmp_path / "c", TwoPerRecord(), **SMALL, shuffle=True, num_workers=2)
 
     whole = ids_of(build())
     first = build()
@@ -299,21 +282,13 @@ def test_no_unsharded_warning_for_a_resumed_pass_that_deals_whole_shards(
 
     from framework import MultiProcessDataLoader
     from framework.data import UnshardedReadWarning
-    from tests.support.streaming import TaggedJsonl, brace, serve
+    from tests.support.streaming import TaggedJsonl, brace, loader, serve
 
     serve(http_server, "warned", shards=3, records=12)
 
     def build(workers: int) -> MultiProcessDataLoader:
-        return MultiProcessDataLoader(
-            TaggedJsonl.automatic(),
-            brace(http_server, "warned", 3),
-            cache_dir=str(tmp_path / "c"),
-            batch_size=4,
-            max_instances_in_memory=8,
-            quiet=True,
-            seed=1,
-            num_workers=workers,
-        )
+        data_path = brace(http_server, "warned", 3)
+        return loader(data_path, tmp_path / "c", TaggedJsonl.automatic(), **SMALL, num_workers=workers)
 
     first = build(2)  # 3 shards over 2 slots: dealt whole
     iterator = iter(first)

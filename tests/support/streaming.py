@@ -47,14 +47,14 @@ def fetched(server: Any, name: str) -> int:
     return sum(route.body_bytes for path, route in server.routes.items() if path.startswith(f"/{name}/"))
 
 
-def loader(data_path: Any, cache: Path, **options: Any) -> Any:
-    """A lazy `"jsonl"` loader streaming `data_path` through `cache`."""
+def loader(data_path: Any, cache: Any, reader: Any = None, **options: Any) -> Any:
+    """A lazy loader streaming `data_path` through `cache` (the `"jsonl"` reader unless
+    another is given)."""
     from framework import DatasetReader, MultiProcessDataLoader
 
     options = {"batch_size": 8, "max_instances_in_memory": 32, "quiet": True, "seed": 0, **options}
-    return MultiProcessDataLoader(
-        DatasetReader.by_name("jsonl")(), data_path, cache_dir=str(cache), **options
-    )
+    reader = reader or DatasetReader.by_name("jsonl")()
+    return MultiProcessDataLoader(reader, data_path, cache_dir=str(cache), **options)
 
 
 def ids_of(batches: Any) -> list[int]:
@@ -133,30 +133,19 @@ def stream_rank(
     `rank{rank}.json`. With `state_in` it first loads that state."""
     import torch.distributed as dist
 
-    from framework import DatasetReader, MultiProcessDataLoader
-
     join_gloo(rank, world, port, collective_s=60, stuck_s=100)
     try:
-        loader = MultiProcessDataLoader(
-            DatasetReader.by_name("jsonl")(),
-            data_path,
-            batch_size=8,
-            shuffle=True,
-            seed=3,
-            num_workers=workers,
-            max_instances_in_memory=32,
-            cache_dir=cache_dir,
-            quiet=True,
-            even_batches=even_batches,
+        reading = loader(
+            data_path, cache_dir, shuffle=True, seed=3, num_workers=workers, even_batches=even_batches
         )
         if state_in is not None:
-            loader.load_state_dict(json.loads(Path(state_in).read_text()))
+            reading.load_state_dict(json.loads(Path(state_in).read_text()))
         ids: list[int] = []
         state = None
-        for count, batch in enumerate(loader, 1):
+        for count, batch in enumerate(reading, 1):
             ids += batch["id"].tolist()
             if take is not None and count == take:
-                state = loader.state_dict()
+                state = reading.state_dict()
                 break
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps({"ids": ids, "state": state}))
     finally:
@@ -228,24 +217,20 @@ def uneven_rank(rank: int, world: int, port: int, out_dir: str, data_path: Any, 
     `state_dict()`."""
     import torch.distributed as dist
 
-    from framework import DatasetReader, MultiProcessDataLoader
-
     join_gloo(rank, world, port, collective_s=60, stuck_s=100)
     try:
-        loader = MultiProcessDataLoader(
-            DatasetReader.by_name("jsonl")(),
+        reading = loader(
             data_path,
+            Path(out_dir, "cache"),
             batch_size=1,
             max_instances_in_memory=4,
             even_batches=False,
-            cache_dir=str(Path(out_dir, "cache")),
-            quiet=True,
             seed=3,
         )
         first: list[int] = []
         taken = epochs = 0
         while taken < takes[rank]:
-            for batch in loader:
+            for batch in reading:
                 if epochs == 0:
                     first += batch["id"].tolist()
                 taken += 1
@@ -253,7 +238,7 @@ def uneven_rank(rank: int, world: int, port: int, out_dir: str, data_path: Any, 
                     break
             epochs += 1
         try:
-            result: dict[str, Any] = {"state": loader.state_dict()}
+            result: dict[str, Any] = {"state": reading.state_dict()}
         except Exception as error:
             result = {"error": f"{type(error).__name__}: {error}"}
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps({"first": first, **result}))

@@ -115,8 +115,9 @@ class InstanceCache:
         if settings.num_workers == 0:
             shards = ShardPlan(rank, world, Consumed())  # it defers the hook to _hooked
             settings.reader._set_shard_plan(shards)
+            source = settings.eager_source()
             try:
-                read = settings.reader.read(settings.source)
+                read = settings.reader.read(source)
                 pairs = self._progress((x, shards.take()) for x in read)
                 # Seeded as worker 0 would be (the same data with 0 or 1 workers).
                 private = PrivateRandom(derive_seed(settings.epoch_seed(0), "worker", 0))
@@ -124,13 +125,14 @@ class InstanceCache:
                     yield from self._hooked(private.wrap(pairs, step), step)
             finally:
                 settings.reader._set_shard_plan(None)
-                self.shards_read.update(read_since(settings.source))
-                let_go(settings.source)
+                self.shards_read.update(read_since(source))
+                let_go(source)
             return
         pool = self.pools.start(info)
         position = Position(epoch=0, seed=settings.epoch_seed(0))
         try:
-            messages = pool.run(position, "instances", settings.timeout, rank, world)
+            source = settings.eager_source()
+            messages = pool.run(position, "instances", settings.timeout, rank, world, source=source)
             with UserCode():  # apply_token_indexers runs here
                 yield from self._hooked(self._progress(self._interleave(messages)), step)  # type: ignore[arg-type]
         finally:

@@ -9,7 +9,7 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any, Optional, cast
 
-from framework.data._shards import READ, Consumed, Point, dealt_streams, reading_order
+from framework.data._shards import READ, Consumed, Point, dealt_streams, reading_order, split_share
 
 __all__ = ["Position"]
 
@@ -111,7 +111,7 @@ class Position:
             current = point.record % self.deal if point is not None else -1
             streams, part = dealt_streams(slot, slots, self.deal, self.split or 1)
             for stream in streams:
-                share = stream + self.deal * part
+                share = split_share(stream, part, self.deal, self.split or 1)
                 if self.done[worker] or stream < current:
                     out[share] = finished
                 elif stream == current and point is not None:

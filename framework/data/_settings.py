@@ -124,6 +124,14 @@ class LoaderSettings:
             return 0
         return streams if 1 < streams <= len(source) else 0
 
+    def eager_source(self) -> Any:
+        """What an eager cache is read from: the source, with a loaded state's pins (the
+        cache holds every epoch's instances: they are the bytes the state was saved on)."""
+        source = self.source
+        if isinstance(source, ShardFiles) and self.pins is not None:
+            return source.pinned(self.pins[1])
+        return source
+
     @property
     def hook_overridden(self) -> bool:
         """Whether the reader has its own apply_token_indexers, which the main process runs."""

@@ -55,6 +55,7 @@ __all__ = [
     "reading_order",
     "sample_digests",
     "slot_reading",
+    "split_share",
 ]
 
 # 1: the per-topology states of issue 9 (no "version" key); 2: lazy chunks all of
@@ -303,11 +304,18 @@ def dealt_streams(slot: int, slots: int, deal: int, split: int = 1) -> tuple[lis
     dealt them, else (an epoch resumed over another) the streams p with
     p % slots == slot, one after another; part 0, all the records. `split` R (ranks
     that even their batch counts): the workers of each rank read whole streams as
-    above, and rank r keeps record k of each when k % R == r, so the ranks end a few
-    records apart at most."""
+    above, and rank r keeps record k of stream p when (k + p) % R == r, so the ranks
+    end a few records apart at most (the rotation by p spreads the streams' odd
+    records over the ranks)."""
     reader, readers = slot // split, slots // split
     streams = [reader] if readers == deal else list(range(reader, deal, readers))
     return streams, slot % split
+
+
+def split_share(stream: int, part: int, deal: int, split: int) -> int:
+    """The class modulo `deal * split` of the indexes part `part` keeps of stream
+    `stream`: record k (index k * deal + stream) is kept when (k + stream) % split == part."""
+    return stream + deal * ((part - stream) % split)
 
 
 def reading_order(index: int, deal: int) -> tuple[int, int]:
@@ -327,8 +335,8 @@ class ShardPlan:
     With `deal` (the epoch's shards dealt as `deal` streams, `dealt_streams`,
     `framework.data.ShardFiles.dealt`) the reader reads only the slot's `streams` of
     shards: record k of stream p has index `k * deal + p`, and the slot keeps the
-    records with `k % split == part`, so its share of stream p is still one class of
-    indexes, `index % (deal * split) == p + deal * part`. The shards tell the plan as
+    records with `(k + p) % split == part` (`split_share`), so its share of stream p is
+    still one class of indexes modulo `deal * split`. The shards tell the plan as
     each one opens which stream it belongs to (`opened`).
     """
 
@@ -365,6 +373,7 @@ class ShardPlan:
         self.shard = shard
         self.source: Any = None
         self.last = start - self.stride
+        self.after = start  # dealt: the index of the record read after the last one handed on
         self.fresh = False
         self.tracked = True
         self.at_start: Optional[Callable[[], None]] = None  # run once the reader is at `start`
@@ -449,10 +458,12 @@ class ShardPlan:
                 return
             place = (self.stream, self.next)
             self.next += 1
-            index = place[1] * self.deal + self.streams[place[0]]
-            if place[1] % self.split != self.part or place < goal or (skip_base and index in base):
+            stream = self.streams[place[0]]
+            index = place[1] * self.deal + stream
+            if (place[1] + stream) % self.split != self.part or place < goal or (skip_base and index in base):
                 continue  # read past: another rank's, before the start, or yielded before
             self.last = index
+            self.after = index + self.deal
             self.fresh = True
             yield record
 
@@ -488,7 +499,9 @@ class ShardPlan:
                 token = self.source.tell()
             except (OSError, ValueError):  # cannot tell now (closed, say): resuming skips instead
                 token = None
-        return self.last + self.stride, token
+        # Dealt: the record after the last one handed on, which the seek token is for
+        # (another rank's when ranks split the streams: it is read past).
+        return (self.after if self.deal else self.last + 1), token
 
 
 def slot_reading(

@@ -245,6 +245,11 @@ def resumed_position(settings: LoaderSettings, cache: InstanceCache, state: Mapp
     ):
         check_samples(state.get("samples"), cache.load(), cache.indexes, rank)
     pins = state.get("shards") or {}
+    _check_cached_shards(settings, cache, pins)
+    if mine is not None and mine.deal and (mine.split or 1) == 1 and settings.split(world) > 1:
+        # Whole shards per rank, and this job evens its ranks' batch counts: resumed as
+        # they are, the ranks end far apart and evening drops the rest. Another split.
+        mine = None
     if mine is not None:
         mine.shards_read.update(pins)  # what the epoch read before, pinned again by the next save
         return mine  # the same split: exact
@@ -264,6 +269,22 @@ def resumed_position(settings: LoaderSettings, cache: InstanceCache, state: Mapp
     # its records are numbered in), each slot reading its streams one after another (and
     # ranks that even their batches splitting each stream's records: `Position.split`).
     return Position(epoch=first.epoch, seed=seed, base=consumed, deal=deal, shards_read=dict(pins))
+
+
+def _check_cached_shards(settings: LoaderSettings, cache: InstanceCache, pins: Mapping[str, str]) -> None:
+    """ResumeError unless an eager cache read already (when the loader was built) holds
+    the bytes of the shards the state pins: its positions point into those."""
+    if settings.max_instances_in_memory is not None or cache.instances is None:
+        return  # lazy, or an eager cache still to read: it reads the pinned bytes
+    changed = sorted(url for url, sha in pins.items() if cache.shards_read.get(url, sha) != sha)
+    if changed:
+        raise ResumeError(
+            f"shard {changed[0]} changed since the state was saved (sha256 "
+            f"{pins[changed[0]][:12]}... then, {cache.shards_read[changed[0]][:12]}... now), and "
+            "this eager loader read the new bytes when it was built: the saved positions would "
+            "land on other records. Resume where the old bytes are cached, or start the epoch afresh",
+            "files_changed",
+        )
 
 
 def _deal_of(positions: Iterable[Mapping[str, Any]]) -> Optional[int]:

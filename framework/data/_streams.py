@@ -73,8 +73,9 @@ def lazy_pass_in_workers(
         finished = True
     finally:
         pools.release(pool, finished)
-    if position.instances == 0 and not resumed and not position.deal:
-        # (With whole shards dealt, a rank's shards may all be empty: the others' are not.)
+    if position.instances == 0 and not resumed and (not position.deal or (position.split or 1) > 1):
+        # (With whole shards dealt to ranks, a rank's shards may all be empty: the others'
+        # are not. Ranks that split the streams read them all, as records dealt one by one.)
         raise no_instances(settings.reader, settings.data_path)
 
 
@@ -138,8 +139,9 @@ def lazy_pass_in_process(settings: LoaderSettings, position: Position) -> Iterat
     finally:
         reader._set_shard_plan(None)  # the reader reads whole again outside the loader
         let_go(source)
-    if position.instances == 0 and not resumed and not position.deal:
-        # (With whole shards dealt, a rank's shards may all be empty: the others' are not.)
+    if position.instances == 0 and not resumed and (not position.deal or (position.split or 1) > 1):
+        # (With whole shards dealt to ranks, a rank's shards may all be empty: the others'
+        # are not. Ranks that split the streams read them all, as records dealt one by one.)
         raise no_instances(settings.reader, settings.data_path)
 
 

@@ -423,8 +423,7 @@ class MultiProcessDataLoader(DataLoader):
         data_path, batch settings, sampler) must be the same: `ResumeError` (a
         ValueError) naming them.
         """
-        position = resumed_position(self._settings, self._cache, state)
-        shards = state.get("shards")  # a streamed epoch's shards, by URL: their sha256
+        shards = state.get("shards") if isinstance(state, Mapping) else None  # by URL: their sha256
         if shards is not None and not (
             isinstance(shards, Mapping)
             and all(
@@ -437,15 +436,24 @@ class MultiProcessDataLoader(DataLoader):
                 "pass the loader's own state_dict()",
                 "malformed",
             )
-        epoch_batches = state.get("epoch_batches", 0)  # absent: a state from before the count
-        # absent: a state from before the count (right without batches_per_epoch)
-        loop_epoch = state.get("loop_epoch", position.epoch)
-        for key, value in (("epoch_batches", epoch_batches), ("loop_epoch", loop_epoch)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise ValueError(
-                    f"the state's {key!r} must be an int >= 0, got {value!r}; "
-                    "pass the loader's own state_dict()"
-                )
+        # The pins first: an eager cache read to check the state reads the pinned bytes.
+        pins, self._settings.pins = self._settings.pins, None
+        if shards is not None:
+            self._settings.pins = (state.get("epoch", 0), dict(shards))
+        try:
+            position = resumed_position(self._settings, self._cache, state)
+            epoch_batches = state.get("epoch_batches", 0)  # absent: a state from before the count
+            # absent: a state from before the count (right without batches_per_epoch)
+            loop_epoch = state.get("loop_epoch", position.epoch)
+            for key, value in (("epoch_batches", epoch_batches), ("loop_epoch", loop_epoch)):
+                if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                    raise ValueError(
+                        f"the state's {key!r} must be an int >= 0, got {value!r}; "
+                        "pass the loader's own state_dict()"
+                    )
+        except BaseException:
+            self._settings.pins = pins  # refused: the loader is as it was
+            raise
         self._close_carried()
         self._pools.shutdown()
         self._settings.pins = None if shards is None else (position.epoch, dict(shards))

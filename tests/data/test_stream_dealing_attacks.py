@@ -15,20 +15,11 @@ import pytest
 
 from framework import DatasetReader
 from tests.support.download import FaultServer
+from tests.support.streaming import serve_sizes, shard_bytes
 
 pytestmark = pytest.mark.timeout(60)
 
 SMALL: dict[str, Any] = {"batch_size": 4, "max_instances_in_memory": 8, "seed": 1}
-
-
-def _shard(index: int, records: int) -> bytes:
-    return gzip.compress(
-        "".join(json.dumps({"id": index * 1000 + k}) + "\n" for k in range(records)).encode(), mtime=0
-    )
-
-
-def _serve(server: FaultServer, name: str, sizes: list[int]) -> list[str]:
-    return [server.add(f"/{name}/s{index:03d}.jsonl.gz", _shard(index, n)) for index, n in enumerate(sizes)]
 
 
 def _rank_reading(
@@ -71,7 +62,7 @@ def test_ranks_that_even_their_batches_are_dealt_records_and_lose_none(
 
     # Two ranks, no workers, two shards, one of them empty: dealt whole, one rank would
     # read nothing and evening the ranks' batch counts would drop the other's 40.
-    urls = _serve(http_server, "empty-rank", [40, 0])
+    urls = serve_sizes(http_server, "empty-rank", [40, 0])
     out = tmp_path / "out"
     out.mkdir()
     options = {"batch_size": 4, "max_instances_in_memory": 8, "seed": 0, "num_workers": 0}
@@ -88,7 +79,7 @@ def test_ranks_that_even_their_batches_are_dealt_records_and_lose_none(
 def test_a_dealt_epoch_resumed_by_ranks_that_even_their_batches_loses_at_most_a_batch_each(
     http_server: FaultServer, tmp_path: Path
 ) -> None:
-    urls = _serve(http_server, "dealt-even", [10, 30, 10, 10])
+    urls = serve_sizes(http_server, "dealt-even", [10, 30, 10, 10])
     options: dict[str, Any] = {"batch_size": 4, "max_instances_in_memory": 8, "seed": 0, "num_workers": 0}
     first = _ranks(urls, tmp_path, "first", 2, {**options, "take": 1, "even_batches": False})
     assert first[0]["state"]["ranks"][0]["deal"] == 2  # whole shards to the 2 ranks
@@ -121,7 +112,7 @@ def test_an_elastic_resume_onto_more_ranks_than_streams_skips_nothing(
     http_server: FaultServer, tmp_path: Path
 ) -> None:
     # Four equal shards, dealt whole over 2 ranks (no workers: 2 slots, 2 streams).
-    urls = _serve(http_server, "more-ranks", [10, 10, 10, 10])
+    urls = serve_sizes(http_server, "more-ranks", [10, 10, 10, 10])
     options: dict[str, Any] = {"batch_size": 4, "max_instances_in_memory": 8, "seed": 0, "num_workers": 0}
     first = _ranks(urls, tmp_path, "first", 2, {**options, "take": 1})
     assert [part["error"] for part in first] == [None, None]
@@ -147,7 +138,7 @@ def test_an_elastic_resume_onto_more_ranks_than_streams_skips_nothing(
 def test_a_budget_of_a_quarter_refetches_at_most_0_8_with_whole_shards_dealt(
     http_server: FaultServer, tmp_path: Path, shards: int, workers: int
 ) -> None:
-    from tests.support.streaming import brace, gets, ids_of, loader, serve, shard_bytes
+    from tests.support.streaming import brace, gets, ids_of, loader, serve
 
     name = f"quarter{workers}"
     serve(http_server, name, shards=shards, records=20, pad=100)
@@ -199,7 +190,7 @@ def test_a_reader_calling_shard_iterable_per_file_resumes_exactly_on_another_top
 
     # Shards of uneven sizes: a stream read to its end while others go on.
     sizes = [0, 1, 37, 3, 0, 12, 5, 1, 20, 0, 2, 9]
-    urls = _serve(http_server, f"per-file-{before}-{after}", sizes)
+    urls = serve_sizes(http_server, f"per-file-{before}-{after}", sizes)
     every = sorted(shard * 1000 + k for shard, count in enumerate(sizes) for k in range(count))
 
     def build(workers: int) -> MultiProcessDataLoader:

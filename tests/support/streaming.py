@@ -33,6 +33,13 @@ def serve(server: Any, name: str, shards: int = SHARDS, records: int = RECORDS, 
     ]
 
 
+def serve_sizes(server: Any, name: str, sizes: list[int]) -> list[str]:
+    """Shards of `sizes[i]` records each (`shard_bytes(i, ...)`) under /`name`/; their URLs."""
+    return [
+        server.add(f"/{name}/s{index:03d}.jsonl.gz", shard_bytes(index, n)) for index, n in enumerate(sizes)
+    ]
+
+
 def brace(server: Any, name: str, shards: int = SHARDS) -> str:
     """The brace range naming the shards `serve` put under /`name`/."""
     return f"{server.base}/{name}/train-{{00000..{shards - 1:05d}}}.jsonl.gz"

@@ -134,7 +134,7 @@ def test_an_elastic_resume_onto_more_ranks_than_streams_skips_nothing(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("shards", "workers"), [(80, 2), (120, 4)])
+@pytest.mark.parametrize(("shards", "workers"), [(120, 4)])  # 2 workers: test_stream_shards.py
 def test_a_budget_of_a_quarter_refetches_at_most_0_8_with_whole_shards_dealt(
     http_server: FaultServer, tmp_path: Path, shards: int, workers: int
 ) -> None:

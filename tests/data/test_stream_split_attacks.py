@@ -134,8 +134,8 @@ CHAINS = {
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["jsonl", "automatic"])
-@pytest.mark.parametrize("chain", sorted(CHAINS))
+# Each chain with one reader: the seekable built-in one and the automatic one that reads past.
+@pytest.mark.parametrize(("chain", "kind"), [("2x2e-3x1e-1x2", "jsonl"), ("1x3-2x2e-2x2", "automatic")])
 def test_a_resume_chain_across_split_and_whole_topologies_yields_each_record_once(
     http_server: FaultServer, tmp_path: Path, chain: str, kind: str
 ) -> None:
@@ -288,7 +288,7 @@ def test_split_ranks_sharing_a_cache_stay_within_the_budget_and_refetch_under_0_
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("workers", "take"), [(2, 3), (2, 4), (3, 6)])
+@pytest.mark.parametrize(("workers", "take"), [(2, 4), (3, 6)])
 def test_a_split_epoch_resumed_on_the_same_ranks_goes_on_batch_for_batch(
     http_server: FaultServer, tmp_path: Path, workers: int, take: int
 ) -> None:

@@ -1,6 +1,5 @@
-"""Ranks that split each stream's records (even_batches across ranks), the pins of a
-saved state and the disk budget, under resumes across topologies. Each test quotes the
-promise it checks."""
+"""Ranks that split each stream's records (even_batches across ranks) and the pins of a
+saved state, under resumes across topologies. Each test quotes the promise it checks."""
 
 from __future__ import annotations
 
@@ -252,39 +251,6 @@ def test_an_eager_epoch_resumed_after_a_pinned_shard_changed_reads_no_new_bytes(
         error = failure
     assert not [i for i in rest if i >= 50_000], rest
     assert error is not None or sorted(seen + rest) == sorted(_expected(sizes))
-
-
-@pytest.mark.slow
-def test_split_ranks_sharing_a_cache_stay_within_the_budget_and_refetch_under_0_8(
-    http_server: FaultServer, tmp_path: Path
-) -> None:
-    from tests.support.streaming import fetched, published_bytes, sampled, shard_bytes
-
-    # docs/howto/streaming.md (Bound the disk): `cache_limit` is "the most bytes the
-    # dataset's fetched shards take, beyond the ones being read or fetched"; "processes
-    # (and nodes on a shared filesystem) sharing it fetch each shard once"; "with a budget
-    # of a quarter of the dataset a later epoch fetches about three quarters of it again".
-    shards = 64
-    urls = [
-        http_server.add(f"/budget-split/s{index:03d}.jsonl.gz", shard_bytes(index, 4, pad=2000))
-        for index in range(shards)
-    ]
-    sizes = [len(http_server.routes[url[len(http_server.base) :]].data) for url in urls]
-    dataset, limit = sum(sizes), sum(sizes) // 4
-    cache = tmp_path / "shared"
-    options = {**BASE, "num_workers": 2, "shuffle": True, "cache_limit": limit, "epochs": 3}
-    with sampled(cache, urls) as samples:
-        ranks = _ranks(urls, tmp_path, "budget", 2, options, cache=str(cache))
-    assert [part["error"] for part in ranks] == [None, None]
-    assert sorted(i for part in ranks for i in part["ids"]) == sorted(
-        i for i in range(shards) for i in [i * 1000 + k for k in range(4)] for _ in range(3)
-    )
-    # 2 ranks x 2 workers, each holding its shard and the 2 it fetches ahead.
-    held = 2 * 2 * 3 * max(sizes)
-    assert max(samples) <= limit + held, (max(samples), limit, held)
-    assert published_bytes(cache, urls) <= limit + held
-    share = fetched(http_server, "budget-split") / dataset
-    assert share <= 1 + 2 * 0.8, share
 
 
 @pytest.mark.slow

@@ -209,7 +209,7 @@ class EntryLock:
             return self
         deadline = time.monotonic() + self.timeout
         last_seen: tuple[int, int] = (-1, -1)
-        logged = False
+        logged = named = False  # said that it waits; named the holder
         while True:
             wait = max(0.0, min(_POLL_S, deadline - time.monotonic()))
             try:
@@ -228,13 +228,17 @@ class EntryLock:
             if (seen, beat := self._heartbeat()) != last_seen:  # pulse: fetching or extracting
                 last_seen = (seen, beat)
                 deadline = time.monotonic() + self.timeout  # the holder is making progress
-            if not logged:
-                logged = True
-                logger.info(
-                    "waiting for %s: another process is fetching it (%s)",
-                    self.url,
-                    self.holder() or "holder unknown",
-                )
+            if not named:
+                # Once, and again once the holder is known (it writes its name just after
+                # it takes the lock: a waiter that came at that moment has not seen it yet).
+                holder = self.holder()
+                if not logged or holder:
+                    logger.info(
+                        "waiting for %s: another process is fetching it (%s)",
+                        self.url,
+                        holder or "holder unknown",
+                    )
+                logged, named = True, bool(holder)
             if self._on_wait is not None:
                 self._on_wait(seen, self.expected_size())
             if time.monotonic() >= deadline:

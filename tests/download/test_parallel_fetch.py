@@ -172,6 +172,25 @@ def test_a_chosen_count_opens_all_of_it_at_once() -> None:
     assert _windows(fast, [1e7]) == [1] and fast.settled
 
 
+def test_a_stream_left_alone_on_a_burst_is_probed_again_when_it_overruns() -> None:
+    """A probe that read a burst (the socket's buffer after the reader lost the CPU) says
+    the rest comes in 0.04 s: alone. Still running `ALONE_S` later, it is probed again,
+    and at its true rate (0.6 s alone for what is left) the chosen count opens; one that
+    ends in time is never probed again."""
+    from framework.download.parallel._ramp import Ramp
+
+    ramp = Ramp(cap=10, fixed=True)
+    assert _windows(ramp, [1e7]) == [1] and ramp.settled
+    left = 10**6 - int(1e7 * 0.06)
+    assert ramp.update(0.06 + Ramp.ALONE_S / 2, 0.5, 10**6 - left, left, ready=True) == 1 and ramp.settled
+    later = 0.06 + Ramp.ALONE_S  # the probe's verdict overran: measured again, from here
+    assert ramp.update(later, later, 10**6 - left, left, ready=True) == 1 and not ramp.settled
+    assert ramp.update(later + 0.06, later + 0.06, 10**6 - left + int(6.7e5 * 0.06), left, ready=True) == 10
+    done = Ramp(cap=10, fixed=True)
+    assert _windows(done, [1e7]) == [1]
+    assert done.update(10.0, 0.06, 10**6, 0, ready=True) == 1 and done.settled  # nothing left
+
+
 def test_a_refusal_pauses_the_ramp_and_a_second_one_keeps_the_count() -> None:
     """A refusal as the step to 3 opens, with 2 running: 2, and nothing added however
     the windows pay while a refused connection waits; once the refused are answered,

@@ -57,6 +57,7 @@ class _Connection:
     last: int = 0  # the last part of the run it holds (its request ends there)
     position: int = 0  # the next byte it writes (a break resumes here)
     refusals: int = 0  # its requests refused (429, 503) in a row
+    refused_from: int = 0  # the bytes received by all when that row began
 
 
 class Engine:
@@ -395,22 +396,28 @@ class Engine:
         chosen count keeps its connections: those being opened as one is refused were
         not). After
         `attempts` refusals in a row it stops, the count kept to the others; the last
-        one raises."""
+        one raises once the server served none meanwhile (refused while the others
+        took the rest, it begins a new row when it is left alone)."""
         with self.lock:
             connection.refusals += 1
+            if connection.refusals == 1:
+                connection.refused_from = self.received
             for index in range(connection.index, connection.last + 1):
                 bisect.insort(self.todo, index)  # kept in order: claims take the lowest
             connection.last = connection.index - 1  # holds nothing now
             if self.open_ended is connection:
                 self.open_ended = None
             if connection.refusals >= self.attempts or self.stop.is_set():
-                if self.live <= 1 and not self.stop.is_set():
+                alone = self.live <= 1 and not self.stop.is_set()
+                if alone and self.received == connection.refused_from:
                     raise error
-                # A chosen count loses this one only: those not yet opened were never refused.
-                self.ramp.keep_to(self.ramp.target - 1 if self.ramp.fixed else self.live - 1)
-                self._leave(connection)
-                logger.info("%s refused one more connection (%s); going on with fewer", self.url, error)
-                return
+                if not alone:
+                    # A chosen count loses this one only: those not yet opened were never refused.
+                    self.ramp.keep_to(self.ramp.target - 1 if self.ramp.fixed else self.live - 1)
+                    self._leave(connection)
+                    logger.info("%s refused one more connection (%s); going on with fewer", self.url, error)
+                    return
+                connection.refusals, connection.refused_from = 1, self.received  # alone now: a new row
             if not self.ramp.fixed:  # a chosen count is kept: fewer only as refused ones stop (above)
                 self.ramp.refused(self.live)  # none added until the refused are answered (`_answered`)
         delay = error.retry_after

@@ -25,6 +25,11 @@ class Ramp:
     slow link looks like; a fast stream whose reader or server lost the CPU for a few
     milliseconds shows one long gap instead, and is measured for all of `PROBE_S`.
 
+    A stream left alone is probed again if it is still running `ALONE_S` later, when
+    the probe said it would be done: a probe taken while the reader lost the CPU reads
+    what the socket buffered meanwhile as one fast burst, and one wrong verdict must not
+    leave a slow link on one stream for the whole object.
+
     **A fixed count.** With `fixed` (the user chose the count), a stream that is not to
     stay alone is joined by all of the cap at once: the steps below are skipped.
 
@@ -85,6 +90,7 @@ class Ramp:
         self.alone_rate = 0.0  # what the probe measured one stream at (bytes/s; 0 before)
         self.paused = False  # a refused connection waits to ask again: nothing is added
         self._served_after_refusal = False  # the ramp went on once after a refusal
+        self._recheck_at: Optional[float] = None  # when a stream left alone is probed again
 
     @property
     def poll_s(self) -> float:
@@ -99,7 +105,7 @@ class Ramp:
     def refused(self, live: int) -> None:
         """The server refused a connection while `live` ran: keep to those and add none
         until `served`; for good if it had already served after a refusal."""
-        self.target = max(1, min(live, self.target))
+        self.target, self._recheck_at = max(1, min(live, self.target)), None
         if self._served_after_refusal:
             self.settled = True
         self.paused = not self.settled
@@ -115,6 +121,7 @@ class Ramp:
         """A connection stopped for good (refused too often, or no thread for it): keep
         to the `live` others."""
         self.target, self.settled, self.paused = max(1, min(live, self.target)), True, False
+        self._recheck_at = None
 
     def update(
         self, now: float, at: float, received: int, remaining: int, ready: bool, wait_s: float = 0.0
@@ -125,6 +132,8 @@ class Ramp:
         running connection has had its first byte; `wait_s`: the median time a request
         waited for its answer so far (0 before one did)."""
         self._now = now
+        if self._recheck_at is not None and now >= self._recheck_at and remaining > 0:
+            self.settled, self._since, self._recheck_at = False, None, None  # left alone wrongly
         if self.settled or self.paused or not ready:
             return self.target
         self._window_s = max(self.WINDOW_S, self.WAITS_PER_WINDOW * wait_s)
@@ -144,6 +153,7 @@ class Ramp:
             self.alone_rate = rate
             if alone_s < self.ALONE_S:
                 self.settled = True
+                self._recheck_at = now + self.ALONE_S
                 return self.target
             wanted = self.cap if self.fixed else math.ceil(alone_s / self.ALONE_S)
         else:

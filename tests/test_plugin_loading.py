@@ -19,6 +19,7 @@ import pytest
 from framework import Registrable
 from framework.errors import DuplicateNameError, RegistryError, UnknownNameError
 from framework.registry import Registrar
+from tests.support.plugins import make_dist
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -31,18 +32,6 @@ class {cls}(DatasetReader):
     def _read(self, file_path):
         yield {{"path": file_path}}
 """
-
-
-def make_dist(site: Path, dist: str, modules: dict[str, str], entry_points: dict[str, str]) -> None:
-    """Install `dist` into `site` the way pip would leave it: modules plus a dist-info."""
-    site.mkdir(exist_ok=True)
-    for name, text in modules.items():
-        (site / f"{name}.py").write_text(textwrap.dedent(text))
-    info = site / f"{dist.replace('-', '_')}-1.0.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 1.0\n")
-    lines = "".join(f"{name} = {target}\n" for name, target in entry_points.items())
-    (info / "entry_points.txt").write_text(f"[framework.plugins]\n{lines}")
 
 
 def hooks(body: str) -> str:

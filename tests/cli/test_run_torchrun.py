@@ -38,18 +38,12 @@ def torchrun(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
 def test_one_summary_with_the_job_totals(tmp_path: Path) -> None:
     result = torchrun(tmp_path, "--json")
     assert result.returncode == 0, result.stdout + result.stderr
-    summary = json.loads(result.stdout)  # one JSON object, not one per rank
+    # One JSON object, not one per rank: the text form takes the same gate (`_job_summary`),
+    # and its lines are checked below without a launch.
+    summary = json.loads(result.stdout)
     assert summary["ranks"] == 2
     assert [each["instances"] for each in summary["per_rank"]] == [20, 20]
     assert summary["instances"] == 40 and summary["batches"] == 8
-
-
-@pytest.mark.timeout(110)
-def test_the_text_summary_is_printed_once(tmp_path: Path) -> None:
-    result = torchrun(tmp_path)
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert result.stdout.count("instances  ") == 1
-    assert "ranks        2 " in result.stdout
 
 
 def rank_summary(instances: int, seconds: float, first: float, main_mib: float) -> dict[str, object]:

@@ -69,9 +69,16 @@ def _resume_at_every_batch(make: Callable[[], MultiProcessDataLoader], total: in
         assert head + [x for batch in resumed for x in _key(batch)] == whole, cut
 
 
-@pytest.mark.parametrize("form", FORMS)
-@pytest.mark.parametrize("kind", ["jsonl", "text", "csv"])
-@pytest.mark.parametrize(("workers", "lazy"), [(0, 1), (0, 3), (2, 2)])
+KINDS = ["jsonl", "text", "csv"]
+
+
+@pytest.mark.parametrize(
+    ("workers", "lazy", "kind", "form"),
+    # Every reader in every form at 0 workers; at 2 workers (a process each, the costly
+    # runs) each reader once and each form once: workers read what the reader yields.
+    [(0, lazy, kind, form) for lazy in (1, 3) for kind in KINDS for form in FORMS]
+    + [(2, 2, kind, form) for kind, form in zip(KINDS, FORMS)],
+)
 def test_several_files_one_without_a_final_newline_resume_anywhere(
     tmp_path: Path, kind: str, workers: int, lazy: int, form: str
 ) -> None:
@@ -86,12 +93,12 @@ def test_several_files_one_without_a_final_newline_resume_anywhere(
     _resume_at_every_batch(lambda: _loader(kind, [str(p) for p in paths], workers, lazy), 9)
 
 
-@pytest.mark.parametrize("kind", ["jsonl", "text", "csv"])
 @pytest.mark.parametrize(
-    ("workers", "lazy", "forms"),
-    # compressed at 0 workers only: workers read a compressed file as the test above shows
-    [(0, 4, ("", "")), (2, 4, ("", "")), (0, None, ("", "")),
-     (0, 4, (".gz", ".zst")), (0, None, (".gz", ".zst"))],
+    ("workers", "lazy", "forms", "kind"),
+    # compressed at 0 workers only, and one reader at 2: workers read what the reader
+    # yields, as the test above shows
+    [(0, lazy, forms, kind) for lazy in (4, None) for forms in (("", ""), (".gz", ".zst")) for kind in KINDS]
+    + [(2, 4, ("", ""), "csv")],
 )
 def test_a_byte_order_mark_is_read_and_resumed(tmp_path: Path, kind: str, workers: int,
                                               lazy: Optional[int], forms: tuple[str, str]) -> None:

@@ -93,12 +93,22 @@ def all_ids(shards: int, records: int) -> list[int]:
 
 
 def published_bytes(cache: Path, urls: list[str]) -> int:
-    """The bytes of the shards of `urls` published in `cache` now."""
+    """The bytes of the shards of `urls` published in `cache` now: the names from one
+    listing (a stat of each name in turn, under load, could count a shard evicted
+    after it was counted and another published before it was reached, a state the
+    folder was never in), then the sizes of those still there."""
+    try:
+        listed = {entry.name: entry for entry in os.scandir(cache)}
+    except FileNotFoundError:
+        return 0
     total = 0
     for url in urls:
+        entry = listed.get(Entry(cache, normalize(url)).final.name)
+        if entry is None:
+            continue
         try:
-            total += os.lstat(Entry(cache, normalize(url)).final).st_size
-        except OSError:
+            total += entry.stat(follow_symlinks=False).st_size
+        except OSError:  # evicted since the listing
             pass
     return total
 

@@ -25,13 +25,13 @@ class Ramp:
     slow link looks like; a fast stream whose reader or server lost the CPU for a few
     milliseconds shows one long gap instead, and is measured for all of `PROBE_S`.
 
-    A stream left alone is probed again if it is still running `ALONE_S` later, when
+    **A fixed count.** With `fixed` (the user chose the count), a stream that is not to
+    stay alone is joined by all of the cap at once: the steps below are skipped. A
+    stream it left alone is probed again if it is still running `ALONE_S` later, when
     the probe said it would be done: a probe taken while the reader lost the CPU reads
     what the socket buffered meanwhile as one fast burst, and one wrong verdict must not
-    leave a slow link on one stream for the whole object.
-
-    **A fixed count.** With `fixed` (the user chose the count), a stream that is not to
-    stay alone is joined by all of the cap at once: the steps below are skipped.
+    override the count the user chose for the whole object. (The adaptive ramp keeps its
+    verdict: a fetch slowed by a busy CPU gains nothing from more connections.)
 
     **The steps.** The first step opens as many connections as would each still have
     `ALONE_S` of work at the probe's rate, then the count doubles, up to the cap (the
@@ -153,7 +153,7 @@ class Ramp:
             self.alone_rate = rate
             if alone_s < self.ALONE_S:
                 self.settled = True
-                self._recheck_at = now + self.ALONE_S
+                self._recheck_at = now + self.ALONE_S if self.fixed else None
                 return self.target
             wanted = self.cap if self.fixed else math.ceil(alone_s / self.ALONE_S)
         else:

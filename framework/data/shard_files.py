@@ -272,11 +272,18 @@ class _Fetching:
         with self.lock:
             for other in [other for other in self.wanted if not index <= other < last]:
                 _let_go(self.wanted.pop(other))  # read already, or not ahead any more
+            # At a cold start the shards ahead wait for the first one: fetched alone, it
+            # comes sooner (on a server that spends time on each request, such as moto,
+            # six at once took several times as long), and so does the first batch.
+            first = None if self.wanted else index
             for ahead in range(index, last):
                 if ahead not in self.wanted:
                     shard = self.order[ahead]
                     self.wanted[ahead] = _in_thread(
-                        self.cache.hold, shard, self.farthest_first(self.where[shard])
+                        self.cache.hold,
+                        shard,
+                        self.farthest_first(self.where[shard]),
+                        after=None if first is None or ahead == first else self.wanted[first],
                     )
             wanted = self.wanted[index]
         if not wanted.done() and self.depth < self.deepest:
@@ -299,7 +306,7 @@ class _Fetching:
         with self.lock:
             wanted, self.wanted = self.wanted, {}
         for future in wanted.values():
-            _let_go(future)
+            _let_go(future)  # one still waiting for its turn is cancelled, not started
         futures.wait(list(wanted.values()), timeout=CLOSE_WAIT_S)
 
 
@@ -315,25 +322,35 @@ def let_go(source: Any) -> None:
         source.close()
 
 
-def _in_thread(fetch: Callable[..., Held], *args: Any) -> Future[Held]:
-    """`fetch(*args)` on a daemon thread of its own (at most `prefetch` + 1 run at once):
-    a program that stops reading exits without waiting for fetches ahead, whose partial
-    files are never published and are swept later."""
+def _in_thread(fetch: Callable[..., Held], *args: Any, after: Optional[Future[Held]] = None) -> Future[Held]:
+    """`fetch(*args)` on a daemon thread of its own (at most `prefetch` + 1 run at once),
+    started once `after` is done (at once without it): a program that stops reading
+    exits without waiting for fetches ahead, whose partial files are never published
+    and are swept later. Cancelled before it starts, it never runs."""
     future: Future[Held] = Future()
-    future.set_running_or_notify_cancel()
 
     def run() -> None:
+        if not future.set_running_or_notify_cancel():
+            return  # let go of before its turn
         try:
             future.set_result(fetch(*args))
         except BaseException as error:  # handed to the reader that asks for the shard
             future.set_exception(error)
 
-    threading.Thread(target=run, name="framework-shard-fetch", daemon=True).start()
+    def start(_: object = None) -> None:
+        threading.Thread(target=run, name="framework-shard-fetch", daemon=True).start()
+
+    if after is None:
+        start()
+    else:
+        after.add_done_callback(start)  # at once if it is done already
     return future
 
 
 def _let_go(future: Future[Held]) -> None:
-    """Release a shard's hold now, or once its fetch ends."""
+    """Release a shard's hold now, or once its fetch ends; a fetch not yet started is
+    cancelled."""
+    future.cancel()  # False once it runs
 
     def release(done: Future[Held]) -> None:
         if not done.cancelled() and done.exception() is None:

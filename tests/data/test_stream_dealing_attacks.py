@@ -15,43 +15,11 @@ import pytest
 
 from framework import DatasetReader
 from tests.support.download import FaultServer
-from tests.support.streaming import serve_sizes, shard_bytes
+from tests.support.streaming import options_rank, serve_sizes, shard_bytes
 
 pytestmark = pytest.mark.timeout(60)
 
 SMALL: dict[str, Any] = {"batch_size": 4, "max_instances_in_memory": 8, "seed": 1}
-
-
-def _rank_reading(
-    rank: int, world: int, port: int, out_dir: str, urls: list[str], cache: str, options: dict[str, Any]
-) -> None:
-    """A gloo rank reading `urls` with the `"jsonl"` reader: its ids (or its error) into rank{rank}.json."""
-    import torch.distributed as dist
-
-    from framework import DatasetReader, MultiProcessDataLoader
-    from tests.support.ranks import join_gloo
-
-    join_gloo(rank, world, port, collective_s=30, stuck_s=50)
-    options = dict(options)
-    take, state_in = options.pop("take", None), options.pop("state_in", None)
-    ids: list[int] = []
-    error = state = None
-    try:
-        loader = MultiProcessDataLoader(
-            DatasetReader.by_name("jsonl")(), urls, cache_dir=cache, quiet=True, **options
-        )
-        if state_in is not None:
-            loader.load_state_dict(json.loads(Path(state_in).read_text()))
-        for count, batch in enumerate(loader, 1):
-            ids += batch["id"].tolist()
-            if count == take:
-                state = loader.state_dict()
-                break
-    except Exception as failure:  # recorded: the test says what each rank did
-        error = f"{type(failure).__name__}: {failure}"
-    finally:
-        Path(out_dir, f"rank{rank}.json").write_text(json.dumps({"ids": ids, "error": error, "state": state}))
-        dist.destroy_process_group()
 
 
 @pytest.mark.slow
@@ -66,7 +34,7 @@ def test_ranks_that_even_their_batches_are_dealt_records_and_lose_none(
     out = tmp_path / "out"
     out.mkdir()
     options = {"batch_size": 4, "max_instances_in_memory": 8, "seed": 0, "num_workers": 0}
-    start_ranks(_rank_reading, (2, free_port(), str(out), urls, str(tmp_path / "c"), options), 2)
+    start_ranks(options_rank, (2, free_port(), str(out), urls, str(tmp_path / "c"), options), 2)
     ranks = [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(2)]
     # docs/howto/streaming.md (Dealing): with `even_batches` across ranks, records are
     # dealt one by one, so the ranks end a batch apart at most and none is dropped.
@@ -103,7 +71,7 @@ def _ranks(
 
     out = tmp / step
     out.mkdir()
-    start_ranks(_rank_reading, (world, free_port(), str(out), urls, str(tmp / "c"), options), world)
+    start_ranks(options_rank, (world, free_port(), str(out), urls, str(tmp / "c"), options), world)
     return [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(world)]
 
 

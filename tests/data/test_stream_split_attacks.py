@@ -10,49 +10,13 @@ from typing import Any
 import pytest
 
 from tests.support.download import FaultServer
-from tests.support.streaming import serve_sizes, shard_bytes
+from tests.support.streaming import options_rank, serve_sizes, shard_bytes
 
 pytestmark = pytest.mark.timeout(90)
 
 
 def _expected(sizes: list[int]) -> set[int]:
     return {i * 1000 + k for i, n in enumerate(sizes) for k in range(n)}
-
-
-def split_rank(
-    rank: int, world: int, port: int, out_dir: str, urls: list[str], cache: str, options: dict[str, Any]
-) -> None:
-    """A gloo rank reading `urls` with the `"jsonl"` reader: its ids, its state after
-    `take` batches, or its error, into rank{rank}.json."""
-    import torch.distributed as dist
-
-    from framework import DatasetReader, MultiProcessDataLoader
-    from tests.support.ranks import join_gloo
-    from tests.support.streaming import TaggedJsonl
-
-    join_gloo(rank, world, port, collective_s=30, stuck_s=60)
-    options = dict(options)
-    take, state_in = options.pop("take", None), options.pop("state_in", None)
-    kind = options.pop("reader", "jsonl")
-    epochs = options.pop("epochs", 1)
-    ids: list[int] = []
-    error = state = None
-    try:
-        reader = TaggedJsonl.automatic() if kind == "automatic" else DatasetReader.by_name("jsonl")()
-        loader = MultiProcessDataLoader(reader, urls, cache_dir=cache, quiet=True, **options)
-        if state_in is not None:
-            loader.load_state_dict(json.loads(Path(state_in).read_text()))
-        for _ in range(epochs):
-            for count, batch in enumerate(loader, 1):
-                ids += batch["id"].tolist()
-                if count == take:
-                    state = loader.state_dict()
-                    break
-    except Exception as failure:  # recorded: the test says what each rank did
-        error = f"{type(failure).__name__}: {failure}"
-    finally:
-        Path(out_dir, f"rank{rank}.json").write_text(json.dumps({"ids": ids, "error": error, "state": state}))
-        dist.destroy_process_group()
 
 
 def _ranks(
@@ -63,7 +27,7 @@ def _ranks(
     out = tmp / step
     out.mkdir()
     cache = cache or str(tmp / f"cache-{step}")
-    start_ranks(split_rank, (world, free_port(), str(out), urls, cache, options), world)
+    start_ranks(options_rank, (world, free_port(), str(out), urls, cache, options), world)
     return [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(world)]
 
 

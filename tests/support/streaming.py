@@ -169,6 +169,42 @@ def stream_rank(
         dist.destroy_process_group()
 
 
+def options_rank(
+    rank: int, world: int, port: int, out_dir: str, urls: list[str], cache: str, options: dict[str, Any]
+) -> None:
+    """A gloo rank reading `urls` with the reader `options["reader"]` names (`"jsonl"`,
+    or `"automatic"`: `TaggedJsonl.automatic()`) for `options["epochs"]` epochs: its
+    ids, its state after `take` batches, or its error, into rank{rank}.json. The rest
+    of `options` go to the loader."""
+    import torch.distributed as dist
+
+    from framework import MultiProcessDataLoader
+
+    join_gloo(rank, world, port, collective_s=30, stuck_s=60)
+    options = dict(options)
+    take, state_in = options.pop("take", None), options.pop("state_in", None)
+    kind = options.pop("reader", "jsonl")
+    epochs = options.pop("epochs", 1)
+    ids: list[int] = []
+    error = state = None
+    try:
+        reader = TaggedJsonl.automatic() if kind == "automatic" else DatasetReader.by_name("jsonl")()
+        reading = MultiProcessDataLoader(reader, urls, cache_dir=cache, quiet=True, **options)
+        if state_in is not None:
+            reading.load_state_dict(json.loads(Path(state_in).read_text()))
+        for _ in range(epochs):
+            for count, batch in enumerate(reading, 1):
+                ids += batch["id"].tolist()
+                if count == take:
+                    state = reading.state_dict()
+                    break
+    except Exception as failure:  # recorded: the test says what each rank did
+        error = f"{type(failure).__name__}: {failure}"
+    finally:
+        Path(out_dir, f"rank{rank}.json").write_text(json.dumps({"ids": ids, "error": error, "state": state}))
+        dist.destroy_process_group()
+
+
 class TaggedJsonl:
     """Readers of jsonl.gz shards whose instances say which loader worker read them
     (`worker`): the built-in `"jsonl"` reader (it deals through `shard_iterable`), an

@@ -15,7 +15,7 @@ import pytest
 
 from framework import DatasetReader
 from tests.support.download import FaultServer
-from tests.support.streaming import options_rank, serve_sizes, shard_bytes
+from tests.support.streaming import ranks_reading, serve_sizes, shard_bytes
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -26,16 +26,11 @@ SMALL: dict[str, Any] = {"batch_size": 4, "max_instances_in_memory": 8, "seed": 
 def test_ranks_that_even_their_batches_are_dealt_records_and_lose_none(
     http_server: FaultServer, tmp_path: Path
 ) -> None:
-    from tests.support.ranks import free_port, start_ranks
-
     # Two ranks, no workers, two shards, one of them empty: dealt whole, one rank would
     # read nothing and evening the ranks' batch counts would drop the other's 40.
     urls = serve_sizes(http_server, "empty-rank", [40, 0])
-    out = tmp_path / "out"
-    out.mkdir()
     options = {"batch_size": 4, "max_instances_in_memory": 8, "seed": 0, "num_workers": 0}
-    start_ranks(options_rank, (2, free_port(), str(out), urls, str(tmp_path / "c"), options), 2)
-    ranks = [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(2)]
+    ranks = ranks_reading(urls, tmp_path, "out", 2, options)
     # docs/howto/streaming.md (Dealing): with `even_batches` across ranks, records are
     # dealt one by one, so the ranks end a batch apart at most and none is dropped.
     assert [rank["error"] for rank in ranks] == [None, None]
@@ -49,11 +44,13 @@ def test_a_dealt_epoch_resumed_by_ranks_that_even_their_batches_loses_at_most_a_
 ) -> None:
     urls = serve_sizes(http_server, "dealt-even", [10, 30, 10, 10])
     options: dict[str, Any] = {"batch_size": 4, "max_instances_in_memory": 8, "seed": 0, "num_workers": 0}
-    first = _ranks(urls, tmp_path, "first", 2, {**options, "take": 1, "even_batches": False})
+    first = ranks_reading(
+        urls, tmp_path, "first", 2, {**options, "take": 1, "even_batches": False}, str(tmp_path / "c")
+    )
     assert first[0]["state"]["ranks"][0]["deal"] == 2  # whole shards to the 2 ranks
     state = tmp_path / "state.json"
     state.write_text(json.dumps(first[0]["state"]))
-    rest = _ranks(urls, tmp_path, "rest", 3, {**options, "state_in": str(state)})
+    rest = ranks_reading(urls, tmp_path, "rest", 3, {**options, "state_in": str(state)}, str(tmp_path / "c"))
     assert [part["error"] for part in rest] == [None, None, None]
     seen = [i for part in first + rest for i in part["ids"]]
     # The 3 ranks split the 2 streams' records: they end together (evened), and evening
@@ -64,17 +61,6 @@ def test_a_dealt_epoch_resumed_by_ranks_that_even_their_batches_loses_at_most_a_
     assert set(seen) <= expected and len(expected - set(seen)) < 3 * 4, sorted(expected - set(seen))
 
 
-def _ranks(
-    urls: list[str], tmp: Path, step: str, world: int, options: dict[str, Any]
-) -> list[dict[str, Any]]:
-    from tests.support.ranks import free_port, start_ranks
-
-    out = tmp / step
-    out.mkdir()
-    start_ranks(options_rank, (world, free_port(), str(out), urls, str(tmp / "c"), options), world)
-    return [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(world)]
-
-
 @pytest.mark.slow
 def test_an_elastic_resume_onto_more_ranks_than_streams_skips_nothing(
     http_server: FaultServer, tmp_path: Path
@@ -82,12 +68,12 @@ def test_an_elastic_resume_onto_more_ranks_than_streams_skips_nothing(
     # Four equal shards, dealt whole over 2 ranks (no workers: 2 slots, 2 streams).
     urls = serve_sizes(http_server, "more-ranks", [10, 10, 10, 10])
     options: dict[str, Any] = {"batch_size": 4, "max_instances_in_memory": 8, "seed": 0, "num_workers": 0}
-    first = _ranks(urls, tmp_path, "first", 2, {**options, "take": 1})
+    first = ranks_reading(urls, tmp_path, "first", 2, {**options, "take": 1}, str(tmp_path / "c"))
     assert [part["error"] for part in first] == [None, None]
     state = tmp_path / "state.json"
     state.write_text(json.dumps(first[0]["state"]))
     # Resumed on 3 ranks: the epoch keeps its 2 streams, so rank 2 has none to read.
-    rest = _ranks(urls, tmp_path, "rest", 3, {**options, "state_in": str(state)})
+    rest = ranks_reading(urls, tmp_path, "rest", 3, {**options, "state_in": str(state)}, str(tmp_path / "c"))
     assert [part["error"] for part in rest] == [None, None, None]
     seen = [i for part in first + rest for i in part["ids"]]
     # docs/concepts/loader.md (Resume anywhere): "What never changes: no instance is

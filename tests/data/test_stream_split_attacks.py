@@ -10,25 +10,13 @@ from typing import Any
 import pytest
 
 from tests.support.download import FaultServer
-from tests.support.streaming import options_rank, serve_sizes, shard_bytes
+from tests.support.streaming import ranks_reading, serve_sizes, shard_bytes
 
 pytestmark = pytest.mark.timeout(90)
 
 
 def _expected(sizes: list[int]) -> set[int]:
     return {i * 1000 + k for i, n in enumerate(sizes) for k in range(n)}
-
-
-def _ranks(
-    urls: list[str], tmp: Path, step: str, world: int, options: dict[str, Any], cache: str = ""
-) -> list[dict[str, Any]]:
-    from tests.support.ranks import free_port, start_ranks
-
-    out = tmp / step
-    out.mkdir()
-    cache = cache or str(tmp / f"cache-{step}")
-    start_ranks(options_rank, (world, free_port(), str(out), urls, cache, options), world)
-    return [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(world)]
 
 
 def _save(tmp: Path, state: Any) -> str:
@@ -55,10 +43,12 @@ def test_a_whole_shard_epoch_resumed_on_the_same_ranks_that_now_even_loses_at_mo
     # tens of records silently.
     sizes = [4, 40, 4, 4]
     urls = serve_sizes(http_server, "flip", sizes)
-    first = _ranks(urls, tmp_path, "first", 2, {**BASE, "num_workers": 0, "take": 1, "even_batches": False})
+    first = ranks_reading(
+        urls, tmp_path, "first", 2, {**BASE, "num_workers": 0, "take": 1, "even_batches": False}
+    )
     assert [part["error"] for part in first] == [None, None]
     assert first[0]["state"]["ranks"][0]["split"] in (None, 1)  # whole shards per rank
-    rest = _ranks(
+    rest = ranks_reading(
         urls, tmp_path, "rest", 2, {**BASE, "num_workers": 0, "state_in": _save(tmp_path, first[0]["state"])}
     )
     assert [part["error"] for part in rest] == [None, None]
@@ -82,7 +72,7 @@ def test_ranks_splitting_streams_of_uneven_shards_lose_less_than_a_batch_to_even
     # are the long stream's last, full ones: 8 records, not 2.
     sizes = [40, 9, 9]
     urls = serve_sizes(http_server, "uneven", sizes)
-    ranks = _ranks(urls, tmp_path, "fresh", 2, {**BASE, "num_workers": 3})
+    ranks = ranks_reading(urls, tmp_path, "fresh", 2, {**BASE, "num_workers": 3})
     assert [part["error"] for part in ranks] == [None, None]
     seen = [i for part in ranks for i in part["ids"]]
     assert len(seen) == len(set(seen))
@@ -114,7 +104,7 @@ def test_a_resume_chain_across_split_and_whole_topologies_yields_each_record_onc
         options["reader"] = kind
         if state_in is not None:
             options["state_in"] = state_in
-        parts = _ranks(urls, tmp_path, f"step{step}", world, options)
+        parts = ranks_reading(urls, tmp_path, f"step{step}", world, options)
         assert [part["error"] for part in parts] == [None] * world, parts
         seen += [i for part in parts for i in part["ids"]]
         if take is not None:
@@ -136,7 +126,7 @@ def test_ranks_splitting_one_record_shards_each_get_records(http_server: FaultSe
     # batch (of 1) is evened away.
     sizes = [1, 1, 1]
     urls = serve_sizes(http_server, "ones", sizes)
-    ranks = _ranks(urls, tmp_path, "fresh", 2, {**BASE, "batch_size": 1, "num_workers": 3})
+    ranks = ranks_reading(urls, tmp_path, "fresh", 2, {**BASE, "batch_size": 1, "num_workers": 3})
     assert [part["error"] for part in ranks] == [None, None], ranks
     seen = [i for part in ranks for i in part["ids"]]
     assert [len(part["ids"]) for part in ranks] == [1, 1]
@@ -155,7 +145,7 @@ def test_a_split_epoch_resumed_after_its_shards_changed_reads_no_new_bytes(
     # elsewhere."
     sizes = [13, 7, 21, 5, 9, 17]
     urls = serve_sizes(http_server, f"pins-{after}-{workers}", sizes)
-    first = _ranks(urls, tmp_path, "first", 2, {**BASE, "num_workers": 2, "shuffle": True, "take": 3})
+    first = ranks_reading(urls, tmp_path, "first", 2, {**BASE, "num_workers": 2, "shuffle": True, "take": 3})
     assert [part["error"] for part in first] == [None, None]
     state = first[0]["state"]
     pinned = set(state["shards"])
@@ -164,7 +154,7 @@ def test_a_split_epoch_resumed_after_its_shards_changed_reads_no_new_bytes(
         if url in pinned:
             http_server.route(url).data = shard_bytes(index + 50, sizes[index])
             http_server.route(url).etag = '"changed"'
-    rest = _ranks(
+    rest = ranks_reading(
         urls,
         tmp_path,
         "rest",
@@ -237,9 +227,11 @@ def test_a_split_epoch_resumed_on_the_same_ranks_goes_on_batch_for_batch(
     sizes = [13, 7, 21, 5, 9, 17, 3]
     urls = serve_sizes(http_server, f"same-{workers}-{take}", sizes)
     options = {**BASE, "num_workers": workers, "shuffle": True}
-    whole = _ranks(urls, tmp_path, "whole", 2, options)
-    first = _ranks(urls, tmp_path, "first", 2, {**options, "take": take})
-    rest = _ranks(urls, tmp_path, "rest", 2, {**options, "state_in": _save(tmp_path, first[0]["state"])})
+    whole = ranks_reading(urls, tmp_path, "whole", 2, options)
+    first = ranks_reading(urls, tmp_path, "first", 2, {**options, "take": take})
+    rest = ranks_reading(
+        urls, tmp_path, "rest", 2, {**options, "state_in": _save(tmp_path, first[0]["state"])}
+    )
     assert [part["error"] for part in whole + first + rest] == [None] * 6
     for rank in range(2):
         assert first[rank]["ids"] + rest[rank]["ids"] == whole[rank]["ids"], rank

@@ -205,6 +205,20 @@ def options_rank(
         dist.destroy_process_group()
 
 
+def ranks_reading(
+    urls: list[str], tmp: Path, step: str, world: int, options: dict[str, Any], cache: str = ""
+) -> list[dict[str, Any]]:
+    """`world` gloo ranks running `options_rank` (the step `step`, in `tmp/step`), in
+    `cache` (default: a folder of the step's own): what each rank wrote."""
+    from tests.support.ranks import free_port, start_ranks
+
+    out = tmp / step
+    out.mkdir()
+    cache = cache or str(tmp / f"cache-{step}")
+    start_ranks(options_rank, (world, free_port(), str(out), urls, cache, options), world)
+    return [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(world)]
+
+
 class TaggedJsonl:
     """Readers of jsonl.gz shards whose instances say which loader worker read them
     (`worker`): the built-in `"jsonl"` reader (it deals through `shard_iterable`), an

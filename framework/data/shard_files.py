@@ -307,7 +307,8 @@ class _Fetching:
             wanted, self.wanted = self.wanted, {}
         for future in wanted.values():
             _let_go(future)  # one still waiting for its turn is cancelled, not started
-        futures.wait(list(wanted.values()), timeout=CLOSE_WAIT_S)
+        # A cancelled one writes nothing (and counts as not done until its turn comes).
+        futures.wait([future for future in wanted.values() if not future.cancelled()], timeout=CLOSE_WAIT_S)
 
 
 def read_since(source: Any) -> dict[str, str]:
@@ -338,7 +339,13 @@ def _in_thread(fetch: Callable[..., Held], *args: Any, after: Optional[Future[He
             future.set_exception(error)
 
     def start(_: object = None) -> None:
-        threading.Thread(target=run, name="framework-shard-fetch", daemon=True).start()
+        try:
+            threading.Thread(target=run, name="framework-shard-fetch", daemon=True).start()
+        except BaseException as error:  # no thread (from a done callback, nobody else would hear)
+            if future.set_running_or_notify_cancel():
+                future.set_exception(error)
+            if after is None:
+                raise
 
     if after is None:
         start()

@@ -9,10 +9,12 @@ import gc
 import gzip
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 import threading
+from concurrent import futures
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +22,8 @@ import pytest
 
 from framework import DatasetReader, MultiProcessDataLoader
 from framework.data import ShardFiles
+from framework.data import shard_files as shard_files_module
+from framework.download import Shard
 from framework.download._cache import Entry, use_of
 from framework.download._call import normalize
 from framework.download._lock import UseLock
@@ -473,3 +477,125 @@ def test_an_epoch_ended_by_a_shard_error_holds_no_shard(http_server: FaultServer
     wait_for(
         lambda: not [url for url in urls if in_use(cache, url)] and not fetch_threads(), 10, "holds let go"
     )
+
+
+def _ctrl_c_when(predicate: Any) -> threading.Thread:
+    """Send SIGINT to the main thread once `predicate()` holds: a Ctrl-C that lands
+    while the main thread waits."""
+    main = threading.main_thread().ident
+    assert main is not None
+
+    def send() -> None:
+        wait_for(predicate, what="the moment for a Ctrl-C")
+        signal.pthread_kill(main, signal.SIGINT)
+
+    thread = threading.Thread(target=send, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_close_after_ctrl_c_on_the_first_shard_does_not_wait_for_cancelled_fetches(
+    http_server: FaultServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/howto/streaming.md: a pass that ends "waits up to CLOSE_WAIT_S for fetches
+    ahead so nothing writes into the cache after it". A fetch ahead that was cancelled
+    before it started writes nothing: close has nothing to wait for. The first shard's
+    server stalls; a Ctrl-C lands while the reader waits for it; close() is called as a
+    `finally` would. Counted: the futures close's wait returned as not done."""
+    urls = serve(http_server, "ctrl-c-first", shards=4)
+    first = http_server.route(urls[0])
+    first.chunk, first.stall_after, first.stall_s = 16, 16, 30.0  # released by the test
+    seen: list[tuple[int, int, int]] = []  # (done, not done, of those cancelled)
+    real_wait = futures.wait
+
+    def wait(fs: Any, timeout: Any = None, return_when: Any = futures.ALL_COMPLETED) -> Any:
+        done, not_done = real_wait(fs, timeout=timeout, return_when=return_when)
+        seen.append((len(done), len(not_done), sum(1 for f in not_done if f.cancelled())))
+        return done, not_done
+
+    monkeypatch.setattr(shard_files_module.futures, "wait", wait)
+    monkeypatch.setattr(shard_files_module, "CLOSE_WAIT_S", 0.5)  # the bound, shortened
+    files = ShardFiles([Shard(url) for url in urls], cache_dir=str(tmp_path / "cache"), prefetch=2)
+    sender = _ctrl_c_when(lambda: first.stalling)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            files[0]
+    finally:
+        sender.join(5)
+        files.close()
+        first.released.set()
+    assert seen, "close() waited for nothing"
+    _, not_done, cancelled = seen[-1]
+    assert not_done == 0, f"close() timed out on {not_done} fetches ahead, {cancelled} of them cancelled"
+
+
+def test_a_fetch_ahead_that_cannot_start_is_an_error_not_a_wait_forever(
+    http_server: FaultServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process out of threads (the parallel engine keeps to fewer connections when
+    one cannot start): the first shard's fetch starts, the ones ahead cannot. The
+    reader that then asks for shard 1 must get an error; counted: once no fetch thread
+    is left, shard 1's fetch is done (an error) or running, never pending with no
+    thread to run it."""
+    urls = serve(http_server, "no-thread", shards=4)
+    real_start = threading.Thread.start
+    starts: list[str] = []
+
+    def start(thread: threading.Thread) -> None:
+        if thread.name == "framework-shard-fetch":
+            starts.append(thread.name)
+            if len(starts) > 1:
+                raise RuntimeError("can't start new thread")
+        real_start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", start)
+    monkeypatch.setattr(shard_files_module, "CLOSE_WAIT_S", 0.5)  # close waits on it too
+    files = ShardFiles([Shard(url) for url in urls], cache_dir=str(tmp_path / "cache"), prefetch=2)
+    try:
+        try:
+            files[0]
+        except RuntimeError:
+            return  # the reader was told: no wait
+        wait_for(lambda: not fetch_threads(), what="the first fetch's thread to end")
+        here = files._here
+        assert here is not None
+        ahead = here.wanted[1]
+        assert ahead.done() or ahead.running(), "shard 1's fetch is pending with no thread to run it"
+    finally:
+        files.close()
+
+
+def test_ctrl_c_in_a_loader_waiting_for_its_first_shard_returns_without_the_close_wait(
+    http_server: FaultServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same promise through the loader (num_workers=0): Ctrl-C while the first
+    shard's server stalls ends the pass (`let_go` in its `finally`); nothing ahead was
+    started, so nothing can write into the cache and there is nothing to wait for.
+    Counted: the futures close's wait returned as not done."""
+    from tests.support.streaming import brace, loader
+
+    name = "loader-ctrl-c"
+    urls = serve(http_server, name, shards=6)
+    first = http_server.route(urls[0])  # read first: the loader does not shuffle here
+    first.chunk, first.stall_after, first.stall_s = 16, 16, 30.0  # released by the test
+    seen: list[tuple[int, int]] = []  # (not done, of those cancelled)
+    real_wait = futures.wait
+
+    def wait(fs: Any, timeout: Any = None, return_when: Any = futures.ALL_COMPLETED) -> Any:
+        done, not_done = real_wait(fs, timeout=timeout, return_when=return_when)
+        seen.append((len(not_done), sum(1 for f in not_done if f.cancelled())))
+        return done, not_done
+
+    monkeypatch.setattr(shard_files_module.futures, "wait", wait)
+    monkeypatch.setattr(shard_files_module, "CLOSE_WAIT_S", 0.5)  # the bound, shortened
+    sender = _ctrl_c_when(lambda: first.stalling)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            for _ in loader(brace(http_server, name, 6), tmp_path / "cache", num_workers=0, shuffle=False):
+                pass
+    finally:
+        sender.join(5)
+        first.released.set()
+    assert seen, "the pass ended without letting go of its shards"
+    not_done, cancelled = seen[-1]
+    assert not_done == 0, f"close() timed out on {not_done} fetches ahead, {cancelled} of them cancelled"

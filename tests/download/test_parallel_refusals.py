@@ -22,6 +22,7 @@ from tests.support.download import (
     parts_manager,
     refusal_before_the_second_start,
     unique_path,
+    wait_for,
 )
 
 pytestmark = pytest.mark.timeout(30)
@@ -283,3 +284,105 @@ def test_the_ramp_keeps_a_step_after_one_refusal_while_it_opens(
     nothing after: once the refused connection is answered the ramp grows again, not
     kept to the two that ran at the refusal."""
     assert _one_refusal_while_opening(http_server, tmp_path, monkeypatch, None) >= 8
+
+
+def test_a_lone_stream_that_paused_is_probed_again_at_its_rate_after_the_pause(
+    http_server: FaultServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/concepts/download.md, "A chosen count": N connections open "as soon as the
+    first stream shows it would take more than half a second alone"; a stream left
+    alone that still runs half a second later "is measured again". A fast link (the
+    probe leaves the stream alone) pauses once, from the verdict until it is ALONE_S old
+    (the server holds its next chunk, then sends on at its pace): the stream still runs
+    then and is measured again. Measured over its writes after the pause, the rest takes
+    a few milliseconds alone: the fetch stays one request (as it did before the re-probe)."""
+    from framework.download.parallel._ramp import Ramp
+
+    monkeypatch.delenv("FRAMEWORK_CONNECTIONS", raising=False)
+    data = os.urandom(32 * PART)  # 8 MiB, at most about 100 MB/s: well under ALONE_S alone
+    url = http_server.add(unique_path("paused-lone"), data, chunk=64 * 1024, delay=0.0005)
+    route = http_server.route(url)
+    verdicts: list[float] = []  # when the probe left the stream alone
+    rates: list[float] = []  # what each probe measured the lone stream at (bytes/s)
+    real_update = Ramp.update
+
+    def update(ramp: Ramp, now: float, *args: Any, **kwargs: Any) -> int:
+        was_settled = ramp.settled
+        wanted = real_update(ramp, now, *args, **kwargs)
+        if not verdicts and not was_settled and ramp.settled and ramp.target == 1:
+            verdicts.append(now)
+            route.hold_after = route.body_bytes  # the server pauses from here ...
+        if ramp.alone_rate and (not rates or rates[-1] != ramp.alone_rate):
+            rates.append(ramp.alone_rate)
+        if verdicts and now >= verdicts[0] + Ramp.ALONE_S:
+            route.released.set()  # ... until the verdict is ALONE_S old (the recheck)
+        return wanted
+
+    monkeypatch.setattr(Ramp, "update", update)
+    path = parts_manager(tmp_path, connections=4).cached_path(url)
+    assert path.read_bytes() == data
+    assert verdicts, "the first probe did not leave the stream alone"
+    assert route.gets == 1, f"{route.gets} requests for a rest one stream brings at once (rates {rates})"
+
+
+class _RefuseThenBreak(list):  # type: ignore[type-arg]
+    """`Route.fail_statuses` that, for each range start after the first GET, refuses the
+    odd requests (503) and lets the even ones through (which the route then breaks off
+    before a byte of body): a server that never serves a byte past the first answer."""
+
+    def __init__(self, route: Any) -> None:
+        super().__init__([503])
+        self.route, self.seen, self.gets = route, {}, 0
+
+    def pop(self, index: Any = -1) -> Any:  # type: ignore[override]
+        self.gets += 1
+        if self.gets == 1:
+            return None  # the first answer: served
+        start = self.route.ranges[-1]  # this GET's Range (appended under the same lock)
+        start = start.split("=", 1)[1].split("-", 1)[0] if start else "0"
+        self.seen[start] = self.seen.get(start, 0) + 1
+        return 503 if self.seen[start] % 2 else None
+
+
+@pytest.mark.slow
+def test_a_server_that_alternates_refusals_and_empty_breaks_is_asked_a_bounded_number_of_times(
+    http_server: FaultServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/concepts/download.md: "A part that breaks off is resumed at the byte it
+    reached, up to `retries` times"; "After `retries` refusals in a row a connection
+    stops ...; the last one left raises". Past the first answer (broken off after 8
+    parts) the server serves no byte: each request for a range is refused, then
+    answered and broken off before its body, in turn. With retries=3 and 4 connections
+    the fetch must give up: counted, the GETs before it does (800 is beyond any bound
+    the docs allow: 32 parts x 4 connections x (3 refusals + 3 breaks) is 768)."""
+    monkeypatch.delenv("FRAMEWORK_CONNECTIONS", raising=False)
+    data = os.urandom(32 * PART)
+    url = http_server.add(
+        unique_path("refuse-then-break"),
+        data,
+        swap_at_get=2,
+        then={"drop_after": 0, "drops": 10**9, "drop_kind": "short"},
+        chunk=16 * 1024,
+        delay=0.008,
+    )
+    route = http_server.route(url)
+    route.fail_statuses = _RefuseThenBreak(route)
+    outcome: list[BaseException] = []
+
+    def fetch() -> None:
+        try:
+            parts_manager(tmp_path, connections=4, retries=3).cached_path(url)
+        except BaseException as error:  # the refusal or the break, raised: bounded
+            outcome.append(error)
+
+    thread = threading.Thread(target=fetch, daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: route.gets > 800 or not thread.is_alive(), timeout=40, what="800 GETs or the end")
+        asked = route.gets
+    finally:
+        route.status = 404  # ends a fetch still asking (a 404 is raised at once)
+        route.fail_statuses = []
+        thread.join(20)
+    assert not thread.is_alive()
+    assert asked <= 800, f"still asking after {asked} GETs for parts no request ever got a byte of"

@@ -96,6 +96,7 @@ class Engine:
         self.attempts, self.backoff_factor, self.bar = attempts, backoff_factor, bar
         self.todo = collections.deque(i for i in range(plan.count) if i not in done)
         self.reached = dict(reached)  # parts begun, not complete: the first byte not yet written
+        self.breaks: dict[int, int] = {}  # answers broken off in each part, across the runs claiming it
         self.stop = threading.Event()
         self.lock = threading.Condition()  # everything below, `reached`, the partial's offset and the bar
         self.errors: list[BaseException] = []
@@ -469,7 +470,9 @@ class Engine:
                 return
             except NetworkError as error:
                 failures += 1  # as on the single-stream path: progress does not reset it
-                if failures >= self.attempts or self.stop.is_set():
+                with self.lock:  # nor a refusal that hands the part to a later claim
+                    broken = self.breaks[connection.index] = self.breaks.get(connection.index, 0) + 1
+                if failures >= self.attempts or broken >= self.attempts or self.stop.is_set():
                     raise
                 logger.warning("%s; resuming the part at byte %d", error, connection.position)
                 time.sleep(self.backoff_factor * (2 ** (failures - 1)))

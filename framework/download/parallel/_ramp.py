@@ -27,8 +27,8 @@ class Ramp:
 
     **A fixed count.** With `fixed` (the user chose the count), a stream that is not to
     stay alone is joined by all of the cap at once: the steps below are skipped. A
-    stream it left alone is probed again if it is still running `ALONE_S` later, when
-    the probe said it would be done: a probe taken while the reader lost the CPU reads
+    stream it left alone is probed again (from its next write) if it is still running
+    `ALONE_S` later, when the probe said it would be done: a probe taken while the reader lost the CPU reads
     what the socket buffered meanwhile as one fast burst, and one wrong verdict must not
     override the count the user chose for the whole object. (The adaptive ramp keeps its
     verdict: a fetch slowed by a busy CPU gains nothing from more connections.)
@@ -91,6 +91,7 @@ class Ramp:
         self.paused = False  # a refused connection waits to ask again: nothing is added
         self._served_after_refusal = False  # the ramp went on once after a refusal
         self._recheck_at: Optional[float] = None  # when a stream left alone is probed again
+        self._fresh_after = 0.0  # a measurement begins at a write after this (a re-probe's start)
 
     @property
     def poll_s(self) -> float:
@@ -134,9 +135,12 @@ class Ramp:
         self._now = now
         if self._recheck_at is not None and now >= self._recheck_at and remaining > 0:
             self.settled, self._since, self._recheck_at = False, None, None  # left alone wrongly
+            self._fresh_after = now  # not from a write before: a pause would read as the rate
         if self.settled or self.paused or not ready:
             return self.target
         self._window_s = max(self.WINDOW_S, self.WAITS_PER_WINDOW * wait_s)
+        if self._since is None and at < self._fresh_after:
+            return self.target
         if self._since is None or self._rest_of_the_first_packet(at, received):
             self._begin(at, received)
             return self.target

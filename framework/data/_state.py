@@ -21,6 +21,14 @@ from framework.data._checks import describe
 from framework.data._distributed import in_step
 from framework.data._pass import KEPT, Progress
 from framework.data._position import Position
+from framework.data._resume_checks import (
+    check_files,
+    check_reader,
+    check_samples,
+    check_settings,
+    file_stamps,
+    sample_digests,
+)
 from framework.data._settings import LoaderSettings
 from framework.data._shards import (
     EAGER_STATE_VERSIONS,
@@ -28,13 +36,7 @@ from framework.data._shards import (
     READ,
     STATE_VERSION,
     Consumed,
-    check_files,
-    check_reader,
-    check_samples,
-    check_settings,
     consumed_by,
-    file_stamps,
-    sample_digests,
 )
 from framework.data.reader import current_distributed_info
 from framework.data.shard_files import ShardFiles

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from framework.data._shards import file_stamps
+from framework.data._resume_checks import file_stamps
 from framework.data.multiprocess import MultiProcessDataLoader
 from framework.data.reader import DatasetReader
 from framework.data.sampler import BatchSampler

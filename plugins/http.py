@@ -27,6 +27,7 @@ from framework.download.backend import (
     POOL_SIZE,
     ByteStream,
     DownloadBackend,
+    ReadPace,
     RemoteInfo,
     parse_content_range,
     range_body_length,
@@ -37,7 +38,6 @@ from framework.errors import DownloadError, HTTPStatusError, InvalidArgumentErro
 
 __all__ = ["MAX_RETRY_AFTER_S", "HttpBackend", "retry_after_seconds"]
 
-CHUNK_SIZE: Final = 1 << 20
 # How long a chunked range whose bytes are all here waits for its terminating chunk (which
 # comes with the last bytes from any server that does not stall) before its connection is closed.
 _LAST_CHUNK_WAIT_S: Final = 0.1
@@ -273,8 +273,9 @@ class HttpBackend(DownloadBackend):
             encoding = None
         if encoding is not None and response.status_code == 200:
             size = None  # Content-Length counts encoded bytes
+        pace = ReadPace()
         return ByteStream(
-            self._chunks(response, url, decode=encoding is not None, length=length),
+            self._chunks(response, url, decode=encoding is not None, length=length, pace=pace),
             start=start,
             size=size,
             etag=etag,
@@ -283,19 +284,27 @@ class HttpBackend(DownloadBackend):
             close_callback=response.close,
             date=date,
             encoding=encoding,
+            pace=pace,
         )
 
     def _chunks(
-        self, response: requests.Response, url: str, decode: bool, length: Optional[int]
+        self, response: requests.Response, url: str, decode: bool, length: Optional[int], pace: ReadPace
     ) -> Iterator[bytes]:
-        # read1 hands over what has arrived (up to CHUNK_SIZE), so bytes received before
-        # a connection breaks are kept and the manager resumes after them.
+        # Reads as `pace` says (up to 1 MiB): what has arrived, or what arrives in a
+        # short window; a connection that breaks keeps what came before the read under way.
         # A range without a Content-Length (`length`) ends at its length, as urllib3 ends a
         # body at its Content-Length: what a server sends past it is not the range's.
         raw, received = response.raw, 0
         limit = None if decode else length
+
+        def read1(size: int) -> bytes:
+            return raw.read1(size, decode_content=decode)
+
+        def read(size: int) -> bytes:
+            return raw.read(size, decode_content=decode)
+
         try:
-            while chunk := raw.read1(CHUNK_SIZE, decode_content=decode):
+            while chunk := pace.read(read1, read, None if limit is None else limit - received):
                 if limit is not None:
                     chunk = chunk[: limit - received]
                 received += len(chunk)

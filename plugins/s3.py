@@ -24,6 +24,7 @@ from framework.download.backend import (
     ByteStream,
     DownloadBackend,
     ListedObject,
+    ReadPace,
     RemoteInfo,
     range_place,
     refusals_wanted_at_once,
@@ -39,7 +40,6 @@ from framework.errors import (
 
 __all__ = ["S3Backend"]
 
-CHUNK_SIZE: Final = 1 << 20
 # What a body that checks a checksum as it reads is read by: each read waits for all of
 # it, so small (64 KiB comes in 4 ms at 16 MiB/s).
 CHECKED_CHUNK_SIZE: Final = 64 << 10
@@ -312,34 +312,35 @@ class S3Backend(DownloadBackend):
             start, size = range_place(range_header, size)
         body = response["Body"]
         modified = response.get("LastModified")
+        pace = ReadPace()
         return ByteStream(
-            self._chunks(body, url, response.get("ContentLength")),
+            self._chunks(body, url, response.get("ContentLength"), pace),
             start=start,
             size=size,
             etag=response.get("ETag"),
             last_modified=modified.isoformat() if modified is not None else None,
             status=206 if range_header else 200,
             close_callback=body.close,
+            pace=pace,
         )
 
-    def _chunks(self, body: Any, url: str, length: Optional[int]) -> Iterator[bytes]:
+    def _chunks(self, body: Any, url: str, length: Optional[int], pace: ReadPace) -> Iterator[bytes]:
         import urllib3.exceptions
         from botocore import exceptions as bce
         from botocore.response import StreamingBody
 
-        # What has arrived, up to CHUNK_SIZE, as the HTTP backend reads: a read of the
-        # body waits for all it asks, so with 1 MiB reads a parallel fetch's ramp would
-        # see the first answer's rate a MiB late, and a break would lose up to a MiB
-        # received. botocore's body checks the length as it reads; its urllib3 response,
-        # read here, does not. A body of another class (one checking S3's checksum of a
-        # whole object) is read through its own reads, so that its check is kept.
-        read = getattr(getattr(body, "_raw_stream", None), "read1", None)
+        # Read as `pace` says, as the HTTP backend reads: what has arrived while a parallel
+        # fetch's ramp times each write, larger reads once it is steady. botocore's body
+        # checks the length as it reads; its urllib3 response, read here, does not. A body
+        # of another class (one checking S3's checksum of a whole object) is read through
+        # its own reads, so that its check is kept.
+        raw = getattr(body, "_raw_stream", None)
         received = 0
         try:
-            if read is None or type(body) is not StreamingBody:
+            if getattr(raw, "read1", None) is None or type(body) is not StreamingBody:
                 yield from body.iter_chunks(CHECKED_CHUNK_SIZE)
                 return
-            while chunk := read(CHUNK_SIZE):
+            while chunk := pace.read(raw.read1, raw.read, None if length is None else length - received):
                 received += len(chunk)
                 yield chunk
         except bce.FlexibleChecksumError as error:  # wrong bytes: never kept to resume after

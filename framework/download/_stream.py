@@ -154,6 +154,7 @@ def receive(
     os.lseek(partial.fd, partial.offset, os.SEEK_SET)
     began = partial.offset
     pipeline = Pipeline(partial.fd, partial.hasher, partial.offset, url, partial.name.path)
+    stream.steady()  # nothing here times an arrival
     try:
         for chunk in stream.chunks:
             pipeline.put(chunk)

@@ -11,6 +11,7 @@ import builtins
 import inspect
 import re
 import threading
+import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from types import TracebackType
@@ -28,6 +29,7 @@ __all__ = [
     "ByteStream",
     "DownloadBackend",
     "ListedObject",
+    "ReadPace",
     "RemoteInfo",
     "contract_refused",
     "listing_unsupported",
@@ -119,6 +121,43 @@ class ListedObject:
     last_modified: Optional[str] = None
 
 
+class ReadPace:
+    """How much a backend asks of a body at each read, as its reader wants it.
+
+    Until the reader says it is `steady`, a read hands over what has arrived (one read
+    per arrival: a parallel fetch's ramp times each write as it comes). Once steady, a
+    read waits for about `WINDOW_S` of bytes at the rate seen so far, between `LEAST`
+    and `MOST`. On a link that brings a connection's bytes in small pieces (64 KiB at
+    16 MiB/s a connection), a read per piece made one stream cost 1.7 times the CPU per
+    MiB of a plain streamed `requests` download; read this way, 1.3 times. A break
+    loses at most the read under way, about `WINDOW_S` of traffic.
+    """
+
+    WINDOW_S: Final = 0.025
+    LEAST: Final = 64 << 10
+    MOST: Final = 1 << 20
+
+    def __init__(self) -> None:
+        self.steady = False
+        self._first_at: Optional[float] = None  # when the first chunk came
+        self._since_first = 0  # bytes after it
+
+    def read(self, read1: Callable[[int], bytes], read: Callable[[int], bytes], left: Optional[int]) -> bytes:
+        """The next chunk: `read1(n)` (what has arrived, up to n) or `read(n)` (n bytes,
+        fewer only at the body's end); `left`: bytes the body still has, if known."""
+        most = self.MOST if left is None else max(1, min(self.MOST, left))
+        if not self.steady or self._first_at is None:
+            chunk = read1(most)
+        else:
+            rate = self._since_first / max(time.monotonic() - self._first_at, 1e-3)
+            chunk = read(min(most, max(self.LEAST, int(rate * self.WINDOW_S))))
+        if self._first_at is None:
+            self._first_at = time.monotonic() if chunk else None
+        else:
+            self._since_first += len(chunk)
+        return chunk
+
+
 @attrs.define
 class ByteStream:
     """An open body: `chunks` yields bytes starting at byte `start` of the object.
@@ -134,7 +173,9 @@ class ByteStream:
     own bytes; a range (206) of encoded bytes is never appended to them. An offset the
     backend cannot serve is reported, not handled: an empty `chunks` with
     `status=416` (and `size` when the answer says it). The manager decides what
-    to do about ranges, once, for every backend.
+    to do about ranges, once, for every backend. `pace`, where the backend reads
+    through one, lets the reader ask for larger reads once it no longer times each
+    arrival (`ReadPace`).
     """
 
     chunks: Iterator[bytes]
@@ -146,6 +187,12 @@ class ByteStream:
     close_callback: Optional[Callable[[], None]] = attrs.field(default=None, repr=False)
     date: Optional[str] = None
     encoding: Optional[str] = None
+    pace: Optional[ReadPace] = attrs.field(default=None, repr=False)
+
+    def steady(self) -> None:
+        """The reader no longer times each arrival: larger reads suit it (see `ReadPace`)."""
+        if self.pace is not None:
+            self.pace.steady = True
 
     def close(self) -> None:
         if self.close_callback is not None:

@@ -19,6 +19,7 @@ from framework.download import DownloadManager
 from framework.download._cache import HOST, Entry
 from framework.download._partial import PartialName
 from framework.download._validators import Validators
+from framework.download.backend import ReadPace
 from framework.download.parallel._parts import _Plan, _save_record
 from framework.errors import ChecksumError, HTTPStatusError, NetworkError
 from tests.support.download import (
@@ -1172,6 +1173,7 @@ def test_the_settled_steering_loop_does_not_wake_for_every_write(
 
     monkeypatch.setattr(_engine.Engine, "_steer", steer)
     monkeypatch.setattr(_engine, "_pwrite", pwrite)
+    monkeypatch.setattr(ReadPace, "MOST", 16 << 10)  # a write per chunk the server sends, steady too
     data = _data(16)
     url = http_server.add(unique_path("steer"), data, **SLOW)
     assert parts_manager(tmp_path).cached_path(url).read_bytes() == data

@@ -557,6 +557,8 @@ class Engine:
                         connection.waiting = False
                         if not self.ramp.settled:
                             self.lock.notify_all()  # the ramp measures from a first byte: now
+                    if not self.ramp.measuring:
+                        stream.steady()  # no write is timed any more: larger reads cost less CPU
                     if self.bar is not None:
                         self.bar.update(len(piece))
                 if position == end:

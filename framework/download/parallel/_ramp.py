@@ -94,6 +94,12 @@ class Ramp:
         self._fresh_after = 0.0  # a measurement begins at a write after this (a re-probe's start)
 
     @property
+    def measuring(self) -> bool:
+        """Whether writes may still be timed: the count is not settled, is paused, or a
+        lone stream is to be probed again."""
+        return not self.settled or self.paused or self._recheck_at is not None
+
+    @property
     def poll_s(self) -> float:
         """How soon the steering loop asks again: soon while the probe measures (its end
         is near, and each of its milliseconds costs the link), less often while a step

@@ -54,7 +54,9 @@ def main() -> None:
 
     from framework.download import DownloadManager
 
-    os.environ.update(AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench", AWS_DEFAULT_REGION="us-east-1")
+    os.environ.update(
+        AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench", AWS_DEFAULT_REGION="us-east-1"
+    )
     work = Path(tempfile.mkdtemp(prefix="bench-fetch-cpu-"))
     served = work / "served"
     served.mkdir()
@@ -110,7 +112,9 @@ def main() -> None:
             "http requests": plain_http,
             "s3 ours": ours(s3),
             "s3 ours, connections=1": ours(s3, connections=1),
-            "s3 boto3 download_file": lambda name, folder: client.download_file(BUCKET, name, str(folder / name)),
+            "s3 boto3 download_file": lambda name, folder: client.download_file(
+                BUCKET, name, str(folder / name)
+            ),
         }
         figures: dict[str, list[tuple[float, float]]] = {row: [] for row in rows}
         for _ in range(args.turns):

@@ -54,6 +54,7 @@ TABLES = {
     "first_batch": _tables.first_batch_table,
     "stream": _tables.stream_table,
     "stream_2gib": _tables.stream_table,
+    "fetch_cpu": _tables.fetch_cpu_table,
 }
 
 ROOT = Path(__file__).resolve().parent.parent

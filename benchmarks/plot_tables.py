@@ -445,3 +445,18 @@ def stream_table(results: Mapping[str, Any]) -> str:
     for name, why in results.get("skipped", {}).items():
         parts.append(f"Not run: {name}, {why}.")
     return "\n".join(parts).rstrip("\n")
+
+
+def fetch_cpu_table(results: Mapping[str, Any]) -> str:
+    rows, figures = [], results["rows"]
+    for name, figure in figures.items():
+        plain = figures["http requests" if name.startswith("http") else "s3 boto3 download_file"]
+        rows.append([
+            name, f"{figure['cpu_ms_per_mib']:.2f}", f"{figure['mib_per_s']:.1f}",
+            f"{figure['cpu_ms_per_mib'] / plain['cpu_ms_per_mib']:.2f}x",
+        ])  # fmt: skip
+    return "\n".join([
+        f"**{results['objects']} objects x {results['object_mib']:g} MiB** over the paced link, medians of "
+        f"{results['turns']} ({results['machine']}).\n",
+        _table(["client", "CPU ms per MiB", "MiB/s", "CPU vs the plain copy"], rows),
+    ])  # fmt: skip

@@ -290,8 +290,8 @@ class HttpBackend(DownloadBackend):
     def _chunks(
         self, response: requests.Response, url: str, decode: bool, length: Optional[int], pace: ReadPace
     ) -> Iterator[bytes]:
-        # Reads as `pace` says (up to 1 MiB): what has arrived, or what arrives in a
-        # short window; a connection that breaks keeps what came before the read under way.
+        # Reads as `pace` says (up to 1 MiB): what has arrived, or a window of bytes at
+        # the rate seen; a connection that breaks keeps what came before the read under way.
         # A range without a Content-Length (`length`) ends at its length, as urllib3 ends a
         # body at its Content-Length: what a server sends past it is not the range's.
         raw, received = response.raw, 0

@@ -142,13 +142,14 @@ class ReadPace:
 
     def __init__(self) -> None:
         self.steady = False
+        self.wanted: Optional[int] = None  # bytes the reader takes before it decides to read on
         self._first_at: Optional[float] = None  # when the first chunk came
         self._since_first = 0  # bytes after it
 
     def read(self, read1: Callable[[int], bytes], read: Callable[[int], bytes], left: Optional[int]) -> bytes:
         """The next chunk: `read1(n)` (what has arrived, up to n) or `read(n)` (n bytes,
         fewer only at the body's end); `left`: bytes the body still has, if known."""
-        most = self.MOST if left is None else max(1, min(self.MOST, left))
+        most = max(1, min([self.MOST] + [bound for bound in (left, self.wanted) if bound is not None]))
         if not self.steady or self._first_at is None:
             chunk = read1(most)
         else:
@@ -191,6 +192,12 @@ class ByteStream:
     date: Optional[str] = None
     encoding: Optional[str] = None
     pace: Optional[ReadPace] = attrs.field(default=None, repr=False)
+
+    def want(self, count: int) -> None:
+        """The reader takes `count` more bytes before it decides whether to read on: no
+        read asks past them (bytes read and then not taken were fetched for nothing)."""
+        if self.pace is not None:
+            self.pace.wanted = count
 
     def steady(self) -> None:
         """The reader no longer times each arrival: larger reads suit it (see `ReadPace`)."""

@@ -524,6 +524,7 @@ class Engine:
         False if it ended short."""
         index, position = connection.index, connection.position
         end = self.plan.bounds(index)[1]
+        stream.want(end - position)  # a stream stops at a part's end when others hold the next
         chunks = iter(stream.chunks)
         for chunk in chunks:
             view = memoryview(chunk)
@@ -570,6 +571,7 @@ class Engine:
                         return True  # a stream asked past its run is not read further
                     index, end = following, self.plan.bounds(following)[1]
                     connection.index = index
+                stream.want(end - position)
         return False
 
     def _pwrite(self, view: memoryview, position: int) -> None:

@@ -37,11 +37,11 @@ def test_bytes_that_came_before_a_stall_are_kept_when_the_read_times_out(
         route.released.set()
     assert len(route.ranges) == 2, route.ranges
     resumed_at = int(route.ranges[1].split("=")[1].rstrip("-"))
-    assert 16 * KIB <= resumed_at <= before_stall, route.ranges  # the first piece's read is kept
+    assert 0 < resumed_at <= before_stall, route.ranges  # the first read is kept
     assert before_stall - resumed_at <= ReadPace.LEAST, route.ranges
 
 
-# A slow link (4 KiB every 100 ms) reset after 60 KiB: a read there is LEAST, which is
+# A slow link (4 KiB every 50 ms) reset after 60 KiB: a read there is LEAST, which is
 # all a break may lose.
 @pytest.mark.timeout(60)
 def test_a_break_on_a_slow_link_loses_about_a_window_of_traffic(
@@ -50,7 +50,7 @@ def test_a_break_on_a_slow_link_loses_about_a_window_of_traffic(
     data = os.urandom(96 * KIB)
     piece, cut = 4 * KIB, 60 * KIB
     url = http_server.add(
-        unique_path("slow-reset"), data, chunk=piece, delay=0.1, drop_after=cut, drops=1, drop_kind="reset"
+        unique_path("slow-reset"), data, chunk=piece, delay=0.05, drop_after=cut, drops=1, drop_kind="reset"
     )
     route = http_server.route(url)
     with DownloadManager(tmp_path, connections=1, progress=False, backoff_factor=0) as manager:

@@ -125,18 +125,27 @@ class ReadPace:
     """How much a backend asks of a body at each read, as its reader wants it.
 
     Until the reader says it is `steady`, a read hands over what has arrived (one read
-    per arrival: a parallel fetch's ramp times each write as it comes). Once steady, a
-    read waits for about `WINDOW_S` of bytes at the rate seen so far, between `LEAST`
-    and `MOST`. On a link that brings a connection's bytes in small pieces (64 KiB at
-    16 MiB/s a connection), a read per piece made one stream cost 1.7 times the CPU per
-    MiB of a plain streamed `requests` download; read this way, 1.3 times (gathering the
-    pieces of a window instead saved little: each piece's way through urllib3 is most
-    of the cost). The price: a break or a read timeout loses the read under way, at most
-    `MOST` bytes (`LEAST` on a slow link), as a plain `requests` download of 1 MiB
-    chunks does; those bytes are asked for again.
+    per arrival: a parallel fetch's ramp times each write as it comes). Once steady, on
+    a link fast enough to bring at least `LEAST` in `WINDOW_S`, a read waits for about
+    `WINDOW_S` of bytes, at most `MOST`; the rate it sizes them by is the lower of the
+    body's so far and its last read's, so that a link slowing down is read in smaller
+    reads at once, and it is taken only once the body has come for `SETTLE_WINDOWS`
+    windows (earlier, a burst the socket held reads as a fast link). On a slower link a
+    read still hands over what has arrived: a read never waits much longer than
+    `WINDOW_S`, so a fetch that stops has its connections stop soon, within their read
+    timeout.
+
+    On a link that brings a connection's bytes in small pieces (64 KiB at 16 MiB/s a
+    connection), a read per piece made one stream cost 1.7 times the CPU per MiB of a
+    plain streamed `requests` download; read this way, 1.3 times (gathering the pieces
+    of a window instead saved little: each piece's way through urllib3 is most of the
+    cost). The price: a break or a read timeout loses the read under way, about
+    `WINDOW_S` of traffic and at most `MOST` bytes, as a plain `requests` download of
+    1 MiB chunks loses one chunk; those bytes are asked for again.
     """
 
     WINDOW_S: Final = 0.025
+    SETTLE_WINDOWS: Final = 4
     LEAST: Final = 64 << 10
     MOST: Final = 1 << 20
 
@@ -145,21 +154,39 @@ class ReadPace:
         self.wanted: Optional[int] = None  # bytes the reader takes before it decides to read on
         self._first_at: Optional[float] = None  # when the first chunk came
         self._since_first = 0  # bytes after it
+        self._last: Optional[tuple[float, int]] = None  # the last read's seconds and bytes
+        self._ended = 0.0  # when the last read returned
 
     def read(self, read1: Callable[[int], bytes], read: Callable[[int], bytes], left: Optional[int]) -> bytes:
         """The next chunk: `read1(n)` (what has arrived, up to n) or `read(n)` (n bytes,
         fewer only at the body's end); `left`: bytes the body still has, if known."""
         most = max(1, min([self.MOST] + [bound for bound in (left, self.wanted) if bound is not None]))
-        if not self.steady or self._first_at is None:
-            chunk = read1(most)
-        else:
-            rate = self._since_first / max(time.monotonic() - self._first_at, 1e-3)
-            chunk = read(min(most, max(self.LEAST, int(rate * self.WINDOW_S))))
+        size = self._window(time.monotonic()) if self.steady else 0
+        chunk = read(min(most, size)) if size >= self.LEAST else read1(most)
+        ended = time.monotonic()
         if self._first_at is None:
-            self._first_at = time.monotonic() if chunk else None
+            self._first_at = ended if chunk else None
         else:
             self._since_first += len(chunk)
+            self._last = (ended - self._ended, len(chunk))
+        self._ended = ended
         return chunk
+
+    def _window(self, now: float) -> int:
+        """Bytes that come in `WINDOW_S` at the lower of the body's rate so far and the
+        last read's (from the read before it on); 0 until the body has come for
+        `SETTLE_WINDOWS` windows (a burst the socket held would read as a fast link)."""
+        if (
+            self._first_at is None
+            or self._last is None
+            or now - self._first_at < self.SETTLE_WINDOWS * self.WINDOW_S
+        ):
+            return 0
+        rate = self._since_first / (now - self._first_at)
+        seconds, count = self._last
+        if seconds > 0:
+            rate = min(rate, count / seconds)
+        return int(rate * self.WINDOW_S)
 
 
 @attrs.define

@@ -35,7 +35,7 @@ from tests.support.resume_properties import (
     shard_server,
 )
 
-EXAMPLES = property_examples(50)
+EXAMPLES = property_examples(35)
 pytestmark = pytest.mark.timeout(120 + 3 * EXAMPLES)  # a long profile gets time to match
 
 TRIALS = {"count": 0, "streamed": 0}

@@ -44,7 +44,7 @@ from framework.download._cache import Entry
 from framework.errors import DownloadError
 from tests.support.download import FORK, serving
 
-EXAMPLES = int(os.environ.get("FRAMEWORK_PROPERTY_EXAMPLES", "50"))
+EXAMPLES = int(os.environ.get("FRAMEWORK_PROPERTY_EXAMPLES", "35"))
 PART_SIZE = 64 << 10  # the smallest part_size: objects of a few parts stay small
 _CHUNK = 16 << 10
 _HANG_S = 40.0  # a fetch still running after this long is a hang

@@ -18,15 +18,14 @@ import attrs
 from framework.download._partial import Partial, resumable
 from framework.download._pipeline import no_room
 from framework.download._stream import open_stream
-from framework.download._validators import Validators
 from framework.download.backend import ByteStream, DownloadBackend, refusals_at_once
 from framework.download.parallel._followers import PrefixHasher, ProgressRecorder
-from framework.download.parallel._parts import _Plan, discard_record
+from framework.download.parallel._parts import VersionChanged, _Plan, discard_record
 from framework.download.parallel._ramp import Ramp
 from framework.download.parallel._runs import Runs
 from framework.errors import DownloadError, HTTPStatusError, NetworkError
 
-__all__ = ["STOP_WAIT_S", "Engine", "VersionChanged"]
+__all__ = ["STOP_WAIT_S", "Engine"]
 
 logger = logging.getLogger("framework.download")
 
@@ -41,10 +40,6 @@ def _rest(lock: threading.Condition, over: Callable[[], bool], seconds: float) -
     """Wait `seconds` on `lock`, unless `over()` first (module-level: a test counts the waits)."""
     with lock:
         lock.wait_for(over, seconds)
-
-
-class VersionChanged(Exception):
-    """A part did not come from the version the plan was made for."""
 
 
 @attrs.define(eq=False)  # identity: kept in `Engine.connections`
@@ -197,12 +192,12 @@ class Engine:
 
     def _confirm(self) -> None:
         """Ask for the last byte with the plan's validator, as any part is asked for: a
-        version that changed raises `_VersionChanged` (the fetch starts over). No other
+        version that changed raises `VersionChanged` (the fetch starts over). No other
         connection runs to take a refusal's turn: the backend's retries wait it out
         (its Retry-After, else the backoff), as for any request."""
         position = self.plan.size - 1
         with self._open(position, self.plan.size, at_once=False) as stream:
-            self._check(stream, position)
+            self.plan.check(stream, position)
 
     def _steer(self, workers: list[threading.Thread], remaining: int) -> bool:
         """Start the connections the ramp wants now; False once the fetch is over (every
@@ -453,7 +448,7 @@ class Engine:
                     if waited is not None:
                         with self.lock:
                             self.runs.answered(waited)
-                    self._check(stream, connection.position)
+                    self.plan.check(stream, connection.position)
                     done = self._write(stream, stream_end, connection)
                     if waited is not None:
                         self._answered_at_rate(connection.position - began, time.monotonic() - answered)
@@ -503,20 +498,6 @@ class Engine:
             if error.status == 412:  # S3 IfMatch: the object is another version now
                 raise VersionChanged(str(error)) from error
             raise
-
-    def _check(self, stream: ByteStream, position: int) -> None:
-        got = Validators.of(stream)
-        if (
-            stream.status != 206
-            or stream.start != position
-            or stream.encoding is not None
-            or stream.size != self.plan.size
-            or got.tag != self.plan.validators.tag
-        ):
-            raise VersionChanged(
-                f"a part came as status {stream.status}, from byte {stream.start} of {stream.size}, "
-                f"version {got.version!r}; the plan was for {self.plan.validators.version!r}"
-            )
 
     def _write(self, stream: ByteStream, stream_end: int, connection: _Connection) -> bool:
         """Write `stream` at the connection's part and byte, keeping them current (a

@@ -48,8 +48,15 @@ from framework.download._pipeline import no_room
 from framework.download._stream import EndedShort, open_stream, place, receive
 from framework.download._validators import Validators
 from framework.download.backend import ByteStream, DownloadBackend
-from framework.download.parallel._engine import Engine, VersionChanged
-from framework.download.parallel._parts import MOST_PARTS, Resumed, _Plan, adopt_parts, discard_record
+from framework.download.parallel._engine import Engine
+from framework.download.parallel._parts import (
+    MOST_PARTS,
+    Resumed,
+    VersionChanged,
+    _Plan,
+    adopt_parts,
+    discard_record,
+)
 from framework.errors import DownloadError, HTTPStatusError, InvalidArgumentError, NetworkError
 
 __all__ = [

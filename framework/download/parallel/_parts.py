@@ -34,11 +34,13 @@ from framework.download._partial import (
     work_leftovers,
 )
 from framework.download._validators import Validators
+from framework.download.backend import ByteStream
 
 __all__ = [
     "MOST_PARTS",
     "PARALLEL_TAG",
     "Resumed",
+    "VersionChanged",
     "adopt_parts",
     "discard_record",
 ]
@@ -65,6 +67,25 @@ class _Plan:
     def bounds(self, index: int) -> tuple[int, int]:
         start = index * self.part_size
         return start, min(self.size, start + self.part_size)
+
+    def check(self, stream: ByteStream, position: int) -> None:
+        """A `VersionChanged` unless `stream` is a part of this plan's version from `position`."""
+        got = Validators.of(stream)
+        if (
+            stream.status != 206
+            or stream.start != position
+            or stream.encoding is not None
+            or stream.size != self.size
+            or got.tag != self.validators.tag
+        ):
+            raise VersionChanged(
+                f"a part came as status {stream.status}, from byte {stream.start} of {stream.size}, "
+                f"version {got.version!r}; the plan was for {self.validators.version!r}"
+            )
+
+
+class VersionChanged(Exception):
+    """A part did not come from the version the plan was made for."""
 
 
 def _record_path(name: PartialName) -> Path:

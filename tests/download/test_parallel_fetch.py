@@ -383,9 +383,9 @@ def test_a_server_slow_to_answer_gets_fewer_larger_requests(
     http_server: FaultServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The same object from a server that answers at once and from one that waits 0.2 s
-    before each answer (a server far away): from the far one, the last requests still
-    shrink (so both connections finish together) but not down to one part each, as a
-    request that small would spend most of its time waiting."""
+    before each answer (a server far away): from the far one, the requests do not
+    shrink down to one part each, as a request that small would spend most of its time
+    waiting, and no run leaves such a scrap behind for a last request."""
     from framework.download.parallel import _fetch as _parallel
 
     monkeypatch.setattr(_parallel, "_PART", 64 * 1024)
@@ -403,13 +403,31 @@ def test_a_server_slow_to_answer_gets_fewer_larger_requests(
         assert len(data) <= route.body_bytes <= len(data) + 2 * SLOW["chunk"]
     near, far = sizes[0.0], sizes[0.2]
     assert min(near) <= 2, near  # guided self-scheduling, down to a part or two
-    # 4 x 0.2 s at ~2 MiB/s is ~24 parts: at least two parts a request, but for the last
-    # one or two (an even share of the few parts left)
+    # 4 x 0.2 s at ~2 MiB/s is ~24 parts: more than a request's 16, so every request
+    # holds at least an even share of what was unwritten, and the last one too.
     assert len(far) < len(near), (near, far)
-    assert min(far[:-2]) >= 2, far
-    # The last run is a share of what was left, not a whole paying run. (How large a
-    # share depends on the rates a busy machine measures: only its bound is asserted.)
-    assert far[-1] < max(far[:-1]), far
+    assert min(far) >= 2, far
+
+
+def test_a_run_leaves_no_scrap_smaller_than_a_paying_run_behind() -> None:
+    """8 connections, runs of at most 8 parts, answers that wait 0.15 s at 16 MiB/s (a
+    paying run of 10 parts): the first round's runs are even shares rounded up, so
+    they hold every part, and a run that would leave fewer parts than its floor behind
+    takes them, instead of leaving one request of a part to pay a whole wait."""
+    from framework.download.parallel._runs import Runs
+
+    runs = Runs(run_parts=8, part_size=1 << 20, first_wait=0.15)
+    pace = 16 << 20
+    assert runs.paying_run(pace) == 10
+    # 62 parts unclaimed and unwritten over 8 connections: 8 each (7 would leave 6 for a second round).
+    assert runs.share(8, todo=62, unwritten=62, pace=pace) == 8
+    # The last claim of the round: its part and 7 unclaimed, 55 unwritten: it takes all 8.
+    assert runs.share(8, todo=7, unwritten=55, pace=pace) == 8
+    # At most `run_parts`, even so: 13 parts left to 2 connections, the run takes 8, not 13.
+    assert runs.share(2, todo=12, unwritten=13, pace=pace) == 8
+    # A near server (a paying run of one part): shares shrink to a part at the end.
+    near = Runs(run_parts=8, part_size=1 << 20, first_wait=0.001)
+    assert near.share(8, todo=3, unwritten=10, pace=pace) == 1
 
 
 def test_a_request_retried_after_a_refusal_does_not_count_as_the_servers_wait() -> None:

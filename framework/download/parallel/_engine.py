@@ -230,7 +230,7 @@ class Engine:
         connection and wastes what is in flight), and they claim after it (under the lock)."""
         connection, self.open_ended = self.open_ended, None
         if connection is not None and connection in self.connections:
-            self._extend_run(connection, self._share(connections))
+            self._extend_run(connection, self._share(connections, connection.last - connection.index + 1))
 
     def _extend_run(self, connection: _Connection, share: int) -> None:
         """Claim the missing, unbegun parts right after the connection's run until the
@@ -238,12 +238,12 @@ class Engine:
         while connection.last - connection.index + 1 < share and self._unbegun_next(connection.last):
             connection.last = self.todo.popleft()
 
-    def _share(self, connections: int) -> int:
-        """How many parts a run claimed now holds (under the lock; see `Runs.share`),
-        among the connections there are or will soon be."""
+    def _share(self, connections: int, held: int) -> int:
+        """How many parts a run that holds `held` claims to hold now (under the lock;
+        see `Runs.share`), among the connections there are or will soon be."""
         connections = max(connections, self.ramp.target)
         unwritten = len(self.todo) + sum(max(0, other.last - other.index) for other in self.connections)
-        return self.runs.share(connections, len(self.todo), unwritten, self._pace())
+        return self.runs.share(connections, len(self.todo), unwritten, self._pace(), held)
 
     def _pace(self) -> Optional[float]:
         """Bytes/s per connection before any answer has flowed whole: the first stream's
@@ -345,7 +345,7 @@ class Engine:
                 self._leave(connection)
                 return None
             connection.index = connection.last = self.todo.popleft()
-            self._extend_run(connection, self._share(self.live))
+            self._extend_run(connection, self._share(self.live, 1))
             return connection.index
 
     def _unbegun_next(self, index: int) -> bool:

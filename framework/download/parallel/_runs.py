@@ -48,19 +48,24 @@ class Runs:
         if count > 0 and seconds > 0:
             self.stream_rates.append(count / seconds)
 
-    def share(self, connections: int, todo: int, unwritten: int, pace: Optional[float]) -> int:
-        """How many parts a run claimed now holds: the `todo` parts left unclaimed,
-        divided among the `connections` there are or will soon be, at most `run_parts`.
-        At least `paying_run`, unless that is more than an even share of the `unwritten`
-        parts, claimed or not: the last runs still end together. Where a request of
+    def share(self, connections: int, todo: int, unwritten: int, pace: Optional[float], held: int = 1) -> int:
+        """How many parts a run that holds `held` (1: a new claim) holds once claimed:
+        the `todo` parts left unclaimed, divided among the `connections` there are or
+        will soon be, at most `run_parts`. At least `paying_run`, unless that is more
+        than an even share (rounded up) of the `unwritten` parts, claimed or not: the
+        last runs still end together. A run that would leave fewer unclaimed parts than
+        that floor takes them: a scrap left for a later request would pay a whole wait,
+        and the server's work, for little. Where a request of
         `run_parts` waits longer for its answer than its bytes take to come (a server
         that spends time on each request: its waits grow as requests queue), every run
         is that long: each smaller request adds a wait and the server's work, more than
         ending together saves. `pace`: see `paying_run`."""
         if self.waits_outlast_runs():
             return self.run_parts
-        floor = min(self.paying_run(pace), max(1, unwritten // connections))
-        return min(self.run_parts, max(floor, todo // connections))
+        floor = min(self.paying_run(pace), max(1, -(-unwritten // connections)))
+        share = min(self.run_parts, max(floor, todo // connections))
+        left = todo - max(0, share - held)  # unclaimed once this run holds `share`
+        return min(self.run_parts, held + todo) if 0 < left < floor else share
 
     def waits_outlast_runs(self) -> bool:
         """Whether answers take longer to come than a run of `run_parts` takes to flow

@@ -409,25 +409,33 @@ def test_a_server_slow_to_answer_gets_fewer_larger_requests(
     assert min(far) >= 2, far
 
 
-def test_a_run_leaves_no_scrap_smaller_than_a_paying_run_behind() -> None:
+def test_a_round_of_runs_holds_every_part_and_leaves_no_scrap_behind() -> None:
     """8 connections, runs of at most 8 parts, answers that wait 0.15 s at 16 MiB/s (a
-    paying run of 10 parts): the first round's runs are even shares rounded up, so
-    they hold every part, and a run that would leave fewer parts than its floor behind
-    takes them, instead of leaving one request of a part to pay a whole wait."""
+    paying run of 10 parts; 2 whole parts come in while a request waits): the first
+    round's runs are even shares rounded up, so together they hold every part, and a
+    run that would leave no more than a wait's parts behind takes them, when it can
+    hold them, rather than leave a request of a part to pay a whole wait. A larger
+    remainder is left for another connection: one run taking it would end long after
+    the others."""
     from framework.download.parallel._runs import Runs
 
     runs = Runs(run_parts=8, part_size=1 << 20, first_wait=0.15)
     pace = 16 << 20
-    assert runs.paying_run(pace) == 10
+    assert (runs.paying_run(pace), runs.wait_parts(pace)) == (10, 2)
     # 62 parts unclaimed and unwritten over 8 connections: 8 each (7 would leave 6 for a second round).
     assert runs.share(8, todo=62, unwritten=62, pace=pace) == 8
     # The last claim of the round: its part and 7 unclaimed, 55 unwritten: it takes all 8.
     assert runs.share(8, todo=7, unwritten=55, pace=pace) == 8
-    # At most `run_parts`, even so: 13 parts left to 2 connections, the run takes 8, not 13.
-    assert runs.share(2, todo=12, unwritten=13, pace=pace) == 8
+    # A part over `run_parts` is left, not taken, and the run is not grown to the cap for it.
+    assert runs.share(8, todo=8, unwritten=60, pace=pace) == 8
+    assert runs.share(8, todo=7, unwritten=30, pace=pace) == 4  # an even share; 4 left
+    # 6 parts would be left: more than a wait's, so the run keeps to its share.
+    assert runs.share(2, todo=12, unwritten=13, pace=pace) == 7
     # A near server (a paying run of one part): shares shrink to a part at the end.
     near = Runs(run_parts=8, part_size=1 << 20, first_wait=0.001)
+    assert near.wait_parts(pace) == 0
     assert near.share(8, todo=3, unwritten=10, pace=pace) == 1
+    assert near.share(8, todo=1, unwritten=3, pace=pace) == 1
 
 
 def test_a_request_retried_after_a_refusal_does_not_count_as_the_servers_wait() -> None:

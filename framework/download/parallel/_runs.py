@@ -53,9 +53,10 @@ class Runs:
         the `todo` parts left unclaimed, divided among the `connections` there are or
         will soon be, at most `run_parts`. At least `paying_run`, unless that is more
         than an even share (rounded up) of the `unwritten` parts, claimed or not: the
-        last runs still end together. A run that would leave fewer unclaimed parts than
-        that floor takes them: a scrap left for a later request would pay a whole wait,
-        and the server's work, for little. Where a request of
+        last runs still end together. A run that would leave behind no more parts than
+        come in while a request waits (`wait_parts`) takes them, if it can hold them: the
+        scrap flows in less time than a later request for it would wait, and costs the
+        server no request of its own. Where a request of
         `run_parts` waits longer for its answer than its bytes take to come (a server
         that spends time on each request: its waits grow as requests queue), every run
         is that long: each smaller request adds a wait and the server's work, more than
@@ -65,7 +66,9 @@ class Runs:
         floor = min(self.paying_run(pace), max(1, -(-unwritten // connections)))
         share = min(self.run_parts, max(floor, todo // connections))
         left = todo - max(0, share - held)  # unclaimed once this run holds `share`
-        return min(self.run_parts, held + todo) if 0 < left < floor else share
+        if 0 < left <= self.wait_parts(pace) and held + todo <= self.run_parts:
+            return held + todo  # the scrap flows in less than a request would wait for it
+        return share
 
     def waits_outlast_runs(self) -> bool:
         """Whether answers take longer to come than a run of `run_parts` takes to flow
@@ -87,6 +90,15 @@ class Runs:
         requests leaves the link idle, and costs a request's CPU on both ends each time."""
         if not self.waits or pace is None:
             return 1
+        return max(1, math.ceil(PAYING_RUN * self._parts_per_wait(pace)))
+
+    def wait_parts(self, pace: Optional[float]) -> int:
+        """The whole parts a connection receives while a request waits for its answer
+        (as `paying_run` measures it); 0 before a wait is known."""
+        if not self.waits or pace is None:
+            return 0
+        return math.floor(self._parts_per_wait(pace))
+
+    def _parts_per_wait(self, pace: float) -> float:
         per_connection = statistics.median_low(self.stream_rates) if self.stream_rates else pace
-        wanted = PAYING_RUN * statistics.median_low(self.waits) * per_connection
-        return max(1, math.ceil(wanted / self.part_size))
+        return statistics.median_low(self.waits) * per_connection / self.part_size

@@ -5,14 +5,26 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from framework.download import DownloadManager
+from framework.download import DownloadManager, _partial
 from tests.support.download import FaultServer, serving
+
+
+@pytest.fixture(autouse=True)
+def _booted_a_day_ago(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The machine booted at least a day ago, as far as this process's download manager
+    knows: the tests date files back minutes or an hour to make them stale, and on a
+    machine up for less those would rightly count as written before a crash ("lost in
+    a reboot") and never be adopted. Tests of that rule read `_partial.boot_time()`."""
+    booted = _partial.boot_time()
+    day_ago = time.time() - 86_400
+    monkeypatch.setattr(_partial, "boot_time", lambda: day_ago if booted is None else min(booted, day_ago))
 
 
 @pytest.fixture(scope="session")

@@ -103,7 +103,7 @@ def test_the_ramp_grows_while_throughput_grows(http_server: FaultServer, tmp_pat
         # the link is full at 3: the step to 6 is undone after a second window
         ([6.7e5, 2e6, 2.1e6, 2.1e6], [3, 6, 6, 3]),
         # from 12 to 16 can bring at most a third more: a sixth more keeps it, less undoes
-        # it, to 12 and a quarter more (those wait for answers a fifth of their time)
+        # it, to 12 and a quarter more (those wait for answers part of their time)
         ([6.7e5, 2e6, 4e6, 7.9e6, 8.8e6, 8.8e6], [3, 6, 12, 16, 16, 15]),
         # the link is full at 8: the step to 16 is undone to 10
         ([2.5e5, 2e6, 2.1e6, 2.1e6], [8, 16, 16, 10]),
@@ -403,7 +403,7 @@ def test_a_server_slow_to_answer_gets_fewer_larger_requests(
         assert len(data) <= route.body_bytes <= len(data) + 2 * SLOW["chunk"]
     near, far = sizes[0.0], sizes[0.2]
     assert min(near) <= 2, near  # guided self-scheduling, down to a part or two
-    # 4 x 0.2 s at ~2 MiB/s is ~24 parts: more than a request's 16, so every request
+    # 8 x 0.2 s at ~2 MiB/s is ~48 parts: more than a request's 16, so every request
     # holds at least an even share of what was unwritten, and the last one too.
     assert len(far) < len(near), (near, far)
     assert min(far) >= 2, far
@@ -411,7 +411,7 @@ def test_a_server_slow_to_answer_gets_fewer_larger_requests(
 
 def test_a_round_of_runs_holds_every_part_and_leaves_no_scrap_behind() -> None:
     """8 connections, runs of at most 8 parts, answers that wait 0.15 s at 16 MiB/s (a
-    paying run of 10 parts; 2 whole parts come in while a request waits): the first
+    paying run of 20 parts; 2 whole parts come in while a request waits): the first
     round's runs are even shares rounded up, so together they hold every part, and a
     run that would leave no more than a wait's parts behind takes them, when it can
     hold them, rather than leave a request of a part to pay a whole wait. A larger
@@ -421,7 +421,7 @@ def test_a_round_of_runs_holds_every_part_and_leaves_no_scrap_behind() -> None:
 
     runs = Runs(run_parts=8, part_size=1 << 20, first_wait=0.15)
     pace = 16 << 20
-    assert (runs.paying_run(pace), runs.wait_parts(pace)) == (10, 2)
+    assert (runs.paying_run(pace), runs.wait_parts(pace)) == (20, 2)
     # 62 parts unclaimed and unwritten over 8 connections: 8 each (7 would leave 6 for a second round).
     assert runs.share(8, todo=62, unwritten=62, pace=pace) == 8
     # The last claim of the round: its part and 7 unclaimed, 55 unwritten: it takes all 8.
@@ -451,9 +451,9 @@ def test_a_request_retried_after_a_refusal_does_not_count_as_the_servers_wait() 
         return runs.paying_run(pace=4 << 20)  # 8 MiB/s over 2 connections
 
     assert paying_run([]) == 1  # nothing measured yet
-    assert paying_run([0.002] * 10 + [1.0]) == 1  # 4 x 2 ms x 4 MiB/s: a part
+    assert paying_run([0.002] * 10 + [1.0]) == 1  # 8 x 2 ms x 4 MiB/s: a part
     assert paying_run([0.002, 1.0]) == 1
-    assert paying_run([0.2] * 5 + [0.002]) == 4  # 4 x 0.2 s x 4 MiB/s = 3.2 MiB: 4 parts
+    assert paying_run([0.2] * 5 + [0.002]) == 7  # 8 x 0.2 s x 4 MiB/s = 6.4 MiB: 7 parts
 
 
 def test_a_server_whose_answers_outlast_a_run_gets_runs_of_part_size() -> None:

@@ -60,13 +60,13 @@ def test_a_share_is_at_least_its_floor_and_never_over_a_run(given_: dict[str, An
 
 
 def test_a_run_never_takes_a_remainder_longer_than_a_wait() -> None:
-    """Answers wait 0.2 s at 8 MiB/s (a paying run of 7 parts, 1 whole part per wait),
+    """Answers wait 0.2 s at 8 MiB/s (a paying run of 13 parts, 1 whole part per wait),
     4 connections, 27 parts unwritten: a claim with 12 left after its part takes an
     even share (7); taking the 13 would end it long after the other connections."""
     runs = Runs(16, MiB, 0.2)
     runs.flowed(MiB, 1 / 8)
     pace = 8 * MiB
-    assert (runs.paying_run(pace), runs.wait_parts(pace)) == (7, 1)
+    assert (runs.paying_run(pace), runs.wait_parts(pace)) == (13, 1)
     assert runs.share(4, todo=12, unwritten=27, pace=pace) == math.ceil(27 / 4)
     assert runs.share(4, todo=7, unwritten=27, pace=pace) == 8  # takes the 1 part left: a wait's
     assert runs.share(4, todo=7, unwritten=20, pace=pace) == 5  # leaves 3: not taken

@@ -46,9 +46,9 @@ class Ramp:
     the two (one window slowed by a busy CPU undoes nothing); if neither paid, it is
     undone: the extra connections finish the run they hold, then stop, and the count
     stays where it was and `SPARE` more (a
-    quarter: a request asks for at least 4 times what comes while it waits for its
-    answer, so each connection waits up to a fifth of its time, and the count that just
-    fills the link leaves it short while some wait: on S3 through moto, a fetch whose
+    quarter: each connection spends part of its time waiting for answers, more in the
+    last, smaller requests, so the count that just fills the link leaves it short
+    while some wait: on S3 through moto, a fetch whose
     first step of 10 was undone from 16 took 1.18-1.20 s against 1.11 s for one that
     kept 16).
 

@@ -12,8 +12,10 @@ __all__ = ["PAYING_RUN", "Runs"]
 
 # A request asks for at least this many times the bytes its connection receives while a
 # request waits for its answer (the server's first-byte latency and the request's CPU on
-# both ends): the wait is then at most a fifth of the request's time (see `paying_run`).
-PAYING_RUN: Final = 4
+# both ends): the wait is then at most a ninth of the request's time (see `paying_run`).
+# Less, and the first round of requests to a server whose answers queue (each one read
+# in turn, as moto does) splits small and leaves a second round, each request its work.
+PAYING_RUN: Final = 8
 _WAITS_KEPT: Final = 64
 
 

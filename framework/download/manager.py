@@ -97,7 +97,8 @@ class DownloadManager:
             `FRAMEWORK_CONNECTIONS` at each call.
         part_size: the most bytes one ranged request of a parallel fetch asks for
             (an object with fewer such parts than `connections` is cut finer, down
-            to 1 MiB parts); at least 64 KiB.
+            to 1 MiB parts; one of more than a million such parts is cut into a
+            million larger ones, one a request); at least 64 KiB.
 
     The manager is a context manager; `close` (or leaving the `with` block) closes
     every backend it holds, the ones given to it included. A closed backend opens new

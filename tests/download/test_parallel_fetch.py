@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import itertools
 import os
 import signal
 import time
@@ -407,6 +408,24 @@ def test_a_server_slow_to_answer_gets_fewer_larger_requests(
     # holds at least an even share of what was unwritten, and the last one too.
     assert len(far) < len(near), (near, far)
     assert min(far) >= 2, far
+
+
+def test_a_far_servers_requests_cover_the_object_once_in_runs(
+    http_server: FaultServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """50 parts of 64 KiB from a server that waits 0.2 s before each answer, 2
+    connections, runs of at most 16: the bytes are exact, the ranges after the first
+    answer never overlap, and none asks for more than a run."""
+    from framework.download.parallel import _fetch as _parallel
+
+    monkeypatch.setattr(_parallel, "_PART", 64 * 1024)
+    data = os.urandom(50 * 64 * 1024)
+    url = http_server.add(unique_path("far"), data, answer_wait=0.2, **SLOW)
+    manager = DownloadManager(tmp_path, connections=2, part_size=1 << 20, backoff_factor=0.01, progress=False)
+    assert manager.cached_path(url).read_bytes() == data
+    later = sorted(_bounds(r) for r in http_server.route(url).ranges[1:])
+    assert later and all((last + 1 - first) <= 16 * 64 * 1024 for first, last in later), later
+    assert all(a[1] < b[0] for a, b in itertools.pairwise(later)), later
 
 
 def test_a_round_of_runs_holds_every_part_and_leaves_no_scrap_behind() -> None:

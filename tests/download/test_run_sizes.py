@@ -1,21 +1,14 @@
-"""How many parts a request asks for (`Runs.share`): its bounds over any input, and
-the requests of a real fetch from a server slow to answer."""
+"""How many parts a request asks for (`Runs.share`): its bounds over any input."""
 
 from __future__ import annotations
 
-import itertools
 import math
-import os
-from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from framework.download import DownloadManager
 from framework.download.parallel._runs import Runs
-from tests.support.download import SLOW, FaultServer, unique_path
 
 MiB = 1 << 20
 
@@ -70,28 +63,3 @@ def test_a_run_never_takes_a_remainder_longer_than_a_wait() -> None:
     assert runs.share(4, todo=12, unwritten=27, pace=pace) == math.ceil(27 / 4)
     assert runs.share(4, todo=7, unwritten=27, pace=pace) == 8  # takes the 1 part left: a wait's
     assert runs.share(4, todo=7, unwritten=20, pace=pace) == 5  # leaves 3: not taken
-
-
-@pytest.mark.timeout(60)
-def test_a_far_servers_requests_cover_the_object_once_in_runs(
-    http_server: FaultServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """50 parts of 64 KiB from a server that waits 0.2 s before each answer, 2
-    connections, runs of at most 16: the bytes are exact, the ranges after the first
-    answer never overlap, and none asks for more than a run."""
-    from framework.download.parallel import _fetch as _parallel
-
-    monkeypatch.setattr(_parallel, "_PART", 64 * 1024)
-    data = os.urandom(50 * 64 * 1024)
-    url = http_server.add(unique_path("far"), data, answer_wait=0.2, **SLOW)
-    manager = DownloadManager(tmp_path, connections=2, part_size=1 << 20, backoff_factor=0.01, progress=False)
-    assert manager.cached_path(url).read_bytes() == data
-    later = sorted(_bounds(r) for r in http_server.route(url).ranges[1:])
-    assert later and all((last + 1 - first) <= 16 * 64 * 1024 for first, last in later), later
-    assert all(a[1] < b[0] for a, b in itertools.pairwise(later)), later
-
-
-def _bounds(header: Optional[str]) -> tuple[int, int]:
-    assert header is not None and header.startswith("bytes=")
-    first, last = header[len("bytes=") :].split("-")
-    return int(first), int(last)

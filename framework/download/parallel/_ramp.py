@@ -45,12 +45,11 @@ class Ramp:
     is less) in one window is measured over a second one and judged by the better of
     the two (one window slowed by a busy CPU undoes nothing); if neither paid, it is
     undone: the extra connections finish the run they hold, then stop, and the count
-    stays where it was and `SPARE` more (a
-    quarter: each connection spends part of its time waiting for answers, more in the
-    last, smaller requests, so the count that just fills the link leaves it short
-    while some wait: on S3 through moto, a fetch whose
-    first step of 10 was undone from 16 took 1.18-1.20 s against 1.11 s for one that
-    kept 16).
+    stays where it was and `SPARE` more (a quarter: each connection spends part of its
+    time waiting for answers, more in the last, smaller requests, so the count that
+    just fills the link leaves it short while some wait: on S3 through moto, a fetch
+    whose first step of 10 was undone from 16 took 1.18-1.20 s against 1.11 s for one
+    that kept 16).
 
     **A refusal.** A server that refuses a connection (429, 503) while the ramp grows
     stops it where it is: the count keeps to the connections running then and none is

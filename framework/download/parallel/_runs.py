@@ -58,11 +58,11 @@ class Runs:
         last runs still end together. A run that would leave behind no more parts than
         come in while a request waits (`wait_parts`) takes them, if it can hold them: the
         scrap flows in less time than a later request for it would wait, and costs the
-        server no request of its own. Where a request of
-        `run_parts` waits longer for its answer than its bytes take to come (a server
-        that spends time on each request: its waits grow as requests queue), every run
-        is that long: each smaller request adds a wait and the server's work, more than
-        ending together saves. `pace`: see `paying_run`."""
+        server no request of its own. Where a request of `run_parts` waits longer for
+        its answer than its bytes take to come (a server that spends time on each
+        request: its waits grow as requests queue), every run is that long: each smaller
+        request adds a wait and the server's work, more than ending together saves.
+        `pace`: see `paying_run`."""
         if self.waits_outlast_runs():
             return self.run_parts
         floor = min(self.paying_run(pace), max(1, -(-unwritten // connections)))
@@ -90,17 +90,18 @@ class Runs:
         while); one part before a wait is known. Smaller requests spend much of their
         time waiting: from a server far away or slow to answer, a tail of one-part
         requests leaves the link idle, and costs a request's CPU on both ends each time."""
-        if not self.waits or pace is None:
-            return 1
-        return max(1, math.ceil(PAYING_RUN * self._parts_per_wait(pace)))
+        parts = self._parts_per_wait(pace)
+        return 1 if parts is None else max(1, math.ceil(PAYING_RUN * parts))
 
     def wait_parts(self, pace: Optional[float]) -> int:
         """The whole parts a connection receives while a request waits for its answer
         (as `paying_run` measures it); 0 before a wait is known."""
-        if not self.waits or pace is None:
-            return 0
-        return math.floor(self._parts_per_wait(pace))
+        parts = self._parts_per_wait(pace)
+        return 0 if parts is None else math.floor(parts)
 
-    def _parts_per_wait(self, pace: float) -> float:
+    def _parts_per_wait(self, pace: Optional[float]) -> Optional[float]:
+        """Parts a connection receives during the median wait; None before one is known."""
+        if not self.waits or pace is None:
+            return None
         per_connection = statistics.median_low(self.stream_rates) if self.stream_rates else pace
         return statistics.median_low(self.waits) * per_connection / self.part_size
